@@ -1,0 +1,543 @@
+"""`PagedKVCacheManager`: requests, pages, prefix caching and per-device inputs.
+
+Lifecycle of a request:
+
+    claim(rid, prompt_tokens)          -> tokens served from the prefix cache
+    alloc(rid, num_new_tokens, num_steps=1, num_draft_tokens=0)
+    runtime_inputs(rids, num_steps=1)  -> [KVCacheInputsPerDevice] one per device
+    ... run the model: it writes K/V of the new tokens at cache_length + i ...
+    step(rids, new_tokens)             -> commit; full pages enter the prefix cache
+    release(rid)
+
+`step` commits `num_new_tokens + len(new_tokens[i]) - 1` tokens for request i: the prompt chunk
+(or the one decode input), plus one per extra multi-step step or accepted draft token; the last
+sampled token is the input of the next step and is not cached yet.
+
+Every public method validates first and mutates after: a call that raises leaves every count,
+ref count and table exactly as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import (
+    CapacityError,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    MaxLengthExceededError,
+    OutOfPagesError,
+    UnknownRequestError,
+    check,
+)
+from .block_pool import BlockPool, page_hash
+from .buffers import DeviceBuffers, allocate_buffers
+from .dispatch import mha_num_partitions, mla_num_partitions, num_sms
+from .inputs import KVCacheInputsPerDevice
+from .params import KVCacheParams
+
+
+@dataclass
+class _Request:
+    rid: Hashable
+    replica: int
+    slot: int
+    tokens: list[int]
+    salt: bytes | None
+    hashes: list[bytes] = field(default_factory=list)  # hash chain of committed full pages
+    pending: int = 0  # tokens alloc'ed for this step (the step's prompt length)
+    num_steps: int = 1
+    num_draft: int = 0
+    prefix_hit: int = 0
+
+
+@dataclass
+class CacheStats:
+    """Counters since construction. Hit rate = prefix_hit_tokens / prefix_query_tokens."""
+
+    total_pages: int
+    used_pages: int
+    free_pages: int
+    cached_pages: int
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        return (
+            self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+        )
+
+
+def _as_tokens(name: str, tokens: object) -> list[int]:
+    if isinstance(tokens, torch.Tensor):
+        check(
+            tokens.ndim == 1 and not tokens.is_floating_point(),
+            name,
+            "a 1-D integer sequence",
+            f"tensor {tuple(tokens.shape)} {tokens.dtype}",
+        )
+        return tokens.tolist()
+    if isinstance(tokens, np.ndarray):
+        check(
+            tokens.ndim == 1 and np.issubdtype(tokens.dtype, np.integer),
+            name,
+            "a 1-D integer sequence",
+            f"array {tokens.shape} {tokens.dtype}",
+        )
+        return tokens.tolist()
+    check(
+        isinstance(tokens, Sequence) and not isinstance(tokens, (str, bytes)),
+        name,
+        "a sequence of ints",
+        type(tokens).__name__,
+    )
+    out = list(tokens)
+    check(
+        all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in out),
+        name,
+        "a sequence of ints",
+        out[:8],
+    )
+    return [int(t) for t in out]
+
+
+def _count(name: str, v: object, low: int) -> int:
+    check(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= low,
+        name,
+        f"an int >= {low}",
+        v,
+    )
+    return int(v)
+
+
+class PagedKVCacheManager:
+    """Host-side manager of a paged KV cache over one or more devices.
+
+    params: the cache's `KVCacheParams`.
+    total_num_pages / memory_bytes: pool size per data-parallel replica (exactly one of them;
+      memory_bytes is a per-device budget).
+    max_batch_size: most requests claimed at once.
+    max_seq_len: most tokens a request may hold, lookahead/draft slots included.
+    """
+
+    def __init__(
+        self,
+        params: KVCacheParams,
+        total_num_pages: int | None = None,
+        *,
+        memory_bytes: int | None = None,
+        max_batch_size: int = 256,
+        max_seq_len: int | None = None,
+    ) -> None:
+        check(isinstance(params, KVCacheParams), "params", "a KVCacheParams", type(params))
+        self.params = params
+        self._buffers: list[DeviceBuffers] = [
+            allocate_buffers(params, total_num_pages, memory_bytes=memory_bytes, device=d)
+            for d in params.devices
+        ]
+        self.total_num_pages = self._buffers[0].kv_blocks.shape[0]
+        self.max_batch_size = _count("max_batch_size", max_batch_size, 1)
+        if max_seq_len is None:
+            max_seq_len = self.total_num_pages * params.page_size
+        self.max_seq_len = _count("max_seq_len", max_seq_len, 1)
+        self.max_pages_per_request = math.ceil(self.max_seq_len / params.page_size)
+        dp = params.data_parallel_degree
+        self.pools = [BlockPool(self.total_num_pages) for _ in range(dp)]
+        # Slot tables, vectorised so that runtime_inputs gathers rows instead of looping.
+        self._table = np.full(
+            (self.max_batch_size, self.max_pages_per_request), self.total_num_pages, np.int32
+        )
+        self._num_pages = np.zeros(self.max_batch_size, np.int32)
+        self._cache_len = np.zeros(self.max_batch_size, np.int32)
+        self._free_slots = list(range(self.max_batch_size - 1, -1, -1))
+        self._requests: dict[Hashable, _Request] = {}
+        self._prefix_query_tokens = 0
+        self._prefix_hit_tokens = 0
+        self._sms = num_sms(params.devices[0])
+
+    # Introspection ---------------------------------------------------------------------
+    @property
+    def buffers(self) -> list[DeviceBuffers]:
+        """One `DeviceBuffers` per device of params.devices."""
+        return self._buffers
+
+    def cache_length(self, rid: Hashable) -> int:
+        return int(self._cache_len[self._get(rid).slot])
+
+    def pages(self, rid: Hashable) -> list[int]:
+        r = self._get(rid)
+        return self._table[r.slot, : self._num_pages[r.slot]].tolist()
+
+    def tokens(self, rid: Hashable) -> list[int]:
+        return list(self._get(rid).tokens)
+
+    def replica_of(self, rid: Hashable) -> int:
+        return self._get(rid).replica
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._requests
+
+    @property
+    def request_ids(self) -> list[Hashable]:
+        return list(self._requests)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            total_pages=self.total_num_pages * len(self.pools),
+            used_pages=sum(p.num_used for p in self.pools),
+            free_pages=sum(p.num_free for p in self.pools),
+            cached_pages=sum(p.num_cached for p in self.pools),
+            prefix_query_tokens=self._prefix_query_tokens,
+            prefix_hit_tokens=self._prefix_hit_tokens,
+            evictions=sum(p.num_evictions for p in self.pools),
+        )
+
+    def snapshot(self) -> tuple:
+        """Every piece of manager state, for equality checks (tests of failed calls)."""
+        reqs = tuple(
+            (
+                repr(r.rid),
+                r.replica,
+                r.slot,
+                tuple(r.tokens),
+                r.salt,
+                tuple(r.hashes),
+                r.pending,
+                r.num_steps,
+                r.num_draft,
+                r.prefix_hit,
+            )
+            for r in self._requests.values()
+        )
+        return (
+            reqs,
+            self._table.tobytes(),
+            self._num_pages.tobytes(),
+            self._cache_len.tobytes(),
+            tuple(self._free_slots),
+            self._prefix_query_tokens,
+            self._prefix_hit_tokens,
+            tuple(p.snapshot() for p in self.pools),
+        )
+
+    # Lifecycle -------------------------------------------------------------------------
+    def _get(self, rid: Hashable) -> _Request:
+        try:
+            return self._requests[rid]
+        except (KeyError, TypeError):
+            raise UnknownRequestError(f"request_id: {rid!r} is not claimed") from None
+
+    def _prefix_hashes(self, tokens: list[int], salt: bytes | None) -> list[bytes]:
+        """Hash chain of the full pages of tokens[:-1] (the last prompt token never hits)."""
+        ps = self.params.page_size
+        out, parent = [], None
+        for k in range((len(tokens) - 1) // ps):
+            parent = page_hash(parent, tokens[k * ps : (k + 1) * ps], salt)
+            out.append(parent)
+        return out
+
+    def claim(
+        self,
+        request_id: Hashable,
+        prompt_tokens: Sequence[int],
+        *,
+        salt: str | bytes | None = None,
+        replica: int | None = None,
+    ) -> int:
+        """Register a request and match its prompt against the prefix cache.
+
+        Returns the number of prompt tokens already cached (a multiple of page_size, always
+        < len(prompt_tokens)). `salt` isolates tenants: pages hashed under one salt are never
+        reused under another. `replica` pins a data-parallel replica (default: most free pages).
+        """
+        try:
+            hash(request_id)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"request_id: expected a hashable id, got {type(request_id).__name__}"
+            ) from None
+        if request_id in self._requests:
+            raise DuplicateRequestError(f"request_id: {request_id!r} is already claimed")
+        tokens = _as_tokens("prompt_tokens", prompt_tokens)
+        check(len(tokens) >= 1, "prompt_tokens", "at least one token", len(tokens))
+        if len(tokens) > self.max_seq_len:
+            raise MaxLengthExceededError(
+                f"prompt_tokens: {len(tokens)} tokens exceed max_seq_len={self.max_seq_len}"
+            )
+        check(
+            salt is None or isinstance(salt, (str, bytes)), "salt", "str, bytes or None", type(salt)
+        )
+        if isinstance(salt, str):
+            salt = salt.encode()
+        dp = len(self.pools)
+        if replica is None:
+            replica = max(range(dp), key=lambda i: (self.pools[i].num_free, -i))
+        check(
+            isinstance(replica, int) and 0 <= replica < dp,
+            "replica",
+            f"an int in [0, {dp})",
+            replica,
+        )
+        if not self._free_slots:
+            raise CapacityError(f"max_batch_size={self.max_batch_size} requests already claimed")
+        # -- validated; mutate --
+        pool = self.pools[replica]
+        hit_pages: list[int] = []
+        hashes: list[bytes] = []
+        if self.params.enable_prefix_caching:
+            hashes = self._prefix_hashes(tokens, salt)
+            hit_pages = pool.lookup(hashes)
+            pool.acquire(hit_pages)
+            self._prefix_query_tokens += len(tokens)
+        slot = self._free_slots.pop()
+        n = len(hit_pages)
+        self._table[slot, :n] = hit_pages
+        self._num_pages[slot] = n
+        self._cache_len[slot] = n * self.params.page_size
+        hit = n * self.params.page_size
+        self._prefix_hit_tokens += hit
+        self._requests[request_id] = _Request(
+            request_id, replica, slot, tokens, salt, hashes[:n], prefix_hit=hit
+        )
+        return hit
+
+    def alloc(
+        self,
+        request_id: Hashable,
+        num_new_tokens: int,
+        num_steps: int = 1,
+        *,
+        num_draft_tokens: int = 0,
+    ) -> None:
+        """Reserve pages for this step's new tokens, `num_steps - 1` more decode steps and
+        `num_draft_tokens` speculative slots. Raises OutOfPagesError with no state change."""
+        r = self._get(request_id)
+        n = _count("num_new_tokens", num_new_tokens, 1)
+        steps = _count("num_steps", num_steps, 1)
+        drafts = _count("num_draft_tokens", num_draft_tokens, 0)
+        cl = int(self._cache_len[r.slot])
+        known = len(r.tokens) - cl
+        check(
+            n <= known,
+            "num_new_tokens",
+            f"<= {known} (tokens known but not cached for request {request_id!r})",
+            n,
+        )
+        total = cl + n + steps - 1 + drafts
+        if total > self.max_seq_len:
+            raise MaxLengthExceededError(
+                f"request {request_id!r}: {total} tokens exceed max_seq_len={self.max_seq_len}"
+            )
+        have = int(self._num_pages[r.slot])
+        need = math.ceil(total / self.params.page_size) - have
+        if need > 0:
+            new = self.pools[r.replica].take(need)  # raises before any change
+            self._table[r.slot, have : have + need] = new
+            self._num_pages[r.slot] = have + need
+        r.pending, r.num_steps, r.num_draft = n, steps, drafts
+
+    def runtime_inputs(
+        self,
+        request_ids: Sequence[Hashable],
+        num_steps: int = 1,
+        *,
+        padded_cols: int | None = None,
+    ) -> list[KVCacheInputsPerDevice]:
+        """Inputs for one step of a batch, one `KVCacheInputsPerDevice` per device.
+
+        The batch is split by data-parallel replica (keeping order); each device of a replica
+        gets that replica's requests. `padded_cols` fixes the lookup-table width (for CUDA
+        graphs); by default it is the widest request of the batch.
+        """
+        steps = _count("num_steps", num_steps, 1)
+        reqs = [self._get(rid) for rid in request_ids]
+        check(
+            len({id(r) for r in reqs}) == len(reqs),
+            "request_ids",
+            "no duplicates",
+            list(request_ids),
+        )
+        for r in reqs:
+            if r.pending == 0 or steps > r.num_steps:
+                raise InvalidArgumentError(
+                    f"request_ids: {r.rid!r} has no allocation for {steps} step(s); "
+                    "call alloc(request_id, num_new_tokens, num_steps) first"
+                )
+        if padded_cols is not None:
+            need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
+            check(
+                isinstance(padded_cols, int) and need <= padded_cols <= self.max_pages_per_request,
+                "padded_cols",
+                f"an int in [{need}, {self.max_pages_per_request}]",
+                padded_cols,
+            )
+        p = self.params
+        out: list[KVCacheInputsPerDevice] = []
+        for replica in range(len(self.pools)):
+            mine = [r for r in reqs if r.replica == replica]
+            host = self._host_inputs(mine, steps, padded_cols)
+            for dev_i, dev in enumerate(p.replica_devices(replica)):
+                buf = self._buffers[replica * p.tp_degree + dev_i]
+                out.append(self._to_device(host, buf, dev))
+        return out
+
+    def _host_inputs(self, reqs: list[_Request], steps: int, padded_cols: int | None) -> dict:
+        p = self.params
+        slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
+        pending = np.fromiter((r.pending for r in reqs), dtype=np.int32, count=len(reqs))
+        drafts = np.fromiter((r.num_draft for r in reqs), dtype=np.int32, count=len(reqs))
+        cache_len = self._cache_len[slots]
+        if padded_cols is None:
+            padded_cols = int(self._num_pages[slots].max()) if len(reqs) else 1
+        lut = self._table[slots, :padded_cols]
+        max_prompt = int(pending.max()) if len(reqs) else 0
+        max_cache = int(cache_len.max()) if len(reqs) else 0
+        # step 0: (max new tokens, max cached); step i > 0: one token over a cache grown by the
+        # first step's tokens and i - 1 decode tokens.
+        grown = int((cache_len + pending).max()) if len(reqs) else 0
+        max_lengths = np.empty((steps, 2), np.int32)
+        max_lengths[0] = (max_prompt, max_cache)
+        for i in range(1, steps):
+            max_lengths[i] = (1, grown + i - 1)
+        host = {
+            "cache_lengths": cache_len,
+            "lookup_table": lut,
+            "max_lengths": max_lengths,
+        }
+        if p.enable_dispatch_metadata:
+            b = len(reqs)
+            valid = grown
+            if p.is_mla:
+                parts = mla_num_partitions(b, p.num_q_heads, max_prompt, valid, self._sms)
+                host["attention_dispatch_metadata"] = np.array([b, max_prompt, parts], np.int64)
+                host["mla_num_partitions"] = np.array([parts], np.int64)
+            else:
+                heads = p.n_kv_heads_per_device
+                parts = mha_num_partitions(b, heads, max_prompt, valid, self._sms)
+                host["attention_dispatch_metadata"] = np.array(
+                    [b, max_prompt, parts, valid], np.int64
+                )
+            if p.enable_speculative:
+                dq = 1 + (int(drafts.max()) if b else 0)
+                if p.is_mla:
+                    dparts = mla_num_partitions(b, p.num_q_heads, dq, valid + dq, self._sms)
+                    host["draft_attention_dispatch_metadata"] = np.array([b, dq, dparts], np.int64)
+                    host["draft_mla_num_partitions"] = np.array([dparts], np.int64)
+                else:
+                    dparts = mha_num_partitions(b, heads, dq, valid + dq, self._sms)
+                    host["draft_attention_dispatch_metadata"] = np.array(
+                        [b, dq, dparts, valid + dq], np.int64
+                    )
+        return host
+
+    @staticmethod
+    def _to_device(host: dict, buf: DeviceBuffers, dev: torch.device) -> KVCacheInputsPerDevice:
+        def dv(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
+
+        def hs(a: np.ndarray | None) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+        meta = host.get("attention_dispatch_metadata")
+        dmeta = host.get("draft_attention_dispatch_metadata")
+        return KVCacheInputsPerDevice(
+            kv_blocks=buf.kv_blocks,
+            cache_lengths=dv(host["cache_lengths"]),
+            lookup_table=dv(host["lookup_table"]),
+            max_lengths=hs(host["max_lengths"]),
+            kv_scales=buf.kv_scales,
+            attention_dispatch_metadata=None if meta is None else dv(meta),
+            draft_attention_dispatch_metadata=None if dmeta is None else dv(dmeta),
+            mla_num_partitions=hs(host.get("mla_num_partitions")),
+            draft_mla_num_partitions=hs(host.get("draft_mla_num_partitions")),
+        )
+
+    def step(
+        self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int]] | None = None
+    ) -> None:
+        """Commit this step's K/V. new_tokens[i]: the tokens sampled for request i (empty for
+        a prompt chunk that is not the last one). Full pages enter the prefix cache."""
+        reqs = [self._get(rid) for rid in request_ids]
+        check(len({id(r) for r in reqs}) == len(reqs), "request_ids", "no duplicates", request_ids)
+        if new_tokens is None:
+            new_tokens = [()] * len(reqs)
+        check(
+            isinstance(new_tokens, Sequence) and len(new_tokens) == len(reqs),
+            "new_tokens",
+            f"a sequence of {len(reqs)} token lists",
+            type(new_tokens).__name__,
+        )
+        plan = []
+        for r, nt in zip(reqs, new_tokens):
+            nt = _as_tokens(f"new_tokens[{r.rid!r}]", nt)
+            if r.pending == 0:
+                raise InvalidArgumentError(
+                    f"request_ids: {r.rid!r} has no allocation to commit; call alloc first"
+                )
+            cl = int(self._cache_len[r.slot])
+            mid_prompt = len(r.tokens) > cl + r.pending
+            if mid_prompt:
+                check(
+                    not nt,
+                    f"new_tokens[{r.rid!r}]",
+                    "empty while the prompt is not fully cached",
+                    nt,
+                )
+            extra = max(len(nt) - 1, 0)
+            check(
+                extra <= r.num_steps - 1 + r.num_draft,
+                f"new_tokens[{r.rid!r}]",
+                f"at most {r.num_steps + r.num_draft} tokens for this allocation",
+                len(nt),
+            )
+            plan.append((r, nt, cl + r.pending + extra))
+        # -- validated; mutate --
+        ps = self.params.page_size
+        caching = self.params.enable_prefix_caching
+        for r, nt, new_len in plan:
+            r.tokens.extend(nt)
+            self._cache_len[r.slot] = new_len
+            r.pending = 0
+            if caching:
+                full = new_len // ps
+                pool = self.pools[r.replica]
+                parent = r.hashes[-1] if r.hashes else None
+                for k in range(len(r.hashes), full):
+                    parent = page_hash(parent, r.tokens[k * ps : (k + 1) * ps], r.salt)
+                    r.hashes.append(parent)
+                    pool.register(int(self._table[r.slot, k]), parent)
+
+    def release(self, request_id: Hashable) -> None:
+        """Drop a request: its pages lose an owner (tail first) and its slot is freed."""
+        r = self._get(request_id)
+        n = int(self._num_pages[r.slot])
+        self.pools[r.replica].release(self._table[r.slot, :n][::-1].tolist())
+        self._table[r.slot, :n] = self.total_num_pages
+        self._num_pages[r.slot] = 0
+        self._cache_len[r.slot] = 0
+        self._free_slots.append(r.slot)
+        del self._requests[request_id]
+
+    def evict(self, num_pages: int | None = None, replica: int | None = None) -> int:
+        """Eagerly forget up to num_pages free cached pages (LRU first). Returns how many."""
+        if num_pages is not None:
+            _count("num_pages", num_pages, 0)
+        pools = self.pools if replica is None else [self.pools[replica]]
+        done = 0
+        for pool in pools:
+            done += pool.evict(None if num_pages is None else num_pages - done)
+        return done
+
+    def reset_prefix_cache(self) -> int:
+        return self.evict()
+
+
+__all__ = ["PagedKVCacheManager", "CacheStats", "OutOfPagesError"]

@@ -1,0 +1,338 @@
+"""Layer 2: how a kernel addresses K/V. The `MHAOperand` protocol and its implementations.
+
+Every operand views its storage as rows: a `[num_kv_rows, heads, row_elems]` tensor `rows`
+(a strided view into the cache buffer, no copy), where one row holds one token of every head.
+
+- Paged: row_idx(b, t) = lut[b, t // page_size] * page_stride_rows + t % page_size.
+- Non-paged (dense, continuous batching, ragged): row_idx(b, t) = row_offsets[b] + t.
+
+`kernel_args()` hands a Triton kernel exactly that (base tensor, strides, lookup table or row
+offsets, page size, cache lengths, scales), so one kernel serves every operand kind through
+compile-time specialisation on `page_size > 0` and on the quantization format.
+
+Cache lengths count tokens cached before the step. An op over queries with `q_len(b)` new
+tokens reads `cache_length(b) + q_len(b)` keys (the new tokens' K/V are written first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+from .cache.inputs import KVCacheInputsPerDevice
+from .cache.params import KVCacheParams
+from .errors import InvalidArgumentError, check
+from .fp8 import dequantize_blockwise
+
+
+@dataclass
+class KernelArgs:
+    """What a Triton kernel needs to read an operand (tensors stay on the operand's device).
+
+    rows: [num_kv_rows, heads, row_elems] strided view; rows.stride() gives row/head strides.
+    lut: [batch, cols] int32 page ids (paged) or None.
+    row_offsets: [batch] int32 first row of each request (non-paged) or None.
+    page_size: tokens per page, 0 when not paged.
+    page_stride_rows: rows between consecutive physical pages (paged only).
+    cache_lengths: [batch] int32 tokens cached before the step.
+    scales: [num_kv_rows, heads, n_scales] view (blockwise, rope-aware) or [] float32 scalar
+      (per-tensor) or None.
+    quant_format / granularity: the FP8 layout (None when not quantized) and its G.
+    """
+
+    rows: torch.Tensor
+    lut: torch.Tensor | None
+    row_offsets: torch.Tensor | None
+    page_size: int
+    page_stride_rows: int
+    cache_lengths: torch.Tensor
+    scales: torch.Tensor | None
+    quant_format: str | None
+    granularity: int
+
+
+@runtime_checkable
+class MHAOperand(Protocol):
+    """The MHAOperand trait (seed `mha_operand_trait.txt`) in Python."""
+
+    dtype: torch.dtype
+    page_size: int
+    quantization_enabled: bool
+    quantization_granularity: int
+    scale_dtype: torch.dtype | None
+
+    def cache_length(self, batch_idx: int) -> int: ...
+    def max_context_length(self) -> int: ...
+    def num_kv_rows(self) -> int: ...
+    def row_idx(self, batch_idx: int, tok_idx: int) -> int: ...
+    def get_tma_row(self, encoded_index: int) -> int: ...
+    def populate(self, batch_idx: int, base_kv_row: int, BN: int) -> list[int]: ...
+    def kernel_args(self) -> KernelArgs: ...
+
+
+class RowOperand:
+    """Shared implementation: a row view plus a paged or offset addressing rule.
+
+    Do not build directly; use `PagedOperand`, `DenseOperand`, `ContinuousBatchingOperand`,
+    `RaggedOperand` or `ScalesOperand`.
+    """
+
+    def __init__(
+        self,
+        rows: torch.Tensor,
+        cache_lengths: torch.Tensor,
+        *,
+        lut: torch.Tensor | None = None,
+        page_size: int = 0,
+        page_stride_rows: int = 0,
+        row_offsets: torch.Tensor | None = None,
+        head_dim: int | None = None,
+        scales: torch.Tensor | None = None,
+        quant_format: str | None = None,
+        granularity: int = 0,
+        scale_dtype: torch.dtype | None = None,
+        logical_dtype: torch.dtype | None = None,
+        rope_dim: int = 0,
+    ) -> None:
+        check(rows.ndim == 3, "rows", "a [num_kv_rows, heads, row_elems] tensor", rows.shape)
+        check(
+            cache_lengths.ndim == 1 and cache_lengths.dtype == torch.int32,
+            "cache_lengths",
+            "a 1-D int32 tensor",
+            f"{tuple(cache_lengths.shape)} {cache_lengths.dtype}",
+        )
+        self.rows = rows
+        self.cache_lengths = cache_lengths
+        self.lut = lut
+        self.page_size = int(page_size)
+        self.page_stride_rows = int(page_stride_rows)
+        self.row_offsets = row_offsets
+        self.head_dim = head_dim if head_dim is not None else rows.shape[-1]
+        self.num_heads = rows.shape[1]
+        self.dtype = rows.dtype
+        self.logical_dtype = logical_dtype or rows.dtype
+        self.scales = scales
+        self.quant_format = quant_format
+        self.quantization_enabled = quant_format is not None
+        self.quantization_granularity = int(granularity)
+        self.scale_dtype = scale_dtype
+        self.rope_dim = rope_dim
+        self._cl_host: list[int] | None = None
+        self._lut_host: list[list[int]] | None = None
+
+    # Host mirrors (these methods are for tests, planning and the reference path) ---------
+    def _cl(self) -> list[int]:
+        if self._cl_host is None:
+            self._cl_host = self.cache_lengths.tolist()
+        return self._cl_host
+
+    def _lut(self) -> list[list[int]]:
+        if self._lut_host is None:
+            self._lut_host = self.lut.tolist()
+        return self._lut_host
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache_lengths.shape[0]
+
+    def cache_length(self, batch_idx: int) -> int:
+        return self._cl()[batch_idx]
+
+    def max_context_length(self) -> int:
+        return max(self._cl(), default=0)
+
+    def num_kv_rows(self) -> int:
+        return self.rows.shape[0]
+
+    def row_idx(self, batch_idx: int, tok_idx: int) -> int:
+        if self.page_size:
+            page = self._lut()[batch_idx][tok_idx // self.page_size]
+            return page * self.page_stride_rows + tok_idx % self.page_size
+        return int(self.row_offsets[batch_idx]) + tok_idx
+
+    def get_tma_row(self, encoded_index: int) -> int:
+        """block*page_size + offset -> block*page_stride_rows + offset; identity if not paged."""
+        if not self.page_size:
+            return int(encoded_index)
+        block, off = divmod(int(encoded_index), self.page_size)
+        return block * self.page_stride_rows + off
+
+    def populate(self, batch_idx: int, base_kv_row: int, BN: int) -> list[int]:
+        """Physical row of the first token of each page sub-tile of tokens
+        [base_kv_row, base_kv_row + BN): one entry per page the tile touches."""
+        if not self.page_size:
+            return [self.row_idx(batch_idx, base_kv_row)]
+        ps = self.page_size
+        out, t = [], base_kv_row
+        while t < base_kv_row + BN:
+            out.append(self.row_idx(batch_idx, t))
+            t = (t // ps + 1) * ps
+        return out
+
+    def rows_for(self, batch_idx: int, num_tokens: int) -> torch.Tensor:
+        """[num_tokens] int64 physical rows of tokens 0..num_tokens-1 of a request (device)."""
+        t = torch.arange(num_tokens, device=self.rows.device)
+        if self.page_size:
+            pages = self.lut[batch_idx].long()[t // self.page_size]
+            return pages * self.page_stride_rows + t % self.page_size
+        return self.row_offsets[batch_idx].long() + t
+
+    def load_rows(self, rows: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dequantized [len(rows), heads, head_dim] for physical row ids (reference path)."""
+        raw = self.rows[rows]
+        f = self.quant_format
+        if f is None:
+            return raw.to(out_dtype)
+        if f == "blockwise":
+            return dequantize_blockwise(
+                raw, self.scales[rows], self.quantization_granularity, out_dtype
+            )
+        if f == "per_tensor":
+            return raw.to(out_dtype) * self.scales.to(out_dtype)
+        from .fp8 import mla_formats  # packed MLA rows
+
+        if f == "mla_rope_aware":
+            return mla_formats.unpack_rope_aware(raw, self.scales[rows], self.rope_dim, out_dtype)
+        if f == "flashmla_v32":
+            return mla_formats.unpack_v32(raw, out_dtype)
+        if f == "flashmla_model1":
+            return mla_formats.load_model1_rows(self, rows, out_dtype)
+        raise InvalidArgumentError(f"quant_format: unknown {f!r}")
+
+    def gather(self, batch_idx: int, num_tokens: int, out_dtype=torch.float32) -> torch.Tensor:
+        """Tokens 0..num_tokens-1 of a request, dequantized: [num_tokens, heads, head_dim]."""
+        return self.load_rows(self.rows_for(batch_idx, num_tokens), out_dtype)
+
+    def kernel_args(self) -> KernelArgs:
+        return KernelArgs(
+            rows=self.rows,
+            lut=self.lut,
+            row_offsets=self.row_offsets,
+            page_size=self.page_size,
+            page_stride_rows=self.page_stride_rows,
+            cache_lengths=self.cache_lengths,
+            scales=self.scales,
+            quant_format=self.quant_format,
+            granularity=self.quantization_granularity,
+        )
+
+
+def _paged_rows(blocks: torch.Tensor, kv_idx: int, layer: int) -> tuple[torch.Tensor, int]:
+    """[P, kv_dim, L, page, H, D] -> ([P*kv_dim*L*page - offset, H, D] row view, page stride)."""
+    P, kv_dim, L, page, H, D = blocks.shape
+    page_stride_rows = kv_dim * L * page
+    base = blocks[0, kv_idx, layer]  # [page, H, D], data_ptr at the right offset
+    n_rows = (P - 1) * page_stride_rows + page
+    rows = base.as_strided((n_rows, H, D), (H * D, D, 1), base.storage_offset())
+    return rows, page_stride_rows
+
+
+def PagedOperand(
+    inputs: KVCacheInputsPerDevice,
+    params: KVCacheParams,
+    layer_idx: int,
+    kv: Literal["k", "v"] = "k",
+) -> RowOperand:
+    """K or V of one layer of a paged cache (MLA: kv must be 'k'; V is the first d_v of K)."""
+    check(kv in ("k", "v"), "kv", "'k' or 'v'", kv)
+    check(
+        0 <= layer_idx < params.num_layers,
+        "layer_idx",
+        f"in [0, {params.num_layers})",
+        layer_idx,
+    )
+    if params.is_mla:
+        check(kv == "k", "kv", "'k' for an MLA cache (V is the first d_v dims of K)", kv)
+    kv_idx = 0 if kv == "k" else 1
+    rows, stride = _paged_rows(inputs.kv_blocks, kv_idx, layer_idx)
+    scales = None
+    fmt = params.quant_format
+    if fmt in ("blockwise", "mla_rope_aware"):
+        scales, _ = _paged_rows(inputs.kv_scales, kv_idx, layer_idx)
+    elif fmt == "per_tensor":
+        scales = inputs.kv_scales[kv_idx, layer_idx]
+    return RowOperand(
+        rows,
+        inputs.cache_lengths,
+        lut=inputs.lookup_table,
+        page_size=params.page_size,
+        page_stride_rows=stride,
+        head_dim=params.head_dim,
+        scales=scales,
+        quant_format=fmt,
+        granularity=params.scale_granularity or 0,
+        scale_dtype=params.scale_dtype,
+        logical_dtype=params.dtype,
+        rope_dim=params.mla_rope_dim if params.is_mla else 0,
+    )
+
+
+def DenseOperand(
+    x: torch.Tensor, cache_lengths: torch.Tensor, scales: torch.Tensor | None = None, G: int = 0
+) -> RowOperand:
+    """Dense `[batch, seq, heads, dim]` K or V (optionally FP8 with blockwise `scales`)."""
+    check(x.ndim == 4, "x", "a [batch, seq, heads, dim] tensor", tuple(x.shape))
+    B, S, H, D = x.shape
+    offsets = torch.arange(B, device=x.device, dtype=torch.int32) * S
+    sc = None if scales is None else scales.reshape(B * S, H, -1)
+    return RowOperand(
+        x.reshape(B * S, H, D),
+        cache_lengths,
+        row_offsets=offsets,
+        scales=sc,
+        quant_format="blockwise" if scales is not None else None,
+        granularity=G or (D // scales.shape[-1] if scales is not None else 0),
+        scale_dtype=None if scales is None else scales.dtype,
+    )
+
+
+def ContinuousBatchingOperand(
+    cache: torch.Tensor, slots: torch.Tensor, cache_lengths: torch.Tensor
+) -> RowOperand:
+    """One max-length slot per request: cache `[max_batch, max_len, heads, dim]`, request b in
+    slot `slots[b]`."""
+    check(cache.ndim == 4, "cache", "a [max_batch, max_len, heads, dim] tensor", cache.shape)
+    M, S, H, D = cache.shape
+    return RowOperand(
+        cache.reshape(M * S, H, D),
+        cache_lengths,
+        row_offsets=(slots.to(torch.int32) * S).contiguous(),
+    )
+
+
+def RaggedOperand(x: torch.Tensor, row_offsets: torch.Tensor) -> RowOperand:
+    """Prefill K/V passed directly: `[total_tokens, heads, dim]` + `[batch + 1]` row offsets.
+    No cached prefix (cache_length 0); request b's keys are rows [off[b], off[b+1])."""
+    check(x.ndim == 3, "x", "a [total_tokens, heads, dim] tensor", tuple(x.shape))
+    check(
+        row_offsets.ndim == 1 and row_offsets.dtype == torch.int32,
+        "row_offsets",
+        "a 1-D int32 tensor of batch + 1 prefix sums",
+        f"{tuple(row_offsets.shape)} {row_offsets.dtype}",
+    )
+    B = row_offsets.shape[0] - 1
+    zeros = torch.zeros(B, dtype=torch.int32, device=x.device)
+    return RowOperand(x, zeros, row_offsets=row_offsets[:-1].contiguous())
+
+
+def ScalesOperand(
+    inputs: KVCacheInputsPerDevice, params: KVCacheParams, layer_idx: int, kv: str = "k"
+) -> RowOperand:
+    """The scale pool of a blockwise/rope-aware FP8 cache viewed as an operand: rows of
+    `[heads, head_dim // G]` scales, addressed like the cache itself."""
+    check(
+        params.quant_format in ("blockwise", "mla_rope_aware"),
+        "params.quantization",
+        "a blockwise or rope-aware FP8 cache",
+        params.quant_format,
+    )
+    rows, stride = _paged_rows(inputs.kv_scales, 0 if kv == "k" else 1, layer_idx)
+    return RowOperand(
+        rows,
+        inputs.cache_lengths,
+        lut=inputs.lookup_table,
+        page_size=params.page_size,
+        page_stride_rows=stride,
+    )
