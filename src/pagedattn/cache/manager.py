@@ -76,6 +76,9 @@ class CacheStats:
 
 
 def _as_tokens(name: str, tokens: object) -> list[int]:
+    tt = type(tokens)
+    if (tt is list or tt is tuple) and all(type(t) is int for t in tokens):
+        return list(tokens)  # fast path: the hot decode loop passes short int lists
     if isinstance(tokens, torch.Tensor):
         check(
             tokens.ndim == 1 and not tokens.is_floating_point(),
@@ -109,6 +112,8 @@ def _as_tokens(name: str, tokens: object) -> list[int]:
 
 
 def _count(name: str, v: object, low: int) -> int:
+    if type(v) is int and v >= low:
+        return v
     check(
         isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= low,
         name,
@@ -256,7 +261,7 @@ class PagedKVCacheManager:
 
         Returns the number of prompt tokens already cached (a multiple of page_size, always
         < len(prompt_tokens)). `salt` isolates tenants: pages hashed under one salt are never
-        reused under another. `replica` pins a data-parallel replica (default: most free pages).
+        reused under another. `replica` pins a data-parallel replica (default: least loaded).
         """
         try:
             hash(request_id)
@@ -279,7 +284,11 @@ class PagedKVCacheManager:
             salt = salt.encode()
         dp = len(self.pools)
         if replica is None:
-            replica = max(range(dp), key=lambda i: (self.pools[i].num_free, -i))
+            # Fewest active requests first, then most free pages, then lowest index.
+            load = [0] * dp
+            for r in self._requests.values():
+                load[r.replica] += 1
+            replica = min(range(dp), key=lambda i: (load[i], -self.pools[i].num_free, i))
         check(
             isinstance(replica, int) and 0 <= replica < dp,
             "replica",
@@ -476,41 +485,38 @@ class PagedKVCacheManager:
             type(new_tokens).__name__,
         )
         plan = []
+        cache_len = self._cache_len
         for r, nt in zip(reqs, new_tokens):
-            nt = _as_tokens(f"new_tokens[{r.rid!r}]", nt)
+            if not (type(nt) is list and all(type(t) is int for t in nt)):
+                nt = _as_tokens(f"new_tokens[{r.rid!r}]", nt)
             if r.pending == 0:
                 raise InvalidArgumentError(
                     f"request_ids: {r.rid!r} has no allocation to commit; call alloc first"
                 )
-            cl = int(self._cache_len[r.slot])
-            mid_prompt = len(r.tokens) > cl + r.pending
-            if mid_prompt:
-                check(
-                    not nt,
-                    f"new_tokens[{r.rid!r}]",
-                    "empty while the prompt is not fully cached",
-                    nt,
+            cl = int(cache_len[r.slot])
+            if nt and len(r.tokens) > cl + r.pending:
+                raise InvalidArgumentError(
+                    f"new_tokens[{r.rid!r}]: expected empty while the prompt is not fully "
+                    f"cached, got {nt}"
                 )
-            extra = max(len(nt) - 1, 0)
-            check(
-                extra <= r.num_steps - 1 + r.num_draft,
-                f"new_tokens[{r.rid!r}]",
-                f"at most {r.num_steps + r.num_draft} tokens for this allocation",
-                len(nt),
-            )
+            extra = len(nt) - 1 if nt else 0
+            if extra > r.num_steps - 1 + r.num_draft:
+                raise InvalidArgumentError(
+                    f"new_tokens[{r.rid!r}]: expected at most {r.num_steps + r.num_draft} "
+                    f"tokens for this allocation, got {len(nt)}"
+                )
             plan.append((r, nt, cl + r.pending + extra))
         # -- validated; mutate --
         ps = self.params.page_size
         caching = self.params.enable_prefix_caching
         for r, nt, new_len in plan:
             r.tokens.extend(nt)
-            self._cache_len[r.slot] = new_len
+            cache_len[r.slot] = new_len
             r.pending = 0
-            if caching:
-                full = new_len // ps
+            if caching and new_len // ps > len(r.hashes):  # a page filled up: hash it
                 pool = self.pools[r.replica]
                 parent = r.hashes[-1] if r.hashes else None
-                for k in range(len(r.hashes), full):
+                for k in range(len(r.hashes), new_len // ps):
                     parent = page_hash(parent, r.tokens[k * ps : (k + 1) * ps], r.salt)
                     r.hashes.append(parent)
                     pool.register(int(self._table[r.slot, k]), parent)

@@ -1,0 +1,537 @@
+"""Packed FP8 MLA cache rows: rope-aware, FlashMLA V32 and FlashMLA MODEL1 (pure torch).
+
+An MLA token is one latent "head" of d_qk = latent + rope values. Every format stores the
+latent as FP8 e4m3 with per-group scales and keeps the rope part unquantized in bf16. Bytes
+are little-endian, as torch's dtype views lay them out on every supported device.
+
+Rope-aware (DESIGN.md; `KVQuantConfig.mla_rope_aware`), `latent + 2*rope` bytes a token,
+640 for DeepSeek V3 (d_qk 576):
+
+    [0, latent)                 latent, e4m3, x / s
+    [latent, latent + 2*rope)   rope, bf16
+    scale buffer                s = amax(|latent|) / 448, one float32 per token (not rounded)
+
+FlashMLA V32 (`flash_mla_with_kvcache` with `is_fp8_kvcache`, d_qk 576), 656 bytes a token:
+
+    [0, 512)     latent, e4m3, 4 tiles of 128 values
+    [512, 528)   4 float32 tile scales s_i
+    [528, 656)   rope, 64 bf16
+
+FlashMLA MODEL1 (d_qk 512 = 448 latent + 64 rope). A page (FlashMLA "block") of P tokens is
+one contiguous run of P * 584 bytes: first every token's 576 data bytes, then a trailer of
+8 scale bytes per token:
+
+    token o's data     [o*576, o*576 + 448)   latent, e4m3, 7 tiles of 64 values
+                       [o*576 + 448, o*576 + 576)   rope, 64 bf16
+    token o's scales   [P*576 + o*8, P*576 + o*8 + 7)   7 e8m0 tile scales, then 1 pad byte (0)
+
+Scales (facts from FlashMLA's `tests/quant.py` and its sm90 sparse decode kernel):
+  - V32 and MODEL1 tile scales are powers of two, 2^ceil(log2(amax / 448)). MODEL1 stores
+    them as e8m0; V32 stores the same values as float32, because FlashMLA's kernel converts
+    each float32 scale to bf16 and dequantizes in bf16, which is exact only for powers of two.
+  - The rope-aware scale is the plain float32 amax / 448 (one scale per token, MAX's layout).
+  - An all-zero group gets the floor scale 2^-126 (`blockwise.SCALE_FLOOR`) and stores zeros.
+    FlashMLA's own quantizer floors amax / 448 at 1e-4 instead, which only matters for groups
+    with amax < 0.045; both dequantize with any FlashMLA kernel.
+  - Non-finite latent input: a NaN or +-inf in a group makes that group's scale non-finite,
+    so the whole group dequantizes to NaN (never to a wrong finite value). Rope values keep
+    NaN/inf element by element.
+
+Dequantization is exact in float32 for power-of-two scales (e4m3 * 2^k); the rope-aware
+product q * s rounds once in float32.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import check
+from .blockwise import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, quantize_blockwise
+
+if TYPE_CHECKING:
+    from ..cache.params import KVCacheParams
+    from ..operands import RowOperand
+
+E8M0_DTYPE = torch.float8_e8m0fnu
+BF16 = torch.bfloat16
+
+# Rope-aware defaults (DeepSeek V3): 512 latent + 64 rope.
+ROPE_AWARE_LATENT, ROPE_AWARE_ROPE = 512, 64
+ROPE_AWARE_BYTES = ROPE_AWARE_LATENT + 2 * ROPE_AWARE_ROPE  # 640
+
+# FlashMLA V32 (DeepSeek V3.2): d_qk 576.
+V32_LATENT, V32_TILE, V32_ROPE = 512, 128, 64
+V32_NUM_TILES = V32_LATENT // V32_TILE  # 4
+V32_D_QK = V32_LATENT + V32_ROPE  # 576
+V32_SCALE_OFFSET = V32_LATENT  # 512
+V32_ROPE_OFFSET = V32_LATENT + 4 * V32_NUM_TILES  # 528
+V32_BYTES = V32_ROPE_OFFSET + 2 * V32_ROPE  # 656
+
+# FlashMLA MODEL1 (DeepSeek V4): d_qk 512.
+MODEL1_LATENT, MODEL1_TILE, MODEL1_ROPE = 448, 64, 64
+MODEL1_NUM_TILES = MODEL1_LATENT // MODEL1_TILE  # 7
+MODEL1_D_QK = MODEL1_LATENT + MODEL1_ROPE  # 512
+MODEL1_DATA_BYTES = MODEL1_LATENT + 2 * MODEL1_ROPE  # 576 data bytes a token
+MODEL1_SCALE_BYTES = 8  # 7 e8m0 scales + 1 pad byte a token, in the page trailer
+MODEL1_BYTES = MODEL1_DATA_BYTES + MODEL1_SCALE_BYTES  # 584
+# FlashMLA's reference allocator pads each MODEL1 block to a multiple of 576 bytes; its
+# kernels load 16-byte vectors, so every block must start on a 16-byte boundary.
+MODEL1_BLOCK_ALIGN = 576
+FLASHMLA_ALIGN = 16
+
+PACKED_FORMATS = ("mla_rope_aware", "flashmla_v32", "flashmla_model1")
+
+
+# Byte helpers --------------------------------------------------------------------------------
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """[..., n] tensor of a k-byte dtype -> [..., n*k] uint8 (native little-endian)."""
+    return t.contiguous().view(torch.uint8)
+
+
+def _view_bytes_as(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[..., n*k] uint8 -> [..., n] of a k-byte dtype (copies a misaligned slice first)."""
+    b = b.contiguous()
+    size = torch.empty((), dtype=dtype).element_size()
+    if b.storage_offset() % size:
+        b = b.clone()
+    return b.view(dtype)
+
+
+def _check_float(x: object, name: str, last: int | None = None) -> None:
+    check(
+        isinstance(x, torch.Tensor) and x.is_floating_point() and x.element_size() > 1,
+        name,
+        "a bf16/fp16/fp32/fp64 tensor",
+        x.dtype if isinstance(x, torch.Tensor) else type(x),
+    )
+    check(x.ndim >= 1, name, "at least 1 dim", tuple(x.shape))
+    if last is not None:
+        check(x.shape[-1] == last, f"{name}.shape[-1]", str(last), tuple(x.shape))
+
+
+def _check_raw(raw: object, name: str, last: int) -> None:
+    check(
+        isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8,
+        name,
+        "a uint8 tensor",
+        raw.dtype if isinstance(raw, torch.Tensor) else type(raw),
+    )
+    check(raw.ndim >= 1 and raw.shape[-1] == last, f"{name}.shape[-1]", str(last), raw.shape)
+
+
+def _check_out_dtype(out_dtype: torch.dtype) -> None:
+    check(
+        isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point,
+        "out_dtype",
+        "a floating-point torch.dtype",
+        out_dtype,
+    )
+
+
+def _pow2_tile_scales(latent: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """latent [..., L] -> (q [..., L] e4m3, scales [..., L // tile] e8m0, powers of two)."""
+    return quantize_blockwise(latent, tile, E8M0_DTYPE)
+
+
+# Rope-aware ----------------------------------------------------------------------------------
+def pack_rope_aware(
+    x: torch.Tensor, rope_dim: int = ROPE_AWARE_ROPE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize MLA tokens to the rope-aware row.
+
+    x: [..., d_qk] float (latent = d_qk - rope_dim, then rope_dim rope values).
+    Returns (raw [..., latent + 2*rope_dim] uint8, scales [..., 1] float32), where
+    scale = amax(|latent|) / 448 (floored at 2^-126) and the rope is stored as bf16.
+    """
+    _check_float(x, "x")
+    d = x.shape[-1]
+    check(
+        isinstance(rope_dim, int) and 0 < rope_dim < d,
+        "rope_dim",
+        f"an int in (0, d_qk={d})",
+        rope_dim,
+    )
+    latent = d - rope_dim
+    q, s = quantize_blockwise(x[..., :latent], latent, torch.float32)
+    rope = _bytes_of(x[..., latent:].to(BF16))
+    raw = torch.cat([q.view(torch.uint8), rope], dim=-1)
+    return raw, s
+
+
+def unpack_rope_aware(
+    raw: torch.Tensor,
+    scales: torch.Tensor,
+    rope_dim: int = ROPE_AWARE_ROPE,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Inverse of `pack_rope_aware`: raw [..., latent + 2*rope_dim] uint8 and scales
+    [..., 1] float32 -> [..., latent + rope_dim] in out_dtype."""
+    check(
+        isinstance(rope_dim, int) and rope_dim > 0,
+        "rope_dim",
+        "a positive int",
+        rope_dim,
+    )
+    check(
+        isinstance(raw, torch.Tensor) and raw.ndim >= 1 and raw.shape[-1] > 2 * rope_dim,
+        "raw",
+        f"a uint8 tensor [..., latent + {2 * rope_dim}]",
+        tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw),
+    )
+    _check_raw(raw, "raw", raw.shape[-1])
+    check(
+        isinstance(scales, torch.Tensor)
+        and scales.dtype == torch.float32
+        and tuple(scales.shape) == (*raw.shape[:-1], 1),
+        "scales",
+        f"a float32 tensor of shape {(*raw.shape[:-1], 1)}",
+        f"{tuple(scales.shape)} {scales.dtype}" if isinstance(scales, torch.Tensor) else scales,
+    )
+    _check_out_dtype(out_dtype)
+    latent = raw.shape[-1] - 2 * rope_dim
+    lat = _view_bytes_as(raw[..., :latent], FP8_DTYPE).float() * scales
+    rope = _view_bytes_as(raw[..., latent:], BF16).float()
+    return torch.cat([lat, rope], dim=-1).to(out_dtype)
+
+
+# FlashMLA V32 --------------------------------------------------------------------------------
+def pack_v32(x: torch.Tensor) -> torch.Tensor:
+    """Quantize tokens to FlashMLA's 656-byte V32 row.
+
+    x: [..., 576] float -> [..., 656] uint8: 512 e4m3 | 4 float32 power-of-two tile scales
+    (one per 128 latent values) | 64 bf16 rope.
+    """
+    _check_float(x, "x", V32_D_QK)
+    q, s = _pow2_tile_scales(x[..., :V32_LATENT], V32_TILE)
+    rope = _bytes_of(x[..., V32_LATENT:].to(BF16))
+    return torch.cat([q.view(torch.uint8), _bytes_of(s.float()), rope], dim=-1)
+
+
+def v32_scales(raw: torch.Tensor) -> torch.Tensor:
+    """The 4 float32 tile scales of V32 rows: raw [..., 656] uint8 -> [..., 4] float32."""
+    _check_raw(raw, "raw", V32_BYTES)
+    return _view_bytes_as(raw[..., V32_SCALE_OFFSET:V32_ROPE_OFFSET], torch.float32)
+
+
+def unpack_v32(raw: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of `pack_v32`: raw [..., 656] uint8 -> [..., 576] in out_dtype."""
+    _check_raw(raw, "raw", V32_BYTES)
+    _check_out_dtype(out_dtype)
+    q = _view_bytes_as(raw[..., :V32_LATENT], FP8_DTYPE).float()
+    s = v32_scales(raw)
+    lat = (q.unflatten(-1, (V32_NUM_TILES, V32_TILE)) * s.unsqueeze(-1)).flatten(-2)
+    rope = _view_bytes_as(raw[..., V32_ROPE_OFFSET:], BF16).float()
+    return torch.cat([lat, rope], dim=-1).to(out_dtype)
+
+
+# Rope-aware <-> V32 --------------------------------------------------------------------------
+def rope_aware_to_v32(
+    raw: torch.Tensor, scales: torch.Tensor, *, requantize: bool = False
+) -> torch.Tensor:
+    """Rope-aware rows (d_qk 576) -> V32 rows: raw [..., 640] uint8, scales [..., 1] float32
+    -> [..., 656] uint8.
+
+    requantize=False (default): lossless. The e4m3 bytes and rope are copied and the token's
+    float32 scale is repeated in all 4 tile slots, so `unpack_v32` returns exactly what
+    `unpack_rope_aware` did. FlashMLA's kernel rounds float32 scales to bf16, so it sees each
+    token's latent multiplied by bf16(s) / s (within 2^-9 of 1).
+    requantize=True: dequantize, then quantize again with power-of-two tile scales as
+    `pack_v32` does (exact in FlashMLA's bf16 dequantization, one more e4m3 rounding).
+    """
+    _check_raw(raw, "raw", ROPE_AWARE_BYTES)
+    if requantize:
+        return pack_v32(unpack_rope_aware(raw, scales, ROPE_AWARE_ROPE, torch.float32))
+    check(
+        isinstance(scales, torch.Tensor)
+        and scales.dtype == torch.float32
+        and tuple(scales.shape) == (*raw.shape[:-1], 1),
+        "scales",
+        f"a float32 tensor of shape {(*raw.shape[:-1], 1)}",
+        f"{tuple(scales.shape)} {scales.dtype}" if isinstance(scales, torch.Tensor) else scales,
+    )
+    s4 = _bytes_of(scales.expand(*scales.shape[:-1], V32_NUM_TILES))
+    return torch.cat([raw[..., :V32_LATENT], s4, raw[..., V32_LATENT:]], dim=-1)
+
+
+def v32_to_rope_aware(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """V32 rows -> rope-aware rows: raw [..., 656] uint8 -> (raw [..., 640] uint8,
+    scales [..., 1] float32).
+
+    The token scale is the largest of the 4 tile scales, so |x| / s <= 448 still holds.
+    Tiles already at that scale keep their bytes; the others are rescaled by s_i / s (a
+    power of two for FlashMLA's scales, exact unless values drop into e4m3's subnormal
+    range). Rows whose 4 scales are equal round-trip bit for bit.
+    """
+    _check_raw(raw, "raw", V32_BYTES)
+    s4 = v32_scales(raw)
+    s = s4.amax(dim=-1, keepdim=True).clamp_min(SCALE_FLOOR)
+    q = _view_bytes_as(raw[..., :V32_LATENT], FP8_DTYPE).float()
+    q = q.unflatten(-1, (V32_NUM_TILES, V32_TILE)) * (s4 / s).unsqueeze(-1)
+    q = q.flatten(-2).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(torch.uint8)
+    return torch.cat([q, raw[..., V32_ROPE_OFFSET:]], dim=-1), s
+
+
+# FlashMLA MODEL1 -----------------------------------------------------------------------------
+def pack_model1_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize tokens to MODEL1's per-token pieces.
+
+    x: [N, 1, 512] float -> (data [N, 576] uint8: 448 e4m3 | 64 bf16 rope,
+    scale_bytes [N, 8] uint8: 7 e8m0 tile scales (one per 64 latent values) | 0 pad).
+    Where they go in a page: see the module docstring and `store_rows`.
+    """
+    _check_float(x, "x", MODEL1_D_QK)
+    check(x.ndim == 3 and x.shape[1] == 1, "x", "a [N, 1, 512] tensor", tuple(x.shape))
+    x = x[:, 0]
+    q, s = _pow2_tile_scales(x[:, :MODEL1_LATENT], MODEL1_TILE)
+    data = torch.cat([q.view(torch.uint8), _bytes_of(x[:, MODEL1_LATENT:].to(BF16))], dim=-1)
+    pad = torch.zeros(x.shape[0], MODEL1_SCALE_BYTES - MODEL1_NUM_TILES, dtype=torch.uint8)
+    scale_bytes = torch.cat([s.view(torch.uint8), pad.to(x.device)], dim=-1)
+    return data, scale_bytes
+
+
+def unpack_model1_tokens(
+    data: torch.Tensor, scale_bytes: torch.Tensor, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Inverse of `pack_model1_tokens`: data [N, 576] uint8, scale_bytes [N, 8] uint8
+    -> [N, 1, 512] in out_dtype. The pad byte is ignored."""
+    _check_raw(data, "data", MODEL1_DATA_BYTES)
+    _check_raw(scale_bytes, "scale_bytes", MODEL1_SCALE_BYTES)
+    check(data.ndim == 2, "data", "a [N, 576] tensor", tuple(data.shape))
+    check(
+        tuple(scale_bytes.shape) == (data.shape[0], MODEL1_SCALE_BYTES),
+        "scale_bytes",
+        f"shape ({data.shape[0]}, {MODEL1_SCALE_BYTES})",
+        tuple(scale_bytes.shape),
+    )
+    _check_out_dtype(out_dtype)
+    q = _view_bytes_as(data[:, :MODEL1_LATENT], FP8_DTYPE).float()
+    s = _view_bytes_as(scale_bytes[:, :MODEL1_NUM_TILES], E8M0_DTYPE).float()
+    lat = (q.unflatten(-1, (MODEL1_NUM_TILES, MODEL1_TILE)) * s.unsqueeze(-1)).flatten(-2)
+    rope = _view_bytes_as(data[:, MODEL1_LATENT:], BF16).float()
+    return torch.cat([lat, rope], dim=-1).unsqueeze(1).to(out_dtype)
+
+
+def _model1_page_views(op: RowOperand) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(data [pages, page_size, 576], scale trailer [pages, page_size, 8], page stride rows)
+    as uint8 views of a MODEL1 operand's storage (no copy)."""
+    ps, st = int(op.page_size), int(op.page_stride_rows)
+    check(ps > 0, "op.page_size", "> 0 (MODEL1 needs a paged operand)", ps)
+    check(st >= ps, "op.page_stride_rows", f">= page_size={ps}", st)
+    r = op.rows
+    check(
+        r.dtype == torch.uint8
+        and r.ndim == 3
+        and r.shape[1] == 1
+        and r.shape[2] == MODEL1_BYTES
+        and r.is_contiguous()
+        and r.shape[0] >= ps,
+        "op.rows",
+        f"a contiguous uint8 [rows >= {ps}, 1, {MODEL1_BYTES}] view",
+        f"{tuple(r.shape)} {r.dtype} strides {r.stride()}",
+    )
+    n_pages = (r.shape[0] - ps) // st + 1
+    base, page_bytes = r.storage_offset(), st * MODEL1_BYTES
+    data = r.as_strided((n_pages, ps, MODEL1_DATA_BYTES), (page_bytes, MODEL1_DATA_BYTES, 1), base)
+    trailer = r.as_strided(
+        (n_pages, ps, MODEL1_SCALE_BYTES),
+        (page_bytes, MODEL1_SCALE_BYTES, 1),
+        base + ps * MODEL1_DATA_BYTES,
+    )
+    return data, trailer, st
+
+
+def _check_rows(rows: object, n: int | None = None) -> torch.Tensor:
+    check(
+        isinstance(rows, torch.Tensor)
+        and rows.ndim == 1
+        and rows.dtype in (torch.int32, torch.int64),
+        "rows",
+        "a 1-D int32/int64 tensor of physical row ids",
+        f"{tuple(rows.shape)} {rows.dtype}" if isinstance(rows, torch.Tensor) else type(rows),
+    )
+    if n is not None:
+        check(rows.shape[0] == n, "rows", f"length {n} (x.shape[0])", rows.shape[0])
+    return rows.long()
+
+
+def load_model1_rows(
+    op: RowOperand, rows: torch.Tensor, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Dequantize MODEL1 tokens at physical rows (row = page * page_stride_rows + offset, as
+    `op.row_idx` / `op.rows_for` / `op.get_tma_row` produce) -> [N, 1, 512] in out_dtype.
+
+    Token `offset` of the page starting at row `page * page_stride_rows` has its data at byte
+    offset*576 of that page's block and its scales at byte page_size*576 + offset*8.
+    Rows must address valid tokens (offset < page_size); nothing is checked on the device.
+    """
+    rows = _check_rows(rows)
+    data, trailer, st = _model1_page_views(op)
+    page, off = rows // st, rows % st
+    return unpack_model1_tokens(data[page, off], trailer[page, off], out_dtype)
+
+
+# Writing into a cache ------------------------------------------------------------------------
+def store_rows(op: RowOperand, rows: torch.Tensor, x: torch.Tensor) -> None:
+    """Quantize x [N, 1, d_qk] in the operand's packed MLA format and write it at physical
+    `rows` [N] (see `load_model1_rows` for the addressing).
+
+    mla_rope_aware: row bytes into op.rows, the float32 token scale into op.scales.
+    flashmla_v32: 656-byte rows into op.rows. flashmla_model1: data and trailer bytes of
+    each token's page. Only the written tokens' bytes change. No host synchronisation.
+    """
+    f = op.quant_format
+    check(f in PACKED_FORMATS, "op.quant_format", f"one of {PACKED_FORMATS}", f)
+    _check_float(x, "x", op.head_dim)
+    check(x.ndim == 3 and x.shape[1] == 1, "x", f"a [N, 1, {op.head_dim}] tensor", x.shape)
+    rows = _check_rows(rows, x.shape[0])
+    if f == "mla_rope_aware":
+        raw, s = pack_rope_aware(x, op.rope_dim)
+        check(
+            tuple(op.rows.shape[1:]) == tuple(raw.shape[1:]) and op.rows.dtype == torch.uint8,
+            "op.rows",
+            f"uint8 rows of shape [*, {', '.join(map(str, raw.shape[1:]))}]",
+            f"{tuple(op.rows.shape)} {op.rows.dtype}",
+        )
+        check(
+            op.scales is not None and op.scales.dtype == torch.float32,
+            "op.scales",
+            "a float32 [rows, 1, 1] scale view",
+            None if op.scales is None else op.scales.dtype,
+        )
+        op.rows[rows] = raw
+        op.scales[rows] = s
+    elif f == "flashmla_v32":
+        check(
+            tuple(op.rows.shape[1:]) == (1, V32_BYTES) and op.rows.dtype == torch.uint8,
+            "op.rows",
+            f"uint8 rows of shape [*, 1, {V32_BYTES}]",
+            f"{tuple(op.rows.shape)} {op.rows.dtype}",
+        )
+        op.rows[rows] = pack_v32(x)
+    else:
+        data_view, trailer_view, st = _model1_page_views(op)
+        data, scale_bytes = pack_model1_tokens(x)
+        page, off = rows // st, rows % st
+        data_view[page, off] = data
+        trailer_view[page, off] = scale_bytes
+
+
+# FlashMLA interop ----------------------------------------------------------------------------
+def _check_mla_blocks(kv_blocks: torch.Tensor, params: KVCacheParams, layer_idx: int) -> None:
+    check(params.is_mla, "params.is_mla", "True (FlashMLA caches are MLA caches)", False)
+    fmt = params.quant_format
+    check(
+        fmt in (None, "flashmla_v32", "flashmla_model1"),
+        "params.quantization",
+        "None (bf16/fp16 cache), 'flashmla_v32' or 'flashmla_model1' (convert rope-aware rows "
+        "with rope_aware_to_v32)",
+        fmt,
+    )
+    check(
+        isinstance(kv_blocks, torch.Tensor)
+        and kv_blocks.ndim == 6
+        and tuple(kv_blocks.shape) == params.blocks_shape(kv_blocks.shape[0])
+        and kv_blocks.dtype == params.storage_dtype,
+        "kv_blocks",
+        f"a {params.storage_dtype} tensor of shape {params.blocks_shape(-1)} (-1: total_num_pages)",
+        f"{tuple(kv_blocks.shape)} {kv_blocks.dtype}"
+        if isinstance(kv_blocks, torch.Tensor)
+        else type(kv_blocks),
+    )
+    check(
+        isinstance(layer_idx, int) and 0 <= layer_idx < params.num_layers,
+        "layer_idx",
+        f"an int in [0, {params.num_layers})",
+        layer_idx,
+    )
+
+
+def to_flashmla_cache(
+    kv_blocks: torch.Tensor, params: KVCacheParams, layer_idx: int, *, copy: bool = False
+) -> torch.Tensor:
+    """One layer of an MLA cache as FlashMLA's `k_cache` argument of `flash_mla_with_kvcache`.
+
+    Returns [total_num_pages, page_size, 1, bytes_per_token]: uint8 for the FP8 formats (pass
+    `is_fp8_kvcache=True`; 656 bytes V32, 584 bytes MODEL1), params.dtype for an unquantized
+    cache (576/512 values). Page ids, and so block tables and sparse indices
+    `page * page_size + offset`, are the same as this cache's.
+
+    copy=False: a view of kv_blocks (no copy; FlashMLA's reads see later writes). FlashMLA
+    needs each block to be contiguous (stride(1) == bytes_per_token, true here) and, for its
+    16-byte loads, every block to start 16-byte aligned. MODEL1 blocks of an odd number of
+    page_size * layer tokens are not aligned: that raises InvalidArgumentError, use copy=True.
+    copy=True: a fresh tensor laid out as FlashMLA's reference allocator does (MODEL1 block
+    stride rounded up to a multiple of 576 bytes).
+    FlashMLA's own kernels add limits of their own (dense bf16 decode: page_size 64).
+    """
+    _check_mla_blocks(kv_blocks, params, layer_idx)
+    view = kv_blocks[:, 0, layer_idx]  # [P, page_size, 1, row_elems]
+    fmt = params.quant_format
+    if not copy:
+        if fmt is not None:
+            esz = 1
+            aligned = (view.data_ptr() % FLASHMLA_ALIGN == 0) and (
+                view.stride(0) * esz % FLASHMLA_ALIGN == 0
+            )
+            check(
+                aligned,
+                "kv_blocks",
+                f"FlashMLA blocks aligned to {FLASHMLA_ALIGN} bytes for a zero-copy view "
+                "(MODEL1: even page_size, or pass copy=True)",
+                f"page_size={params.page_size}, block stride {view.stride(0)} B, "
+                f"layer offset {view.data_ptr() % FLASHMLA_ALIGN} mod {FLASHMLA_ALIGN}",
+            )
+        return view
+    P, ps, H, D = view.shape
+    if fmt == "flashmla_model1":
+        block = ps * D
+        stride0 = -(-block // MODEL1_BLOCK_ALIGN) * MODEL1_BLOCK_ALIGN
+        buf = torch.empty(P, stride0, dtype=view.dtype, device=view.device)
+        out = buf[:, :block].view(P, ps, H, D)
+        out.copy_(view)
+        return out
+    return view.clone(memory_format=torch.contiguous_format)
+
+
+def from_flashmla_cache(
+    k_cache: torch.Tensor, kv_blocks: torch.Tensor, params: KVCacheParams, layer_idx: int
+) -> None:
+    """Write FlashMLA's `k_cache` ([total_num_pages, page_size, 1, bytes_per_token], uint8,
+    int8 or float8_e4m3fn for the FP8 formats, params.dtype otherwise; any block stride)
+    into layer `layer_idx` of kv_blocks. The inverse of `to_flashmla_cache`.
+    """
+    _check_mla_blocks(kv_blocks, params, layer_idx)
+    dst = kv_blocks[:, 0, layer_idx]
+    fmt = params.quant_format
+    check(isinstance(k_cache, torch.Tensor), "k_cache", "a tensor", type(k_cache))
+    check(
+        tuple(k_cache.shape) == tuple(dst.shape),
+        "k_cache",
+        f"shape {tuple(dst.shape)} [num_blocks, page_block_size, 1, bytes_per_token]",
+        tuple(k_cache.shape),
+    )
+    check(
+        k_cache.device == kv_blocks.device, "k_cache.device", str(kv_blocks.device), k_cache.device
+    )
+    if fmt is None:
+        check(k_cache.dtype == params.dtype, "k_cache.dtype", str(params.dtype), k_cache.dtype)
+        dst.copy_(k_cache)
+        return
+    check(
+        k_cache.dtype in (torch.uint8, torch.int8, FP8_DTYPE),
+        "k_cache.dtype",
+        "torch.uint8, torch.int8 or torch.float8_e4m3fn",
+        k_cache.dtype,
+    )
+    check(k_cache.stride(-1) == 1, "k_cache.stride(-1)", "1", k_cache.stride(-1))
+    if fmt == "flashmla_model1":
+        # A MODEL1 block is page_size * 584 contiguous bytes (data, then the scale trailer).
+        check(
+            k_cache.stride(1) == MODEL1_BYTES,
+            "k_cache.stride(1)",
+            f"{MODEL1_BYTES} (each MODEL1 block contiguous)",
+            k_cache.stride(1),
+        )
+    dst.copy_(k_cache.view(torch.uint8))

@@ -1,0 +1,364 @@
+"""PagedKVCacheManager: exact expectations, prefix caching, multi-device, failures."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from pagedattn import (
+    CapacityError,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    KVCacheInputsPerDevice,
+    KVCacheParams,
+    MaxLengthExceededError,
+    OutOfPagesError,
+    PagedAttnError,
+    PagedKVCacheManager,
+    UnknownRequestError,
+    gather_kv,
+    store_kv,
+)
+from pagedattn.cache.inputs import FIELD_ORDER, OPTIONAL_FIELDS
+from pagedattn.testing import ragged_offsets
+
+BF16 = torch.bfloat16
+
+
+def mgr(pages=8, page_size=4, **kw):
+    extra = {k: kw.pop(k) for k in ("max_batch_size", "max_seq_len") if k in kw}
+    p = KVCacheParams(BF16, 1, 2, 8, page_size, **kw)
+    return PagedKVCacheManager(p, pages, **extra)
+
+
+def run_prefill(m, rid, tokens, sampled=100, **claim_kw):
+    hit = m.claim(rid, tokens, **claim_kw)
+    m.alloc(rid, len(tokens) - hit)
+    m.runtime_inputs([rid])
+    m.step([rid], [[sampled]])
+    return hit
+
+
+def by_hand(tokens, page_size, salt=b""):
+    """sha256 chain recomputed independently of the library."""
+    out, parent = [], b""
+    for k in range((len(tokens) - 1) // page_size):
+        blob = parent + b"".join(
+            int(t).to_bytes(8, "little", signed=True)
+            for t in tokens[k * page_size : (k + 1) * page_size]
+        )
+        parent = hashlib.sha256(blob + salt).digest()
+        out.append(parent)
+    return out
+
+
+def test_pages_handed_out_lowest_first_and_table_padding():
+    m = mgr(pages=8, page_size=4)
+    m.claim("a", list(range(6)))
+    m.alloc("a", 6)
+    m.claim("b", list(range(50, 59)))
+    m.alloc("b", 9)
+    assert m.pages("a") == [0, 1] and m.pages("b") == [2, 3, 4]
+    (inp,) = m.runtime_inputs(["a", "b"])
+    assert inp.lookup_table.tolist() == [[0, 1, 8], [2, 3, 4]]  # sentinel = total_num_pages
+    assert inp.cache_lengths.tolist() == [0, 0]
+    assert inp.max_lengths.tolist() == [[9, 0]] and inp.max_lengths.device.type == "cpu"
+    assert inp.lookup_table.dtype == torch.int32 and inp.cache_lengths.dtype == torch.int32
+
+
+def test_hash_chain_matches_hand_computation():
+    m = mgr(pages=8, page_size=3)
+    toks = [5, 9, 2, 7, 7, 1, 3, 8]
+    run_prefill(m, "a", toks)
+    # committed 8 tokens -> pages 0,1 full (6 tokens) are hashed; page 2 partial is not.
+    pool = m.pools[0]
+    expect = by_hand(toks + [0], 3)[:2]
+    assert [pool.page_to_hash[p] for p in (0, 1)] == expect
+    assert 2 not in pool.page_to_hash
+    salted = mgr(pages=8, page_size=3)
+    run_prefill(salted, "a", toks, salt="tenant-1")
+    assert salted.pools[0].page_to_hash[0] == by_hand(toks + [0], 3, b"tenant-1")[0]
+
+
+def test_prefix_hit_refcounts_and_last_token_never_hits():
+    m = mgr(pages=10, page_size=4)
+    prompt = list(range(12))
+    run_prefill(m, "a", prompt)  # 12 prompt tokens committed -> 3 full pages
+    assert m.pools[0].ref_counts[:3].tolist() == [1, 1, 1]
+    # Same 12-token prompt: the last token never hits, so only 2 pages (8 tokens) match.
+    assert m.claim("b", prompt) == 8
+    assert m.pages("b") == [0, 1]
+    assert m.pools[0].ref_counts[:3].tolist() == [2, 2, 1]
+    assert m.cache_length("b") == 8
+    # A longer prompt sharing the prefix hits all 3 pages.
+    assert m.claim("c", prompt + [77]) == 12
+    assert m.pools[0].ref_counts[:3].tolist() == [3, 3, 2]
+    st = m.stats()
+    assert (st.prefix_query_tokens, st.prefix_hit_tokens) == (12 + 12 + 13, 20)
+    assert st.hit_rate == pytest.approx(20 / 37)
+
+
+def test_salt_isolates_tenants():
+    m = mgr(pages=10, page_size=4)
+    prompt = list(range(9))
+    run_prefill(m, "a", prompt, salt="alice")
+    assert m.claim("b", prompt, salt="bob") == 0
+    assert m.claim("c", prompt) == 0
+    assert m.claim("d", prompt, salt="alice") == 8
+
+
+def test_lru_eviction_order_is_lazy_and_tail_first():
+    m = mgr(pages=6, page_size=2)
+    run_prefill(m, "a", [1, 2, 3, 4, 5])  # pages 0,1,2; commits 5 -> pages 0,1 hashed
+    run_prefill(m, "b", [9, 8, 7, 6, 5])  # pages 3,4,5; pages 3,4 hashed
+    m.release("a")
+    m.release("b")
+    pool = m.pools[0]
+    # a's pages released tail first (1 then 0), then b's (4 then 3); unhashed ones are free.
+    assert pool.evictable_pages() == [1, 0, 4, 3]
+    assert pool.num_free == 6 and pool.num_cached == 4
+    # A new request takes the never-cached pages first (2, 5), then evicts LRU (1, then 0).
+    m.claim("c", list(range(100, 108)))
+    m.alloc("c", 8)
+    assert m.pages("c") == [2, 5, 1, 0]
+    assert m.stats().evictions == 2
+    assert pool.evictable_pages() == [4, 3]
+    # b's prefix survives: page 3 (tokens 9,8) is still cached.
+    assert m.claim("d", [9, 8, 7, 6, 5]) == 4 and m.pages("d") == [3, 4]
+
+
+def test_decode_steps_cache_lengths_and_multi_step_max_lengths():
+    m = mgr(pages=16, page_size=4)
+    m.claim("a", list(range(5)))
+    m.alloc("a", 5)
+    m.runtime_inputs(["a"])
+    m.step(["a"], [[50]])
+    assert m.cache_length("a") == 5 and m.tokens("a")[-1] == 50
+    m.alloc("a", 1, num_steps=3)
+    (inp,) = m.runtime_inputs(["a"], num_steps=3)
+    assert inp.cache_lengths.tolist() == [5]
+    assert inp.max_lengths.tolist() == [[1, 5], [1, 6], [1, 7]]
+    assert len(m.pages("a")) == 2  # 5 + 1 + 2 = 8 tokens
+    m.step(["a"], [[51, 52, 53]])
+    assert m.cache_length("a") == 8 and m.tokens("a")[-3:] == [51, 52, 53]
+
+
+def test_chunked_prefill_commits_chunks():
+    m = mgr(pages=16, page_size=4)
+    m.claim("a", list(range(10)))
+    m.alloc("a", 4)
+    (inp,) = m.runtime_inputs(["a"])
+    assert inp.max_lengths.tolist() == [[4, 0]]
+    with pytest.raises(InvalidArgumentError, match="new_tokens"):
+        m.step(["a"], [[1]])  # a partial prompt chunk samples nothing
+    m.step(["a"])
+    m.alloc("a", 6)
+    (inp,) = m.runtime_inputs(["a"])
+    assert inp.cache_lengths.tolist() == [4] and inp.max_lengths.tolist() == [[6, 4]]
+    m.step(["a"], [[99]])
+    assert m.cache_length("a") == 10
+
+
+def test_speculative_draft_slots():
+    p = KVCacheParams(BF16, 1, 2, 8, 4, enable_speculative=True)
+    m = PagedKVCacheManager(p, 16)
+    m.claim("a", list(range(7)))
+    m.alloc("a", 7)
+    m.step(["a"], [[70]])
+    m.alloc("a", 1, num_draft_tokens=3)  # verify 1 + 3 drafts: slots up to 7 + 4 = 11
+    assert len(m.pages("a")) == 3
+    (inp,) = m.runtime_inputs(["a"])
+    assert inp.draft_attention_dispatch_metadata is not None
+    with pytest.raises(InvalidArgumentError, match="new_tokens"):
+        m.step(["a"], [[1, 2, 3, 4, 5]])  # at most 1 + 3 sampled tokens
+    m.step(["a"], [[71, 72, 73]])  # two drafts accepted + one bonus token
+    assert m.cache_length("a") == 10
+
+
+def test_tensor_parallel_same_page_ids_and_data_parallel_pools():
+    tp = KVCacheParams(BF16, 1, 4, 8, 4, devices=["cpu", "cpu"])
+    m = PagedKVCacheManager(tp, 8)
+    m.claim("a", list(range(6)))
+    m.alloc("a", 6)
+    ins = m.runtime_inputs(["a"])
+    assert len(ins) == 2
+    assert torch.equal(ins[0].lookup_table, ins[1].lookup_table)
+    assert ins[0].kv_blocks.shape[4] == 2 and ins[0].kv_blocks is not ins[1].kv_blocks
+    dp = KVCacheParams(BF16, 1, 4, 8, 4, devices=["cpu"] * 4, data_parallel_degree=2)
+    m = PagedKVCacheManager(dp, 8)
+    m.claim("a", list(range(6)))
+    m.claim("b", list(range(9)))
+    assert {m.replica_of("a"), m.replica_of("b")} == {0, 1}
+    m.alloc("a", 6)
+    m.alloc("b", 9)
+    assert m.pages("a")[0] == 0 and m.pages("b")[0] == 0  # independent pools
+    ins = m.runtime_inputs(["a", "b"])
+    assert [i.batch_size for i in ins] == [1, 1, 1, 1]
+    mla = KVCacheParams(BF16, 1, 1, 576, 64, is_mla=True, num_q_heads=16, devices=["cpu"] * 2)
+    assert mla.n_kv_heads_per_device == 1
+
+
+def optional_combos():
+    for scales, meta, spec, is_mla in itertools.product([0, 1], [0, 1], [0, 1], [0, 1]):
+        yield scales, meta, spec, is_mla
+
+
+@pytest.mark.parametrize("scales, meta, spec, is_mla", list(optional_combos()))
+def test_flatten_unflatten_round_trip(scales, meta, spec, is_mla):
+    from pagedattn import KVQuantConfig
+
+    kw = dict(is_mla=True, num_q_heads=8) if is_mla else {}
+    quant = None
+    if scales:
+        quant = KVQuantConfig.mla_rope_aware() if is_mla else KVQuantConfig.blockwise(8)
+    p = KVCacheParams(
+        BF16,
+        1,
+        1,
+        576 if is_mla else 64,
+        4,
+        quantization=quant,
+        enable_dispatch_metadata=bool(meta),
+        enable_speculative=bool(spec),
+        **kw,
+    )
+    m = PagedKVCacheManager(p, 4)
+    m.claim("a", [1, 2, 3])
+    m.alloc("a", 3, num_draft_tokens=1)
+    (inp,) = m.runtime_inputs(["a"])
+    flat = inp.flatten()
+    present = KVCacheInputsPerDevice.present_fields(p)
+    assert [n for n in FIELD_ORDER if getattr(inp, n) is not None] == list(present)
+    assert len(flat) == len(present)
+    again = KVCacheInputsPerDevice.unflatten(iter(flat), p)
+    for n in FIELD_ORDER:
+        a, b = getattr(inp, n), getattr(again, n)
+        assert (a is None and b is None) or a is b
+    assert again.flatten() == flat or all(x is y for x, y in zip(again.flatten(), flat))
+    # Every optional field is skipped when None, kept in order otherwise.
+    for n in OPTIONAL_FIELDS:
+        assert (getattr(inp, n) is None) == (n not in present)
+    with pytest.raises(InvalidArgumentError, match="ran out"):
+        KVCacheInputsPerDevice.unflatten(iter(flat[:-1]), p)
+
+
+def test_prefix_hit_returns_exact_bytes_written():
+    p = KVCacheParams(BF16, 2, 2, 16, 4)
+    m = PagedKVCacheManager(p, 16)
+    prompt = list(range(11))
+    m.claim("a", prompt)
+    m.alloc("a", 11)
+    (inp,) = m.runtime_inputs(["a"])
+    k = torch.randn(11, 2, 16).to(BF16)
+    v = torch.randn(11, 2, 16).to(BF16)
+    store_kv(k, v, inp, p, 1, ragged_offsets([11]))
+    m.step(["a"], [[0]])
+    m.release("a")
+    assert m.claim("b", prompt + [5]) == 8
+    m.alloc("b", 4)
+    (inp,) = m.runtime_inputs(["b"])
+    kk, vv = gather_kv(inp, p, 1, 0, 8, out_dtype=BF16)
+    assert torch.equal(kk.view(torch.int16), k[:8].view(torch.int16))
+    assert torch.equal(vv.view(torch.int16), v[:8].view(torch.int16))
+
+
+# ---- Failures: typed errors, no state change ------------------------------------------
+
+
+def test_errors_share_one_base():
+    for e in (
+        OutOfPagesError,
+        UnknownRequestError,
+        DuplicateRequestError,
+        MaxLengthExceededError,
+        CapacityError,
+        InvalidArgumentError,
+    ):
+        assert issubclass(e, PagedAttnError)
+
+
+def failing_calls(m):
+    yield OutOfPagesError, lambda: m.alloc("big", 37)
+    yield UnknownRequestError, lambda: m.alloc("nope", 1)
+    yield UnknownRequestError, lambda: m.release("nope")
+    yield UnknownRequestError, lambda: m.runtime_inputs(["a", "nope"])
+    yield UnknownRequestError, lambda: m.step(["nope"], [[1]])
+    yield DuplicateRequestError, lambda: m.claim("a", [1, 2])
+    yield MaxLengthExceededError, lambda: m.claim("long", list(range(100)))
+    yield MaxLengthExceededError, lambda: m.alloc("a", 1, num_steps=60)
+    yield CapacityError, lambda: m.claim("x4", [1])
+    yield InvalidArgumentError, lambda: m.claim("bad", [])
+    yield InvalidArgumentError, lambda: m.claim("bad", [1.5, 2])
+    yield InvalidArgumentError, lambda: m.claim("bad", "abc")
+    yield InvalidArgumentError, lambda: m.claim("bad", torch.tensor([1.0]))
+    yield InvalidArgumentError, lambda: m.claim(["unhashable"], [1])
+    yield InvalidArgumentError, lambda: m.claim("bad", [1], replica=3)
+    yield InvalidArgumentError, lambda: m.claim("bad", [1], salt=5)
+    yield InvalidArgumentError, lambda: m.alloc("a", 0)
+    yield InvalidArgumentError, lambda: m.alloc("a", -2)
+    yield InvalidArgumentError, lambda: m.alloc("a", 1, num_steps=0)
+    yield InvalidArgumentError, lambda: m.alloc("a", 1, num_draft_tokens=-1)
+    yield InvalidArgumentError, lambda: m.alloc("a", 5)  # only 1 known uncached token
+    yield InvalidArgumentError, lambda: m.runtime_inputs(["a", "a"])
+    yield InvalidArgumentError, lambda: m.runtime_inputs(["c"])  # claimed, not allocated
+    yield InvalidArgumentError, lambda: m.runtime_inputs(["a"], num_steps=0)
+    yield InvalidArgumentError, lambda: m.runtime_inputs(["a"], padded_cols=0)
+    yield InvalidArgumentError, lambda: m.step(["a"], [[1], [2]])
+    yield InvalidArgumentError, lambda: m.step(["a"], [[1, 2, 3]])
+    yield InvalidArgumentError, lambda: m.step(["c"], [[1]])
+    yield InvalidArgumentError, lambda: m.evict(-1)
+
+
+def test_failed_calls_change_nothing():
+    m = mgr(pages=12, page_size=4, max_batch_size=3, max_seq_len=48)
+    run_prefill(m, "a", list(range(10)))
+    m.alloc("a", 1)
+    m.claim("big", list(range(45)))
+    m.claim("c", [7, 7, 7])
+    for err, call in failing_calls(m):
+        before = m.snapshot()
+        with pytest.raises(err):
+            call()
+        assert m.snapshot() == before, f"{err.__name__} changed state"
+
+
+def test_out_of_pages_mid_batch_leaves_pool_intact():
+    m = mgr(pages=3, page_size=2)
+    m.claim("a", [1, 2, 3])
+    m.alloc("a", 3)
+    before = m.snapshot()
+    m.claim("b", [4, 5, 6])
+    with pytest.raises(OutOfPagesError):
+        m.alloc("b", 3)
+    m.release("b")
+    assert m.pools[0].snapshot() == before[-1][0]
+
+
+def test_padded_cols_for_cuda_graphs():
+    m = mgr(pages=8, page_size=4, max_seq_len=32)
+    m.claim("a", [1, 2, 3])
+    m.alloc("a", 3)
+    (inp,) = m.runtime_inputs(["a"], padded_cols=8)
+    assert inp.lookup_table.shape == (1, 8)
+    assert inp.lookup_table[0, 1:].tolist() == [8] * 7
+    static = inp
+    m.step(["a"], [[4]])
+    m.alloc("a", 1)
+    (fresh,) = m.runtime_inputs(["a"])
+    static.copy_(fresh)
+    assert static.cache_lengths.tolist() == [3]
+    assert static.lookup_table[0].tolist() == [0] + [8] * 7
+
+
+def test_table_builds_are_vectorised_numpy():
+    m = mgr(pages=64, page_size=1, max_batch_size=32)
+    for i in range(32):
+        m.claim(i, [i, i + 1])
+        m.alloc(i, 2)
+    (inp,) = m.runtime_inputs(list(range(32)))
+    expect = np.array([m.pages(i) for i in range(32)], dtype=np.int32)
+    assert np.array_equal(inp.lookup_table.numpy(), expect)
