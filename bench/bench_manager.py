@@ -58,7 +58,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = [bench(b) for b in (1, 64, 256)]
     print(
-        f"{'batch':>6} {'alloc us':>10} {'runtime_inputs us':>18} {'step us':>9} {'inputs+step us':>15}"
+        f"{'batch':>6} {'alloc us':>10} {'runtime_inputs us':>18} {'step us':>9} "
+        f"{'inputs+step us':>15}"
     )
     for r in rows:
         print(

@@ -1,0 +1,128 @@
+"""Shared benchmark machinery: timing, ceilings measured in the same run, peers, records.
+
+- `time_ms`: median of CUDA-event timings (triton.testing.do_bench) after warm-up.
+- `copy_bandwidth`: a 2 GiB device-to-device copy, bytes read + written over time.
+- `matmul_tflops`: an 8192^3 bf16 matmul on random data.
+- `flashinfer`: the FlashInfer module when its wheels are importable, else None.
+Never time on zeros: every input is fresh random data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import date
+
+import torch
+
+
+@dataclass
+class Record:
+    suite: str
+    config: str
+    impl: str
+    ms: float
+    bytes: float = 0.0
+    flops: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.ms / 1e6 if self.ms else 0.0
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.ms / 1e9 if self.ms else 0.0
+
+
+def time_ms(fn, warmup: int = 25, rep: int = 100) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def copy_bandwidth(gib: float = 2.0) -> float:
+    """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
+    n = int(gib * 2**30) // 4
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    ms = time_ms(lambda: b.copy_(a))
+    return 2 * n * 4 / ms / 1e6
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b)
+    return 2 * n**3 / ms / 1e9
+
+
+def flashinfer():
+    try:
+        import flashinfer as fi  # noqa: PLC0415
+
+        return fi
+    except Exception as e:  # missing wheel, CUDA_HOME, JIT failure
+        print(f"[bench] FlashInfer unavailable: {type(e).__name__}: {e}")
+        return None
+
+
+def environment() -> dict:
+    env = {
+        "date": str(date.today()),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        env.update(device=p.name, sms=p.multi_processor_count)
+    fi = flashinfer()
+    if fi is not None:
+        env["flashinfer"] = getattr(fi, "__version__", "?")
+    return env
+
+
+def save(path: str, env: dict, ceilings: dict, records: list[Record]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    rows = []
+    for r in records:
+        d = asdict(r)
+        d.update(gbps=round(r.gbps, 1), tflops=round(r.tflops, 1))
+        if ceilings.get("copy_gbps") and r.bytes:
+            d["frac_copy"] = round(r.gbps / ceilings["copy_gbps"], 3)
+        if ceilings.get("mm_tflops") and r.flops:
+            d["frac_mm"] = round(r.tflops / ceilings["mm_tflops"], 3)
+        rows.append(d)
+    with open(path, "w") as f:
+        json.dump({"env": env, "ceilings": ceilings, "records": rows}, f, indent=1)
+
+
+def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") -> str:
+    """One line per (suite, config): our speed, fraction of copy BW / matmul, ratio to peers."""
+    by: dict[tuple, dict[str, Record]] = {}
+    for r in records:
+        by.setdefault((r.suite, r.config), {})[r.impl] = r
+    lines = [
+        f"{'suite':<10} {'config':<44} {'ms':>8} {'GB/s':>7} {'TF/s':>6} {'/copy':>6} "
+        f"{'/mm':>5}  peers (x faster than)"
+    ]
+    for (suite, cfg), impls in by.items():
+        o = impls.get(ours)
+        if o is None:
+            continue
+        fc = o.gbps / ceilings["copy_gbps"] if o.bytes else 0
+        fm = o.tflops / ceilings["mm_tflops"] if o.flops else 0
+        peers = " ".join(f"{k}={v.ms / o.ms:.2f}" for k, v in impls.items() if k != ours)
+        lines.append(
+            f"{suite:<10} {cfg:<44} {o.ms:>8.4f} {o.gbps:>7.0f} {o.tflops:>6.0f} "
+            f"{fc:>6.2f} {fm:>5.2f}  {peers}"
+        )
+    return "\n".join(lines)
