@@ -66,10 +66,11 @@ def assert_close(
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill an output buffer with NaN (or the max value for integer/fp8 dtypes)."""
+    """Fill a buffer with NaN: 0xFF bytes for 1-byte dtypes (NaN in e4m3, e8m0, and in every
+    bf16/f32 value they form)."""
     if t.dtype.is_floating_point and t.element_size() > 1:
         return t.fill_(float("nan"))
-    return t.view(torch.uint8).fill_(0x7F)
+    return t.view(torch.uint8).fill_(0xFF)
 
 
 @dataclass

@@ -29,10 +29,15 @@ FP8_DTYPE = torch.float8_e4m3fn
 E8M0_DTYPE = torch.float8_e8m0fnu
 SCALE_DTYPES = (torch.float32, E8M0_DTYPE)
 
-# FlashMLA's formats are fixed by its kernels (FlashMLA README, "FP8 KV cache" sections):
-V32_LATENT, V32_TILE, V32_ROPE = 512, 128, 64  # 512 e4m3 + 4 fp32 scales + 64 bf16 = 656 B
-MODEL1_LATENT, MODEL1_TILE, MODEL1_ROPE = 448, 64, 64  # 448 e4m3 + 64 bf16 = 576 B, 7 e8m0 scales
-MODEL1_SCALE_BYTES = 8  # 7 e8m0 scales padded to 8 bytes a token, in a trailer at the page's end
+# FlashMLA's formats are fixed by its kernels; fp8/mla_formats.py holds their byte layouts.
+from ..fp8.mla_formats import (  # noqa: E402
+    MODEL1_LATENT,
+    MODEL1_ROPE,
+    MODEL1_SCALE_BYTES,
+    V32_LATENT,
+    V32_ROPE,
+    V32_TILE,
+)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,12 @@ def round_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
         "torch.float32 or torch.float8_e8m0fnu",
         scale_dtype,
     )
-    return torch.exp2(torch.ceil(torch.log2(scale))).to(torch.float8_e8m0fnu)
+    # frexp is exact: scale = m * 2^e with m in [0.5, 1); the next power of two >= scale is
+    # 2^(e-1) when m == 0.5 exactly, else 2^e.
+    m, e = torch.frexp(scale)
+    e = torch.where(m == 0.5, e - 1, e)
+    p2 = torch.ldexp(torch.ones_like(scale), e)
+    return torch.where(torch.isfinite(scale), p2, scale).to(torch.float8_e8m0fnu)
 
 
 def quantize_blockwise(

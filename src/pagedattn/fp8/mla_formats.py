@@ -93,7 +93,7 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 def _view_bytes_as(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[..., n*k] uint8 -> [..., n] of a k-byte dtype (copies a misaligned slice first)."""
     b = b.contiguous()
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     if b.storage_offset() % size:
         b = b.clone()
     return b.view(dtype)
@@ -168,19 +168,16 @@ def unpack_rope_aware(
 ) -> torch.Tensor:
     """Inverse of `pack_rope_aware`: raw [..., latent + 2*rope_dim] uint8 and scales
     [..., 1] float32 -> [..., latent + rope_dim] in out_dtype."""
+    check(isinstance(rope_dim, int) and rope_dim > 0, "rope_dim", "a positive int", rope_dim)
     check(
-        isinstance(rope_dim, int) and rope_dim > 0,
-        "rope_dim",
-        "a positive int",
-        rope_dim,
-    )
-    check(
-        isinstance(raw, torch.Tensor) and raw.ndim >= 1 and raw.shape[-1] > 2 * rope_dim,
+        isinstance(raw, torch.Tensor)
+        and raw.dtype == torch.uint8
+        and raw.ndim >= 1
+        and raw.shape[-1] > 2 * rope_dim,
         "raw",
-        f"a uint8 tensor [..., latent + {2 * rope_dim}]",
-        tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw),
+        f"a uint8 tensor [..., latent + {2 * rope_dim}] with latent > 0",
+        f"{tuple(raw.shape)} {raw.dtype}" if isinstance(raw, torch.Tensor) else type(raw),
     )
-    _check_raw(raw, "raw", raw.shape[-1])
     check(
         isinstance(scales, torch.Tensor)
         and scales.dtype == torch.float32
@@ -286,8 +283,9 @@ def pack_model1_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x[:, 0]
     q, s = _pow2_tile_scales(x[:, :MODEL1_LATENT], MODEL1_TILE)
     data = torch.cat([q.view(torch.uint8), _bytes_of(x[:, MODEL1_LATENT:].to(BF16))], dim=-1)
-    pad = torch.zeros(x.shape[0], MODEL1_SCALE_BYTES - MODEL1_NUM_TILES, dtype=torch.uint8)
-    scale_bytes = torch.cat([s.view(torch.uint8), pad.to(x.device)], dim=-1)
+    n_pad = MODEL1_SCALE_BYTES - MODEL1_NUM_TILES
+    pad = torch.zeros(x.shape[0], n_pad, dtype=torch.uint8, device=x.device)
+    scale_bytes = torch.cat([s.view(torch.uint8), pad], dim=-1)
     return data, scale_bytes
 
 
@@ -460,8 +458,8 @@ def to_flashmla_cache(
 
     copy=False: a view of kv_blocks (no copy; FlashMLA's reads see later writes). FlashMLA
     needs each block to be contiguous (stride(1) == bytes_per_token, true here) and, for its
-    16-byte loads, every block to start 16-byte aligned. MODEL1 blocks of an odd number of
-    page_size * layer tokens are not aligned: that raises InvalidArgumentError, use copy=True.
+    16-byte loads, every block to start 16-byte aligned. With MODEL1 (584-byte tokens) and an
+    odd page_size some blocks are not: that raises InvalidArgumentError; use copy=True.
     copy=True: a fresh tensor laid out as FlashMLA's reference allocator does (MODEL1 block
     stride rounded up to a multiple of 576 bytes).
     FlashMLA's own kernels add limits of their own (dense bf16 decode: page_size 64).
@@ -470,19 +468,18 @@ def to_flashmla_cache(
     view = kv_blocks[:, 0, layer_idx]  # [P, page_size, 1, row_elems]
     fmt = params.quant_format
     if not copy:
-        if fmt is not None:
-            esz = 1
-            aligned = (view.data_ptr() % FLASHMLA_ALIGN == 0) and (
-                view.stride(0) * esz % FLASHMLA_ALIGN == 0
-            )
-            check(
-                aligned,
-                "kv_blocks",
-                f"FlashMLA blocks aligned to {FLASHMLA_ALIGN} bytes for a zero-copy view "
-                "(MODEL1: even page_size, or pass copy=True)",
-                f"page_size={params.page_size}, block stride {view.stride(0)} B, "
-                f"layer offset {view.data_ptr() % FLASHMLA_ALIGN} mod {FLASHMLA_ALIGN}",
-            )
+        esz = view.element_size()
+        aligned = (
+            view.data_ptr() % FLASHMLA_ALIGN == 0 and (view.stride(0) * esz) % FLASHMLA_ALIGN == 0
+        )
+        check(
+            aligned,
+            "kv_blocks",
+            f"FlashMLA blocks aligned to {FLASHMLA_ALIGN} bytes for a zero-copy view "
+            "(MODEL1: an even page_size, or pass copy=True)",
+            f"page_size={params.page_size}, block stride {view.stride(0) * esz} B, layer "
+            f"{layer_idx} starting at {view.data_ptr() % FLASHMLA_ALIGN} mod {FLASHMLA_ALIGN}",
+        )
         return view
     P, ps, H, D = view.shape
     if fmt == "flashmla_model1":
