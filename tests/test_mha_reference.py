@@ -127,7 +127,6 @@ def build_paged(
     *,
     dtype=BF16,
     quant=None,
-    d_scale=4.0,
 ):
     """A paged cache with request b's K/V written at positions [0, cache_len + new).
     Returns (k operand, v operand, ks64, vs64) with ks64[b]: [n_b, h_kv, d] float64."""
@@ -141,10 +140,10 @@ def build_paged(
     for kv, store in ((0, ks), (1, vs)):
         scale = None
         if params.quant_format == "per_tensor":
-            scale = float(torch.rand(()) * 0.02 + 0.01)  # values up to ~4.5 -> raw up to ~450
+            scale = float(torch.rand(()) * 0.01 + 0.025)  # |x| <~ 10 -> |raw| <~ 400
             inp.kv_scales[kv, LAYER] = scale
         for b, n in enumerate(cache.seq_lens):
-            x = torch.randn(n, h_kv, d) * (d_scale if kv == 0 else 1.0) / math.sqrt(d) ** 0.5
+            x = torch.randn(n, h_kv, d) * (2.0 if kv == 0 else 1.0)  # scores of std ~2
             raw, sc, deq = encode(x, params, scale)
             for t in range(n):
                 page, slot = int(lut[b, t // page_size]), t % page_size
@@ -164,15 +163,10 @@ def make_q(offsets, h_q, d, dtype=BF16):
 def run(q, k, v, offsets, **kw):
     """mha through the public API into a poisoned buffer; returns (out, lse)."""
     out = poison_(torch.empty(q.shape[0], q.shape[1], v.head_dim, dtype=q.dtype))
-    res, lse = mha(
-        q, k, v, ragged_offsets(offsets_to_lens(offsets)), out=out, return_lse=True, **kw
-    )
+    offs = torch.tensor(offsets, dtype=torch.int32)
+    res, lse = mha(q, k, v, offs, out=out, return_lse=True, **kw)
     assert res is out
     return res, lse
-
-
-def offsets_to_lens(offsets):
-    return [b - a for a, b in zip(offsets, offsets[1:])]
 
 
 def lens_to_offsets(lens):
@@ -360,6 +354,27 @@ def test_dense_operand_fp8_blockwise():
     check_against_oracle(q, ops[0], ops[1], ref[0], ref[1], CACHE_LENS, offsets)
 
 
+def test_strided_q_and_value_head_dim_differs():
+    """q as a slice of a fused QKV projection (non-contiguous), and d_v != d_qk."""
+    h_q, h_kv, d, d_v, S = 4, 2, 64, 32, 26
+    seq = [c + n for c, n in zip(CACHE_LENS, NEW_TOKENS)]
+    kd = torch.full((len(seq), S, h_kv, d), math.nan)
+    vd = torch.full((len(seq), S, h_kv, d_v), math.nan)
+    ks, vs = [], []
+    for b, n in enumerate(seq):
+        kd[b, :n], vd[b, :n] = _rand_kv(n, h_kv, d), _rand_kv(n, h_kv, d_v)
+        ks.append(kd[b, :n].double())
+        vs.append(vd[b, :n].double())
+    cl = torch.tensor(CACHE_LENS, dtype=torch.int32)
+    k, v = DenseOperand(kd, cl), DenseOperand(vd, cl)
+    offsets = lens_to_offsets(NEW_TOKENS)
+    qkv = torch.randn(offsets[-1], (h_q + 2 * h_kv) * d)
+    q = qkv[:, : h_q * d].view(-1, h_q, d)
+    assert not q.is_contiguous()
+    out, _ = check_against_oracle(q, k, v, ks, vs, CACHE_LENS, offsets, num_partitions=2)
+    assert out.shape == (offsets[-1], h_q, d_v)
+
+
 def test_continuous_batching_operand():
     h_kv, d, S, M = 1, 96, 32, 7
     seq = [c + n for c, n in zip(CACHE_LENS, NEW_TOKENS)]
@@ -478,7 +493,8 @@ def test_no_queries():
     assert out.shape == (0, 4, 64) and lse.shape == (0, 4) and lse.dtype == torch.float32
 
 
-def test_returns_out_only_by_default_and_reference_is_dispatched_on_cpu():
+def test_returns_out_only_by_default_and_reference_is_dispatched_on_cpu(monkeypatch):
+    monkeypatch.delenv("PAGEDATTN_BACKEND", raising=False)
     k, v, _, _ = build_paged(3, 2, 64, CACHE_LENS, NEW_TOKENS)
     offs = ragged_offsets(NEW_TOKENS)
     q = make_q(offs.tolist(), 4, 64)
@@ -522,7 +538,7 @@ BAD = [
     ("q_int", dict(q=torch.zeros(4, 8, 64, dtype=torch.int32)), "q.dtype"),
     ("q_not_tensor", dict(q=[[1.0]]), "q"),
     ("head_dim", dict(q=torch.randn(4, 8, 32, dtype=BF16)), "k"),
-    ("heads_not_multiple", dict(q=torch.randn(4, 6, 64, dtype=BF16)), "q"),
+    ("heads_not_multiple", dict(q=torch.randn(4, 5, 64, dtype=BF16)), "q"),
     ("k_dtype", dict(q=torch.randn(4, 8, 64, dtype=torch.float16)), "k.dtype"),
     ("k_not_operand", dict(k=torch.randn(10, 2, 64)), "k"),
     ("offs_dtype", dict(offs=torch.tensor([0, 3, 4], dtype=torch.int64)), "q_row_offsets"),
@@ -577,6 +593,6 @@ def test_keys_past_the_lookup_table(good):
     with pytest.raises(InvalidArgumentError, match="^k"):
         _call(good, k=k, v=v)
     k2, v2, _, _ = build_paged(3, 2, 64, [4, 6], [3, 1])
-    k2.cache_lengths[1] = 8  # 9 keys: the 3rd page is an unused (sentinel) column
+    k2.cache_lengths[1] = 10  # 11 keys: the 4th column is an unused (sentinel) entry
     with pytest.raises(InvalidArgumentError, match="^k"):
         _call(good, k=k2, v=v2)

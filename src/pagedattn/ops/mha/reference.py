@@ -167,7 +167,7 @@ def mha_reference(
                 (p, max(p * chunk, lo) - lo, min((p + 1) * chunk, hi) - lo)
                 for p in range(lo // chunk, (hi - 1) // chunk + 1)
             ]
-            qf = q[r0:r1].float().view(r1 - r0, h_kv, g, d_qk)
+            qf = q[r0:r1].float().reshape(r1 - r0, h_kv, g, d_qk)  # q may be strided
             po, pl = _partials(qf, kf, vf, allowed[:, lo:hi], scale, bounds, P)
             o, l = combine_partials(po, pl, sinks32)
             acc[r0:r1] = o
