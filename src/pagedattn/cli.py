@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--requests", type=int, default=48)
     d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--page-size", type=int, default=16)
-    d.add_argument("--pages", type=int, default=160)
+    d.add_argument("--pages", type=int, default=72)
     d.add_argument("--seed", type=int, default=0)
     sub.add_parser("info", help="versions and devices")
     args = ap.parse_args(argv)

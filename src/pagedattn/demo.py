@@ -30,7 +30,7 @@ class DemoConfig:
     num_requests: int = 48
     batch_size: int = 8
     page_size: int = 16
-    num_pages: int = 160
+    num_pages: int = 72
     n_kv_heads: int = 2
     n_q_heads: int = 8
     head_dim: int = 64
