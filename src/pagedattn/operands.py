@@ -336,3 +336,41 @@ def ScalesOperand(
         page_size=params.page_size,
         page_stride_rows=stride,
     )
+
+
+# Flattening for torch.library custom ops (whose arguments must be tensors and scalars) ------
+def flatten_operand(op: RowOperand) -> tuple[list[torch.Tensor | None], list[int], str]:
+    """(tensors, ints, format) that `unflatten_operand` turns back into an equal operand."""
+    tensors = [op.rows, op.cache_lengths, op.lut, op.row_offsets, op.scales]
+    ints = [
+        op.page_size,
+        op.page_stride_rows,
+        op.head_dim,
+        op.quantization_granularity,
+        op.rope_dim,
+    ]
+    return tensors, ints, op.quant_format or ""
+
+
+def unflatten_operand(tensors: list[torch.Tensor | None], ints: list[int], fmt: str) -> RowOperand:
+    rows, cache_lengths, lut, row_offsets, scales = tensors
+    page_size, page_stride_rows, head_dim, granularity, rope_dim = ints
+    scale_dtype = None
+    if fmt == "flashmla_model1":
+        scale_dtype = torch.float8_e8m0fnu
+    elif scales is not None:
+        scale_dtype = scales.dtype
+    return RowOperand(
+        rows,
+        cache_lengths,
+        lut=lut,
+        page_size=page_size,
+        page_stride_rows=page_stride_rows,
+        row_offsets=row_offsets,
+        head_dim=head_dim,
+        scales=scales,
+        quant_format=fmt or None,
+        granularity=granularity,
+        scale_dtype=scale_dtype,
+        rope_dim=rope_dim,
+    )
