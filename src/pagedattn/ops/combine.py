@@ -23,7 +23,8 @@ def combine_partials(
     safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     w = torch.exp(partial_lse - safe)  # [P, tokens, heads]; 0 for empty partitions
     w = torch.where(torch.isfinite(lse), w, torch.zeros_like(w))
-    out = (w.unsqueeze(-1) * torch.nan_to_num(partial_out, nan=0.0)).sum(0)
+    # Empty partitions (w == 0) may hold NaN from 0/0; NaN from real keys must propagate.
+    out = torch.where(w.unsqueeze(-1) > 0, w.unsqueeze(-1) * partial_out, 0.0).sum(0)
     if sinks is not None:
         # 1 / (1 + exp(sink - lse)); sink=+inf -> 0, lse=-inf -> 0 (out is 0 there anyway).
         factor = torch.sigmoid(safe - sinks.float().view(1, -1))

@@ -1,1 +1,288 @@
-"""(being written)"""
+"""mla_decode: MLA decode over a latent KV operand, dense or sparse (docs/ops.md, `mla_decode`).
+
+`mla_decode` validates its arguments' types, shapes, dtypes and devices (metadata only, no host
+sync, so it stays CUDA-graph safe) and dispatches with `ops.dispatch.choose_backend`: the
+Triton kernel (`triton_mla.mla_decode_triton`) on CUDA, `mla_decode_reference` elsewhere. The
+reference additionally checks the values that need the host (row offsets, at most
+`MAX_Q_PER_REQUEST` queries a request, cache lengths, lookup-table reach).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from ...errors import check
+from ...operands import RowOperand
+from ..dispatch import choose_backend
+from .reference import (
+    MAX_Q_PER_REQUEST,
+    encoded_to_rows,
+    mla_decode_reference,
+    num_sparse_slots,
+)
+
+Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+D_QK_VALUES = (576, 512)  # DeepSeek V2/V3 (512 latent + 64 rope), V4 (448 + 64)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return type(x).__name__
+
+
+def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
+    check(
+        isinstance(op, RowOperand),
+        name,
+        "an MHAOperand (e.g. PagedOperand(inputs, params, layer, 'k') of an MLA cache)",
+        type(op).__name__,
+    )
+    check(op.num_heads == 1, f"{name}", "one latent KV head", f"{op.num_heads} heads")
+    check(
+        op.head_dim == q.shape[-1],
+        f"{name}.head_dim",
+        f"d_qk = q.shape[-1] = {q.shape[-1]}",
+        op.head_dim,
+    )
+    if not op.quantization_enabled:
+        check(op.dtype == q.dtype, f"{name}.dtype", f"q.dtype={q.dtype}", op.dtype)
+    check(op.rows.device == q.device, f"{name}.device", f"q.device={q.device}", op.rows.device)
+
+
+def _check_int32(
+    t: object, name: str, shape: tuple[int | None, ...], what: str, device: torch.device
+) -> None:
+    ok = (
+        isinstance(t, torch.Tensor)
+        and t.dtype == torch.int32
+        and t.ndim == len(shape)
+        and all(s is None or t.shape[i] == s for i, s in enumerate(shape))
+        and t.device == device
+    )
+    check(ok, name, f"an int32 {what} tensor on {device}", _describe(t))
+
+
+def _validate(
+    q: torch.Tensor,
+    kv: RowOperand,
+    q_row_offsets: torch.Tensor,
+    d_v: int,
+    scale: float | None,
+    causal: bool,
+    indices: torch.Tensor | None,
+    topk_lengths: torch.Tensor | None,
+    extra_kv: RowOperand | None,
+    extra_indices: torch.Tensor | None,
+    extra_topk_lengths: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    num_partitions: int | None,
+    out: torch.Tensor | None,
+    names: dict[str, str] | None = None,
+) -> None:
+    """Metadata-only checks of every `mla_decode` argument. `names` renames arguments in the
+    error messages for callers with their own names (the MLA branch's `d_indices`, ...)."""
+    names = names or {}
+
+    def nm(arg: str) -> str:
+        return names.get(arg, arg)
+
+    check(
+        isinstance(q, torch.Tensor) and q.ndim == 3,
+        "q",
+        "a [tokens, h_q, d_qk] tensor",
+        _describe(q),
+    )
+    check(q.dtype in Q_DTYPES, "q.dtype", f"one of {Q_DTYPES}", q.dtype)
+    tokens, h_q, d_qk = q.shape
+    check(d_qk in D_QK_VALUES, "q", f"d_qk = q.shape[-1] in {D_QK_VALUES}", tuple(q.shape))
+    check(h_q >= 1, "q", "at least one query head", tuple(q.shape))
+    check(
+        isinstance(d_v, numbers.Integral) and not isinstance(d_v, bool) and 1 <= d_v <= d_qk,
+        "d_v",
+        f"an int in [1, d_qk={d_qk}] (V is the first d_v dims of K)",
+        d_v,
+    )
+    _check_operand(kv, "kv", q)
+    batch = q_row_offsets.shape[0] - 1 if isinstance(q_row_offsets, torch.Tensor) else -1
+    _check_int32(q_row_offsets, nm("q_row_offsets"), (None,), "[batch + 1] prefix-sum", q.device)
+    check(batch >= 0, nm("q_row_offsets"), "at least one element", _describe(q_row_offsets))
+    if indices is None:
+        check(
+            kv.batch_size == batch,
+            "kv",
+            f"batch size {batch} ({nm('q_row_offsets')} has batch + 1 entries)",
+            f"batch size {kv.batch_size}",
+        )
+        check(
+            topk_lengths is None,
+            nm("topk_lengths"),
+            "None unless indices is given (sparse mode)",
+            _describe(topk_lengths),
+        )
+    else:
+        _check_int32(indices, nm("indices"), (tokens, None), f"[tokens={tokens}, stride]", q.device)
+        if topk_lengths is not None:
+            _check_int32(topk_lengths, nm("topk_lengths"), (batch,), f"[batch={batch}]", q.device)
+    if extra_kv is None:
+        for name, t in (
+            (nm("extra_indices"), extra_indices),
+            (nm("extra_topk_lengths"), extra_topk_lengths),
+        ):
+            check(t is None, name, "None unless extra_kv is given", _describe(t))
+    else:
+        _check_operand(extra_kv, "extra_kv", q)
+        check(
+            extra_indices is not None,
+            nm("extra_indices"),
+            "a [tokens, stride] int32 tensor when extra_kv is given",
+            None,
+        )
+        _check_int32(
+            extra_indices,
+            nm("extra_indices"),
+            (tokens, None),
+            f"[tokens={tokens}, stride]",
+            q.device,
+        )
+        if extra_topk_lengths is not None:
+            _check_int32(
+                extra_topk_lengths,
+                nm("extra_topk_lengths"),
+                (batch,),
+                f"[batch={batch}]",
+                q.device,
+            )
+    if scale is not None:
+        check(
+            isinstance(scale, numbers.Real)
+            and not isinstance(scale, bool)
+            and math.isfinite(scale)
+            and scale > 0,
+            "scale",
+            "None or a finite float > 0",
+            scale,
+        )
+    check(isinstance(causal, bool), "causal", "a bool", type(causal).__name__)
+    if attn_sink is not None:
+        check(
+            isinstance(attn_sink, torch.Tensor)
+            and attn_sink.dtype == torch.float32
+            and tuple(attn_sink.shape) == (h_q,)
+            and attn_sink.device == q.device,
+            nm("attn_sink"),
+            f"a float32 tensor of shape ({h_q},) on {q.device}",
+            _describe(attn_sink),
+        )
+    if num_partitions is not None:
+        check(
+            isinstance(num_partitions, numbers.Integral)
+            and not isinstance(num_partitions, bool)
+            and num_partitions >= 1,
+            nm("num_partitions"),
+            "None or an int >= 1",
+            num_partitions,
+        )
+    if out is not None:
+        want = (tokens, h_q, d_v)
+        check(
+            isinstance(out, torch.Tensor)
+            and tuple(out.shape) == want
+            and out.dtype == q.dtype
+            and out.device == q.device,
+            "out",
+            f"a {q.dtype} tensor of shape {want} on {q.device}",
+            _describe(out),
+        )
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv: RowOperand,
+    q_row_offsets: torch.Tensor,
+    *,
+    d_v: int = 512,
+    scale: float | None = None,
+    causal: bool = True,
+    indices: torch.Tensor | None = None,
+    topk_lengths: torch.Tensor | None = None,
+    extra_kv: RowOperand | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_lengths: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    num_partitions: int | None = None,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode (FlashMLA's `flash_mla_with_kvcache` semantics) over a latent cache.
+
+    q: [tokens, h_q, d_qk] bf16 (fp16/fp32 also accepted), d_qk 576 (V2/V3) or 512 (V4);
+      query i of request b sits at absolute position `cache_length(b) + i`, at most
+      MAX_Q_PER_REQUEST = 8 queries a request.
+    kv: operand of the latent cache, one head of head_dim d_qk (BF16 or any FP8 layout:
+      blockwise, per-tensor, rope-aware, FlashMLA V32, MODEL1). V is its first d_v dims.
+    q_row_offsets: [batch + 1] int32 prefix sums of query tokens per request.
+    d_v: value dims (default 512). scale: softmax scale (None = 1/sqrt(d_qk)).
+    causal: dense mode only; query i sees keys `< cache_length(b) + i + 1`, otherwise all
+      `cache_length(b) + q_len(b)` keys.
+    indices: sparse mode, [tokens, stride] int32 encoded `block * page_size + offset`
+      (`kv.get_tma_row`); entry valid iff its position is `< topk_lengths[b]` and
+      `0 <= encoded < num_pages * page_size`; invalid entries (-1, -2^31, one past the end,
+      huge) are skipped. No causal mask in sparse mode.
+    topk_lengths: [batch] int32 valid entries of each request's index rows (None = all).
+    extra_kv / extra_indices / extra_topk_lengths: a second cache (own operand, so its own
+      format and scales) attended through its own sparse indices, in the same softmax.
+    attn_sink: [h_q] float32 logits joining the denominator only (+inf gives output 0).
+    num_partitions: split-K partitions of each request's keys (result does not depend on it).
+    out: optional preallocated [tokens, h_q, d_v] buffer in q.dtype, returned filled.
+    backend: "triton" or "reference" (default: by device, or $PAGEDATTN_BACKEND).
+
+    Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] float32, natural log over keys
+    only; a query that sees no key gets out 0 and lse -inf).
+    """
+    _validate(
+        q,
+        kv,
+        q_row_offsets,
+        d_v,
+        scale,
+        causal,
+        indices,
+        topk_lengths,
+        extra_kv,
+        extra_indices,
+        extra_topk_lengths,
+        attn_sink,
+        num_partitions,
+        out,
+    )
+    kwargs = dict(
+        d_v=int(d_v),
+        scale=scale,
+        causal=causal,
+        indices=indices,
+        topk_lengths=topk_lengths,
+        extra_kv=extra_kv,
+        extra_indices=extra_indices,
+        extra_topk_lengths=extra_topk_lengths,
+        attn_sink=attn_sink,
+        num_partitions=num_partitions,
+        out=out,
+    )
+    if choose_backend(q.device, backend) == "triton":
+        from .triton_mla import mla_decode_triton
+
+        return mla_decode_triton(q, kv, q_row_offsets, **kwargs)
+    return mla_decode_reference(q, kv, q_row_offsets, **kwargs)
+
+
+__all__ = [
+    "MAX_Q_PER_REQUEST",
+    "encoded_to_rows",
+    "mla_decode",
+    "mla_decode_reference",
+    "num_sparse_slots",
+]

@@ -1,1 +1,365 @@
-"""(being written)"""
+"""mla_decode_branch_fp8: the fused FP8 MLA decode branch of MAX (seed
+`mla_decode_branch_fp8.txt`), see `reference.py` for the five steps.
+
+`mla_decode_branch_fp8` validates its arguments (metadata only, no host sync) and dispatches
+with `ops.dispatch.choose_backend`: "triton" -> `triton_branch.mla_decode_branch_fp8_triton`
+(same keyword arguments, `mask` resolved to `causal`), "reference" ->
+`mla_decode_branch_fp8_reference`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from ...cache.inputs import KVCacheInputsPerDevice
+from ...cache.params import KVCacheParams
+from ...errors import check
+from ...operands import PagedOperand, RowOperand
+from ..dispatch import choose_backend
+from ..masks import Mask
+from ..mla import _validate as _validate_mla_decode
+from .reference import mla_decode_branch_fp8_reference
+
+W_SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return type(x).__name__
+
+
+def _resolve_mask(mask: str | Mask) -> bool:
+    """'causal' / 'null' (or the Mask objects of those kinds) -> causal flag."""
+    kind = mask.kind if isinstance(mask, Mask) else mask
+    check(
+        kind in ("causal", "null"),
+        "mask",
+        "'causal', 'null' or a pagedattn.ops.masks Mask of those kinds",
+        mask if isinstance(mask, str) else f"Mask(kind={kind!r})",
+    )
+    return kind == "causal"
+
+
+def _check_weight(
+    w: object,
+    ws: object,
+    names: tuple[str, str],
+    shape: tuple[int, int, int | None],
+    what: str,
+    k_gran: int,
+    n_gran: int,
+    device: torch.device,
+) -> None:
+    wn, sn = names
+    ok = (
+        isinstance(w, torch.Tensor)
+        and w.dtype == torch.float8_e4m3fn
+        and w.ndim == 3
+        and all(s is None or w.shape[i] == s for i, s in enumerate(shape))
+        and w.device == device
+    )
+    check(ok, wn, f"a float8_e4m3fn {what} tensor on {device}", _describe(w))
+    n, k = w.shape[1], w.shape[2]
+    want = (w.shape[0], -(-n // n_gran), -(-k // k_gran))
+    check(
+        isinstance(ws, torch.Tensor)
+        and tuple(ws.shape) == want
+        and ws.dtype in W_SCALE_DTYPES
+        and ws.device == device,
+        sn,
+        f"a tensor of shape {want} (h_q, ceil(n/n_gran), ceil(k/k_gran)) with dtype in "
+        f"{W_SCALE_DTYPES} on {device}",
+        _describe(ws),
+    )
+
+
+def _validate(
+    q: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    freqs_cis: torch.Tensor,
+    kv_norm_gamma: torch.Tensor,
+    kv_inputs: KVCacheInputsPerDevice,
+    params: KVCacheParams,
+    layer_idx: int,
+    scale: float,
+    epsilon: float,
+    w_uk: torch.Tensor,
+    w_uk_scale: torch.Tensor,
+    w_uv: torch.Tensor,
+    w_uv_scale: torch.Tensor,
+    k_gran: int,
+    n_gran: int,
+    new_kv: torch.Tensor,
+    interleaved_rope: bool,
+) -> tuple[int, int, int]:
+    """Checks the branch's own arguments; returns (qk_nope_dim, kv_lora_rank, d_v)."""
+    check(
+        isinstance(params, KVCacheParams) and params.is_mla,
+        "params",
+        "the KVCacheParams of an MLA cache (is_mla=True)",
+        _describe(params) if not isinstance(params, KVCacheParams) else "is_mla=False",
+    )
+    check(
+        isinstance(kv_inputs, KVCacheInputsPerDevice),
+        "kv_inputs",
+        "a KVCacheInputsPerDevice",
+        _describe(kv_inputs),
+    )
+    check(
+        isinstance(layer_idx, numbers.Integral) and 0 <= layer_idx < params.num_layers,
+        "layer_idx",
+        f"an int in [0, {params.num_layers})",
+        layer_idx,
+    )
+    for name, g in (("k_gran", k_gran), ("n_gran", n_gran)):
+        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, name, "an int >= 1", g)
+    device = kv_inputs.kv_blocks.device
+    rope_dim, d_qk = params.mla_rope_dim, params.head_dim
+    rank = d_qk - rope_dim
+    check(
+        isinstance(q, torch.Tensor) and q.ndim == 3 and q.dtype == params.dtype,
+        "q",
+        f"a {params.dtype} [tokens, h_q, qk_nope_dim + {rope_dim}] tensor",
+        _describe(q),
+    )
+    check(q.device == device, "q.device", f"the cache's device {device}", q.device)
+    tokens, h_q, _ = q.shape
+    _check_weight(
+        w_uk,
+        w_uk_scale,
+        ("w_uk", "w_uk_scale"),
+        (h_q, rank, None),
+        f"[h_q={h_q}, kv_lora_rank={rank}, qk_nope_dim]",
+        k_gran,
+        n_gran,
+        device,
+    )
+    nope = w_uk.shape[2]
+    check(
+        q.shape[2] == nope + rope_dim,
+        "q",
+        f"last dim qk_nope_dim + rope_dim = {nope} + {rope_dim} (w_uk.shape[2] + "
+        "params.mla_rope_dim)",
+        tuple(q.shape),
+    )
+    _check_weight(
+        w_uv,
+        w_uv_scale,
+        ("w_uv", "w_uv_scale"),
+        (h_q, None, None),
+        f"[h_q={h_q}, v_head_dim, d_v <= {d_qk}]",
+        k_gran,
+        n_gran,
+        device,
+    )
+    d_v = w_uv.shape[2]
+    check(1 <= d_v <= d_qk, "w_uv", f"last dim d_v in [1, head_dim={d_qk}]", tuple(w_uv.shape))
+    check(
+        isinstance(new_kv, torch.Tensor)
+        and tuple(new_kv.shape) == (tokens, 1, d_qk)
+        and new_kv.dtype == params.dtype
+        and new_kv.device == device,
+        "new_kv",
+        f"a {params.dtype} tensor of shape ({tokens}, 1, {d_qk}) on {device} (un-normed "
+        "latent then un-roped k_rope of each new token)",
+        _describe(new_kv),
+    )
+    check(
+        isinstance(freqs_cis, torch.Tensor)
+        and freqs_cis.ndim == 2
+        and freqs_cis.shape[1] == rope_dim
+        and freqs_cis.is_floating_point()
+        and freqs_cis.device == device,
+        "freqs_cis",
+        f"a float [max_pos, {rope_dim}] tensor of (cos, sin) pairs on {device}",
+        _describe(freqs_cis),
+    )
+    check(
+        isinstance(kv_norm_gamma, torch.Tensor)
+        and tuple(kv_norm_gamma.shape) == (rank,)
+        and kv_norm_gamma.is_floating_point()
+        and kv_norm_gamma.device == device,
+        "kv_norm_gamma",
+        f"a float tensor of shape ({rank},) on {device}",
+        _describe(kv_norm_gamma),
+    )
+    check(
+        isinstance(scale, numbers.Real)
+        and not isinstance(scale, bool)
+        and math.isfinite(scale)
+        and scale > 0,
+        "scale",
+        "a finite float > 0",
+        scale,
+    )
+    check(
+        isinstance(epsilon, numbers.Real)
+        and not isinstance(epsilon, bool)
+        and math.isfinite(epsilon)
+        and epsilon >= 0,
+        "epsilon",
+        "a finite float >= 0",
+        epsilon,
+    )
+    check(
+        isinstance(interleaved_rope, bool),
+        "interleaved_rope",
+        "a bool",
+        type(interleaved_rope).__name__,
+    )
+    return nope, rank, d_v
+
+
+def mla_decode_branch_fp8(
+    q: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    freqs_cis: torch.Tensor,
+    kv_norm_gamma: torch.Tensor,
+    kv_inputs: KVCacheInputsPerDevice,
+    params: KVCacheParams,
+    layer_idx: int,
+    *,
+    scale: float,
+    epsilon: float,
+    w_uk: torch.Tensor,
+    w_uk_scale: torch.Tensor,
+    w_uv: torch.Tensor,
+    w_uv_scale: torch.Tensor,
+    new_kv: torch.Tensor,
+    k_gran: int = 128,
+    n_gran: int = 128,
+    mask: str | Mask = "causal",
+    interleaved_rope: bool = True,
+    d_indices: torch.Tensor | None = None,
+    topk_lengths: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv: RowOperand | None = None,
+    extra_d_indices: torch.Tensor | None = None,
+    extra_topk_lengths: torch.Tensor | None = None,
+    num_partitions: int | None = None,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Fused FP8 MLA decode branch: q_nope @ w_uk, RoPE + RMSNorm of the new tokens written
+    into the cache, concat, mla_decode, @ w_uv (MAX's `mla_decode_branch_fp8`).
+
+    q: [tokens, h_q, qk_nope_dim + rope_dim] params.dtype (bf16): q_nope then the un-roped
+      q_rope of each new token.
+    input_row_offsets: [batch + 1] int32 prefix sums (seed: uint32).
+    freqs_cis: float32 [max_pos, rope_dim] (cos, sin) pairs (`ops.linear.make_freqs_cis`).
+    kv_norm_gamma: [kv_lora_rank] RMSNorm weight of the latent (kv_lora_rank =
+      params.head_dim - params.mla_rope_dim).
+    kv_inputs, params, layer_idx: the paged MLA cache (seed: kv_collection + layer_idx); the
+      new tokens are written at cache_lengths[b] + i (pages must be allocated).
+    scale: softmax scale of the decode. epsilon: RMSNorm epsilon.
+    w_uk: [h_q, kv_lora_rank, qk_nope_dim] e4m3, w_uk_scale [h_q, ceil(kv_lora_rank/n_gran),
+      ceil(qk_nope_dim/k_gran)] float32 or e8m0.
+    w_uv: [h_q, v_head_dim, d_v] e4m3 (d_v = value dims of the decode, kv_lora_rank for
+      DeepSeek V3), w_uv_scale [h_q, ceil(v_head_dim/n_gran), ceil(d_v/k_gran)].
+    new_kv: [tokens, 1, head_dim] params.dtype, each new token's un-normed latent followed by
+      its un-roped k_rope (seed: the `kv_input_fn` lambda).
+    k_gran, n_gran: weight block / activation group sizes (seed: k/n_scale_granularity;
+      m_scale_granularity is fixed at 1: one activation scale per row and k group).
+    mask: 'causal' or 'null' (seed: mask_str); sparse decode applies no mask.
+    interleaved_rope: RoPE pairs (2i, 2i+1) (DeepSeek) or (i, i + rope_dim/2).
+    d_indices, topk_lengths: sparse decode (seed: sparse_mla=True, d_indices + indices_stride
+      = d_indices.shape[1], topk_lengths), see `mla_decode`.
+    attn_sink: [h_q] float32 (seed: attn_sink_ptr).
+    extra_kv, extra_d_indices, extra_topk_lengths: the extra cache as an operand carrying its
+      own scales (seed: extra_k + extra_scales_ptr, extra_indices_stride implicit).
+    num_partitions: split-K partitions (seed: num_partitions_in); None takes
+      kv_inputs.mla_num_partitions when present (seed: scalar_args_buf), else 1.
+    out: optional preallocated [tokens, h_q, v_head_dim] buffer in q.dtype (seed: output).
+    backend: "triton" or "reference" (seed: target; DeviceContext is q's device).
+
+    Returns out [tokens, h_q, v_head_dim] in q.dtype.
+    """
+    _, _, d_v = _validate(
+        q,
+        input_row_offsets,
+        freqs_cis,
+        kv_norm_gamma,
+        kv_inputs,
+        params,
+        layer_idx,
+        scale,
+        epsilon,
+        w_uk,
+        w_uk_scale,
+        w_uv,
+        w_uv_scale,
+        k_gran,
+        n_gran,
+        new_kv,
+        interleaved_rope,
+    )
+    causal = _resolve_mask(mask)
+    tokens, h_q, _ = q.shape
+    # Step 4's arguments, checked on a zero-copy stand-in for q_full [tokens, h_q, head_dim].
+    q_full_spec = q[..., :1].expand(tokens, h_q, params.head_dim)
+    _validate_mla_decode(
+        q_full_spec,
+        PagedOperand(kv_inputs, params, layer_idx, "k"),
+        input_row_offsets,
+        d_v,
+        scale,
+        causal,
+        d_indices,
+        topk_lengths,
+        extra_kv,
+        extra_d_indices,
+        extra_topk_lengths,
+        attn_sink,
+        num_partitions,
+        None,
+        names={
+            "q_row_offsets": "input_row_offsets",
+            "indices": "d_indices",
+            "extra_indices": "extra_d_indices",
+        },
+    )
+    if out is not None:
+        want = (tokens, h_q, w_uv.shape[1])
+        check(
+            isinstance(out, torch.Tensor)
+            and tuple(out.shape) == want
+            and out.dtype == q.dtype
+            and out.device == q.device,
+            "out",
+            f"a {q.dtype} tensor of shape {want} on {q.device}",
+            _describe(out),
+        )
+    kwargs = dict(
+        scale=scale,
+        epsilon=epsilon,
+        w_uk=w_uk,
+        w_uk_scale=w_uk_scale,
+        w_uv=w_uv,
+        w_uv_scale=w_uv_scale,
+        new_kv=new_kv,
+        k_gran=k_gran,
+        n_gran=n_gran,
+        causal=causal,
+        interleaved_rope=interleaved_rope,
+        d_indices=d_indices,
+        topk_lengths=topk_lengths,
+        attn_sink=attn_sink,
+        extra_kv=extra_kv,
+        extra_d_indices=extra_d_indices,
+        extra_topk_lengths=extra_topk_lengths,
+        num_partitions=num_partitions,
+        out=out,
+    )
+    args = (q, input_row_offsets, freqs_cis, kv_norm_gamma, kv_inputs, params, layer_idx)
+    if choose_backend(q.device, backend) == "triton":
+        from .triton_branch import mla_decode_branch_fp8_triton
+
+        return mla_decode_branch_fp8_triton(*args, **kwargs)
+    return mla_decode_branch_fp8_reference(*args, **kwargs)
+
+
+__all__ = ["mla_decode_branch_fp8", "mla_decode_branch_fp8_reference"]

@@ -1,0 +1,868 @@
+"""MLA decode in Triton: dense or sparse, BF16 or FP8 caches, extra cache, sinks, split-K.
+
+Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). One kernel serves every case
+through compile-time specialisation.
+
+Work decomposition
+  - A tile is BM query rows of one request: rows are (query token, head) pairs, token-major.
+    With h_q < BM several tokens of one request share a tile (dense mode only: sparse tokens
+    have their own indices), so K is read once for all of them. With h_q > BM the heads are
+    split in blocks of BM; the tiles of one token sit next to each other in the grid so their
+    shared K tiles meet in L2. Heads are padded inside the kernel; callers pad nothing.
+  - grid = (tokens * head_blocks, num_partitions). The request of a token is found in-kernel
+    from `q_row_offsets`; a program whose token does not lead a tile exits at once.
+  - Split-K: partition p of a request covers the contiguous keys [p*chunk, (p+1)*chunk) of
+    (main keys ++ extra keys), chunk rounded to BN. Partials (f32) are merged by
+    `triton_mla_combine`, which also folds the sink into the global LSE. With one partition the
+    kernel writes the output and applies the sink itself.
+  - Every K tile is loaded once and used twice: S = Q K^T over d_qk and O += P V with V the
+    first 512 dims of the same tile (shared memory for the tensor cores).
+
+FP8 caches are dequantized in the kernel; the query stays BF16:
+  - one scale per token (rope-aware, blockwise with G = d_qk, per-tensor): e4m3 -> bf16 is
+    exact, so the scale is folded into S's columns and into P's columns instead of K;
+  - several scales per token (FlashMLA V32: 4 x 128, MODEL1: 7 x 64 e8m0, blockwise G | 512):
+    the tile is viewed as [BN, chunks, chunk_width] and scaled per chunk in f32, then rounded to
+    bf16 once;
+  - any other G: per-element scale gather (slow path).
+
+Invalid keys (past a length, masked by causality, invalid sparse indices, sentinel pages) are
+loaded from clamped in-bounds addresses with masked loads (value 0), and their scores are set to
+-inf with `tl.where`, so NaN in unreferenced cache slots never reaches the output.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...cache.dispatch import mla_num_partitions, num_sms
+from ...errors import check
+from .triton_mla_combine import mla_combine_triton
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+# Cache formats (compile-time).
+FMT_BF16, FMT_BLOCKWISE, FMT_PER_TENSOR, FMT_ROPE_AWARE, FMT_V32, FMT_MODEL1 = range(6)
+# How the first 512 dims of a K tile (also V) are built.
+A_PLAIN, A_FOLD, A_CHUNK, A_GATHER = range(4)
+
+_FORMATS = {
+    None: FMT_BF16,
+    "blockwise": FMT_BLOCKWISE,
+    "per_tensor": FMT_PER_TENSOR,
+    "mla_rope_aware": FMT_ROPE_AWARE,
+    "flashmla_v32": FMT_V32,
+    "flashmla_model1": FMT_MODEL1,
+}
+V32_ROW, MODEL1_DATA, MODEL1_ROW = 656, 576, 584
+
+
+def _install_interpreter_shim() -> None:
+    """Work around bugs of Triton 3.6's interpreter (TRITON_INTERPRET=1 only; compiled kernels
+    are untouched). Each patch is applied once, whoever (this module or the MHA kernels')
+    installs it first:
+    - scalar tensors become loop bounds through `int(array)`, which NumPy >= 2.4 refuses for
+      1-element arrays;
+    - `tl.dot` on bfloat16 multiplies the raw uint16 bit patterns: widen to float32 first
+      (exact; what the tensor cores do with bf16 inputs and an f32 accumulator);
+    - float32 -> bfloat16 casts truncate: round to nearest even as the GPU does."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_pagedattn_mla_shim", False):
+        return
+    interpreter._pagedattn_mla_shim = True
+    if getattr(interpreter, "_pagedattn_shim", False):  # the MHA kernels' identical shim
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    builder = interpreter.InterpreterBuilder
+    create_dot = builder.create_dot
+    cast_impl = builder.cast_impl
+
+    def widen(h):
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        bits = h.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def patched_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    def patched_cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
+            nan = np.isnan(src.data)
+            out = np.where(nan, (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
+            return interpreter.TensorHandle(out, tl.bfloat16)
+        return cast_impl(self, src, dst_type)
+
+    interpreter._patch_lang_tensor = patched_tensor
+    builder.create_dot = patched_dot
+    builder.cast_impl = patched_cast
+    interpreter._pagedattn_shim = True
+
+
+_install_interpreter_shim()
+
+
+# ------------------------------------------------------------------------------------------
+# Device helpers
+# ------------------------------------------------------------------------------------------
+@triton.jit
+def _e8m0_to_f32(e):
+    """uint8 e8m0 -> float32 2^(e-127); 0xFF is NaN."""
+    ei = e.to(tl.int32)
+    f = (ei << 23).to(tl.float32, bitcast=True)
+    f = tl.where(ei == 0, 5.877471754111438e-39, f)
+    return tl.where(ei == 255, float("nan"), f)
+
+
+@triton.jit
+def _load_scale(sc, off, mask, E8M0: tl.constexpr):
+    """Scales at `sc + off` (f32, or e8m0 bytes when E8M0) as float32; masked lanes give 0."""
+    if E8M0:
+        return tl.where(mask, _e8m0_to_f32(tl.load(sc + off, mask=mask, other=127)), 0.0)
+    else:
+        return tl.load(sc + off, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_kv_tile(
+    kv,
+    sc,
+    rows,
+    blk,
+    off,
+    valid,
+    stride,
+    stride_h,
+    stride_q,
+    sc_stride,
+    page_size,
+    psb,
+    psb_h,
+    FMT: tl.constexpr,
+    AMODE: tl.constexpr,
+    NC: tl.constexpr,
+    CW: tl.constexpr,
+    G: tl.constexpr,
+    E8M0: tl.constexpr,
+    D_QK: tl.constexpr,
+    BN: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """One K tile in the compute dtype DT (q's: bf16 or fp16): (k_a [BN, 512] = dims 0..511 (also V), k_t [BN, 64] = dims
+    512..575 (only when D_QK == 576), s_tok [BN] f32 per-token scale (A_FOLD only)).
+
+    rows: [BN] int64 physical rows (clamped, in bounds); blk/off: page id and offset (MODEL1).
+    Masked (invalid) rows load as 0.
+    """
+    dA = tl.arange(0, 512)
+    dT = tl.arange(0, 64)
+    vm = valid[:, None]
+    s_tok = tl.full([BN], 1.0, tl.float32)
+    k_t = tl.zeros([BN, 64], DT)
+    if FMT == 0:  # plain bf16 rows of D_QK elements
+        base = rows * stride
+        k_a = tl.load(kv + base[:, None] + dA[None, :], mask=vm, other=0.0)
+        if D_QK == 576:
+            k_t = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
+    elif FMT == 1 or FMT == 2:  # e4m3 rows of D_QK elements + scale buffer / scalar
+        base = rows * stride
+        if FMT == 2:
+            s_tok = tl.zeros([BN], tl.float32) + tl.load(sc)
+        if AMODE == 1:
+            if FMT == 1:
+                s_tok = _load_scale(sc, rows * sc_stride, valid, E8M0)
+            k_a = tl.load(kv + base[:, None] + dA[None, :], mask=vm, other=0.0).to(DT)
+            if D_QK == 576:
+                k_t = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
+                k_t = k_t.to(DT)
+        else:
+            if AMODE == 2:
+                c = tl.arange(0, NC)
+                j = tl.arange(0, CW)
+                o3 = base[:, None, None] + (c[:, None] * CW + j[None, :])[None, :, :]
+                x = tl.load(kv + o3, mask=valid[:, None, None], other=0.0).to(tl.float32)
+                s3 = _load_scale(sc, rows[:, None] * sc_stride + c[None, :], vm, E8M0)
+                k_a = tl.reshape((x * s3[:, :, None]).to(DT), [BN, 512])
+            else:
+                x = tl.load(kv + base[:, None] + dA[None, :], mask=vm, other=0.0).to(tl.float32)
+                sa = _load_scale(sc, rows[:, None] * sc_stride + (dA // G)[None, :], vm, E8M0)
+                k_a = (x * sa).to(DT)
+            if D_QK == 576:
+                x = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
+                st = _load_scale(
+                    sc, rows[:, None] * sc_stride + ((512 + dT) // G)[None, :], vm, E8M0
+                )
+                k_t = (x.to(tl.float32) * st).to(DT)
+    elif FMT == 3:  # rope-aware: (D_QK-64) e4m3 + 64 bf16, one f32 scale per token
+        kv8 = kv.to(tl.pointer_type(tl.float8e4nv))
+        kv16 = kv.to(tl.pointer_type(DT))
+        base = rows * stride
+        s_tok = tl.load(sc + rows * sc_stride, mask=valid, other=0.0)
+        if D_QK == 576:
+            k_a = tl.load(kv8 + base[:, None] + dA[None, :], mask=vm, other=0.0).to(DT)
+            k_t = tl.load(kv16 + (rows * stride_h + 256)[:, None] + dT[None, :], mask=vm, other=0.0)
+        else:  # 448 e4m3 + 64 bf16: chunk 7 of 8 is the rope
+            c = tl.arange(0, 8)
+            j = tl.arange(0, 64)
+            o3 = base[:, None, None] + (c[:, None] * 64 + j[None, :])[None, :, :]
+            lat = (c < 7)[None, :, None]
+            x = tl.load(kv8 + o3, mask=valid[:, None, None] & lat, other=0.0).to(tl.float32)
+            x = x * s_tok[:, None, None]
+            rope = tl.load(kv16 + (rows * stride_h + 224)[:, None] + j[None, :], mask=vm, other=0.0)
+            x = tl.where(lat, x, rope.to(tl.float32)[:, None, :])
+            k_a = tl.reshape(x.to(DT), [BN, 512])
+            s_tok = tl.full([BN], 1.0, tl.float32)
+    elif FMT == 4:  # FlashMLA V32: 512 e4m3 | 4 f32 scales (one per 128) | 64 bf16
+        kv8 = kv.to(tl.pointer_type(tl.float8e4nv))
+        kv16 = kv.to(tl.pointer_type(DT))
+        kv32 = kv.to(tl.pointer_type(tl.float32))
+        base = rows * stride
+        c = tl.arange(0, 4)
+        j = tl.arange(0, 128)
+        o3 = base[:, None, None] + (c[:, None] * 128 + j[None, :])[None, :, :]
+        x = tl.load(kv8 + o3, mask=valid[:, None, None], other=0.0).to(tl.float32)
+        s3 = tl.load(kv32 + (rows * stride_q + 128)[:, None] + c[None, :], mask=vm, other=0.0)
+        k_a = tl.reshape((x * s3[:, :, None]).to(DT), [BN, 512])
+        k_t = tl.load(kv16 + (rows * stride_h + 264)[:, None] + dT[None, :], mask=vm, other=0.0)
+    else:  # FlashMLA MODEL1 page: per token 448 e4m3 | 64 bf16; trailer of 8 B (7 e8m0) a token
+        kv8 = kv.to(tl.pointer_type(tl.float8e4nv))
+        kv16 = kv.to(tl.pointer_type(DT))
+        kvu = kv.to(tl.pointer_type(tl.uint8))
+        b64 = blk.to(tl.int64)
+        o64 = off.to(tl.int64)
+        data = b64 * psb + o64 * 576
+        c = tl.arange(0, 8)
+        j = tl.arange(0, 64)
+        lat = (c < 7)[None, :]
+        o3 = data[:, None, None] + (c[:, None] * 64 + j[None, :])[None, :, :]
+        x = tl.load(kv8 + o3, mask=valid[:, None, None] & lat[:, :, None], other=0.0)
+        soff = (b64 * psb + page_size * 576 + o64 * 8)[:, None] + c[None, :]
+        e = tl.load(kvu + soff, mask=vm & lat, other=127)
+        s3 = _e8m0_to_f32(e)
+        x = x.to(tl.float32) * s3[:, :, None]
+        rope = tl.load(
+            kv16 + (b64 * psb_h + o64 * 288 + 224)[:, None] + j[None, :], mask=vm, other=0.0
+        )
+        x = tl.where(lat[:, :, None], x, rope.to(tl.float32)[:, None, :])
+        k_a = tl.reshape(x.to(DT), [BN, 512])
+    return k_a, k_t, s_tok
+
+
+@triton.jit
+def _attend(
+    acc,
+    m_i,
+    l_i,
+    q_a,
+    q_t,
+    lo,
+    hi,
+    row_lim,
+    qk_scale,
+    b,
+    tok,
+    kv,
+    sc,
+    lut,
+    idx,
+    row_base,
+    stride,
+    stride_h,
+    stride_q,
+    sc_stride,
+    lut_stride,
+    page_size,
+    psr,
+    psb,
+    psb_h,
+    n_enc,
+    n_pages,
+    idx_stride,
+    FMT: tl.constexpr,
+    AMODE: tl.constexpr,
+    FOLD_T: tl.constexpr,
+    NC: tl.constexpr,
+    CW: tl.constexpr,
+    G: tl.constexpr,
+    E8M0: tl.constexpr,
+    PAGED: tl.constexpr,
+    SPARSE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    D_QK: tl.constexpr,
+    BN: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Online softmax over key positions [lo, hi) of one operand; returns (acc, m, l).
+
+    Scores are kept in log2 units (qk_scale = softmax scale * log2 e). row_lim [BM]: causal
+    key limit of each row (dense + CAUSAL only).
+    """
+    for start in tl.range(lo, hi, BN, num_stages=NUM_STAGES):
+        pos = start + tl.arange(0, BN)
+        inb = pos < hi
+        if SPARSE:
+            enc = tl.load(idx + tok * idx_stride + pos, mask=inb, other=-1)
+            valid = inb & (enc >= 0) & (enc < n_enc)
+            enc = tl.where(valid, enc, 0)
+            if PAGED:
+                blk = enc // page_size
+                off = enc % page_size
+                rows = blk.to(tl.int64) * psr + off
+            else:
+                blk = enc
+                off = enc
+                rows = enc.to(tl.int64)
+        else:
+            valid = inb
+            if PAGED:
+                blk = tl.load(lut + b * lut_stride + pos // page_size, mask=valid, other=0)
+                blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
+                off = pos % page_size
+                rows = blk.to(tl.int64) * psr + off
+            else:
+                blk = pos
+                off = pos
+                rows = row_base + tl.where(valid, pos, 0).to(tl.int64)
+        k_a, k_t, s_tok = _load_kv_tile(
+            kv, sc, rows, blk, off, valid, stride, stride_h, stride_q, sc_stride,
+            page_size, psb, psb_h, FMT, AMODE, NC, CW, G, E8M0, D_QK, BN, q_a.dtype,
+        )  # fmt: skip
+        s = tl.dot(q_a, tl.trans(k_a))
+        if AMODE == 1:
+            if D_QK == 576:
+                if FOLD_T:
+                    s = (s + tl.dot(q_t, tl.trans(k_t))) * s_tok[None, :]
+                else:
+                    s = s * s_tok[None, :] + tl.dot(q_t, tl.trans(k_t))
+            else:
+                s = s * s_tok[None, :]
+        elif D_QK == 576:
+            s = s + tl.dot(q_t, tl.trans(k_t))
+        keep = valid[None, :]
+        if CAUSAL:
+            keep = keep & (pos[None, :] < row_lim[:, None])
+        s = tl.where(keep, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if AMODE == 1:
+            p = p * s_tok[None, :]
+        acc = tl.dot(p.to(k_a.dtype), k_a, acc)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _mla_decode_kernel(
+    Q,
+    stride_qt,
+    stride_qh,
+    QOFF,
+    batch,
+    n_tokens,
+    OUT,
+    stride_ot,
+    stride_oh,
+    LSE,
+    PO,
+    PL,
+    SINK,
+    qk_scale,
+    NUM_P,
+    # main operand
+    K,
+    K_SC,
+    K_LUT,
+    K_ROFF,
+    K_CL,
+    K_IDX,
+    K_TOPK,
+    K_stride,
+    K_stride_h,
+    K_stride_q,
+    K_sc_stride,
+    K_lut_stride,
+    K_ps,
+    K_psr,
+    K_psb,
+    K_psb_h,
+    K_nenc,
+    K_npages,
+    K_idx_stride,
+    K_idx_len,
+    # extra operand (sparse only)
+    X,
+    X_SC,
+    X_IDX,
+    X_TOPK,
+    X_stride,
+    X_stride_h,
+    X_stride_q,
+    X_sc_stride,
+    X_ps,
+    X_psr,
+    X_psb,
+    X_psb_h,
+    X_nenc,
+    X_idx_stride,
+    X_idx_len,
+    # compile-time
+    H_Q: tl.constexpr,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    HPT: tl.constexpr,
+    TPT: tl.constexpr,
+    NHB: tl.constexpr,
+    B_P2: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    K_FMT: tl.constexpr,
+    K_AMODE: tl.constexpr,
+    K_FOLD_T: tl.constexpr,
+    K_NC: tl.constexpr,
+    K_CW: tl.constexpr,
+    K_G: tl.constexpr,
+    K_E8M0: tl.constexpr,
+    K_PAGED: tl.constexpr,
+    K_SPARSE: tl.constexpr,
+    K_HAS_TOPK: tl.constexpr,
+    K_TOPK_TOK: tl.constexpr,
+    HAS_X: tl.constexpr,
+    X_FMT: tl.constexpr,
+    X_AMODE: tl.constexpr,
+    X_FOLD_T: tl.constexpr,
+    X_NC: tl.constexpr,
+    X_CW: tl.constexpr,
+    X_G: tl.constexpr,
+    X_E8M0: tl.constexpr,
+    X_PAGED: tl.constexpr,
+    X_HAS_TOPK: tl.constexpr,
+    X_TOPK_TOK: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """One (tile, partition): BM (token, head) rows of one request over one key partition."""
+    pid = tl.program_id(0)
+    part = tl.program_id(1)
+    t = pid // NHB
+    hb = pid % NHB
+
+    # Request of token t: the last b with q_row_offsets[b] <= t (b == batch: orphan token).
+    ob = tl.arange(0, B_P2)
+    offs = tl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
+    b = tl.sum((offs <= t).to(tl.int32), 0) - 1
+    live = b < batch
+    q_start = tl.load(QOFF + tl.minimum(b, batch))
+    q_end = tl.load(QOFF + b + 1, mask=live, other=0)
+    q_start = tl.where(live, q_start, t)
+    q_end = tl.where(live, q_end, t + 1)
+    i0 = t - q_start
+    leader = (i0 % TPT) == 0  # a non-leading token's rows belong to an earlier tile
+    q_len = tl.where(leader, q_end - q_start, 0)
+
+    # Rows of this tile.
+    r = tl.arange(0, BM)
+    tq = r // HPT
+    head = hb * HPT + r % HPT
+    tok = t + tq
+    row_ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
+    tok_c = tl.where(row_ok, tok, t).to(tl.int64)
+    head_c = tl.where(row_ok, head, 0).to(tl.int64)
+    qp = Q + tok_c * stride_qt + head_c * stride_qh
+    dA = tl.arange(0, 512)
+    dT = tl.arange(0, 64)
+    q_a = tl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
+    if D_QK == 576:
+        q_t = tl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        q_t = tl.zeros([BM, 64], Q.dtype.element_ty)
+
+    # Keys of the main operand (positions) and of the extra operand.
+    cache_len = tl.load(K_CL + b, mask=live, other=0)
+    if K_SPARSE:
+        n_main = K_idx_len
+        if K_HAS_TOPK:
+            if K_TOPK_TOK:
+                n_main = tl.load(K_TOPK + t)
+            else:
+                n_main = tl.load(K_TOPK + b, mask=live, other=0)
+            n_main = tl.minimum(tl.maximum(n_main, 0), K_idx_len)
+        row_lim = tl.zeros([BM], tl.int32)
+        main_lim = n_main
+    else:
+        n_main = cache_len + q_len
+        if CAUSAL:
+            row_lim = tl.where(row_ok, cache_len + i0 + tq + 1, 0)
+            main_lim = tl.minimum(cache_len + i0 + TPT, n_main)
+        else:
+            row_lim = tl.zeros([BM], tl.int32) + n_main
+            main_lim = n_main
+    n_main = tl.where(live, n_main, 0)
+    main_lim = tl.where(live & leader, main_lim, 0)
+    n_x = 0
+    if HAS_X:
+        n_x = X_idx_len
+        if X_HAS_TOPK:
+            if X_TOPK_TOK:
+                n_x = tl.load(X_TOPK + t)
+            else:
+                n_x = tl.load(X_TOPK + b, mask=live, other=0)
+            n_x = tl.minimum(tl.maximum(n_x, 0), X_idx_len)
+        n_x = tl.where(live & leader, n_x, 0)
+    total = n_main + n_x
+    chunk = tl.cdiv(tl.cdiv(total, NUM_P), BN) * BN
+    lo = part * chunk
+    hi = tl.minimum(lo + chunk, total)
+
+    acc = tl.zeros([BM, 512], tl.float32)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    row_base = tl.load(K_ROFF + b, mask=live, other=0).to(tl.int64)
+    if K_PAGED:
+        row_base = 0
+    acc, m_i, l_i = _attend(
+        acc, m_i, l_i, q_a, q_t, lo, tl.minimum(hi, main_lim), row_lim, qk_scale, b, t,
+        K, K_SC, K_LUT, K_IDX, row_base, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_psb, K_psb_h, K_nenc, K_npages, K_idx_stride,
+        K_FMT, K_AMODE, K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED, K_SPARSE,
+        CAUSAL and not K_SPARSE, D_QK, BN, NUM_STAGES,
+    )  # fmt: skip
+    if HAS_X:
+        x_lo = tl.maximum(lo - n_main, 0)
+        x_hi = tl.maximum(hi - n_main, 0)
+        acc, m_i, l_i = _attend(
+            acc, m_i, l_i, q_a, q_t, x_lo, x_hi, row_lim, qk_scale, b, t,
+            X, X_SC, X, X_IDX, 0, X_stride, X_stride_h, X_stride_q, X_sc_stride,
+            0, X_ps, X_psr, X_psb, X_psb_h, X_nenc, 1, X_idx_stride,
+            X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G, X_E8M0, X_PAGED, True,
+            False, D_QK, BN, NUM_STAGES,
+        )  # fmt: skip
+
+    # Epilogue.
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+    dmask = dA < D_V
+    smask = row_ok[:, None] & dmask[None, :]
+    if not SPLIT:
+        inv = tl.where(seen, 1.0 / l_safe, 0.0)
+        if HAS_SINK:
+            sink = tl.load(SINK + head_c, mask=row_ok, other=0.0)
+            m_use = tl.where(seen, m_i, 0.0)
+            inv = tl.where(seen, 1.0 / (l_safe + tl.exp2(sink * LOG2E - m_use)), 0.0)
+        o = acc * inv[:, None]
+        optr = OUT + tok_c[:, None] * stride_ot + head_c[:, None] * stride_oh + dA[None, :]
+        tl.store(optr, o.to(OUT.dtype.element_ty), mask=smask)
+        tl.store(LSE + tok_c * H_Q + head_c, lse, mask=row_ok)
+    else:
+        inv = tl.where(seen, 1.0 / l_safe, 0.0)
+        o = acc * inv[:, None]
+        prow = (part * n_tokens + tok_c) * H_Q + head_c
+        tl.store(PO + prow[:, None] * D_V + dA[None, :], o, mask=smask)
+        tl.store(PL + prow, lse, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------
+# Launch configuration knobs. `bench/gpu_mla_dev.py` overrides them to time variants; None
+# means the heuristic in `_tile_config`.
+TUNING: dict[str, int | None] = {"BN": None, "num_stages": None, "num_warps": None, "BM": None}
+
+
+class _Operand:
+    """Kernel arguments of one MLA operand (main or extra)."""
+
+    def __init__(self, op, d_qk: int, q_dtype: torch.dtype, name: str) -> None:
+        check(hasattr(op, "kernel_args"), name, "an MHAOperand with kernel_args()", type(op))
+        a = op.kernel_args()
+        rows = a.rows
+        check(
+            rows.ndim == 3 and rows.shape[1] == 1,
+            f"{name}.rows",
+            "[rows, 1, row_elems]",
+            rows.shape,
+        )
+        self.fmt = _FORMATS.get(a.quant_format, -1)
+        check(self.fmt >= 0, f"{name}.quant_format", f"one of {list(_FORMATS)}", a.quant_format)
+        head_dim = getattr(op, "head_dim", d_qk)
+        check(head_dim == d_qk, f"{name}.head_dim", f"{d_qk} (q's last dim)", head_dim)
+        self.data = rows
+        self.stride = rows.stride(0)
+        self.sc = a.scales
+        self.sc_stride = 0
+        self.e8m0 = False
+        self.amode, self.fold_t, self.nc, self.cw, self.g = A_PLAIN, False, 1, 1, 1
+        fmt = self.fmt
+        expect = {
+            FMT_BF16: (q_dtype, d_qk),
+            FMT_BLOCKWISE: (torch.float8_e4m3fn, d_qk),
+            FMT_PER_TENSOR: (torch.float8_e4m3fn, d_qk),
+            FMT_ROPE_AWARE: (torch.uint8, d_qk - 64 + 128),
+            FMT_V32: (torch.uint8, V32_ROW),
+            FMT_MODEL1: (torch.uint8, MODEL1_ROW),
+        }[fmt]
+        check(
+            rows.dtype == expect[0] and rows.shape[2] == expect[1] and rows.stride(2) == 1,
+            f"{name}.rows",
+            f"{expect[0]} rows of {expect[1]} contiguous elements for format {a.quant_format!r}",
+            f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}",
+        )
+        if fmt == FMT_V32:
+            check(d_qk == 576, name, "d_qk 576 for the V32 format", d_qk)
+        if fmt == FMT_MODEL1:
+            check(d_qk == 512, name, "d_qk 512 for the MODEL1 format", d_qk)
+            check(a.page_size > 0, name, "a paged operand for the MODEL1 format", "not paged")
+        if fmt in (FMT_ROPE_AWARE, FMT_V32, FMT_MODEL1):
+            check(
+                self.stride % 4 == 0, f"{name}.rows.stride(0)", "a multiple of 4 bytes", self.stride
+            )
+        if fmt in (FMT_BLOCKWISE, FMT_ROPE_AWARE):
+            check(self.sc is not None, f"{name}.scales", "a scale tensor", None)
+            self.sc_stride = self.sc.stride(0)
+            self.e8m0 = self.sc.dtype == torch.float8_e8m0fnu
+            check(
+                self.sc.dtype in (torch.float32, torch.float8_e8m0fnu),
+                f"{name}.scales.dtype",
+                "float32 or float8_e8m0fnu",
+                self.sc.dtype,
+            )
+            if self.e8m0:
+                self.sc = self.sc.view(torch.uint8)
+        if fmt == FMT_PER_TENSOR:
+            check(
+                self.sc is not None and self.sc.numel() == 1, f"{name}.scales", "one scale", self.sc
+            )
+            self.sc = self.sc.float()
+        if fmt == FMT_BLOCKWISE:
+            g = a.granularity or d_qk
+            check(d_qk % g == 0, f"{name}.granularity", f"a divisor of {d_qk}", g)
+            self.g = g
+            if g == d_qk:
+                self.amode, self.fold_t = A_FOLD, True
+            elif 512 % g == 0 and g >= 8:
+                self.amode, self.nc, self.cw = A_CHUNK, 512 // g, g
+            else:
+                self.amode = A_GATHER
+        elif fmt == FMT_PER_TENSOR:
+            self.amode, self.fold_t = A_FOLD, True
+        elif fmt == FMT_ROPE_AWARE:
+            self.amode = A_FOLD if d_qk == 576 else A_CHUNK
+        elif fmt in (FMT_V32, FMT_MODEL1):
+            self.amode = A_CHUNK
+        self.paged = a.page_size > 0
+        n_rows = rows.shape[0]
+        if self.paged:
+            self.ps, self.psr = a.page_size, a.page_stride_rows
+            self.npages = max((n_rows - self.ps) // self.psr + 1, 1)
+            self.nenc = self.npages * self.ps
+            self.lut = a.lut
+            self.roff = None
+        else:
+            self.ps, self.psr, self.npages, self.nenc = 1, 1, 1, n_rows
+            self.lut = None
+            self.roff = a.row_offsets
+        self.psb = self.psr * self.stride if fmt == FMT_MODEL1 else 0
+        self.cl = a.cache_lengths
+        if self.sc is None:
+            self.sc = rows  # never read
+
+
+def _sparse_args(indices, lengths, tokens: int, batch: int, name: str):
+    check(
+        indices.ndim == 2 and indices.shape[0] == tokens and indices.dtype == torch.int32,
+        name,
+        f"an int32 [tokens={tokens}, stride] tensor",
+        f"{indices.dtype} {tuple(indices.shape)}",
+    )
+    if indices.stride(1) != 1:
+        indices = indices.contiguous()
+    per_tok = False
+    if lengths is not None:
+        n = lengths.numel()
+        check(
+            lengths.dtype == torch.int32 and n in (batch, tokens),
+            f"{name} lengths",
+            f"int32 [batch={batch}] (or [tokens={tokens}])",
+            f"{lengths.dtype} {tuple(lengths.shape)}",
+        )
+        per_tok = n != batch
+    return indices, lengths, per_tok
+
+
+def _tile_config(h_q: int, tokens: int, batch: int, sparse: bool, fp8: bool) -> dict:
+    """BM (query rows a tile), HPT (heads a tile), TPT (tokens a tile), head blocks, BN,
+    warps and pipeline depth. Rows are (token, head) pairs of one request."""
+    est_sq = min(8, max(1, -(-tokens // max(batch, 1))))
+    want = h_q if sparse else h_q * est_sq
+    bm = TUNING.get("BM") or min(64, max(16, triton.next_power_of_2(want)))
+    if h_q > bm:  # heads in blocks of BM, one token a tile
+        hpt, tpt = bm, 1
+    else:  # all heads of up to BM // h_q tokens (dense) a tile
+        hpt, tpt = h_q, (1 if sparse else max(1, bm // h_q))
+    nhb = -(-h_q // hpt)
+    warps = TUNING.get("num_warps") or (8 if bm >= 64 else 4)
+    bn = TUNING.get("BN") or 32
+    stages = TUNING.get("num_stages") or (2 if bm >= 64 else 3)
+    return dict(BM=bm, HPT=hpt, TPT=tpt, NHB=nhb, BN=bn, num_warps=warps, num_stages=stages)
+
+
+def mla_decode_triton(
+    q: torch.Tensor,
+    kv,
+    q_row_offsets: torch.Tensor,
+    *,
+    d_v: int = 512,
+    scale: float | None = None,
+    causal: bool = True,
+    indices: torch.Tensor | None = None,
+    topk_lengths: torch.Tensor | None = None,
+    extra_kv=None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_lengths: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    num_partitions: int | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode (docs/ops.md `mla_decode`), Triton kernels.
+
+    q: [tokens, h_q, d_qk] bf16, d_qk 576 or 512; kv: an MLA operand (one latent head) in
+    bf16 or any FP8 layout; q_row_offsets: [batch + 1] int32; indices: [tokens, stride] int32
+    encoded block*page_size+offset (sparse mode); topk_lengths: [batch] int32; extra_kv with
+    extra_indices/extra_topk_lengths: a second sparse operand joined in the same softmax;
+    attn_sink: [h_q] f32. Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] f32, natural
+    log over keys only). No host synchronisation; sizes depend only on shapes.
+    """
+    check(q.ndim == 3, "q", "a [tokens, h_q, d_qk] tensor", tuple(q.shape))
+    tokens, h_q, d_qk = q.shape
+    check(
+        q.dtype in (torch.bfloat16, torch.float16),
+        "q.dtype",
+        "torch.bfloat16 or torch.float16 (use the reference backend for float32)",
+        q.dtype,
+    )
+    check(d_qk in (576, 512), "q.shape[-1]", "576 or 512", d_qk)
+    check(q.stride(2) == 1, "q", "a last dim of stride 1", q.stride())
+    check(1 <= d_v <= 512 and d_v <= d_qk, "d_v", f"in [1, {min(512, d_qk)}]", d_v)
+    check(
+        q_row_offsets.ndim == 1
+        and q_row_offsets.dtype == torch.int32
+        and q_row_offsets.numel() >= 1,
+        "q_row_offsets",
+        "a 1-D int32 [batch + 1] tensor",
+        f"{q_row_offsets.dtype} {tuple(q_row_offsets.shape)}",
+    )
+    batch = q_row_offsets.numel() - 1
+    dev = q.device
+    if out is None:
+        out = torch.empty(tokens, h_q, d_v, dtype=q.dtype, device=dev)
+    else:
+        check(
+            tuple(out.shape) == (tokens, h_q, d_v) and out.dtype == q.dtype and out.stride(2) == 1,
+            "out",
+            f"a {q.dtype} [{tokens}, {h_q}, {d_v}] tensor with unit last stride",
+            f"{out.dtype} {tuple(out.shape)}",
+        )
+    lse = torch.empty(tokens, h_q, dtype=torch.float32, device=dev)
+    if tokens == 0 or h_q == 0:
+        return out, lse
+
+    K = _Operand(kv, d_qk, q.dtype, "kv")
+    check(K.cl.numel() == batch, "kv.cache_lengths", f"[batch={batch}]", tuple(K.cl.shape))
+    sparse = indices is not None
+    if sparse:
+        idx, topk, topk_tok = _sparse_args(indices, topk_lengths, tokens, batch, "indices")
+    else:
+        check(topk_lengths is None, "topk_lengths", "None without indices", "a tensor")
+        idx, topk, topk_tok = q_row_offsets, None, False
+    has_x = extra_kv is not None
+    if has_x:
+        check(extra_indices is not None, "extra_indices", "a tensor with extra_kv", None)
+        X = _Operand(extra_kv, d_qk, q.dtype, "extra_kv")
+        x_idx, x_topk, x_topk_tok = _sparse_args(
+            extra_indices, extra_topk_lengths, tokens, batch, "extra_indices"
+        )
+    else:
+        check(extra_indices is None, "extra_indices", "None without extra_kv", "a tensor")
+        X, x_idx, x_topk, x_topk_tok = K, idx, None, False
+    if attn_sink is not None:
+        check(
+            attn_sink.numel() == h_q and attn_sink.dtype == torch.float32,
+            "attn_sink",
+            f"a float32 [h_q={h_q}] tensor",
+            f"{attn_sink.dtype} {tuple(attn_sink.shape)}",
+        )
+        attn_sink = attn_sink.contiguous()
+
+    cfg = _tile_config(h_q, tokens, batch, sparse, K.fmt != FMT_BF16)
+    if num_partitions is None:
+        if sparse:
+            bound = idx.shape[1]
+        elif K.paged:
+            bound = K.lut.shape[1] * K.ps
+        else:
+            bound = K.data.shape[0]
+        if has_x:
+            bound += x_idx.shape[1]
+        est_sq = 1 if sparse else min(8, max(1, -(-tokens // max(batch, 1))))
+        units_batch = tokens if sparse else batch
+        num_partitions = mla_num_partitions(units_batch, h_q, est_sq, bound, num_sms(dev))
+    P = int(num_partitions)
+    check(P >= 1, "num_partitions", "an int >= 1", num_partitions)
+
+    if P > 1:
+        po = torch.empty(P, tokens, h_q, d_v, dtype=torch.float32, device=dev)
+        pl = torch.empty(P, tokens, h_q, dtype=torch.float32, device=dev)
+    else:
+        po, pl = lse, lse  # not written
+    sm_scale = (1.0 / math.sqrt(d_qk)) if scale is None else float(scale)
+    grid = (tokens * cfg["NHB"], P)
+    dummy = q_row_offsets
+    _mla_decode_kernel[grid](
+        q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
+        out, out.stride(0), out.stride(1), lse, po, pl,
+        attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
+        K.data, K.sc, K.lut if K.paged else dummy, K.roff if K.roff is not None else dummy,
+        K.cl, idx, topk if topk is not None else dummy,
+        K.stride, K.stride // 2, K.stride // 4, K.sc_stride,
+        K.lut.stride(0) if K.paged else 0, K.ps, K.psr, K.psb, K.psb // 2, K.nenc, K.npages,
+        idx.stride(0), idx.shape[1] if sparse else 0,
+        X.data, X.sc, x_idx, x_topk if x_topk is not None else dummy,
+        X.stride, X.stride // 2, X.stride // 4, X.sc_stride, X.ps, X.psr, X.psb, X.psb // 2,
+        X.nenc, x_idx.stride(0), x_idx.shape[1] if has_x else 0,
+        H_Q=h_q, D_QK=d_qk, D_V=d_v, BM=cfg["BM"], BN=cfg["BN"], HPT=cfg["HPT"],
+        TPT=cfg["TPT"], NHB=cfg["NHB"], B_P2=triton.next_power_of_2(batch + 1), SPLIT=P > 1,
+        CAUSAL=bool(causal), HAS_SINK=attn_sink is not None,
+        K_FMT=K.fmt, K_AMODE=K.amode, K_FOLD_T=K.fold_t, K_NC=K.nc, K_CW=K.cw, K_G=K.g,
+        K_E8M0=K.e8m0, K_PAGED=K.paged, K_SPARSE=sparse, K_HAS_TOPK=topk is not None,
+        K_TOPK_TOK=topk_tok,
+        HAS_X=has_x, X_FMT=X.fmt, X_AMODE=X.amode, X_FOLD_T=X.fold_t, X_NC=X.nc, X_CW=X.cw,
+        X_G=X.g, X_E8M0=X.e8m0, X_PAGED=X.paged, X_HAS_TOPK=x_topk is not None,
+        X_TOPK_TOK=x_topk_tok,
+        NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    if P > 1:
+        mla_combine_triton(po, pl, out, lse, attn_sink)
+    return out, lse
