@@ -118,3 +118,127 @@ def mha_compiled(
         backend or "",
     )
     return (out, lse) if return_lse else out
+
+
+@torch.library.custom_op("pagedattn::mla_decode", mutates_args=("out", "lse"))
+def mla_decode_op(
+    q: torch.Tensor,
+    q_row_offsets: torch.Tensor,
+    kv_tensors: list[torch.Tensor | None],
+    kv_ints: list[int],
+    kv_fmt: str,
+    d_v: int,
+    scale: float,
+    causal: bool,
+    indices: torch.Tensor | None,
+    topk_lengths: torch.Tensor | None,
+    extra_tensors: list[torch.Tensor | None],
+    extra_ints: list[int],
+    extra_fmt: str,
+    extra_indices: torch.Tensor | None,
+    extra_topk_lengths: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    num_partitions: int,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    backend: str,
+) -> None:
+    """pagedattn.mla_decode with flattened operands; writes `out` and `lse`."""
+    from .mla import mla_decode
+
+    extra = unflatten_operand(extra_tensors, extra_ints, extra_fmt) if extra_ints else None
+    _, res_lse = mla_decode(
+        q,
+        unflatten_operand(kv_tensors, kv_ints, kv_fmt),
+        q_row_offsets,
+        d_v=d_v,
+        scale=scale,
+        causal=causal,
+        indices=indices,
+        topk_lengths=topk_lengths,
+        extra_kv=extra,
+        extra_indices=extra_indices,
+        extra_topk_lengths=extra_topk_lengths,
+        attn_sink=attn_sink,
+        num_partitions=num_partitions or None,
+        out=out,
+        backend=backend or None,
+    )
+    lse.copy_(res_lse)
+
+
+@mla_decode_op.register_fake
+def _(
+    q,
+    q_row_offsets,
+    kv_tensors,
+    kv_ints,
+    kv_fmt,
+    d_v,
+    scale,
+    causal,
+    indices,
+    topk_lengths,
+    extra_tensors,
+    extra_ints,
+    extra_fmt,
+    extra_indices,
+    extra_topk_lengths,
+    attn_sink,
+    num_partitions,
+    out,
+    lse,
+    backend,
+) -> None:
+    return None
+
+
+def mla_decode_compiled(
+    q,
+    kv,
+    q_row_offsets,
+    *,
+    d_v,
+    scale,
+    causal,
+    indices,
+    topk_lengths,
+    extra_kv,
+    extra_indices,
+    extra_topk_lengths,
+    attn_sink,
+    num_partitions,
+    out,
+    backend,
+):
+    """The custom-op route of `pagedattn.mla_decode` (used while torch.compile traces)."""
+    if out is None:
+        out = q.new_empty(q.shape[0], q.shape[1], d_v)
+    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    kt, ki, kf = flatten_operand(kv)
+    et, ei, ef = flatten_operand(extra_kv) if extra_kv is not None else ([], [], "")
+    torch.ops.pagedattn.mla_decode(
+        q,
+        q_row_offsets,
+        kt,
+        ki,
+        kf,
+        int(d_v),
+        float(scale),
+        bool(causal),
+        indices,
+        topk_lengths,
+        et,
+        ei,
+        ef,
+        extra_indices,
+        extra_topk_lengths,
+        attn_sink,
+        int(num_partitions or 0),
+        out,
+        lse,
+        backend or "",
+    )
+    return out, lse

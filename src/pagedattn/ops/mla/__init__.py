@@ -272,6 +272,10 @@ def mla_decode(
         num_partitions=num_partitions,
         out=out,
     )
+    if torch.compiler.is_compiling():
+        from ..library import mla_decode_compiled
+
+        return mla_decode_compiled(q, kv, q_row_offsets, backend=backend, **kwargs)
     if choose_backend(q.device, backend) == "triton":
         from .triton_mla import mla_decode_triton
 
