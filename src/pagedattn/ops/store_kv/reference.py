@@ -35,8 +35,10 @@ def write_rows(op: RowOperand, rows: torch.Tensor, x: torch.Tensor) -> None:
     elif f == "blockwise":
         q, s = quantize_blockwise(x, op.quantization_granularity, op.scale_dtype)
         op.rows[rows] = q
-        # torch has no index_put for float8_e8m0fnu: write its bytes.
-        op.scales.view(torch.uint8)[rows] = s.view(torch.uint8) if s.element_size() == 1 else s
+        if s.dtype == torch.float8_e8m0fnu:  # torch has no index_put for e8m0: write bytes
+            op.scales.view(torch.uint8)[rows] = s.view(torch.uint8)
+        else:
+            op.scales[rows] = s
     elif f == "per_tensor":
         op.rows[rows] = quantize_per_tensor(x, op.scales)
     else:

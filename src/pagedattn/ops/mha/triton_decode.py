@@ -1,0 +1,545 @@
+"""Triton MHA/GQA decode kernel (one query row per program) and the K/V addressing helpers it
+shares with the prefill kernel.
+
+Addressing (see `operands.KernelArgs`): token t of request b sits in physical row
+  paged:     lut[b, t // PAGE] * page_stride + t % PAGE
+  not paged: row_offsets[b] + t
+and element d of KV head h at `row * stride_r + h * stride_h + d`. PAGE is a constexpr (0 = not
+paged), so pages of any size (1, 3, 16, 64, ...) work and a tile may span several pages: the row
+is computed per token inside the tile.
+
+Quantization codes (constexpr): 0 none, 1 per-tensor (one float32 scale), 2 per-token
+(blockwise with G == head_dim: one scale per token and head, applied to score / probability
+columns), 3 blockwise G < head_dim (elementwise dequantization of the tile). e8m0 scales are
+read as uint8 and decoded as 2^(byte - 127) (255 is NaN).
+
+Decode grid: one program per (query row, split-K partition, KV head), KV head fastest. The
+`GROUP` query heads of one KV head are packed into the M dimension of the tile (padded to
+`GP >= 16` rows) so GQA runs on the tensor cores. The row's visible keys [lo, hi) are split
+into `num_partitions` contiguous chunks (multiples of BLOCK_N); with one partition the kernel
+writes the final output (sinks folded in), otherwise normalised partials + LSEs for
+`triton_combine`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+LOG2E_F = 1.4426950408889634  # host copies
+LN2_F = 0.6931471805599453
+LOG2E = tl.constexpr(LOG2E_F)
+LN2 = tl.constexpr(LN2_F)
+
+# quantization codes
+Q_NONE, Q_TENSOR, Q_TOKEN, Q_BLOCK = 0, 1, 2, 3
+
+
+def install_interpreter_shim() -> None:
+    """Work around two bugs of Triton 3.6's interpreter (TRITON_INTERPRET=1 only; no effect on
+    compiled kernels):
+    - it turns a scalar tensor into a Python int with `int(array)`, which NumPy >= 2.4 refuses
+      for its 1-element arrays, so any loop bound read from memory fails;
+    - `tl.dot` on bfloat16 multiplies the raw uint16 bit patterns; widen them to float32 first
+      (exact, and what the tensor cores do with bf16 inputs and an f32 accumulator);
+    - float32 -> bfloat16 casts truncate; round to nearest even as the GPU does;
+    - float <-> fp8 casts mis-round ties and subnormals and lose NaN; convert through torch
+      (round to nearest even, as `cvt.rn.satfinite` does for finite values)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_pagedattn_shim", False):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    builder = interpreter.InterpreterBuilder
+    create_dot = builder.create_dot
+
+    def widen(h):
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        bits = h.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def patched_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    cast_impl = builder.cast_impl
+
+    def patched_cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+            rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
+            nan = np.isnan(src.data)
+            out = np.where(nan, (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
+            return interpreter.TensorHandle(out, tl.bfloat16)
+        return cast_impl(self, src, dst_type)
+
+    fp_to_fp = builder.create_fp_to_fp
+    fp8 = {tl.float8e4nv: "float8_e4m3fn", tl.float8e5: "float8_e5m2"}
+    np_float = {tl.float32: np.float32, tl.float16: np.float16}
+
+    def patched_fp_to_fp(self, src, dst_type, rounding_mode):
+        import torch
+
+        s_ty, d_ty = src.dtype.scalar, dst_type.scalar
+        if s_ty not in fp8 and d_ty not in fp8:
+            return fp_to_fp(self, src, dst_type, rounding_mode)
+        if s_ty in fp8:
+            t = torch.from_numpy(np.ascontiguousarray(src.data).view(np.uint8).copy())
+            t = t.view(getattr(torch, fp8[s_ty])).float()
+        else:
+            t = torch.from_numpy(
+                widen(src).data.astype(np.float32)
+                if s_ty == tl.bfloat16
+                else src.data.astype(np.float32)
+            )
+        if d_ty in fp8:
+            out = t.to(getattr(torch, fp8[d_ty])).view(torch.uint8).numpy()
+            return interpreter.TensorHandle(out, d_ty)
+        f32 = interpreter.TensorHandle(t.numpy(), tl.float32)
+        if d_ty == tl.float32:
+            return f32
+        if d_ty in np_float:
+            return interpreter.TensorHandle(t.numpy().astype(np_float[d_ty]), d_ty)
+        return patched_cast(self, f32, dst_type)
+
+    interpreter._patch_lang_tensor = patched_tensor
+    builder.create_dot = patched_dot
+    builder.cast_impl = patched_cast
+    builder.create_fp_to_fp = patched_fp_to_fp
+    interpreter._pagedattn_shim = True
+
+
+install_interpreter_shim()
+
+
+@triton.jit
+def _e8m0_to_f32(byte):
+    """uint8 e8m0 exponent -> float32 2^(byte - 127); 255 -> NaN, 0 -> 2^-127."""
+    bi = byte.to(tl.int32)
+    f = (bi << 23).to(tl.float32, bitcast=True)
+    f = tl.where(bi == 0, (bi * 0 + 0x00400000).to(tl.float32, bitcast=True), f)
+    return tl.where(bi == 255, (bi * 0 + 0x7FC00000).to(tl.float32, bitcast=True), f)
+
+
+@triton.jit
+def _find_request(offsets, batch, idx, BLOCK_B: tl.constexpr):
+    """Request b with offsets[b] <= idx < offsets[b + 1] (offsets: [batch + 1] int32 prefix
+    sums): the number of requests that end at or before idx. One vector load per chunk."""
+    cnt = tl.full((), 0, tl.int32)
+    for c in range(0, batch, BLOCK_B):
+        o = c + tl.arange(0, BLOCK_B)
+        ends = tl.load(offsets + 1 + o, mask=o < batch, other=2147483647)
+        cnt += tl.sum((ends <= idx).to(tl.int32), 0)
+    return cnt
+
+
+@triton.jit
+def _visible_range(pos, kv_len, MASK: tl.constexpr, W):
+    """Keys [lo, hi) visible to a query at absolute position `pos` (scalar or vector) among
+    kv_len keys, for mask codes 0-4 (the tensor mask, 5, starts from the null range)."""
+    zero = pos * 0
+    if MASK == 1:  # causal
+        lo = zero
+        hi = tl.minimum(pos + 1, kv_len)
+    elif MASK == 2:  # sliding window, causal
+        lo = tl.maximum(pos - W + 1, 0)
+        hi = tl.minimum(pos + 1, kv_len)
+    elif MASK == 3:  # sliding window, non-causal
+        lo = tl.maximum(pos - W + 1, 0)
+        hi = tl.minimum(pos + W, kv_len)
+    elif MASK == 4:  # chunked causal
+        lo = (pos // W) * W
+        hi = tl.minimum(pos + 1, kv_len)
+    else:  # null / tensor
+        lo = zero
+        hi = zero + kv_len
+    return lo, hi
+
+
+@triton.jit
+def _token_rows(tok, valid, b, lut, stride_lut, row_base, page_stride, PAGE: tl.constexpr):
+    """int64 physical rows of tokens `tok` of request b (row_base: row_offsets[b], not paged)."""
+    if PAGE > 0:
+        page = tl.load(lut + b * stride_lut + tok // PAGE, mask=valid, other=0)
+        rows = page.to(tl.int64) * page_stride + (tok % PAGE)
+    else:
+        rows = row_base + tok
+    return rows
+
+
+@triton.jit
+def _tile_row0(t0, b, lut, stride_lut, row_base, page_stride, PAGE: tl.constexpr):
+    """int32 physical row of token t0 (a tile that stays inside one page, for TMA)."""
+    if PAGE > 0:
+        page = tl.load(lut + b * stride_lut + t0 // PAGE)
+        row0 = page * page_stride + (t0 % PAGE)
+    else:
+        row0 = (row_base + t0).to(tl.int32)
+    return row0
+
+
+@triton.jit
+def _load_tile(
+    base,
+    desc_col,
+    rows,
+    row0,
+    stride_r,
+    head_off,
+    valid,
+    offs_d,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """[BN, DP] tile of one head: pointer gather of `rows` (masked, zero fill), or a TMA box at
+    (row0, desc_col) of the 2-D `[rows, heads * D]` descriptor `base` (unmasked)."""
+    if TMA:
+        x = base.load([row0, desc_col])
+    else:
+        ptrs = base + (rows * stride_r + head_off)[:, None] + offs_d[None, :]
+        if D == DP:
+            m = valid[:, None]
+        else:
+            m = valid[:, None] & (offs_d[None, :] < D)
+        x = tl.load(ptrs, mask=m, other=0.0)
+    return x
+
+
+@triton.jit
+def _token_scales(S, rows, stride_sr, s_head_off, valid, E8M0: tl.constexpr):
+    """[BN] float32 per-token scales (0 where not valid)."""
+    off = rows * stride_sr + s_head_off
+    if E8M0:
+        # One-byte scales: read the 4-byte-aligned 32-bit word that holds each byte (4-byte
+        # loads are pipelined with cp.async, 1-byte loads are not) and extract it. The view may
+        # start at any byte, so align on the absolute address. The word never leaves the
+        # allocation (device allocations are at least 4-byte granular).
+        mis = S.to(tl.int64) & 3
+        base = (S - mis).to(tl.pointer_type(tl.int32), bitcast=True)
+        boff = off + mis
+        word = tl.load(base + (boff >> 2), mask=valid, other=0)
+        byte = (word >> ((boff & 3) * 8).to(tl.int32)) & 0xFF
+        s = tl.where(valid, _e8m0_to_f32(byte), 0.0)
+    else:
+        s = tl.load(S + off, mask=valid, other=0)
+    return s
+
+
+@triton.jit
+def _kv_operand(
+    x,
+    S,
+    rows,
+    stride_sr,
+    s_head_off,
+    valid,
+    offs_d,
+    QUANT: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    E8M0: tl.constexpr,
+    LO: tl.constexpr,
+    dtype: tl.constexpr,
+):
+    """A loaded K/V tile as dot operands (hi, lo) of `dtype`.
+
+    FP8 -> dtype is exact; per-token / per-tensor scales are applied by the caller. Blockwise
+    (G < D) tiles are dequantized here, element d scaled by scales[row, head, d // G]; with
+    float32 scales the product needs more bits than bf16 has, so LO also returns the rounding
+    remainder (hi + lo carries ~16 bits; lo is hi itself and unused when LO is False)."""
+    if QUANT == 3:
+        BN: tl.constexpr = x.shape[0]
+        DP: tl.constexpr = x.shape[1]
+        NGP: tl.constexpr = DP // G
+        if (G & (G - 1)) == 0 and NGP * G == DP:
+            # [BN, D // G] scales, broadcast over their G elements by a reshape (no gather)
+            offs_g = tl.arange(0, NGP)
+            s = tl.load(
+                S + (rows * stride_sr + s_head_off)[:, None] + offs_g[None, :],
+                mask=valid[:, None] & (offs_g[None, :] < D // G),
+                other=0,
+            )
+            if E8M0:
+                s = _e8m0_to_f32(s)
+            f = tl.reshape(tl.reshape(x.to(tl.float32), [BN, NGP, G]) * s[:, :, None], [BN, DP])
+        else:  # G not a power of two: gather the scale of each element
+            m = valid[:, None] & (offs_d[None, :] < D)
+            s = tl.load(
+                S + (rows * stride_sr + s_head_off)[:, None] + (offs_d // G)[None, :],
+                mask=m,
+                other=0,
+            )
+            if E8M0:
+                s = _e8m0_to_f32(s)
+            f = x.to(tl.float32) * s
+        hi = f.to(dtype)
+        if LO:
+            lo = (f - hi.to(tl.float32)).to(dtype)
+        else:
+            lo = hi
+    else:
+        hi = x.to(dtype)
+        lo = hi
+    return hi, lo
+
+
+@triton.jit
+def _q_to_f16(q, qk_scale):
+    """q -> float16 for FP8 K/V (whose e4m3 values are exact in fp16, upcast by one native
+    cvt per pair). q is scaled by 2^-e (exact) so that max|q| < 2^15 fits fp16; returns
+    (q16, qk_scale * 2^e)."""
+    qf = q.to(tl.float32)
+    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+    e = tl.minimum(tl.maximum(tl.ceil(tl.log2(qmax)) - 14.0, 0.0), 120.0).to(tl.int32)
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    up = ((127 + e) << 23).to(tl.float32, bitcast=True)
+    return (qf * down).to(tl.float16), qk_scale * up
+
+
+@triton.jit
+def _pv_dot(p, v, acc, dtype: tl.constexpr, DOT_PREC: tl.constexpr, P_SPLIT: tl.constexpr):
+    """acc + p @ v with p [M, BN] f32 and v [BN, D] in dtype. P_SPLIT rounds p to dtype as a
+    hi + lo pair (two MMAs) so that p keeps ~16 mantissa bits instead of 8: free when the
+    kernel is memory-bound (decode), and it removes the main error term of bf16 attention."""
+    p_hi = p.to(dtype)
+    acc = tl.dot(p_hi, v, acc, input_precision=DOT_PREC)
+    if P_SPLIT:
+        p_lo = (p - p_hi.to(tl.float32)).to(dtype)
+        acc = tl.dot(p_lo, v, acc, input_precision=DOT_PREC)
+    return acc
+
+
+@triton.jit
+def _mha_decode_kernel(
+    Q,
+    stride_qt,
+    stride_qh,
+    K,
+    stride_kr,
+    stride_kh,
+    K_lut,
+    stride_klut,
+    K_off,
+    k_page_stride,
+    V,
+    stride_vr,
+    stride_vh,
+    V_lut,
+    stride_vlut,
+    V_off,
+    v_page_stride,
+    KS,
+    stride_ksr,
+    stride_ksh,
+    VS,
+    stride_vsr,
+    stride_vsh,
+    cache_lens,
+    q_offsets,
+    batch,
+    Sinks,
+    MaskT,
+    stride_mt,
+    mask_cols,
+    mask_param,
+    Out,
+    stride_ot,
+    stride_oh,
+    Lse,
+    stride_lt,
+    stride_lh,
+    PO,
+    PL,
+    num_partitions,
+    sm_scale_log2,
+    H_KV: tl.constexpr,
+    GROUP: tl.constexpr,
+    GP: tl.constexpr,
+    DK: tl.constexpr,
+    DKP: tl.constexpr,
+    DV: tl.constexpr,
+    DVP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_PAGE: tl.constexpr,
+    V_PAGE: tl.constexpr,
+    V_SAME_ROWS: tl.constexpr,
+    K_QUANT: tl.constexpr,
+    V_QUANT: tl.constexpr,
+    KG: tl.constexpr,
+    VG: tl.constexpr,
+    K_E8M0: tl.constexpr,
+    V_E8M0: tl.constexpr,
+    MASK: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    K_TMA: tl.constexpr,
+    V_TMA: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    P_SPLIT: tl.constexpr,
+    MMA_F16: tl.constexpr,
+    K_LO: tl.constexpr,
+    V_LO: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """One (query row, partition, KV head): GROUP query heads x the partition's keys.
+
+    Q [total_q, h_q, DK]; Out [total_q, h_q, DV] (q dtype); Lse [total_q, h_q] f32;
+    PO [total_q, h_q, P, DV] f32 / PL [total_q, h_q, P] f32 partials when SPLIT.
+    """
+    pid = tl.program_id(0)
+    hkv = pid % H_KV
+    rest = pid // H_KV
+    part = rest % num_partitions
+    row = rest // num_partitions
+
+    # Request of this row: one query per request is the fast path (no search).
+    in_rng = row < batch
+    o_lo = tl.load(q_offsets + row, mask=in_rng, other=-1)
+    o_hi = tl.load(q_offsets + row + 1, mask=in_rng, other=-1)
+    b = row
+    if (o_lo != row) | (o_hi != row + 1):
+        b = _find_request(q_offsets, batch, row, BLOCK_B)
+        o_lo = tl.load(q_offsets + b)
+        o_hi = tl.load(q_offsets + b + 1)
+    cache_len = tl.load(cache_lens + b)
+    kv_len = cache_len + (o_hi - o_lo)
+    pos = cache_len + (row - o_lo)
+    lo, hi = _visible_range(pos, kv_len, MASK, mask_param)
+    # Split [lo, hi) into num_partitions chunks of whole tiles (tile starts BLOCK_N-aligned).
+    lo_al = (lo // BLOCK_N) * BLOCK_N
+    per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo_al, 0), num_partitions), BLOCK_N) * BLOCK_N
+    p_lo = lo_al + part * per
+    p_hi = tl.minimum(p_lo + per, hi)
+
+    offs_g = tl.arange(0, GP)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_dk = tl.arange(0, DKP)
+    offs_dv = tl.arange(0, DVP)
+    gmask = offs_g < GROUP
+    hq = hkv * GROUP + offs_g
+    row64 = row.to(tl.int64)
+    q = tl.load(
+        Q + row64 * stride_qt + hq[:, None] * stride_qh + offs_dk[None, :],
+        mask=gmask[:, None] & (offs_dk[None, :] < DK),
+        other=0.0,
+    )
+    qk_scale = sm_scale_log2
+    if K_QUANT == 1:
+        qk_scale = qk_scale * tl.load(KS)
+    if MMA_F16:  # FP8 K/V with per-token / per-tensor scales: fp16 MMAs
+        q, qk_scale = _q_to_f16(q, qk_scale)
+        dtype = tl.float16
+    else:
+        dtype = Q.dtype.element_ty
+
+    k_head = hkv * stride_kh
+    v_head = hkv * stride_vh
+    ks_head = hkv * stride_ksh
+    vs_head = hkv * stride_vsh
+    k_base = tl.full((), 0, tl.int64)
+    v_base = tl.full((), 0, tl.int64)
+    if K_PAGE == 0:
+        k_base = tl.load(K_off + b).to(tl.int64)
+    if V_PAGE == 0:
+        v_base = tl.load(V_off + b).to(tl.int64)
+
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, DVP], tl.float32)
+    for t0 in tl.range(p_lo, p_hi, BLOCK_N, num_stages=NUM_STAGES):
+        tok = t0 + offs_n
+        valid = (tok >= lo) & (tok < p_hi)
+        krows = _token_rows(tok, valid, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
+        k_row0 = 0
+        if K_TMA:
+            k_row0 = _tile_row0(t0, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
+        k = _load_tile(
+            K, hkv * DK, krows, k_row0, stride_kr, k_head, valid, offs_dk, DK, DKP, K_TMA
+        )
+        k, k_lo = _kv_operand(
+            k, KS, krows, stride_ksr, ks_head, valid, offs_dk, K_QUANT, KG, DK, K_E8M0, K_LO, dtype
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        if K_LO:
+            s = tl.dot(q, tl.trans(k_lo), s, input_precision=DOT_PREC)
+        if K_QUANT == 2:
+            s = s * _token_scales(KS, krows, stride_ksr, ks_head, valid, K_E8M0)[None, :]
+        keep = valid[None, :]
+        if MASK == 5:
+            mt = tl.load(MaskT + row64 * stride_mt + tok, mask=valid & (tok < mask_cols), other=0)
+            keep = keep & (mt != 0)[None, :]
+        s = tl.where(keep, s, float("-inf"))
+        # log2 units of the scaled scores; qk_scale > 0 folds into one FMA per score
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s * qk_scale - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        if V_SAME_ROWS:
+            vrows = krows
+            v_row0 = k_row0
+        else:
+            vrows = _token_rows(tok, valid, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
+            v_row0 = 0
+            if V_TMA:
+                v_row0 = _tile_row0(t0, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
+        v = _load_tile(
+            V, hkv * DV, vrows, v_row0, stride_vr, v_head, valid, offs_dv, DV, DVP, V_TMA
+        )
+        v, v_lo = _kv_operand(
+            v, VS, vrows, stride_vsr, vs_head, valid, offs_dv, V_QUANT, VG, DV, V_E8M0, V_LO, dtype
+        )
+        if V_TMA or V_QUANT != 0:
+            # TMA boxes may hold rows past the valid keys (NaN pools): zero them. For FP8 the
+            # select also makes the compiler upcast V in registers with wide shared-memory
+            # reads (then ldmatrix.trans), instead of one byte-wide read per element.
+            v = tl.where(valid[:, None], v, 0.0)
+        if V_QUANT == 2:
+            p = p * _token_scales(VS, vrows, stride_vsr, vs_head, valid, V_E8M0)[None, :]
+        acc = acc * alpha[:, None]
+        acc = _pv_dot(p, v, acc, dtype, DOT_PREC, P_SPLIT)
+        if V_LO:
+            acc = tl.dot(p.to(dtype), v_lo, acc, input_precision=DOT_PREC)
+        m_i = m_new
+
+    if V_QUANT == 1:
+        acc = acc * tl.load(VS)
+    m_fin = tl.where(m_i == float("-inf"), 0.0, m_i)
+    lse = tl.where(l_i > 0, (m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf"))
+    hq64 = hq.to(tl.int64)
+    if SPLIT:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        pbase = (row64 * (H_KV * GROUP) + hq64) * num_partitions + part
+        tl.store(
+            PO + pbase[:, None] * DV + offs_dv[None, :],
+            o,
+            mask=gmask[:, None] & (offs_dv[None, :] < DV),
+        )
+        tl.store(PL + pbase, lse, mask=gmask)
+    else:
+        den = l_i
+        if HAS_SINKS:
+            sink = tl.load(Sinks + hq, mask=gmask, other=float("-inf")) * LOG2E
+            den = den + tl.math.exp2(sink - m_fin)
+        o = acc / tl.where(den > 0, den, 1.0)[:, None]
+        tl.store(
+            Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_dv[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=gmask[:, None] & (offs_dv[None, :] < DV),
+        )
+        if WRITE_LSE:
+            tl.store(Lse + row64 * stride_lt + hq64 * stride_lh, lse, mask=gmask)

@@ -1,0 +1,427 @@
+"""Triton MHA/GQA attention over any K/V operand: `mha_triton` (same contract as
+`pagedattn.ops.mha.mha`, docs/ops.md).
+
+Paths (chosen on the host from shapes only, never from device data):
+- decode: every request has one query. Taken when `max_q_len == 1` or, with no hint, when
+  `q.shape[0] == batch`. The decode kernel (`triton_decode`) runs one program per (query row,
+  split-K partition, KV head) and finds each row's request itself, so it is also correct for a
+  ragged batch that happens to have total_q == batch (it is only slower there).
+- prefill / chunked prefill: everything else (`triton_prefill`), one program per (block of
+  BLOCK_M query rows of one request, query head); never split along K.
+
+Split-K (decode only): `num_partitions=None` uses `cache.dispatch.mha_num_partitions` with the
+device's SM count and a host-side upper bound on the cache length that needs no device sync:
+`lut.shape[1] * page_size` for paged operands, `rows.shape[0]` otherwise. P > 1 writes
+[total_q, h_q, P, d_v] f32 partials + [total_q, h_q, P] LSEs to a workspace (sized from the
+static P) that `triton_combine` merges, folding the sinks in.
+
+Numerics: softmax in fp32 (log2 domain, the scale folded into one FMA per score; the scale
+must be > 0). MMAs take bf16/fp16 operands with fp32 accumulation (IEEE fp32 dots for fp32
+inputs). Decode carries P as a bf16 hi + lo pair through P @ V (free when memory-bound), which
+keeps it within DESIGN.md's bf16 bounds; prefill rounds P to bf16 as FlashAttention does (up to
+~2^-9 of |v|). FP8 K/V with per-token / per-tensor scales run fp16 MMAs (e4m3 is exact in
+fp16, q is scaled by an exact power of two to fit); blockwise G < head_dim K/V are dequantized
+to bf16 in registers (exact for e8m0 scales; float32 scales round like a bf16 cache unless the
+config sets kv_lo). Launch configs: `decode_config` / `prefill_config` (H200 measurements).
+
+No host sync and no data-dependent allocation: safe under CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ...cache.dispatch import mha_num_partitions, num_sms
+from ...errors import InvalidArgumentError, check
+from ...operands import KernelArgs, RowOperand
+from ..masks import Mask, causal
+from .triton_combine import combine_triton
+from .triton_decode import LOG2E_F, Q_BLOCK, Q_NONE, Q_TENSOR, Q_TOKEN, _mha_decode_kernel
+from .triton_prefill import _mha_prefill_kernel
+
+# Launch configurations, overridable (benchmarks and tests set these dicts; keys as returned by
+# decode_config / prefill_config).
+DECODE_OVERRIDE: dict = {}
+PREFILL_OVERRIDE: dict = {}
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def decode_config(dk: int, dv: int, kv_bytes: int, kv_kind: str = "plain") -> dict:
+    """Decode launch for K/V of `kv_kind`: "plain" (bf16/fp16/fp32), "fp8_cols" (FP8 with
+    per-token or per-tensor scales: fp16 MMAs) or "fp8_block" (FP8 with G < head_dim scales).
+
+    H200 measurements (bench/gpu_mha_dev.py, b64 x 4096 keys, 32/8 heads):
+    - plain: BLOCK_N = ~16 KB of K+V per stage (32 keys at d128), 4 warps, 5 stages (the
+      page-id load feeding the K/V loads takes two of them, leaving a double-buffered K/V
+      tile): 250 us, 1.0 of copy. Small tiles keep ~5 CTAs per SM resident, so a 512-CTA grid
+      runs in one wave; 64/128-key tiles lost 20-30% to a partial second wave. Head dims that
+      pad (96 -> 128) run 2 warps (228 us vs 234 us).
+    - fp8_cols: 64 keys, 2 warps: 209 us (4 warps 337 us, 8 warps 346-374 us).
+    - fp8_block: 64 keys, 4 warps, K/V dequantized to bf16 without a lo part (319 us; the
+      hi + lo K/V pair costs 2x: 655 us), so float32-scaled blockwise K/V carry bf16 rounding
+      (as a bf16 cache would); e8m0 scales dequantize exactly.
+    hi_lo carries P as a hi + lo pair through the P @ V MMA; kv_lo does the same for
+    float32-scaled blockwise K/V."""
+    if kv_kind == "fp8_cols":
+        cfg = dict(BLOCK_N=64, num_warps=2, num_stages=5, tma=False, hi_lo=True, kv_lo=False)
+    elif kv_kind == "fp8_block":
+        cfg = dict(BLOCK_N=64, num_warps=4, num_stages=5, tma=False, hi_lo=True, kv_lo=False)
+    else:
+        block_n = max(16, min(128, _pow2_floor(16 * 1024 // ((dk + dv) * kv_bytes))))
+        padded = dk != triton.next_power_of_2(dk) or dv != triton.next_power_of_2(dv)
+        cfg = dict(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=5, tma=False,
+                   hi_lo=True, kv_lo=False)  # fmt: skip
+    cfg.update(DECODE_OVERRIDE)
+    return cfg
+
+
+def prefill_config(dk_pad: int, dv_pad: int, q_bytes: int, tma_ok, fp8: bool = False) -> dict:
+    """Prefill launch (BLOCK_M queries x BLOCK_N keys). `tma_ok(block_n)` says whether K/V
+    tiles of that many keys can be TMA boxes (tiles inside one page); 128-key TMA tiles are
+    fastest, then 64-key TMA tiles, then 64-key pointer gathers (H200 measurements)."""
+    d = max(dk_pad, dv_pad)
+    if q_bytes >= 4:
+        cfg = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    elif fp8 and d <= 128:  # the upcasts need registers: 163 vs 150 TFLOP/s at 128 x 64
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+    elif d <= 128:
+        bn = 128 if tma_ok(128) else 64
+        cfg = dict(BLOCK_M=128, BLOCK_N=bn, num_warps=8, num_stages=3)
+    else:
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    cfg["tma"] = True
+    cfg["hi_lo"] = False
+    cfg["kv_lo"] = False
+    cfg.update(PREFILL_OVERRIDE)
+    return cfg
+
+
+def _quant_code(ka: KernelArgs, head_dim: int) -> int:
+    f = ka.quant_format
+    if f is None:
+        return Q_NONE
+    if f == "per_tensor":
+        return Q_TENSOR
+    if f == "blockwise":
+        return Q_TOKEN if ka.granularity in (0, head_dim) else Q_BLOCK
+    raise InvalidArgumentError(
+        f"mha: quant_format {f!r} is an MLA layout; mha reads plain, blockwise or per-tensor K/V"
+    )
+
+
+def _tma_ok(ka: KernelArgs, block_n: int) -> bool:
+    """A [BLOCK_N, D] TMA box of the [rows, heads * D] view is usable: tiles stay in one page,
+    D is a power of two <= 256, and the view is 16-byte aligned."""
+    r = ka.rows
+    d = r.shape[2]
+    elem = r.element_size()
+    return (
+        (ka.page_size == 0 or ka.page_size % block_n == 0)
+        and d == triton.next_power_of_2(d)
+        and d >= 16
+        and d <= 256
+        and r.stride(2) == 1
+        and r.stride(1) == d
+        and (r.stride(0) * elem) % 16 == 0
+        and r.data_ptr() % 16 == 0
+    )
+
+
+def _kv_launch_args(ka: KernelArgs, head_dim: int, tma_block_n: int | None) -> tuple[list, dict]:
+    """Positional args (base, stride_r, stride_h, lut, stride_lut, row_offsets, page_stride) and
+    the constexprs of one operand."""
+    r = ka.rows
+    check(r.stride(2) == 1, "K/V rows", "a last dim of stride 1", r.stride())
+    base = r
+    if tma_block_n is not None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        base = TensorDescriptor(
+            r, [r.shape[0], r.shape[1] * r.shape[2]], [r.stride(0), 1], [tma_block_n, r.shape[2]]
+        )
+    paged = ka.page_size > 0
+    lut = ka.lut if paged else ka.cache_lengths
+    off = ka.row_offsets if not paged else ka.cache_lengths
+    check(
+        (not paged) or (ka.lut is not None and ka.lut.dtype == torch.int32),
+        "lut",
+        "an int32 [batch, cols] lookup table",
+        None if ka.lut is None else ka.lut.dtype,
+    )
+    check(
+        paged or (ka.row_offsets is not None and ka.row_offsets.dtype == torch.int32),
+        "row_offsets",
+        "an int32 [batch] tensor",
+        None if ka.row_offsets is None else ka.row_offsets.dtype,
+    )
+    args = [
+        base,
+        r.stride(0),
+        r.stride(1),
+        lut,
+        lut.stride(0) if paged else 0,
+        off,
+        ka.page_stride_rows if paged else 0,
+    ]
+    quant = _quant_code(ka, head_dim)
+    e8m0 = False
+    scales, s_r, s_h = r, 0, 0
+    if quant in (Q_TOKEN, Q_BLOCK):
+        s = ka.scales
+        check(s is not None and s.ndim == 3, "scales", "a [rows, heads, n_scales] view", s)
+        check(s.stride(2) == 1, "scales", "a last dim of stride 1", s.stride())
+        e8m0 = s.dtype == torch.float8_e8m0fnu
+        check(
+            e8m0 or s.dtype == torch.float32,
+            "scales.dtype",
+            "float32 or float8_e8m0fnu",
+            s.dtype,
+        )
+        scales = s.view(torch.uint8) if e8m0 else s
+        s_r, s_h = s.stride(0), s.stride(1)
+    elif quant == Q_TENSOR:
+        check(
+            ka.scales is not None and ka.scales.numel() == 1 and ka.scales.dtype == torch.float32,
+            "scales",
+            "a one-element float32 per-tensor scale",
+            ka.scales,
+        )
+        scales = ka.scales
+    g = ka.granularity if quant == Q_BLOCK else head_dim
+    cx = dict(PAGE=ka.page_size, QUANT=quant, G=g, E8M0=e8m0, TMA=tma_block_n is not None)
+    return args + [scales, s_r, s_h], cx
+
+
+def _same_rows(ka: KernelArgs, va: KernelArgs, k_tma: bool, v_tma: bool) -> bool:
+    """K and V tiles share their physical rows (same lookup table / offsets and load kind)."""
+    if ka.page_size != va.page_size or k_tma != v_tma:
+        return False
+    if ka.page_size > 0:
+        return ka.lut is va.lut and ka.page_stride_rows == va.page_stride_rows
+    return ka.row_offsets is va.row_offsets
+
+
+def _mma_flags(cfg: dict, prec: str, kcx: dict, vcx: dict) -> dict:
+    """MMA operand constexprs.
+
+    MMA_F16: FP8 K and V with per-token / per-tensor scales run fp16 MMAs (e4m3 is exact in
+    fp16 and upcasts with one native cvt per pair; fp16 P keeps 11 bits, so no hi/lo split).
+    Otherwise cfg["hi_lo"] carries P, and cfg["kv_lo"] float32-scaled blockwise K/V, as
+    bf16/fp16 hi + lo pairs through the MMAs. Never for float32 inputs (IEEE dots)."""
+    fp8_cols = (Q_TENSOR, Q_TOKEN)
+    f16 = prec != "ieee" and kcx["QUANT"] in fp8_cols and vcx["QUANT"] in fp8_cols
+    f16 = f16 and cfg.get("mma_f16", True)
+    on = bool(cfg["hi_lo"]) and prec != "ieee"
+    kv_lo = bool(cfg.get("kv_lo", False)) and prec != "ieee"
+    return dict(
+        P_SPLIT=on and not f16,
+        MMA_F16=f16,
+        K_LO=kv_lo and kcx["QUANT"] == Q_BLOCK and not kcx["E8M0"],
+        V_LO=kv_lo and vcx["QUANT"] == Q_BLOCK and not vcx["E8M0"],
+    )
+
+
+def mha_triton(
+    q: torch.Tensor,
+    k: RowOperand,
+    v: RowOperand,
+    q_row_offsets: torch.Tensor,
+    *,
+    mask: Mask | None = None,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    num_partitions: int | torch.Tensor | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    max_q_len: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ragged queries over K/V operands (docs/ops.md `mha`).
+
+    q: [total_q, h_q, d_qk] bf16/fp16/fp32; q_row_offsets: [batch + 1] int32 (device).
+    k, v: operands with h_kv heads (h_q % h_kv == 0), head dims d_qk and d_v <= 256.
+    mask: None means causal(). scale: None means 1/sqrt(d_qk). sinks: [h_q] float32 logits.
+    num_partitions: split-K partitions of the decode path (int or a one-element host tensor).
+    max_q_len: optional host-known bound on q_len (e.g. max_lengths[step, 0]); 1 selects the
+      decode path. Without it, decode is taken iff q.shape[0] == batch.
+    Returns out [total_q, h_q, d_v] in q.dtype, and LSE [total_q, h_q] f32 if return_lse.
+    """
+    mask = causal() if mask is None else mask
+    check(q.ndim == 3, "q", "a [total_q, h_q, d] tensor", tuple(q.shape))
+    check(
+        q.dtype in (torch.bfloat16, torch.float16, torch.float32),
+        "q.dtype",
+        "bfloat16, float16 or float32",
+        q.dtype,
+    )
+    check(
+        q_row_offsets.ndim == 1 and q_row_offsets.dtype == torch.int32,
+        "q_row_offsets",
+        "a [batch + 1] int32 tensor",
+        f"{tuple(q_row_offsets.shape)} {q_row_offsets.dtype}",
+    )
+    ka, va = k.kernel_args(), v.kernel_args()
+    total_q, h_q, dk = q.shape
+    batch = q_row_offsets.shape[0] - 1
+    h_kv = ka.rows.shape[1]
+    dv = v.head_dim
+    check(k.head_dim == dk, "k.head_dim", f"q's head dim {dk}", k.head_dim)
+    check(va.rows.shape[1] == h_kv, "v heads", f"{h_kv} (K's heads)", va.rows.shape[1])
+    check(h_q % h_kv == 0, "q heads", f"a multiple of the KV heads {h_kv}", h_q)
+    check(dk <= 256 and dv <= 256, "head dims", "<= 256", (dk, dv))
+    check(
+        ka.cache_lengths.shape[0] == batch,
+        "cache_lengths",
+        f"[{batch}] (batch from q_row_offsets)",
+        tuple(ka.cache_lengths.shape),
+    )
+    group = h_q // h_kv
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty((total_q, h_q, dv), dtype=q.dtype, device=q.device)
+    else:
+        check(
+            out.shape == (total_q, h_q, dv) and out.dtype == q.dtype and out.stride(2) == 1,
+            "out",
+            f"a [{total_q}, {h_q}, {dv}] {q.dtype} tensor with a contiguous last dim",
+            f"{tuple(out.shape)} {out.dtype}",
+        )
+    lse = torch.empty((total_q, h_q), dtype=torch.float32, device=q.device) if return_lse else None
+    if total_q == 0 or batch == 0:
+        return (out, lse) if return_lse else out
+
+    if sinks is not None:
+        check(sinks.numel() == h_q, "sinks", f"[{h_q}] float32 logits", tuple(sinks.shape))
+        sinks = sinks.reshape(h_q).float().contiguous()
+    mask_t, stride_mt, mask_cols = q, 0, 0
+    if mask.kind == "tensor":
+        mask_t = mask.tensor
+        check(
+            mask_t.shape[0] == total_q and mask_t.device == q.device,
+            "mask.tensor",
+            f"a bool [{total_q}, max_keys] tensor on {q.device}",
+            tuple(mask_t.shape),
+        )
+        if mask_t.stride(1) != 1:
+            mask_t = mask_t.contiguous()
+        stride_mt, mask_cols = mask_t.stride(0), mask_t.shape[1]
+
+    sm_scale = (1.0 / math.sqrt(dk)) if scale is None else float(scale)
+    check(sm_scale > 0 and math.isfinite(sm_scale), "scale", "a finite float > 0", scale)
+    dkp = max(16, triton.next_power_of_2(dk))
+    dvp = max(16, triton.next_power_of_2(dv))
+    decode = (max_q_len == 1) if max_q_len is not None else (total_q == batch)
+    block_b = max(16, min(1024, triton.next_power_of_2(batch + 1)))
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    common_tail = [
+        ka.cache_lengths,
+        q_row_offsets,
+        batch,
+        sinks if sinks is not None else q,
+        mask_t,
+        stride_mt,
+        mask_cols,
+        mask.param,
+    ]
+
+    if decode:
+        kv_bytes = max(ka.rows.element_size(), va.rows.element_size())
+        if q.dtype == torch.float32:
+            kv_bytes = 4
+        kinds = {_quant_code(ka, dk), _quant_code(va, dv)}
+        if kinds <= {Q_TENSOR, Q_TOKEN} and q.dtype != torch.float32:
+            kv_kind = "fp8_cols"
+        elif Q_BLOCK in kinds:
+            kv_kind = "fp8_block"
+        else:
+            kv_kind = "plain"
+        cfg = decode_config(dk, dv, kv_bytes, kv_kind)
+        bn = cfg["BLOCK_N"]
+        k_tma = cfg["tma"] and _tma_ok(ka, bn)
+        v_tma = cfg["tma"] and _tma_ok(va, bn)
+        k_args, kcx = _kv_launch_args(ka, dk, bn if k_tma else None)
+        v_args, vcx = _kv_launch_args(va, dv, bn if v_tma else None)
+        if num_partitions is None:
+            bound = ka.lut.shape[1] * ka.page_size if ka.page_size > 0 else ka.rows.shape[0]
+            parts = mha_num_partitions(total_q, h_kv, 1, bound, num_sms(q.device))
+        else:
+            parts = int(num_partitions)
+        check(parts >= 1, "num_partitions", "an int >= 1", parts)
+        split = parts > 1
+        if split:
+            po = torch.empty((total_q, h_q, parts, dv), dtype=torch.float32, device=q.device)
+            pl = torch.empty((total_q, h_q, parts), dtype=torch.float32, device=q.device)
+        else:
+            po = pl = out
+        kv_args = [
+            k_args[0], k_args[1], k_args[2], k_args[3], k_args[4], k_args[5], k_args[6],
+            v_args[0], v_args[1], v_args[2], v_args[3], v_args[4], v_args[5], v_args[6],
+            k_args[7], k_args[8], k_args[9], v_args[7], v_args[8], v_args[9],
+        ]  # fmt: skip
+        _mha_decode_kernel[(total_q * parts * h_kv,)](
+            q, q.stride(0), q.stride(1),
+            *kv_args,
+            *common_tail,
+            out, out.stride(0), out.stride(1),
+            lse if lse is not None else out,
+            lse.stride(0) if lse is not None else 0,
+            lse.stride(1) if lse is not None else 0,
+            po, pl, parts, sm_scale * LOG2E_F,
+            H_KV=h_kv, GROUP=group, GP=max(16, triton.next_power_of_2(group)),
+            DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_N=bn,
+            K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, k_tma, v_tma),
+            K_QUANT=kcx["QUANT"], V_QUANT=vcx["QUANT"], KG=kcx["G"], VG=vcx["G"],
+            K_E8M0=kcx["E8M0"], V_E8M0=vcx["E8M0"], MASK=mask.code,
+            HAS_SINKS=sinks is not None and not split, SPLIT=split,
+            WRITE_LSE=lse is not None and not split,
+            K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **_mma_flags(cfg, prec, kcx, vcx),
+            BLOCK_B=block_b,
+            NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
+        )  # fmt: skip
+        if split:
+            combine_triton(po, pl, out, lse, sinks)
+    else:
+        cfg = prefill_config(
+            dkp,
+            dvp,
+            q.element_size(),
+            lambda bn: _tma_ok(ka, bn) and _tma_ok(va, bn),
+            fp8=ka.quant_format is not None or va.quant_format is not None,
+        )
+        bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+        k_tma = cfg["tma"] and _tma_ok(ka, bn)
+        v_tma = cfg["tma"] and _tma_ok(va, bn)
+        k_args, kcx = _kv_launch_args(ka, dk, bn if k_tma else None)
+        v_args, vcx = _kv_launch_args(va, dv, bn if v_tma else None)
+        kv_args = [
+            k_args[0], k_args[1], k_args[2], k_args[3], k_args[4], k_args[5], k_args[6],
+            v_args[0], v_args[1], v_args[2], v_args[3], v_args[4], v_args[5], v_args[6],
+            k_args[7], k_args[8], k_args[9], v_args[7], v_args[8], v_args[9],
+        ]  # fmt: skip
+        n_tiles = min(triton.cdiv(total_q, bm) + batch, total_q)
+        _mha_prefill_kernel[(n_tiles * h_q,)](
+            q, q.stride(0), q.stride(1),
+            *kv_args,
+            *common_tail,
+            out, out.stride(0), out.stride(1),
+            lse if lse is not None else out,
+            lse.stride(0) if lse is not None else 0,
+            lse.stride(1) if lse is not None else 0,
+            sm_scale * LOG2E_F,
+            H_Q=h_q, GROUP=group, DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_M=bm, BLOCK_N=bn,
+            K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, k_tma, v_tma),
+            K_QUANT=kcx["QUANT"], V_QUANT=vcx["QUANT"], KG=kcx["G"], VG=vcx["G"],
+            K_E8M0=kcx["E8M0"], V_E8M0=vcx["E8M0"], MASK=mask.code,
+            HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
+            REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
+            K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **_mma_flags(cfg, prec, kcx, vcx),
+            BLOCK_B=block_b,
+            NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
+        )  # fmt: skip
+    return (out, lse) if return_lse else out
