@@ -4,10 +4,13 @@ This is pure host arithmetic so that `PagedKVCacheManager.runtime_inputs` can fi
 `attention_dispatch_metadata` and `mla_num_partitions` before a (captured) launch; the kernels
 read the same numbers, so a CUDA graph and the kernel always agree.
 
-Heuristic (both MHA and MLA): a decode launch has `units` independent tiles (batch x KV-head
-groups); split K until there are about `WAVES` x the SM count of them, while each partition keeps
-at least `MIN_TOKENS_PER_PARTITION` keys so that the combine pass stays cheap. The constants come
-from the H100 sweep recorded in `bench/results/partitions_h100.json` (see docs/heuristics.md).
+Heuristic: a decode launch has `units` independent tiles (requests x KV-head groups); split
+each request's keys into P partitions so that `units * P` fills at most ONE wave of resident
+CTAs (`ctas_per_sm * SMs`), while each partition keeps >= `MIN_TOKENS_PER_PARTITION` keys.
+A partial second wave costs a whole tile time: measured on an H200 (2026-11-21, bench/
+gpu_mha_dev.py and bench/gpu_mla_dev.py), MHA decode b64 ctx4096 lost 13% at P=2 against P=1,
+and MLA b128 h_q 16 ran 0.561 ms at P=1 against 0.578 ms at P=3. Resident CTAs: the MHA decode
+kernel fits about 4 a SM (small 2-warp tiles); the MLA kernel 1 (about 230 KB of shared memory).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import math
 import torch
 
 DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device is visible (CPU, graph planning)
-WAVES = 2  # tiles per SM wanted: >= 2 hides the tail of uneven lengths
+MHA_CTAS_PER_SM = 4  # resident MHA decode CTAs a SM (2-4 warps, small tiles)
+MLA_CTAS_PER_SM = 1  # resident MLA decode CTAs a SM (shared memory bound)
 MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than it saves
 MAX_PARTITIONS = 64
 MLA_HEADS_PER_TILE = 64  # query heads of one MLA tile (one wgmma M)
@@ -31,12 +35,15 @@ def num_sms(device: torch.device | str | None = None) -> int:
     return DEFAULT_NUM_SMS
 
 
-def choose_num_partitions(units: int, max_cache_len: int, sms: int = DEFAULT_NUM_SMS) -> int:
-    """Split-K partitions for `units` independent tiles over `max_cache_len` keys."""
+def choose_num_partitions(
+    units: int, max_cache_len: int, sms: int = DEFAULT_NUM_SMS, ctas_per_sm: int = 1
+) -> int:
+    """Split-K partitions for `units` independent tiles over `max_cache_len` keys: the most
+    that still fit one wave of `ctas_per_sm * sms` CTAs (at least 1)."""
     units = max(int(units), 1)
     if max_cache_len <= MIN_TOKENS_PER_PARTITION:
         return 1
-    want = math.ceil(WAVES * sms / units)
+    want = (ctas_per_sm * sms) // units
     cap = max(1, max_cache_len // MIN_TOKENS_PER_PARTITION)
     return int(max(1, min(want, cap, MAX_PARTITIONS)))
 
@@ -47,7 +54,7 @@ def mha_num_partitions(
     """MHA: one tile per (request, KV head); prefill (prompt > 1) is not split."""
     if max_prompt_len > 1:
         return 1
-    return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms)
+    return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms, MHA_CTAS_PER_SM)
 
 
 def mla_num_partitions(
@@ -56,4 +63,4 @@ def mla_num_partitions(
     """MLA: one tile per (request, 64 query rows); query rows are heads x query tokens."""
     rows = num_q_heads * max(q_max_seq_len, 1)
     units = batch * math.ceil(rows / MLA_HEADS_PER_TILE)
-    return choose_num_partitions(units, max_cache_len, sms)
+    return choose_num_partitions(units, max_cache_len, sms, MLA_CTAS_PER_SM)

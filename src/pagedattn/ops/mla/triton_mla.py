@@ -1,7 +1,11 @@
 """MLA decode in Triton: dense or sparse, BF16 or FP8 caches, extra cache, sinks, split-K.
 
-Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). One kernel serves every case
-through compile-time specialisation.
+Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Two kernels:
+  - `_mla_decode_sm90` (Gluon, Hopper only): BF16, rope-aware and FlashMLA V32 caches with
+    d_qk 576, paged, without an extra cache. 64-row tiles (padded for small h_q), S split by
+    keys between two warpgroups, cp.async K ring. See its section below.
+  - `_mla_decode_kernel` (tl): every case, every GPU and Triton's CPU interpreter (CI); one
+    kernel specialised at compile time on format, mode and tile shape.
 
 Work decomposition
   - A tile is BM query rows of one request: rows are (query token, head) pairs, token-major.
@@ -29,12 +33,14 @@ FP8 caches are dequantized in the kernel; the query stays BF16:
 Invalid keys (past a length, masked by causality, invalid sparse indices, sentinel pages) are
 loaded from clamped in-bounds addresses with masked loads (value 0), and their scores are set to
 -inf with `tl.where`, so NaN in unreferenced cache slots never reaches the output.
+
+Loads are software-pipelined by hand (lookup-table / index loads two tiles ahead, K one tile
+ahead): Triton's own pipeliner serialises this loop (see `_attend`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -63,60 +69,9 @@ _FORMATS = {
 V32_ROW, MODEL1_DATA, MODEL1_ROW = 656, 576, 584
 
 
-def _install_interpreter_shim() -> None:
-    """Work around bugs of Triton 3.6's interpreter (TRITON_INTERPRET=1 only; compiled kernels
-    are untouched). Each patch is applied once, whoever (this module or the MHA kernels')
-    installs it first:
-    - scalar tensors become loop bounds through `int(array)`, which NumPy >= 2.4 refuses for
-      1-element arrays;
-    - `tl.dot` on bfloat16 multiplies the raw uint16 bit patterns: widen to float32 first
-      (exact; what the tensor cores do with bf16 inputs and an f32 accumulator);
-    - float32 -> bfloat16 casts truncate: round to nearest even as the GPU does."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import numpy as np
-    from triton.runtime import interpreter
+from .._triton_interpreter import install_interpreter_shim  # noqa: E402
 
-    if getattr(interpreter, "_pagedattn_mla_shim", False):
-        return
-    interpreter._pagedattn_mla_shim = True
-    if getattr(interpreter, "_pagedattn_shim", False):  # the MHA kernels' identical shim
-        return
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched_tensor(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    builder = interpreter.InterpreterBuilder
-    create_dot = builder.create_dot
-    cast_impl = builder.cast_impl
-
-    def widen(h):
-        if h.dtype.scalar != tl.bfloat16:
-            return h
-        bits = h.data.astype(np.uint32) << np.uint32(16)
-        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-
-    def patched_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    def patched_cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
-            rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
-            nan = np.isnan(src.data)
-            out = np.where(nan, (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
-            return interpreter.TensorHandle(out, tl.bfloat16)
-        return cast_impl(self, src, dst_type)
-
-    interpreter._patch_lang_tensor = patched_tensor
-    builder.create_dot = patched_dot
-    builder.cast_impl = patched_cast
-    interpreter._pagedattn_shim = True
-
-
-_install_interpreter_shim()
+install_interpreter_shim()
 
 
 # ------------------------------------------------------------------------------------------
@@ -141,7 +96,58 @@ def _load_scale(sc, off, mask, E8M0: tl.constexpr):
 
 
 @triton.jit
-def _load_kv_tile(
+def _tile_keys(start, hi, b, tok, lut, idx, lut_stride, page_size, idx_stride,
+               PAGED: tl.constexpr, SPARSE: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """The one global load of a tile's addressing: per key position in [start, start + BN),
+    its encoded sparse index (sparse), lookup-table page id (dense, paged) or position."""
+    pos = start + tl.arange(0, BN)
+    inb = pos < hi
+    if SPARSE:
+        key = tl.load(idx + tok * idx_stride + pos, mask=inb, other=-1)
+    elif PAGED:
+        key = tl.load(lut + b * lut_stride + pos // page_size, mask=inb, other=0)
+    else:
+        key = pos
+    return key
+
+
+@triton.jit
+def _tile_rows(start, hi, key, row_base, page_size, psr, n_enc, n_pages,
+               PAGED: tl.constexpr, SPARSE: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """Keys of a tile -> (pos, valid, rows, blk, off); no memory access.
+
+    rows: [BN] int64 physical rows, clamped in bounds for invalid keys; blk/off: page id and
+    offset in the page (paged operands). Sparse: an entry is valid iff pos < hi and
+    0 <= encoded < n_enc; dense: pos < hi (lookup-table ids are clamped to real pages).
+    """
+    pos = start + tl.arange(0, BN)
+    inb = pos < hi
+    if SPARSE:
+        valid = inb & (key >= 0) & (key < n_enc)
+        enc = tl.where(valid, key, 0)
+        if PAGED:
+            blk = enc // page_size
+            off = enc % page_size
+            rows = blk.to(tl.int64) * psr + off
+        else:
+            blk = enc
+            off = enc
+            rows = enc.to(tl.int64)
+    else:
+        valid = inb
+        if PAGED:
+            blk = tl.minimum(tl.maximum(key, 0), n_pages - 1)
+            off = pos % page_size
+            rows = blk.to(tl.int64) * psr + off
+        else:
+            blk = pos
+            off = pos
+            rows = row_base + tl.where(valid, pos, 0).to(tl.int64)
+    return pos, valid, rows, blk, off
+
+
+@triton.jit
+def _load_raw(
     kv,
     sc,
     rows,
@@ -163,106 +169,173 @@ def _load_kv_tile(
     E8M0: tl.constexpr,
     D_QK: tl.constexpr,
     BN: tl.constexpr,
-    DT: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
-    """One K tile in the compute dtype DT (q's: bf16 or fp16): (k_a [BN, 512] = dims 0..511 (also V), k_t [BN, 64] = dims
-    512..575 (only when D_QK == 576), s_tok [BN] f32 per-token scale (A_FOLD only)).
+    """Issue the loads of one K tile; returns its raw pieces (xa, sa, xt, st, xr):
 
-    rows: [BN] int64 physical rows (clamped, in bounds); blk/off: page id and offset (MODEL1).
-    Masked (invalid) rows load as 0.
+    xa [BN, NC, CW] dims 0..511 in storage dtype (NC * CW = 512); sa their float32 scales
+    ([BN, NC]; [BN, 512] per element in A_GATHER mode; ones for bf16); xt [BN, 64] dims
+    512..575 (D_QK == 576) in storage dtype, st their per-element scales ([BN, 64], blockwise
+    only); xr [BN, 64] bf16 rope placed in the last chunk (rope-aware d_qk 512, MODEL1).
+    Invalid rows load as 0 (masked loads at clamped addresses). ALIGN: every row starts on a
+    16-byte boundary (checked by the host), which lets the loads use 16-byte vectors.
     """
-    dA = tl.arange(0, 512)
+    c = tl.arange(0, NC)
+    j = tl.arange(0, CW)
     dT = tl.arange(0, 64)
     vm = valid[:, None]
-    s_tok = tl.full([BN], 1.0, tl.float32)
-    k_t = tl.zeros([BN, 64], DT)
-    if FMT == 0:  # plain bf16 rows of D_QK elements
-        base = rows * stride
-        k_a = tl.load(kv + base[:, None] + dA[None, :], mask=vm, other=0.0)
+    v3 = valid[:, None, None]
+    sa = tl.full([BN, NC], 1.0, tl.float32)
+    st = tl.full([BN, 1], 1.0, tl.float32)
+    xt = tl.zeros([BN, 64], tl.bfloat16)
+    xr = tl.zeros([BN, 64], tl.bfloat16)
+    cj = (c[:, None] * CW + j[None, :])[None, :, :]
+    base = rows * stride
+    rh = rows * stride_h
+    rq = rows * stride_q
+    if ALIGN:
+        base = tl.multiple_of(base, 16 // kv.dtype.element_ty.primitive_bitwidth * 8)
+        rh = tl.multiple_of(rh, 8)
+        rq = tl.multiple_of(rq, 4)
+    if FMT == 0:  # plain 16-bit rows of D_QK elements
+        xa = tl.load(kv + base[:, None, None] + cj, mask=v3, other=0.0)
         if D_QK == 576:
-            k_t = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
-    elif FMT == 1 or FMT == 2:  # e4m3 rows of D_QK elements + scale buffer / scalar
-        base = rows * stride
+            xt = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
+    elif FMT == 1 or FMT == 2:  # e4m3 rows of D_QK elements + scale buffer / one scale
+        xa = tl.load(kv + base[:, None, None] + cj, mask=v3, other=0.0)
+        if D_QK == 576:
+            xt = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
         if FMT == 2:
-            s_tok = tl.zeros([BN], tl.float32) + tl.load(sc)
-        if AMODE == 1:
-            if FMT == 1:
-                s_tok = _load_scale(sc, rows * sc_stride, valid, E8M0)
-            k_a = tl.load(kv + base[:, None] + dA[None, :], mask=vm, other=0.0).to(DT)
-            if D_QK == 576:
-                k_t = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
-                k_t = k_t.to(DT)
+            sa = tl.zeros([BN, 1], tl.float32) + tl.load(sc)
+        elif AMODE == 1:
+            sa = _load_scale(sc, (rows * sc_stride)[:, None], vm, E8M0)
+        elif AMODE == 2:
+            sa = _load_scale(sc, rows[:, None] * sc_stride + c[None, :], vm, E8M0)
         else:
-            if AMODE == 2:
-                c = tl.arange(0, NC)
-                j = tl.arange(0, CW)
-                o3 = base[:, None, None] + (c[:, None] * CW + j[None, :])[None, :, :]
-                x = tl.load(kv + o3, mask=valid[:, None, None], other=0.0).to(tl.float32)
-                s3 = _load_scale(sc, rows[:, None] * sc_stride + c[None, :], vm, E8M0)
-                k_a = tl.reshape((x * s3[:, :, None]).to(DT), [BN, 512])
-            else:
-                x = tl.load(kv + base[:, None] + dA[None, :], mask=vm, other=0.0).to(tl.float32)
-                sa = _load_scale(sc, rows[:, None] * sc_stride + (dA // G)[None, :], vm, E8M0)
-                k_a = (x * sa).to(DT)
-            if D_QK == 576:
-                x = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
-                st = _load_scale(
-                    sc, rows[:, None] * sc_stride + ((512 + dT) // G)[None, :], vm, E8M0
-                )
-                k_t = (x.to(tl.float32) * st).to(DT)
+            dA = tl.arange(0, 512)
+            sa = _load_scale(sc, rows[:, None] * sc_stride + (dA // G)[None, :], vm, E8M0)
+        if D_QK == 576 and AMODE != 1 and FMT == 1:
+            st = _load_scale(sc, rows[:, None] * sc_stride + ((512 + dT) // G)[None, :], vm, E8M0)
     elif FMT == 3:  # rope-aware: (D_QK-64) e4m3 + 64 bf16, one f32 scale per token
         kv8 = kv.to(tl.pointer_type(tl.float8e4nv))
-        kv16 = kv.to(tl.pointer_type(DT))
-        base = rows * stride
-        s_tok = tl.load(sc + rows * sc_stride, mask=valid, other=0.0)
+        kv16 = kv.to(tl.pointer_type(tl.bfloat16))
+        sa = tl.load(sc + (rows * sc_stride)[:, None], mask=vm, other=0.0)
         if D_QK == 576:
-            k_a = tl.load(kv8 + base[:, None] + dA[None, :], mask=vm, other=0.0).to(DT)
-            k_t = tl.load(kv16 + (rows * stride_h + 256)[:, None] + dT[None, :], mask=vm, other=0.0)
-        else:  # 448 e4m3 + 64 bf16: chunk 7 of 8 is the rope
-            c = tl.arange(0, 8)
-            j = tl.arange(0, 64)
-            o3 = base[:, None, None] + (c[:, None] * 64 + j[None, :])[None, :, :]
-            lat = (c < 7)[None, :, None]
-            x = tl.load(kv8 + o3, mask=valid[:, None, None] & lat, other=0.0).to(tl.float32)
-            x = x * s_tok[:, None, None]
-            rope = tl.load(kv16 + (rows * stride_h + 224)[:, None] + j[None, :], mask=vm, other=0.0)
-            x = tl.where(lat, x, rope.to(tl.float32)[:, None, :])
-            k_a = tl.reshape(x.to(DT), [BN, 512])
-            s_tok = tl.full([BN], 1.0, tl.float32)
+            xa = tl.load(kv8 + base[:, None, None] + cj, mask=v3, other=0.0)
+            xt = tl.load(kv16 + (rh + 256)[:, None] + dT[None, :], mask=vm, other=0.0)
+        else:  # 448 e4m3 in chunks 0..6 of 64, the rope is chunk 7
+            lat = (c < NC - 1)[None, :, None]
+            xa = tl.load(kv8 + base[:, None, None] + cj, mask=v3 & lat, other=0.0)
+            xr = tl.load(kv16 + (rh + 224)[:, None] + j[None, :], mask=vm, other=0.0)
     elif FMT == 4:  # FlashMLA V32: 512 e4m3 | 4 f32 scales (one per 128) | 64 bf16
         kv8 = kv.to(tl.pointer_type(tl.float8e4nv))
-        kv16 = kv.to(tl.pointer_type(DT))
+        kv16 = kv.to(tl.pointer_type(tl.bfloat16))
         kv32 = kv.to(tl.pointer_type(tl.float32))
-        base = rows * stride
-        c = tl.arange(0, 4)
-        j = tl.arange(0, 128)
-        o3 = base[:, None, None] + (c[:, None] * 128 + j[None, :])[None, :, :]
-        x = tl.load(kv8 + o3, mask=valid[:, None, None], other=0.0).to(tl.float32)
-        s3 = tl.load(kv32 + (rows * stride_q + 128)[:, None] + c[None, :], mask=vm, other=0.0)
-        k_a = tl.reshape((x * s3[:, :, None]).to(DT), [BN, 512])
-        k_t = tl.load(kv16 + (rows * stride_h + 264)[:, None] + dT[None, :], mask=vm, other=0.0)
+        xa = tl.load(kv8 + base[:, None, None] + cj, mask=v3, other=0.0)
+        sa = tl.load(kv32 + (rq + 128)[:, None] + c[None, :], mask=vm, other=0.0)
+        xt = tl.load(kv16 + (rh + 264)[:, None] + dT[None, :], mask=vm, other=0.0)
     else:  # FlashMLA MODEL1 page: per token 448 e4m3 | 64 bf16; trailer of 8 B (7 e8m0) a token
         kv8 = kv.to(tl.pointer_type(tl.float8e4nv))
-        kv16 = kv.to(tl.pointer_type(DT))
+        kv16 = kv.to(tl.pointer_type(tl.bfloat16))
         kvu = kv.to(tl.pointer_type(tl.uint8))
         b64 = blk.to(tl.int64)
         o64 = off.to(tl.int64)
         data = b64 * psb + o64 * 576
-        c = tl.arange(0, 8)
-        j = tl.arange(0, 64)
-        lat = (c < 7)[None, :]
-        o3 = data[:, None, None] + (c[:, None] * 64 + j[None, :])[None, :, :]
-        x = tl.load(kv8 + o3, mask=valid[:, None, None] & lat[:, :, None], other=0.0)
+        dh = b64 * psb_h + o64 * 288
+        if ALIGN:
+            data = tl.multiple_of(data, 16)
+            dh = tl.multiple_of(dh, 8)
+        lat = (c < NC - 1)[None, :]
+        xa = tl.load(kv8 + data[:, None, None] + cj, mask=v3 & lat[:, :, None], other=0.0)
         soff = (b64 * psb + page_size * 576 + o64 * 8)[:, None] + c[None, :]
-        e = tl.load(kvu + soff, mask=vm & lat, other=127)
-        s3 = _e8m0_to_f32(e)
-        x = x.to(tl.float32) * s3[:, :, None]
-        rope = tl.load(
-            kv16 + (b64 * psb_h + o64 * 288 + 224)[:, None] + j[None, :], mask=vm, other=0.0
-        )
-        x = tl.where(lat[:, :, None], x, rope.to(tl.float32)[:, None, :])
+        sa = _e8m0_to_f32(tl.load(kvu + soff, mask=vm & lat, other=127))
+        xr = tl.load(kv16 + (dh + 224)[:, None] + j[None, :], mask=vm, other=0.0)
+    return xa, sa, xt, st, xr
+
+
+@triton.jit
+def _finish(
+    xa,
+    sa,
+    xt,
+    st,
+    xr,
+    FMT: tl.constexpr,
+    AMODE: tl.constexpr,
+    NC: tl.constexpr,
+    D_QK: tl.constexpr,
+    BN: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """Raw tile pieces -> (k_a [BN, 512] DT (also V), k_t [BN, 64] DT, s_tok [BN] f32).
+
+    A_FOLD leaves the per-token scale out of K (s_tok is applied to S and P instead); the
+    other FP8 modes scale in float32 and round to DT once."""
+    s_tok = tl.full([BN], 1.0, tl.float32)
+    k_t = xt.to(DT)
+    if AMODE == 0:
+        k_a = tl.reshape(xa, [BN, 512]).to(DT)
+    elif AMODE == 1:
+        k_a = tl.reshape(xa, [BN, 512]).to(DT)
+        s_tok = tl.reshape(sa, [BN])
+    elif AMODE == 2:
+        x = xa.to(tl.float32) * sa[:, :, None]
+        if FMT == 5 or (FMT == 3 and D_QK == 512):
+            c = tl.arange(0, NC)
+            x = tl.where((c == NC - 1)[None, :, None], xr.to(tl.float32)[:, None, :], x)
         k_a = tl.reshape(x.to(DT), [BN, 512])
+    else:
+        k_a = (tl.reshape(xa, [BN, 512]).to(tl.float32) * sa).to(DT)
+    if D_QK == 576 and FMT == 1 and AMODE != 1:
+        k_t = (xt.to(tl.float32) * st).to(DT)
     return k_a, k_t, s_tok
+
+
+@triton.jit
+def _update(
+    acc,
+    m_i,
+    l_i,
+    q_a,
+    q_t,
+    k_a,
+    k_t,
+    s_tok,
+    pos,
+    valid,
+    row_lim,
+    qk_scale,
+    AMODE: tl.constexpr,
+    FOLD_T: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    D_QK: tl.constexpr,
+):
+    """One online-softmax step over a K tile (scores in log2 units)."""
+    s = tl.dot(q_a, tl.trans(k_a))
+    if AMODE == 1:
+        if D_QK == 576:
+            if FOLD_T:
+                s = (s + tl.dot(q_t, tl.trans(k_t))) * s_tok[None, :]
+            else:
+                s = s * s_tok[None, :] + tl.dot(q_t, tl.trans(k_t))
+        else:
+            s = s * s_tok[None, :]
+    elif D_QK == 576:
+        s = s + tl.dot(q_t, tl.trans(k_t))
+    keep = valid[None, :]
+    if CAUSAL:
+        keep = keep & (pos[None, :] < row_lim[:, None])
+    s = tl.where(keep, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if AMODE == 1:
+        p = p * s_tok[None, :]
+    acc = tl.dot(p.to(k_a.dtype), k_a, acc)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -308,67 +381,67 @@ def _attend(
     D_QK: tl.constexpr,
     BN: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Online softmax over key positions [lo, hi) of one operand; returns (acc, m, l).
 
-    Scores are kept in log2 units (qk_scale = softmax scale * log2 e). row_lim [BM]: causal
-    key limit of each row (dense + CAUSAL only).
+    PREFETCH=True (default): a hand-made software pipeline in registers. Triton's own
+    pipeliner (PREFETCH=False) serialises this loop: the K addresses come from a lookup-table
+    or index load, its cp.async wait covers every outstanding copy (wait_group 0) and the next
+    copies are issued after the dots, so no load overlaps compute; it also stages no FP8 tile
+    (those are converted before the dot).
+    row_lim [BM]: causal key limit of each row (dense + CAUSAL only).
     """
-    for start in tl.range(lo, hi, BN, num_stages=NUM_STAGES):
-        pos = start + tl.arange(0, BN)
-        inb = pos < hi
-        if SPARSE:
-            enc = tl.load(idx + tok * idx_stride + pos, mask=inb, other=-1)
-            valid = inb & (enc >= 0) & (enc < n_enc)
-            enc = tl.where(valid, enc, 0)
-            if PAGED:
-                blk = enc // page_size
-                off = enc % page_size
-                rows = blk.to(tl.int64) * psr + off
-            else:
-                blk = enc
-                off = enc
-                rows = enc.to(tl.int64)
-        else:
-            valid = inb
-            if PAGED:
-                blk = tl.load(lut + b * lut_stride + pos // page_size, mask=valid, other=0)
-                blk = tl.minimum(tl.maximum(blk, 0), n_pages - 1)
-                off = pos % page_size
-                rows = blk.to(tl.int64) * psr + off
-            else:
-                blk = pos
-                off = pos
-                rows = row_base + tl.where(valid, pos, 0).to(tl.int64)
-        k_a, k_t, s_tok = _load_kv_tile(
-            kv, sc, rows, blk, off, valid, stride, stride_h, stride_q, sc_stride,
-            page_size, psb, psb_h, FMT, AMODE, NC, CW, G, E8M0, D_QK, BN, q_a.dtype,
+    DT = q_a.dtype
+    if PREFETCH:
+        # Software pipeline by hand: keys (the lookup-table / index load) two tiles ahead,
+        # K tile data one tile ahead, both in registers, so neither latency is exposed.
+        key = _tile_keys(lo, hi, b, tok, lut, idx, lut_stride, page_size, idx_stride,
+                         PAGED, SPARSE, BN)  # fmt: skip
+        key_n = _tile_keys(lo + BN, hi, b, tok, lut, idx, lut_stride, page_size, idx_stride,
+                           PAGED, SPARSE, BN)  # fmt: skip
+        pos, valid, rows, blk, off = _tile_rows(
+            lo, hi, key, row_base, page_size, psr, n_enc, n_pages, PAGED, SPARSE, BN
+        )
+        xa, sa, xt, st, xr = _load_raw(
+            kv, sc, rows, blk, off, valid, stride, stride_h, stride_q, sc_stride, page_size,
+            psb, psb_h, FMT, AMODE, NC, CW, G, E8M0, D_QK, BN, ALIGN,
         )  # fmt: skip
-        s = tl.dot(q_a, tl.trans(k_a))
-        if AMODE == 1:
-            if D_QK == 576:
-                if FOLD_T:
-                    s = (s + tl.dot(q_t, tl.trans(k_t))) * s_tok[None, :]
-                else:
-                    s = s * s_tok[None, :] + tl.dot(q_t, tl.trans(k_t))
-            else:
-                s = s * s_tok[None, :]
-        elif D_QK == 576:
-            s = s + tl.dot(q_t, tl.trans(k_t))
-        keep = valid[None, :]
-        if CAUSAL:
-            keep = keep & (pos[None, :] < row_lim[:, None])
-        s = tl.where(keep, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if AMODE == 1:
-            p = p * s_tok[None, :]
-        acc = tl.dot(p.to(k_a.dtype), k_a, acc)
-        m_i = m_new
+        for start in tl.range(lo, hi, BN, num_stages=1):
+            key_nn = _tile_keys(start + 2 * BN, hi, b, tok, lut, idx, lut_stride, page_size,
+                                idx_stride, PAGED, SPARSE, BN)  # fmt: skip
+            pos_n, valid_n, rows_n, blk_n, off_n = _tile_rows(
+                start + BN, hi, key_n, row_base, page_size, psr, n_enc, n_pages, PAGED,
+                SPARSE, BN,
+            )  # fmt: skip
+            xa_n, sa_n, xt_n, st_n, xr_n = _load_raw(
+                kv, sc, rows_n, blk_n, off_n, valid_n, stride, stride_h, stride_q, sc_stride,
+                page_size, psb, psb_h, FMT, AMODE, NC, CW, G, E8M0, D_QK, BN, ALIGN,
+            )  # fmt: skip
+            k_a, k_t, s_tok = _finish(xa, sa, xt, st, xr, FMT, AMODE, NC, D_QK, BN, DT)
+            acc, m_i, l_i = _update(
+                acc, m_i, l_i, q_a, q_t, k_a, k_t, s_tok, pos, valid, row_lim, qk_scale,
+                AMODE, FOLD_T, CAUSAL, D_QK,
+            )  # fmt: skip
+            pos, valid, xa, sa, xt, st, xr = pos_n, valid_n, xa_n, sa_n, xt_n, st_n, xr_n
+            key_n = key_nn
+    else:
+        for start in tl.range(lo, hi, BN, num_stages=NUM_STAGES):
+            key = _tile_keys(start, hi, b, tok, lut, idx, lut_stride, page_size, idx_stride,
+                             PAGED, SPARSE, BN)  # fmt: skip
+            pos, valid, rows, blk, off = _tile_rows(
+                start, hi, key, row_base, page_size, psr, n_enc, n_pages, PAGED, SPARSE, BN
+            )
+            xa, sa, xt, st, xr = _load_raw(
+                kv, sc, rows, blk, off, valid, stride, stride_h, stride_q, sc_stride,
+                page_size, psb, psb_h, FMT, AMODE, NC, CW, G, E8M0, D_QK, BN, ALIGN,
+            )  # fmt: skip
+            k_a, k_t, s_tok = _finish(xa, sa, xt, st, xr, FMT, AMODE, NC, D_QK, BN, DT)
+            acc, m_i, l_i = _update(
+                acc, m_i, l_i, q_a, q_t, k_a, k_t, s_tok, pos, valid, row_lim, qk_scale,
+                AMODE, FOLD_T, CAUSAL, D_QK,
+            )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -462,6 +535,10 @@ def _mla_decode_kernel(
     X_HAS_TOPK: tl.constexpr,
     X_TOPK_TOK: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    K_PREFETCH: tl.constexpr,
+    X_PREFETCH: tl.constexpr,
+    K_ALIGN: tl.constexpr,
+    X_ALIGN: tl.constexpr,
 ):
     """One (tile, partition): BM (token, head) rows of one request over one key partition."""
     pid = tl.program_id(0)
@@ -547,7 +624,7 @@ def _mla_decode_kernel(
         K, K_SC, K_LUT, K_IDX, row_base, K_stride, K_stride_h, K_stride_q, K_sc_stride,
         K_lut_stride, K_ps, K_psr, K_psb, K_psb_h, K_nenc, K_npages, K_idx_stride,
         K_FMT, K_AMODE, K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED, K_SPARSE,
-        CAUSAL and not K_SPARSE, D_QK, BN, NUM_STAGES,
+        CAUSAL and not K_SPARSE, D_QK, BN, NUM_STAGES, K_PREFETCH, K_ALIGN,
     )  # fmt: skip
     if HAS_X:
         x_lo = tl.maximum(lo - n_main, 0)
@@ -557,7 +634,7 @@ def _mla_decode_kernel(
             X, X_SC, X, X_IDX, 0, X_stride, X_stride_h, X_stride_q, X_sc_stride,
             0, X_ps, X_psr, X_psb, X_psb_h, X_nenc, 1, X_idx_stride,
             X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G, X_E8M0, X_PAGED, True,
-            False, D_QK, BN, NUM_STAGES,
+            False, D_QK, BN, NUM_STAGES, X_PREFETCH, X_ALIGN,
         )  # fmt: skip
 
     # Epilogue.
@@ -585,11 +662,408 @@ def _mla_decode_kernel(
 
 
 # ------------------------------------------------------------------------------------------
+# Hopper (sm_90) fast path for 64-row tiles: Gluon
+# ------------------------------------------------------------------------------------------
+# Triton's tl.dot gives the S = Q K^T product of a chained attention loop all warps along M
+# ([num_warps, 1]); with 64 rows and 8 warps (needed: the 64 x 512 accumulator takes 128
+# registers a thread with 8 warps) both warpgroups then compute the whole S tile, with n16/n32
+# wgmma instructions whose A operand (Q) is re-read from shared memory, so S costs 2-3x its
+# FLOPs. This kernel lays the work out explicitly: S split by keys between the warpgroups,
+# P exchanged through shared memory, O split by columns. Used for BF16, rope-aware and V32
+# caches (d_qk 576, paged, no extra cache) on sm_90 for every h_q (small h_q is padded to 64
+# rows: the padded MMA work is cheaper than the tl kernel's serialised loads); everything else
+# uses the tl kernel. Measured on an H200 (bench/gpu_mla_dev.py): dense bf16 h_q 128 at 366
+# TFLOP/s vs 164 for the tl kernel; S (n32 wgmma, A re-read per instruction) is still
+# shared-memory bound, and one CTA per SM (230 KB of shared memory) leaves 2 stages.
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    _HAS_GLUON = True
+except ImportError:  # pragma: no cover - older Triton
+    _HAS_GLUON = False
+
+if _HAS_GLUON:
+
+    @gluon.jit
+    def _g_keys(start, hi, b, tok, LUT, IDX, lut_stride, ps, idx_stride,
+                SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+        """The global load of a tile's addressing (index or page id), issued ahead."""
+        pos = start + gl.arange(0, BN, layout=row_l)
+        inb = pos < hi
+        if SPARSE:
+            key = gl.load(IDX + tok * idx_stride + pos, mask=inb, other=-1)
+        else:
+            key = gl.load(LUT + b * lut_stride + pos // ps, mask=inb, other=0)
+        return key
+
+    @gluon.jit
+    def _g_rows(start, hi, key, ps, psr, n_enc, n_pages,
+                SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+        """Physical rows (int64, clamped) and validity of key positions [start, start + BN)."""
+        pos = start + gl.arange(0, BN, layout=row_l)
+        inb = pos < hi
+        if SPARSE:
+            valid = inb & (key >= 0) & (key < n_enc)
+            enc = gl.where(valid, key, 0)
+            rows = (enc // ps).to(gl.int64) * psr + enc % ps
+        else:
+            valid = inb
+            blk = gl.minimum(gl.maximum(key, 0), n_pages - 1)
+            rows = blk.to(gl.int64) * psr + pos % ps
+        return rows, valid
+
+    @gluon.jit
+    def _g_issue_main(
+        k_main,
+        k_sc,
+        stage,
+        rows,
+        valid,
+        K,
+        SC,
+        stride,
+        stride_q,
+        sc_stride,
+        FMT: gl.constexpr,
+        ld_l: gl.constexpr,
+    ):
+        """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`."""
+        if FMT == 0:
+            dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+            ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + dA[None, :]
+            cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=valid[:, None])
+        else:
+            # 16 e4m3 (16 B) a thread and copy.
+            ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])
+            r8 = gl.convert_layout(rows, gl.SliceLayout(1, ld8_l))
+            v8 = gl.convert_layout(valid, gl.SliceLayout(1, ld8_l))
+            d8 = gl.arange(0, 512, layout=gl.SliceLayout(0, ld8_l))
+            k8 = K.to(gl.pointer_type(gl.float8e4nv))
+            ptr = k8 + gl.multiple_of(r8 * stride, 16)[:, None] + d8[None, :]
+            cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=v8[:, None])
+            if FMT == 4:  # V32: 4 f32 scales at byte 512 of the row
+                s4_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [8, 1], [1, 0])
+                rs = gl.convert_layout(rows, gl.SliceLayout(1, s4_l))
+                vs = gl.convert_layout(valid, gl.SliceLayout(1, s4_l))
+                c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, s4_l))
+                k32 = K.to(gl.pointer_type(gl.float32))
+                ptr = k32 + (gl.multiple_of(rs * stride_q, 4) + 128)[:, None] + c4[None, :]
+                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+            else:  # rope-aware: one f32 scale per token in the scale buffer
+                s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, 4], [1, 0])
+                rs = gl.convert_layout(rows, gl.SliceLayout(1, s1_l))
+                vs = gl.convert_layout(valid, gl.SliceLayout(1, s1_l))
+                c1 = gl.arange(0, 1, layout=gl.SliceLayout(0, s1_l))
+                ptr = SC + (rs * sc_stride)[:, None] + c1[None, :]
+                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+
+    @gluon.jit
+    def _g_issue_rope(
+        k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr
+    ):
+        """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer)."""
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        if FMT == 0:
+            ptr = K + (gl.multiple_of(rows * stride, 8) + 512)[:, None] + dT[None, :]
+        else:
+            k16 = K.to(gl.pointer_type(gl.bfloat16))
+            off = 256 if FMT == 3 else 264
+            ptr = k16 + (gl.multiple_of(rows * stride_h, 8) + off)[:, None] + dT[None, :]
+        cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
+
+    @gluon.jit
+    def _mla_decode_sm90(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr,
+    ):  # fmt: skip
+        """64 query rows (heads of a token, or of up to 64 // h_q tokens; padded) x one key
+        partition, 8 warps = 2 warpgroups. S = Q K^T is split by keys between the warpgroups
+        (BN / 2 each, no duplicated work); P goes through shared memory; O [64, 512] is split by
+        columns (256 each). K tiles of BN keys are gathered with cp.async into an NBUF-deep ring
+        (NBUF - 1 tiles in flight while one is computed); the lookup-table / index load of a tile
+        is issued one iteration before its copies. FP8 tiles are staged raw and dequantized to
+        bf16 in shared memory (per-token scales are folded into S and P instead)."""
+        BM: gl.constexpr = 64
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+        )
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+        cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=16, per_phase=1, max_phase=8, order=[1, 0]
+        )
+        pl_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        NSC: gl.constexpr = 4 if FMT == 4 else 1
+
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        ob = gl.arange(0, B_P2, layout=one_l)
+        offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
+        b = gl.sum((offs <= t).to(gl.int32), 0) - 1
+        live = b < batch
+        q_start = gl.load(QOFF + gl.minimum(b, batch))
+        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
+        q_start = gl.where(live, q_start, t)
+        q_end = gl.where(live, q_end, t + 1)
+        i0 = t - q_start
+        leader = (i0 % TPT) == 0
+        q_len = gl.where(leader, q_end - q_start, 0)
+
+        # Shared memory: Q, the K ring (+ its validity masks), P.
+        q_lat = gl.allocate_shared_memory(gl.bfloat16, [BM, 512], sm_l)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BM, 64], sm_l)
+        p_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=min(128, 2 * BN), element_bitwidth=16, rank=2
+        )
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], p_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], sm_l)
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
+        if FMT == 0:
+            k_main = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 512], sm_l)
+            k_sc = p_smem  # unused
+            k_bf = p_smem  # unused
+        else:
+            k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
+            k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN, NSC], pl_l)
+            k_bf = gl.allocate_shared_memory(gl.bfloat16, [BN, 512], sm_l)
+        # Zero the ring once: a masked (not copied) lane can never leave NaN behind.
+        for i in gl.static_range(NBUF):
+            if FMT == 0:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
+            else:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
+            k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+
+        rq = gl.arange(0, BM, layout=row_l)
+        tq = rq // HPT
+        head = hb * HPT + rq % HPT
+        row_ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
+        q_tok = gl.where(row_ok, t + tq, t).to(gl.int64)
+        qp = Q + q_tok * stride_qt + gl.where(row_ok, head, 0).to(gl.int64) * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        q_lat.store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
+        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+
+        # Key range of this partition.
+        cache_len = gl.load(K_CL + b, mask=live, other=0)
+        if SPARSE:
+            n_main = K_idx_len
+            if HAS_TOPK:
+                if TOPK_TOK:
+                    n_main = gl.load(K_TOPK + t)
+                else:
+                    n_main = gl.load(K_TOPK + b, mask=live, other=0)
+                n_main = gl.minimum(gl.maximum(n_main, 0), K_idx_len)
+            main_lim = n_main
+        else:
+            n_main = cache_len + q_len
+            if CAUSAL:
+                main_lim = gl.minimum(cache_len + i0 + TPT, n_main)
+            else:
+                main_lim = n_main
+        n_main = gl.where(live, n_main, 0)
+        main_lim = gl.where(live & leader, main_lim, 0)
+        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
+        lo = part * chunk
+        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+
+        rs = gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
+        tqs = rs // HPT
+        rows_ok_s = (tqs < TPT) & (i0 + tqs < q_len) & (hb * HPT + rs % HPT < H_Q)
+        row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
+        kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+
+        acc = gl.zeros([BM, 512], gl.float32, o_l)
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_l))
+        zero_s = gl.zeros([BM, BN], gl.float32, s_l)
+
+        # Prologue: tiles 0 .. NBUF-2 in flight; keys of tile NBUF-1 loaded.
+        key = _g_keys(
+            lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN, row_l
+        )
+        for i in gl.static_range(NBUF - 1):
+            key_next = _g_keys(
+                lo + (i + 1) * BN,
+                hi,
+                b,
+                t,
+                K_LUT,
+                K_IDX,
+                K_lut_stride,
+                K_ps,
+                K_idx_stride,
+                SPARSE,
+                BN,
+                row_l,
+            )
+            rows, valid = _g_rows(
+                lo + i * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
+            )
+            _g_issue_main(
+                k_main, k_sc, i, rows, valid, K, K_SC, K_stride, K_stride_q, K_sc_stride, FMT, ld_l
+            )
+            _g_issue_rope(k_rope.index(i), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+            vbuf.index(i).store(valid.to(gl.int32))
+            cp.commit_group()
+            key = key_next
+
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        for it in range(n_it):
+            st = it % NBUF
+            ist = (it + NBUF - 1) % NBUF
+            start = lo + it * BN
+            # Issue tile it + NBUF - 1 (its keys arrived during the previous iteration) and load
+            # the keys of tile it + NBUF.
+            key_next = _g_keys(
+                start + NBUF * BN,
+                hi,
+                b,
+                t,
+                K_LUT,
+                K_IDX,
+                K_lut_stride,
+                K_ps,
+                K_idx_stride,
+                SPARSE,
+                BN,
+                row_l,
+            )
+            rows, valid = _g_rows(
+                start + (NBUF - 1) * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
+            )
+            _g_issue_main(
+                k_main,
+                k_sc,
+                ist,
+                rows,
+                valid,
+                K,
+                K_SC,
+                K_stride,
+                K_stride_q,
+                K_sc_stride,
+                FMT,
+                ld_l,
+            )
+            _g_issue_rope(k_rope.index(ist), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+            vbuf.index(ist).store(valid.to(gl.int32))
+            cp.commit_group()
+            key = key_next
+            cp.wait_group(NBUF - 1)  # tile it has landed
+            fence_async_shared()
+            gl.thread_barrier()
+            if FMT == 0:
+                kl = k_main.index(st)
+            else:
+                x = k_main.index(st).load(cv_l)
+                if FMT == 4:
+                    xf = gl.reshape(x.to(gl.float32), [BN, 4, 128])
+                    sc = k_sc.index(st).load(gl.SliceLayout(2, xf.type.layout))
+                    xb = gl.reshape((xf * sc[:, :, None]).to(gl.bfloat16), [BN, 512])
+                else:
+                    xb = x.to(gl.bfloat16)
+                k_bf.store(xb)
+                fence_async_shared()
+                gl.thread_barrier()
+                kl = k_bf
+            s = warpgroup_mma(q_lat, kl.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if FMT == 3:  # per-token scale folded into the latent part of S (and into P)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                s_tok = k_sc.index(st).load(gl.BlockedLayout([1, 1], [32, 1], [2, 4], [1, 0]))
+                s_tok = gl.convert_layout(gl.reshape(s_tok, [BN]), gl.SliceLayout(0, s_l))
+                s = s * s_tok[None, :]
+            s = warpgroup_mma(q_rope, k_rope.index(st).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            keep = vbuf.index(st).load(gl.SliceLayout(0, s_l))[None, :] != 0
+            if CAUSAL and not SPARSE:
+                keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
+            s = gl.where(keep, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            if FMT == 3:
+                p = p * s_tok[None, :]
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(p_smem, kl, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the stage and P may be overwritten from here on
+        cp.wait_group(0)
+
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        inv = gl.where(seen, 1.0 / l_safe, 0.0)
+        ro = gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
+        tqo = ro // HPT
+        heado = hb * HPT + ro % HPT
+        row_ok_o = (tqo < TPT) & (i0 + tqo < q_len) & (heado < H_Q)
+        tok_o = gl.where(row_ok_o, t + tqo, t).to(gl.int64)
+        head_o = gl.where(row_ok_o, heado, 0).to(gl.int64)
+        do = gl.arange(0, 512, layout=gl.SliceLayout(0, o_l))
+        smask = row_ok_o[:, None] & (do < D_V)[None, :]
+        if not SPLIT:
+            if HAS_SINK:
+                hs = gl.where(rows_ok_s, hb * HPT + rs % HPT, 0)
+                sink = gl.load(SINK + hs, mask=rows_ok_s, other=0.0)
+                m_sk = gl.where(seen, m_i, 0.0)
+                inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+            optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            gl.store(
+                LSE + tok_o * H_Q + head_o,
+                gl.convert_layout(lse, gl.SliceLayout(1, o_l)),
+                mask=row_ok_o,
+            )
+        else:
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
+            gl.store(PL + prow, gl.convert_layout(lse, gl.SliceLayout(1, o_l)), mask=row_ok_o)
+
+
+# ------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------
 # Launch configuration knobs. `bench/gpu_mla_dev.py` overrides them to time variants; None
 # means the heuristic in `_tile_config`.
-TUNING: dict[str, int | None] = {"BN": None, "num_stages": None, "num_warps": None, "BM": None}
+TUNING: dict[str, int | None] = {
+    "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
+    "gluon": None, "sm90_bn": None, "sm90_nbuf": None,
+}  # fmt: skip
 
 
 class _Operand:
@@ -614,7 +1088,7 @@ class _Operand:
         self.sc = a.scales
         self.sc_stride = 0
         self.e8m0 = False
-        self.amode, self.fold_t, self.nc, self.cw, self.g = A_PLAIN, False, 1, 1, 1
+        self.amode, self.fold_t, self.nc, self.cw, self.g = A_PLAIN, False, 1, 512, 1
         fmt = self.fmt
         expect = {
             FMT_BF16: (q_dtype, d_qk),
@@ -669,9 +1143,17 @@ class _Operand:
         elif fmt == FMT_PER_TENSOR:
             self.amode, self.fold_t = A_FOLD, True
         elif fmt == FMT_ROPE_AWARE:
-            self.amode = A_FOLD if d_qk == 576 else A_CHUNK
-        elif fmt in (FMT_V32, FMT_MODEL1):
-            self.amode = A_CHUNK
+            if d_qk == 576:
+                self.amode = A_FOLD
+            else:
+                self.amode, self.nc, self.cw = A_CHUNK, 8, 64
+        elif fmt == FMT_V32:
+            self.amode, self.nc, self.cw = A_CHUNK, 4, 128
+        elif fmt == FMT_MODEL1:
+            self.amode, self.nc, self.cw = A_CHUNK, 8, 64
+        # Hand-pipelined loads (see `_attend`), except for the per-element-gather slow path
+        # whose [BN, 512] scale tile would not fit in registers twice.
+        self.prefetch_default = self.amode != A_GATHER
         self.paged = a.page_size > 0
         n_rows = rows.shape[0]
         if self.paged:
@@ -685,6 +1167,13 @@ class _Operand:
             self.lut = None
             self.roff = a.row_offsets
         self.psb = self.psr * self.stride if fmt == FMT_MODEL1 else 0
+        row_bytes = (MODEL1_DATA if fmt == FMT_MODEL1 else self.stride) * rows.element_size()
+        self.align = (
+            rows.data_ptr() % 16 == 0
+            and row_bytes % 16 == 0
+            and self.psb % 16 == 0
+            and (fmt == FMT_MODEL1 or (self.stride * rows.element_size()) % 16 == 0)
+        )
         self.cl = a.cache_lengths
         if self.sc is None:
             self.sc = rows  # never read
@@ -723,10 +1212,57 @@ def _tile_config(h_q: int, tokens: int, batch: int, sparse: bool, fp8: bool) -> 
     else:  # all heads of up to BM // h_q tokens (dense) a tile
         hpt, tpt = h_q, (1 if sparse else max(1, bm // h_q))
     nhb = -(-h_q // hpt)
-    warps = TUNING.get("num_warps") or (8 if bm >= 64 else 4)
-    bn = TUNING.get("BN") or 32
-    stages = TUNING.get("num_stages") or (2 if bm >= 64 else 3)
+    # Measured on an H200 (bench/gpu_mla_dev.py, runs 2-3): the hand-pipelined loop wants as
+    # many bytes in flight as the registers allow without spilling.
+    if bm <= 32:  # memory-bound tiles: BF16 BN=16 x 4 warps (2 CTAs/SM), FP8 BN=64 x 8 warps
+        warps = TUNING.get("num_warps") or (8 if fp8 else 4)
+        bn = TUNING.get("BN") or (64 if fp8 else 16)
+    else:  # 64-row tiles (on sm_90 the Gluon kernel serves most of these)
+        warps = TUNING.get("num_warps") or 8
+        bn = TUNING.get("BN") or 32
+    stages = TUNING.get("num_stages") or 3
     return dict(BM=bm, HPT=hpt, TPT=tpt, NHB=nhb, BN=bn, num_warps=warps, num_stages=stages)
+
+
+def _prefetch(op: _Operand, cfg: dict) -> bool:
+    """Hand-pipelined loads for memory-bound (<= 32-row) tiles; Triton's pipeliner for 64-row
+    tiles, where the register-held next tile would spill (measured: 88 vs 121 TFLOP/s)."""
+    pf = TUNING.get("prefetch")
+    if pf is not None:
+        return bool(pf) and op.prefetch_default
+    return op.prefetch_default and cfg["BM"] <= 32
+
+
+def _sm90_config(h_q: int, sparse: bool, fp8: bool) -> dict:
+    """Tile of the sm_90 kernel: always 64 rows (heads of one token, or all heads of up to
+    64 // h_q tokens in dense mode; padded), BN keys a tile, an NBUF-deep cp.async ring."""
+    hpt = min(h_q, 64)
+    tpt = 1 if (sparse or h_q >= 64) else 64 // h_q
+    # H200, run 3 of bench/gpu_mla_dev.py: BN=64 with 2 stages beat BN=32 with 3-4 stages
+    # (dense bf16 h_q 128: 0.80 vs 1.12 ms; sparse V32: 0.58 vs 0.78 ms): with 32 keys the
+    # S product becomes n16 wgmma instructions and costs more than the deeper ring saves.
+    bn = TUNING.get("sm90_bn") or 64
+    nbuf = TUNING.get("sm90_nbuf") or (4 if bn == 32 else 2)
+    return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf)
+
+
+def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool:
+    """Whether the Gluon sm_90 kernel serves this launch (TUNING["gluon"] forces it off/on)."""
+    want = TUNING.get("gluon")
+    if want is False or not _HAS_GLUON or not q.is_cuda:
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    return (
+        q.dtype == torch.bfloat16
+        and d_qk == 576
+        and K.fmt in (FMT_BF16, FMT_ROPE_AWARE, FMT_V32)
+        and K.paged
+        and not has_x
+        and K.data.data_ptr() % 16 == 0
+        and (K.stride * K.data.element_size()) % 16 == 0
+        and (K.fmt != FMT_ROPE_AWARE or K.sc.data_ptr() % 4 == 0)
+    )
 
 
 def mla_decode_triton(
@@ -816,7 +1352,11 @@ def mla_decode_triton(
         )
         attn_sink = attn_sink.contiguous()
 
-    cfg = _tile_config(h_q, tokens, batch, sparse, K.fmt != FMT_BF16)
+    sm90 = _use_sm90_path(q, K, has_x, d_qk)
+    if sm90:
+        cfg = _sm90_config(h_q, sparse, K.fmt != FMT_BF16)
+    else:
+        cfg = _tile_config(h_q, tokens, batch, sparse, K.fmt != FMT_BF16)
     if num_partitions is None:
         if sparse:
             bound = idx.shape[1]
@@ -840,29 +1380,46 @@ def mla_decode_triton(
     sm_scale = (1.0 / math.sqrt(d_qk)) if scale is None else float(scale)
     grid = (tokens * cfg["NHB"], P)
     dummy = q_row_offsets
-    _mla_decode_kernel[grid](
-        q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
-        out, out.stride(0), out.stride(1), lse, po, pl,
-        attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
-        K.data, K.sc, K.lut if K.paged else dummy, K.roff if K.roff is not None else dummy,
-        K.cl, idx, topk if topk is not None else dummy,
-        K.stride, K.stride // 2, K.stride // 4, K.sc_stride,
-        K.lut.stride(0) if K.paged else 0, K.ps, K.psr, K.psb, K.psb // 2, K.nenc, K.npages,
-        idx.stride(0), idx.shape[1] if sparse else 0,
-        X.data, X.sc, x_idx, x_topk if x_topk is not None else dummy,
-        X.stride, X.stride // 2, X.stride // 4, X.sc_stride, X.ps, X.psr, X.psb, X.psb // 2,
-        X.nenc, x_idx.stride(0), x_idx.shape[1] if has_x else 0,
-        H_Q=h_q, D_QK=d_qk, D_V=d_v, BM=cfg["BM"], BN=cfg["BN"], HPT=cfg["HPT"],
-        TPT=cfg["TPT"], NHB=cfg["NHB"], B_P2=triton.next_power_of_2(batch + 1), SPLIT=P > 1,
-        CAUSAL=bool(causal), HAS_SINK=attn_sink is not None,
-        K_FMT=K.fmt, K_AMODE=K.amode, K_FOLD_T=K.fold_t, K_NC=K.nc, K_CW=K.cw, K_G=K.g,
-        K_E8M0=K.e8m0, K_PAGED=K.paged, K_SPARSE=sparse, K_HAS_TOPK=topk is not None,
-        K_TOPK_TOK=topk_tok,
-        HAS_X=has_x, X_FMT=X.fmt, X_AMODE=X.amode, X_FOLD_T=X.fold_t, X_NC=X.nc, X_CW=X.cw,
-        X_G=X.g, X_E8M0=X.e8m0, X_PAGED=X.paged, X_HAS_TOPK=x_topk is not None,
-        X_TOPK_TOK=x_topk_tok,
-        NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )  # fmt: skip
+    if sm90:
+        _mla_decode_sm90[grid](
+            q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
+            out, out.stride(0), out.stride(1), lse, po, pl,
+            attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
+            K.data, K.sc, K.lut, K.cl, idx, topk if topk is not None else dummy,
+            K.stride, K.stride // 2, K.stride // 4, K.sc_stride, K.lut.stride(0), K.ps, K.psr,
+            K.nenc, K.npages, idx.stride(0), idx.shape[1] if sparse else 0,
+            H_Q=h_q, D_QK=d_qk, D_V=d_v, HPT=cfg["HPT"], TPT=cfg["TPT"], NHB=cfg["NHB"],
+            B_P2=triton.next_power_of_2(batch + 1), CAUSAL=bool(causal),
+            HAS_SINK=attn_sink is not None, SPLIT=P > 1, SPARSE=sparse,
+            HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, FMT=K.fmt, BN=cfg["BN"],
+            NBUF=cfg["NBUF"], num_warps=8,
+        )  # fmt: skip
+    else:
+        _mla_decode_kernel[grid](
+            q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
+            out, out.stride(0), out.stride(1), lse, po, pl,
+            attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
+            K.data, K.sc, K.lut if K.paged else dummy, K.roff if K.roff is not None else dummy,
+            K.cl, idx, topk if topk is not None else dummy,
+            K.stride, K.stride // 2, K.stride // 4, K.sc_stride,
+            K.lut.stride(0) if K.paged else 0, K.ps, K.psr, K.psb, K.psb // 2, K.nenc, K.npages,
+            idx.stride(0), idx.shape[1] if sparse else 0,
+            X.data, X.sc, x_idx, x_topk if x_topk is not None else dummy,
+            X.stride, X.stride // 2, X.stride // 4, X.sc_stride, X.ps, X.psr, X.psb, X.psb // 2,
+            X.nenc, x_idx.stride(0), x_idx.shape[1] if has_x else 0,
+            H_Q=h_q, D_QK=d_qk, D_V=d_v, BM=cfg["BM"], BN=cfg["BN"], HPT=cfg["HPT"],
+            TPT=cfg["TPT"], NHB=cfg["NHB"], B_P2=triton.next_power_of_2(batch + 1), SPLIT=P > 1,
+            CAUSAL=bool(causal), HAS_SINK=attn_sink is not None,
+            K_FMT=K.fmt, K_AMODE=K.amode, K_FOLD_T=K.fold_t, K_NC=K.nc, K_CW=K.cw, K_G=K.g,
+            K_E8M0=K.e8m0, K_PAGED=K.paged, K_SPARSE=sparse, K_HAS_TOPK=topk is not None,
+            K_TOPK_TOK=topk_tok,
+            HAS_X=has_x, X_FMT=X.fmt, X_AMODE=X.amode, X_FOLD_T=X.fold_t, X_NC=X.nc, X_CW=X.cw,
+            X_G=X.g, X_E8M0=X.e8m0, X_PAGED=X.paged, X_HAS_TOPK=x_topk is not None,
+            X_TOPK_TOK=x_topk_tok,
+            NUM_STAGES=cfg["num_stages"], K_PREFETCH=_prefetch(K, cfg), X_PREFETCH=_prefetch(X, cfg),
+            K_ALIGN=K.align, X_ALIGN=X.align,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )  # fmt: skip
     if P > 1:
         mla_combine_triton(po, pl, out, lse, attn_sink)
     return out, lse

@@ -1,0 +1,399 @@
+"""Development bench for the Triton MLA decode kernels (issue 5): correctness at real sizes and
+timings of launch variants in one run, short table last. Full numbers go to $OUT (or --out).
+
+    python bench/gpu_mla_dev.py                 # on a GPU: check + time
+    python bench/gpu_mla_dev.py --compile-only  # on any machine: offline sm_90 compiles, PTX/SASS
+                                                # resource report (wgmma, smem, spills)
+
+Work counted (DESIGN.md section 6): FLOPs = 2 * tokens * h_q * keys * (d_qk + d_v); bytes =
+each K row read once (row bytes incl. scales) + q + out. Timings: triton.testing.do_bench
+median over fresh inputs; the cache pool is larger than L2 (50 MB) in every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import torch  # noqa: E402
+
+from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
+from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
+from pagedattn.fp8 import quantize_blockwise  # noqa: E402
+
+FMTS = {
+    "bf16": lambda: None,
+    "rope_aware": KVQuantConfig.mla_rope_aware,
+    "v32": KVQuantConfig.flashmla_v32,
+    "model1": KVQuantConfig.flashmla_model1,
+    "g64_e8m0": lambda: KVQuantConfig.blockwise(64, torch.float8_e8m0fnu),
+    "per_token": KVQuantConfig.per_token,
+    "g64_f32": lambda: KVQuantConfig.blockwise(64),
+    "g128_e8m0": lambda: KVQuantConfig.blockwise(128, torch.float8_e8m0fnu),
+    "g192_f32": lambda: KVQuantConfig.blockwise(192),
+    "per_tensor": KVQuantConfig.per_tensor,
+}
+
+
+def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", seed=0):
+    """A one-layer MLA cache with b requests of s_k cached keys (random values, quantized into
+    `fmt`), s_q new query tokens each; shuffled pages. Sparse: topk random valid indices per
+    token (-1 padded where fewer keys). Returns (q, kv, q_row_offsets, kwargs, work)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    params = KVCacheParams(
+        torch.bfloat16, 1, 1, d_qk, ps, is_mla=True, num_q_heads=h_q,
+        quantization=FMTS[fmt](), devices=(device,),
+    )  # fmt: skip
+    seq = s_k + s_q
+    pages_per = -(-seq // ps)
+    n_pages = b * pages_per + 1
+    blocks = torch.empty(params.blocks_shape(n_pages), dtype=params.storage_dtype, device=device)
+    shape = params.scales_shape(n_pages)
+    scales = None
+    n_tok = n_pages * ps
+    x = torch.randn(n_tok, d_qk, device=device, dtype=torch.bfloat16)
+    f = params.quant_format
+    flat = blocks.view(n_tok, -1) if f != "flashmla_model1" else None
+    if f is None:
+        flat.copy_(x)
+    elif f == "blockwise":
+        q8, s = quantize_blockwise(x.float(), params.scale_granularity, params.scale_dtype)
+        flat.copy_(q8)
+        scales = s.view(*shape)
+    elif f == "per_tensor":
+        scales = torch.full(shape, 0.0125, device=device)
+        flat.copy_((x.float() / 0.0125).clamp(-448, 448).to(torch.float8_e4m3fn))
+    else:
+        from pagedattn.fp8 import mla_formats as mf
+
+        if f == "mla_rope_aware":
+            raw, s = mf.pack_rope_aware(x)
+            flat.copy_(raw)
+            scales = s.reshape(shape)
+        elif f == "flashmla_v32":
+            flat.copy_(mf.pack_v32(x))
+        else:
+            data, sb = mf.pack_model1_tokens(x.view(n_tok, 1, d_qk))
+            page = blocks.view(n_pages, ps * 584)
+            page[:, : ps * 576].copy_(data.view(n_pages, ps * 576))
+            page[:, ps * 576 :].copy_(sb.view(n_pages, ps * 8))
+    perm = torch.randperm(n_pages - 1, generator=g).to(device=device, dtype=torch.int32)
+    lut = perm[: b * pages_per].view(b, pages_per).contiguous()
+    cl = torch.full((b,), s_k, dtype=torch.int32, device=device)
+    inputs = KVCacheInputsPerDevice(
+        blocks, cl, lut, torch.tensor([[s_q, s_k]], dtype=torch.int32), scales
+    )
+    kv = PagedOperand(inputs, params, 0, "k")
+    tokens = b * s_q
+    q = torch.randn(tokens, h_q, d_qk, device=device, dtype=torch.bfloat16)
+    offs = torch.arange(0, tokens + 1, s_q, device=device, dtype=torch.int32)
+    kw = {}
+    keys = s_k + (s_q + 1) / 2
+    if mode == "sparse":
+        pos = torch.rand(tokens, s_k + s_q, generator=g).argsort(dim=1)[:, :topk].to(device)
+        bi = torch.arange(tokens, device=device) // s_q
+        enc = lut.long()[bi[:, None], pos // ps] * ps + pos % ps
+        idx = enc.to(torch.int32)
+        if idx.shape[1] < topk:
+            pad = torch.full((tokens, topk - idx.shape[1]), -1, dtype=torch.int32, device=device)
+            idx = torch.cat([idx, pad], 1)
+        kw = dict(indices=idx.contiguous())
+        keys = min(topk, s_k + s_q)
+    row_bytes = blocks[0, 0, 0, 0, 0].numel() * blocks.element_size()
+    if scales is not None and f != "per_tensor":
+        row_bytes += scales[0, 0, 0, 0, 0].numel() * scales.element_size()
+    d_v = 512
+    flops = 2 * tokens * h_q * keys * (d_qk + d_v)
+    kv_bytes = (b * (s_k + s_q) if mode == "dense" else tokens * keys) * row_bytes
+    io = q.numel() * 2 + tokens * h_q * d_v * 2
+    return q, kv, offs, kw, dict(flops=flops, bytes=kv_bytes + io, pool=blocks.numel())
+
+
+# ------------------------------------------------------------------------------------------
+# Offline compile (no GPU needed)
+# ------------------------------------------------------------------------------------------
+TY = {
+    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+    torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.int64: "i64",
+}  # fmt: skip
+
+
+def _capture(call, sm90=False):
+    """Run `call` with the kernel launch intercepted: (args, kwargs) of the launch. sm90=True
+    takes the Gluon sm_90 path (as on an H100) instead of the tl kernel."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    cap = {}
+    name = "_mla_decode_sm90" if sm90 else "_mla_decode_kernel"
+    real = getattr(M, name)
+    use = M._use_sm90_path
+
+    class _Fake:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                cap.update(args=args, kw=kw, grid=grid)
+
+            return launch
+
+    setattr(M, name, _Fake())
+    M._use_sm90_path = lambda *a: sm90
+    comb = M.mla_combine_triton
+    M.mla_combine_triton = lambda *a, **k: None
+    try:
+        call()
+    finally:
+        setattr(M, name, real)
+        M._use_sm90_path = use
+        M.mla_combine_triton = comb
+    return cap
+
+
+def compile_offline(cap, outdir, tag, sm90=False):
+    """sm_90 compile of a captured launch; writes ptx/ttgir/sass and returns a resource dict."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    import pagedattn.ops.mla.triton_mla as M
+
+    fn = M._mla_decode_sm90 if sm90 else M._mla_decode_kernel
+    kw = dict(cap["kw"])
+    opts = dict(num_warps=kw.pop("num_warps"), num_stages=kw.pop("num_stages", 1))
+    sig, attrs = {}, {}
+    for i, (n, a) in enumerate(zip(fn.arg_names, cap["args"])):
+        if isinstance(a, torch.Tensor):
+            sig[n] = "*" + TY[a.dtype]
+            if a.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(a, bool):
+            sig[n] = "i1"
+        elif isinstance(a, int):
+            sig[n] = "i64" if abs(a) >= 2**31 else "i32"
+            if a % 16 == 0 and a != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "fp32"
+    for n in kw:
+        sig[n] = "constexpr"
+    src = (GluonASTSource if sm90 else ASTSource)(fn, sig, kw, attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    os.makedirs(outdir, exist_ok=True)
+    base = os.path.join(outdir, tag)
+    for ext in ("ptx", "ttgir"):
+        with open(f"{base}.{ext}", "w") as fh:
+            fh.write(k.asm[ext])
+    with open(f"{base}.cubin", "wb") as fh:
+        fh.write(k.asm["cubin"])
+    tb = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    usage = subprocess.run(
+        [f"{tb}/cuobjdump", "--dump-resource-usage", f"{base}.cubin"], capture_output=True,
+        text=True,
+    ).stdout  # fmt: skip
+    sass = subprocess.run(
+        [f"{tb}/cuobjdump", "-sass", f"{base}.cubin"], capture_output=True, text=True
+    ).stdout
+    with open(f"{base}.sass", "w") as fh:
+        fh.write(sass)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    ptx = k.asm["ptx"]
+    return dict(
+        smem=k.metadata.shared, regs=int(m.group(1)), stack=int(m.group(2)),
+        HGMMA=sass.count("HGMMA"), HMMA=sass.count("HMMA"), LDGSTS=sass.count("LDGSTS"),
+        LDG128=sass.count("LDG.E.128"), STL=len(re.findall(r"\bSTL\b", sass)),
+        wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+    )  # fmt: skip
+
+
+# Launch variants timed (and compiled offline): name -> (TUNING overrides).
+VARIANTS = {
+    "auto": {},
+    "pfbn32w8": dict(prefetch=True, BN=32, num_warps=8),
+    "pfbn16w4": dict(prefetch=True, BN=16, num_warps=4),
+    "pfbn128w8": dict(prefetch=True, BN=128, num_warps=8),
+    "pf0s5": dict(prefetch=False, BN=32, num_warps=4, num_stages=5),
+    "pf0bn32": dict(prefetch=False, BN=32, num_stages=3),
+    "tl": dict(gluon=False),
+    "sm90": dict(gluon=True),
+    "sm90b64n2": dict(gluon=True, sm90_bn=64, sm90_nbuf=2),
+    "sm90b32n3": dict(gluon=True, sm90_bn=32, sm90_nbuf=3),
+    "sm90b32n5": dict(gluon=True, sm90_bn=32, sm90_nbuf=5),
+}
+
+CASES = [
+    # name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, partitions
+    ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0,
+     ["sm90", "sm90b32n3", "tl"], [None, 1, 2]),
+    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90"], [None, 2]),
+    ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
+     ["sm90", "tl"], [None, 1, 2]),
+    ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
+    ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
+     ["sm90", "sm90b64n2"], [None, 1]),
+    ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0, ["sm90"], [None, 1]),
+    ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
+     ["sm90"], [None, 1]),
+    ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
+     ["sm90", "sm90b64n2"], [None, 1]),
+    ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
+     ["sm90"], [None, 1]),
+    ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
+     ["auto"], [None]),
+]  # fmt: skip
+
+
+def _launcher(q, kv, offs, kw, P):
+    from pagedattn.ops.mla.triton_mla import mla_decode_triton
+
+    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
+    return lambda: mla_decode_triton(q, kv, offs, num_partitions=P, out=out, **kw)
+
+
+def compile_only(outdir):
+    import pagedattn.ops.mla.triton_mla as M
+
+    rows = []
+    for name, mode, fmt, d_qk, _b, _s, h_q, s_q, ps, _tk, variants, _parts in CASES:
+        q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 4, 256, h_q, s_q, ps, 128, "cpu")
+        for v in variants:
+            M.TUNING.update({k: None for k in M.TUNING})
+            M.TUNING.update(VARIANTS[v])
+            sm90 = v.startswith("sm90")
+            cap = _capture(_launcher(q, kv, offs, kw, 1), sm90)
+            tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
+            t0 = time.time()
+            try:
+                r = compile_offline(cap, outdir, tag, sm90)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                r = dict(error=str(e).splitlines()[0][:200])
+            r["compile_s"] = round(time.time() - t0, 1)
+            r["case"], r["variant"] = name, v
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    M.TUNING.update({k: None for k in M.TUNING})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: ceilings, correctness at real sizes, timings
+# ------------------------------------------------------------------------------------------
+def ceilings():
+    import triton
+
+    n = 1 << 30  # 1 GiB each way
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    t = triton.testing.do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    copy_bw = 2 * n / (t * 1e-3)
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = triton.testing.do_bench(lambda: x @ y, warmup=50, rep=300, return_mode="median")
+    mm = 2 * 8192**3 / (t * 1e-3)
+    return copy_bw, mm
+
+
+def check_case(mode, fmt, d_qk, h_q, s_q, ps, topk, P):
+    """Kernel vs the library's reference (fp32, on the GPU) at a real key count."""
+    from pagedattn.ops.mla.reference import mla_decode_reference
+    from pagedattn.testing import cos_diff
+
+    q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 6, 8192, h_q, s_q, ps, topk, seed=7)
+    sink = torch.randn(h_q, device="cuda")
+    o, lse = _launcher(q, kv, offs, dict(kw, attn_sink=sink), P)()
+    ro, rl = mla_decode_reference(q, kv, offs, attn_sink=sink, **kw)
+    err = (o.float() - ro.float()).abs().max().item()
+    lerr = (lse - rl).abs().max().item()
+    return dict(max_abs=err, cos=cos_diff(o, ro), lse_max_abs=lerr, nan=bool(torch.isnan(o).any()))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mla_bench"))
+    ap.add_argument("--cases", default="")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    if args.compile_only:
+        rows = compile_only(os.path.join(args.out, "asm"))
+        with open(os.path.join(args.out, "compile.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+        return
+
+    import triton
+
+    import pagedattn.ops.mla.triton_mla as M
+
+    res = dict(device=torch.cuda.get_device_name(), checks=[], timings=[])
+    copy_bw, mm = ceilings()
+    res.update(copy_bw=copy_bw, mm_flops=mm)
+    print(f"copy {copy_bw / 1e9:.0f} GB/s, bf16 mm {mm / 1e12:.0f} TFLOP/s", flush=True)
+    for c in [
+        ("dense", "bf16", 576, 16, 1, 64, 0, None),
+        ("dense", "rope_aware", 576, 128, 2, 16, 0, 3),
+        ("sparse", "v32", 576, 128, 2, 64, 2048, None),
+        ("sparse", "model1", 512, 64, 1, 64, 2048, 2),
+        ("dense", "g64_e8m0", 576, 20, 4, 1, 0, None),
+        ("dense", "bf16", 576, 128, 1, 64, 0, 2),
+        ("sparse", "bf16", 576, 128, 2, 16, 2048, None),
+        ("sparse", "rope_aware", 576, 64, 1, 64, 2048, 1),
+        ("dense", "v32", 576, 20, 4, 1, 0, None),
+        ("sparse", "bf16", 576, 1, 1, 1, 256, 2),
+        ("dense", "rope_aware", 576, 16, 1, 64, 0, 1),
+    ]:
+        r = check_case(*c)
+        r["case"] = c
+        res["checks"].append(r)
+        print("check", c, r, flush=True)
+    table = []
+    for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, parts in CASES:
+        if args.cases and not re.search(args.cases, name):
+            continue
+        q, kv, offs, kw, work = make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk)
+        for v in variants:
+            for P in parts:
+                M.TUNING.update({k: None for k in M.TUNING})
+                M.TUNING.update(VARIANTS[v])
+                fn = _launcher(q, kv, offs, kw, P)
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    t = triton.testing.do_bench(fn, warmup=20, rep=120, return_mode="median")
+                    t2 = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
+                except Exception as e:  # noqa: BLE001
+                    print("FAIL", name, v, P, str(e)[:300], flush=True)
+                    continue
+                row = dict(
+                    case=name, variant=v, P=P, ms=t, ms_repeat=t2,
+                    tflops=work["flops"] / (t * 1e-3) / 1e12,
+                    gbs=work["bytes"] / (t * 1e-3) / 1e9,
+                    frac_copy=work["bytes"] / (t * 1e-3) / copy_bw,
+                )  # fmt: skip
+                table.append(row)
+                print(json.dumps(row), flush=True)
+        del q, kv, kw
+        torch.cuda.empty_cache()
+    M.TUNING.update({k: None for k in M.TUNING})
+    res["timings"] = table
+    with open(os.path.join(args.out, "mla_dev.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"\ncopy {copy_bw / 1e9:.0f} GB/s   bf16 mm {mm / 1e12:.0f} TFLOP/s")
+    print(f"{'case':28s} {'var':7s} {'P':>4s} {'ms':>8s} {'TFLOP/s':>8s} {'GB/s':>7s} {'copy':>5s}")
+    for r in table:
+        print(
+            f"{r['case']:28s} {r['variant']:7s} {str(r['P']):>4s} {r['ms']:8.3f} "
+            f"{r['tflops']:8.1f} {r['gbs']:7.0f} {r['frac_copy']:5.2f}"
+        )
+    for c in res["checks"]:
+        print("check", c["case"], f"cos {c['cos']:.2e} max_abs {c['max_abs']:.2e}", c["nan"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,624 @@
+"""Triton MLA decode (`pagedattn.ops.mla.triton_mla`) against an independent float64 oracle.
+
+CPU runs use TRITON_INTERPRET=1 (set before triton is imported) at small shapes: they check the
+kernels' indexing and masking. `@pytest.mark.gpu` tests run the compiled kernels on the full
+grid (dense/sparse x every cache format x h_q x s_q x page size) and under CUDA-graph replay.
+
+Adversarial setup everywhere: caches from `make_paged_cache` (shuffled non-contiguous pages,
+sentinel page ids in unused lookup-table columns, NaN in every slot no valid token occupies),
+NaN-poisoned output buffers, invalid sparse indices of every kind, topk_length 0, sinks of
++inf. The oracle decodes the raw cache bytes itself (float64, from the documented layouts),
+addresses tokens from the lookup table itself and runs one softmax per query token.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Without a GPU the kernels run in Triton's interpreter; the variable must be set before any
+# Triton kernel is defined (importing torch defines none).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+from pagedattn import (  # noqa: E402
+    InvalidArgumentError,
+    KVCacheParams,
+    KVQuantConfig,
+    PagedOperand,
+    store_kv,
+)
+from pagedattn.fp8 import quantize_blockwise  # noqa: E402
+from pagedattn.ops.mla.triton_mla import mla_decode_triton  # noqa: E402
+from pagedattn.testing import assert_close, make_paged_cache, poison_, ragged_offsets  # noqa: E402
+
+BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
+LAYER = 1  # of 2 layers: catches layer-stride mistakes
+ROPE = 64
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEV = "cuda" if ON_GPU else "cpu"
+
+# P is rounded to bf16 before the P.V product (as FlashMLA does) and outputs are bf16. With the
+# few, peaky keys of these tests (|v| <= 5.5, q ~ 2 randn) an output near 0 can be off by a few
+# 2^-9 * max|v| * p (seen: 2.5e-2 once in 4e5 elements on the GPU), so abs_tol is 3e-2. The
+# cosine bound is what catches indexing or masking mistakes (one wrong key among 20 moves it to
+# ~1e-2): 1e-5, twice FlashMLA's 5e-6, because with h_q = 1 and few peaky keys the bf16 P alone
+# reaches 4-5e-6 (the fp32-P reference lands at 1.3e-6 from output rounding alone).
+TOL = dict(abs_tol=3e-2, rel_tol=2 / 128, cos_tol=1e-5)
+# FP8 rows whose dequantized values are not exact in bf16 (float32 scales applied per element:
+# blockwise with several float32 scales a token, rope-aware d_qk 512 whose per-token scale
+# sits next to an unscaled rope chunk) are rounded to bf16 once, like a bf16 cache would be:
+# scores move by ~|q||k| 2^-9 (a few 1e-3 here, 2e-2 in the tails) and peaky softmaxes
+# amplify that. Power-of-two scales (e8m0, V32, MODEL1) and per-token scales (folded into S
+# and P) are exact and use TOL.
+TOL_DEQ = dict(abs_tol=6e-2, rel_tol=4 / 128, cos_tol=3e-5, lse_abs=3e-2, lse_cos=5e-6)
+TOL = dict(TOL, lse_abs=2e-3, lse_cos=1e-8)
+
+# name -> (KVQuantConfig factory, d_qk values it supports, dequantized with rounding)
+FORMATS = {
+    "bf16": (lambda: None, (576, 512), False),
+    "fp8_g64_f32": (lambda: KVQuantConfig.blockwise(64), (576, 512), True),
+    "fp8_g64_e8m0": (lambda: KVQuantConfig.blockwise(64, E8M0), (576, 512), False),
+    "fp8_g128_e8m0": (lambda: KVQuantConfig.blockwise(128, E8M0), (512,), False),
+    "fp8_g192_f32": (lambda: KVQuantConfig.blockwise(192), (576,), True),  # gather path
+    "fp8_token_f32": (lambda: KVQuantConfig.per_token(), (576, 512), False),
+    "fp8_per_tensor": (lambda: KVQuantConfig.per_tensor(), (576, 512), False),
+    "rope_aware": (lambda: KVQuantConfig.mla_rope_aware(), (576, 512), False),
+    "v32": (lambda: KVQuantConfig.flashmla_v32(), (576,), False),
+    "model1": (lambda: KVQuantConfig.flashmla_model1(), (512,), False),
+}
+PER_TENSOR_SCALE = 0.0125
+
+
+def tol_for(fmt: str, d_qk: int) -> dict:
+    multi = FORMATS[fmt][2] or (fmt == "rope_aware" and d_qk == 512)
+    return TOL_DEQ if multi else TOL
+
+
+# --------------------------------------------------------------------------------------------
+# Independent float64 decoder of one layer's raw bytes
+# --------------------------------------------------------------------------------------------
+def _as(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return b.contiguous().view(dtype).double()
+
+
+def _e8m0(b: torch.Tensor) -> torch.Tensor:
+    return torch.pow(2.0, b.double() - 127.0)
+
+
+def decode_pool(params: KVCacheParams, inputs) -> torch.Tensor:
+    """float64 [total_pages, page_size, head_dim] of layer LAYER, from the byte layouts."""
+    blocks = inputs.kv_blocks[:, 0, LAYER, :, 0, :].cpu()  # [P, ps, row_elems]
+    P, ps, _ = blocks.shape
+    d = params.head_dim
+    lat = d - ROPE
+    fmt = params.quant_format
+    if fmt is None:
+        return blocks.double()
+    if fmt == "blockwise":
+        s = inputs.kv_scales[:, 0, LAYER, :, 0, :].cpu()
+        s = _e8m0(s.view(torch.uint8)) if s.dtype == E8M0 else s.double()
+        return blocks.double() * s.repeat_interleave(params.scale_granularity, dim=-1)
+    if fmt == "per_tensor":
+        return blocks.double() * float(inputs.kv_scales[0, LAYER])
+    raw = blocks.view(torch.uint8)
+    if fmt == "mla_rope_aware":
+        s = inputs.kv_scales[:, 0, LAYER, :, 0, :].cpu().double()
+        return torch.cat(
+            [_as(raw[..., :lat], torch.float8_e4m3fn) * s, _as(raw[..., lat:], BF16)], -1
+        )
+    if fmt == "flashmla_v32":
+        s = _as(raw[..., 512:528], F32)
+        x = _as(raw[..., :512], torch.float8_e4m3fn).reshape(P, ps, 4, 128) * s[..., None]
+        return torch.cat([x.reshape(P, ps, 512), _as(raw[..., 528:656], BF16)], dim=-1)
+    page = inputs.kv_blocks[:, 0, LAYER].cpu().reshape(P, ps * 584)
+    data = page[:, : ps * 576].reshape(P, ps, 576)
+    s = _e8m0(page[:, ps * 576 :].reshape(P, ps, 8)[..., :7])
+    x = _as(data[..., :448], torch.float8_e4m3fn).reshape(P, ps, 7, 64) * s[..., None]
+    return torch.cat([x.reshape(P, ps, 448), _as(data[..., 448:], BF16)], dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Caches, queries, oracle
+# --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Cache:
+    params: KVCacheParams
+    inputs: object
+    seq_lens: list[int]
+    pool: torch.Tensor  # float64 [P, ps, d]
+    lut: list[list[int]]
+
+    @property
+    def ps(self) -> int:
+        return self.params.page_size
+
+    @property
+    def slots(self) -> int:
+        return self.pool.shape[0] * self.ps
+
+    def key(self, b: int, pos: int) -> torch.Tensor:
+        return self.pool[self.lut[b][pos // self.ps], pos % self.ps]
+
+    def encode(self, b: int, pos: int) -> int:
+        return self.lut[b][pos // self.ps] * self.ps + pos % self.ps
+
+    def at(self, enc: int) -> torch.Tensor:
+        return self.pool[enc // self.ps, enc % self.ps]
+
+    def operand(self):
+        return PagedOperand(self.inputs, self.params, LAYER, "k")
+
+
+def _write(params: KVCacheParams, inputs, x: torch.Tensor, seq: list[int]) -> None:
+    """x [sum(seq), 1, d] at positions 0..seq[b]-1 of each request, layer LAYER."""
+    if params.quant_format == "blockwise":  # written here: independent of store_kv
+        q, s = quantize_blockwise(x.float(), params.scale_granularity, params.scale_dtype)
+        lut, ps = inputs.lookup_table.tolist(), params.page_size
+        pages, slots = [], []
+        for b, n in enumerate(seq):
+            for j in range(n):
+                pages.append(lut[b][j // ps])
+                slots.append(j % ps)
+        pages = torch.tensor(pages, device=x.device)
+        slots = torch.tensor(slots, device=x.device)
+        inputs.kv_blocks[pages, 0, LAYER, slots] = q
+        if s.dtype == E8M0:  # torch has no index_put for e8m0: write the bytes
+            inputs.kv_scales.view(torch.uint8)[pages, 0, LAYER, slots] = s.view(torch.uint8)
+        else:
+            inputs.kv_scales[pages, 0, LAYER, slots] = s
+        return
+    zero = dataclasses.replace(
+        inputs, cache_lengths=torch.zeros(len(seq), dtype=torch.int32, device=x.device)
+    )
+    store_kv(x, None, zero, params, LAYER, ragged_offsets(seq, x.device), backend="reference")
+
+
+def build_cache(fmt, d_qk, page_size, cache_lens, q_lens, gen, h_q=16, extra_pages=3) -> Cache:
+    """Request b's first cache_lens[b] + q_lens[b] tokens hold random values (quantized into
+    the format); every other slot is NaN."""
+    factory, dims, _ = FORMATS[fmt]
+    assert d_qk in dims, (fmt, d_qk)
+    params = KVCacheParams(
+        BF16, 2, 1, d_qk, page_size, is_mla=True, num_q_heads=h_q,
+        quantization=factory(), mla_rope_dim=ROPE, devices=(DEV,),
+    )  # fmt: skip
+    pc = make_paged_cache(
+        params, cache_lens, q_lens, generator=gen, extra_pages=extra_pages, device=DEV
+    )
+    if params.quant_format == "per_tensor":
+        pc.inputs.kv_scales.fill_(PER_TENSOR_SCALE)
+    seq = pc.seq_lens
+    total = sum(seq)
+    x = torch.randn(total, 1, d_qk, generator=gen)
+    x = (x * torch.exp(torch.randn(total, 1, 1, generator=gen) * 0.3)).clamp(-5.5, 5.5)
+    _write(params, pc.inputs, x.to(BF16).to(DEV), seq)
+    pool = decode_pool(params, pc.inputs)
+    return Cache(params, pc.inputs, seq, pool, pc.inputs.lookup_table.tolist())
+
+
+def make_q(tokens, h_q, d_qk, gen):
+    return (torch.randn(tokens, h_q, d_qk, generator=gen) * 2).to(BF16).to(DEV)
+
+
+def make_sinks(h_q, gen):
+    s = torch.randn(h_q, generator=gen) * 2
+    if h_q > 1:
+        s[0] = float("inf")  # output 0 for head 0
+        s[-1] = float("-inf")  # no effect
+    return s.to(DEV)
+
+
+def attend64(q64, keys, d_v, scale, sink):
+    """q64 [h, d], keys [N, d] float64 -> (out [h, d_v], lse [h])."""
+    h = q64.shape[0]
+    if keys.shape[0] == 0:
+        return torch.zeros(h, d_v, dtype=torch.float64), torch.full((h,), -math.inf).double()
+    s = keys @ q64.T * scale
+    m = s.max(dim=0).values
+    e = torch.exp(s - m)
+    denom = e.sum(dim=0)
+    lse = m + torch.log(denom)
+    if sink is not None:
+        denom = denom + torch.exp(sink.double().cpu() - m)
+    return (e.T @ keys[:, :d_v]) / denom[:, None], lse
+
+
+def oracle(q, offsets, keys_of, d_v=512, scale=None, sink=None):
+    """keys_of(b, i) -> float64 [N, d] keys seen by query i of request b."""
+    tokens, h_q, d = q.shape
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(tokens, h_q, d_v, dtype=torch.float64)
+    lse = torch.zeros(tokens, h_q, dtype=torch.float64)
+    qc = q.cpu()
+    for b in range(len(offsets) - 1):
+        for i in range(offsets[b + 1] - offsets[b]):
+            t = offsets[b] + i
+            out[t], lse[t] = attend64(qc[t].double(), keys_of(b, i), d_v, scale, sink)
+    return out, lse
+
+
+def dense_keys(cache: Cache, cache_lens, q_lens, causal=True):
+    def keys_of(b, i):
+        n = cache_lens[b] + (i + 1 if causal else q_lens[b])
+        if n == 0:
+            return torch.zeros(0, cache.params.head_dim, dtype=torch.float64)
+        return torch.stack([cache.key(b, j) for j in range(n)])
+
+    return keys_of
+
+
+def run(q, kv, q_lens, **kw):
+    tokens, h_q, _ = q.shape
+    d_v = kw.get("d_v", 512)
+    out = poison_(torch.empty(tokens, h_q, d_v, dtype=q.dtype, device=q.device))
+    o, lse = mla_decode_triton(q, kv, ragged_offsets(q_lens, q.device), out=out, **kw)
+    assert o is out and lse.dtype == F32 and lse.shape == (tokens, h_q)
+    return o, lse
+
+
+def check(o, lse, ref_o, ref_lse, tol=TOL):
+    assert not torch.isnan(o).any(), "NaN in the output (an unwritten or poisoned element)"
+    tol = dict(tol)
+    lse_abs, lse_cos = tol.pop("lse_abs"), tol.pop("lse_cos")
+    assert_close(o, ref_o, **tol, name="out")
+    assert_close(lse, ref_lse, abs_tol=lse_abs, rel_tol=1e-4, cos_tol=lse_cos, name="lse")
+
+
+def reference_or_none():
+    try:
+        from pagedattn.ops.mla.reference import mla_decode_reference
+    except ImportError:  # pragma: no cover - written by another engineer
+        return None
+    return mla_decode_reference
+
+
+# --------------------------------------------------------------------------------------------
+# Dense (lookup table)
+# --------------------------------------------------------------------------------------------
+DENSE_CASES = [
+    # page_size, h_q, d_qk, format, cache_lens, q_lens, causal, partitions
+    (1, 16, 576, "bf16", [0, 5, 33], [1, 4, 2], True, 1),
+    (16, 20, 576, "bf16", [17, 0, 50], [2, 4, 1], True, 3),
+    (64, 1, 576, "bf16", [70, 3], [4, 1], True, 2),
+    (16, 16, 512, "bf16", [31, 9], [1, 2], False, 1),
+    (16, 20, 576, "fp8_g64_f32", [17, 40], [2, 1], True, 1),
+    (1, 16, 512, "fp8_g64_e8m0", [12, 3], [4, 1], False, 2),
+    (64, 20, 512, "fp8_g128_e8m0", [65, 0], [2, 4], True, 1),
+    (16, 1, 576, "fp8_g192_f32", [20, 6], [1, 2], True, 1),
+    (16, 16, 576, "fp8_token_f32", [30, 2], [2, 1], True, 2),
+    (16, 16, 512, "fp8_per_tensor", [20, 40], [1, 2], True, 1),
+    (16, 16, 576, "rope_aware", [21, 2], [2, 4], True, 1),
+    (1, 20, 512, "rope_aware", [9, 30], [3, 1], True, 2),
+    (64, 16, 576, "v32", [80, 0], [1, 4], True, 1),
+    (16, 20, 512, "model1", [33, 5], [4, 1], True, 2),
+    (1, 1, 512, "model1", [6, 0], [2, 3], False, 1),
+]
+
+
+@pytest.mark.parametrize(
+    "ps,h_q,d_qk,fmt,cache_lens,q_lens,causal,P",
+    DENSE_CASES,
+    ids=[f"ps{c[0]}-h{c[1]}-d{c[2]}-{c[3]}-sq{max(c[5])}-P{c[7]}" for c in DENSE_CASES],
+)
+def test_dense(gen, ps, h_q, d_qk, fmt, cache_lens, q_lens, causal, P):
+    cache = build_cache(fmt, d_qk, ps, cache_lens, q_lens, gen, h_q)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, d_qk, gen)
+    sink = make_sinks(h_q, gen) if P > 1 else None
+    o, lse = run(q, cache.operand(), q_lens, causal=causal, attn_sink=sink, num_partitions=P)
+    ref_o, ref_lse = oracle(q, offs, dense_keys(cache, cache_lens, q_lens, causal), sink=sink)
+    check(o, lse, ref_o, ref_lse, tol_for(fmt, d_qk))
+    if sink is not None and h_q > 1:
+        assert torch.all(o[:, 0] == 0), "a sink of +inf must give output 0"
+
+
+@pytest.mark.parametrize("h_q,s_q", [(128, 1), (64, 2), (16, 4)], ids=["h128", "h64sq2", "h16sq4"])
+def test_dense_full_tiles(gen, h_q, s_q):
+    """64-row tiles: 128 heads in two head blocks; 64 heads x 2 tokens; 16 heads x 4 tokens."""
+    cache_lens, q_lens = [37, 0], [s_q, s_q]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, h_q)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, 576, gen)
+    o, lse = run(q, cache.operand(), q_lens, num_partitions=2)
+    check(o, lse, *oracle(q, offs, dense_keys(cache, cache_lens, q_lens)))
+
+
+def test_d_v_and_scale(gen):
+    cache_lens, q_lens = [25, 7], [2, 1]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 4)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(3, 4, 576, gen)
+    o, lse = run(q, cache.operand(), q_lens, d_v=448, scale=0.05)
+    ref_o, ref_lse = oracle(q, offs, dense_keys(cache, cache_lens, q_lens), 448, 0.05)
+    check(o, lse, ref_o, ref_lse)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 7])
+def test_split_k_does_not_change_the_result(gen, P):
+    cache_lens, q_lens = [150, 3, 64], [1, 2, 1]
+    cache = build_cache("rope_aware", 576, 16, cache_lens, q_lens, gen, 16)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], 16, 576, gen)
+    sink = make_sinks(16, gen)
+    o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P)
+    ref_o, ref_lse = oracle(q, offs, dense_keys(cache, cache_lens, q_lens), sink=sink)
+    check(o, lse, ref_o, ref_lse)
+
+
+def test_default_partitions_and_reference_agree(gen):
+    """num_partitions=None (host heuristic) and the library's reference, when present."""
+    cache_lens, q_lens = [300, 40], [1, 1]
+    cache = build_cache("v32", 576, 64, cache_lens, q_lens, gen, 16)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(2, 16, 576, gen)
+    o, lse = run(q, cache.operand(), q_lens)
+    check(o, lse, *oracle(q, offs, dense_keys(cache, cache_lens, q_lens)))
+    ref = reference_or_none()
+    if ref is not None:
+        r_o, r_lse = ref(q, cache.operand(), ragged_offsets(q_lens, q.device))
+        check(o, lse, r_o, r_lse)
+
+
+def test_sentinel_pages_are_never_read(gen):
+    """Every unused lookup-table column holds the sentinel total_num_pages (out of bounds)."""
+    cache_lens, q_lens = [16, 31], [1, 1]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 16, extra_pages=0)
+    lut = cache.inputs.lookup_table
+    assert (lut == cache.pool.shape[0]).sum() >= 2  # sentinels present
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(2, 16, 576, gen)
+    o, lse = run(q, cache.operand(), q_lens, num_partitions=2)
+    check(o, lse, *oracle(q, offs, dense_keys(cache, cache_lens, q_lens)))
+
+
+# --------------------------------------------------------------------------------------------
+# Sparse (+ extra cache)
+# --------------------------------------------------------------------------------------------
+def invalid_kinds(cache: Cache) -> list[int]:
+    """-1, -2^31, exactly one past the end, huge, other negatives."""
+    return [-1, -(2**31), cache.slots, 2**31 - 1, cache.slots + 7, -5]
+
+
+def sparse_indices(cache: Cache, q_lens, stride, gen, n_valid):
+    """[tokens, stride] int32: per token, n_valid[b] valid entries (random tokens of request b,
+    duplicates allowed) scattered among invalid ones of every kind; positions >= n_valid[b]
+    hold valid-looking entries that topk_lengths must hide."""
+    bad = invalid_kinds(cache)
+    rows, valid = [], []
+    for b, n in enumerate(q_lens):
+        seq = cache.seq_lens[b]
+        for _ in range(n):
+            row, ok = [], []
+            for j in range(stride):
+                if j < n_valid[b] and (seq == 0 or torch.rand((), generator=gen) < 0.25):
+                    row.append(bad[int(torch.randint(len(bad), (), generator=gen))])
+                elif seq > 0:
+                    row.append(cache.encode(b, int(torch.randint(seq, (), generator=gen))))
+                    if j < n_valid[b]:
+                        ok.append(row[-1])
+                else:
+                    row.append(bad[j % len(bad)])
+            rows.append(row)
+            valid.append(ok)
+    return torch.tensor(rows, dtype=torch.int32, device=DEV), valid
+
+
+SPARSE_CASES = [
+    # page_size, h_q, d_qk, main fmt, extra fmt or None, q_lens, stride, partitions, sink
+    (16, 16, 576, "bf16", None, [1, 2], 40, 1, False),
+    (1, 20, 576, "v32", None, [2, 1], 33, 2, True),
+    (64, 1, 576, "rope_aware", "bf16", [1, 1], 24, 3, True),
+    (16, 16, 512, "model1", "model1", [2, 2], 20, 1, True),
+    (16, 20, 512, "fp8_g128_e8m0", "rope_aware", [1, 2], 17, 2, False),
+    (1, 16, 576, "fp8_g64_f32", "fp8_per_tensor", [1, 1], 30, 1, True),
+    (64, 16, 512, "fp8_token_f32", None, [4], 50, 2, False),
+]
+
+
+@pytest.mark.parametrize(
+    "ps,h_q,d_qk,fmt,xfmt,q_lens,stride,P,with_sink",
+    SPARSE_CASES,
+    ids=[f"ps{c[0]}-h{c[1]}-d{c[2]}-{c[3]}-x{c[4]}-P{c[7]}" for c in SPARSE_CASES],
+)
+def test_sparse(gen, ps, h_q, d_qk, fmt, xfmt, q_lens, stride, P, with_sink):
+    batch = len(q_lens)
+    cache_lens = [int(torch.randint(20, 90, (), generator=gen)) for _ in range(batch)]
+    cache = build_cache(fmt, d_qk, ps, cache_lens, q_lens, gen, h_q)
+    topk = [stride - 3, 0] + [stride] * batch  # request 1 (if any) sees no main key
+    topk = topk[:batch]
+    idx, valid = sparse_indices(cache, q_lens, stride, gen, topk)
+    kw = dict(indices=idx, topk_lengths=torch.tensor(topk, dtype=torch.int32, device=DEV))
+    xvalid = [[] for _ in valid]
+    xcache = None
+    if xfmt is not None:
+        xlens = [int(torch.randint(8, 40, (), generator=gen)) for _ in range(batch)]
+        xcache = build_cache(xfmt, d_qk, 16, xlens, [0] * batch, gen, h_q)
+        xstride = 12
+        xtopk = [xstride, 5] + [xstride] * batch
+        xtopk = xtopk[:batch]
+        xidx, xvalid = sparse_indices(xcache, q_lens, xstride, gen, xtopk)
+        kw.update(
+            extra_kv=xcache.operand(),
+            extra_indices=xidx,
+            extra_topk_lengths=torch.tensor(xtopk, dtype=torch.int32, device=DEV),
+        )
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, d_qk, gen)
+    sink = make_sinks(h_q, gen) if with_sink else None
+    o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P, **kw)
+
+    def keys_of(b, i):
+        t = offs[b] + i
+        keys = [cache.at(e) for e in valid[t]] + [xcache.at(e) for e in xvalid[t]]
+        if not keys:
+            return torch.zeros(0, d_qk, dtype=torch.float64)
+        return torch.stack(keys)
+
+    ref_o, ref_lse = oracle(q, offs, keys_of, sink=sink)
+    tols = [tol_for(fmt, d_qk)] + ([tol_for(xfmt, d_qk)] if xfmt else [])
+    tol = max(tols, key=lambda t: t["cos_tol"])
+    check(o, lse, ref_o, ref_lse, tol)
+    ref = reference_or_none()
+    if ref is not None:
+        r_o, r_lse = ref(q, cache.operand(), ragged_offsets(q_lens, q.device), attn_sink=sink, **kw)
+        check(o, lse, r_o, r_lse, tol)
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_sparse_nothing_visible(gen, P):
+    """topk_length 0 and all-invalid rows: out 0, lse -inf; with a finite sink still 0."""
+    cache = build_cache("v32", 576, 16, [30, 12], [1, 1], gen, 16)
+    bad = invalid_kinds(cache)
+    idx = torch.tensor([bad * 3, [cache.encode(1, 0)] * 18], dtype=torch.int32, device=DEV)
+    topk = torch.tensor([18, 0], dtype=torch.int32, device=DEV)
+    sink = torch.randn(16, generator=gen).to(DEV)
+    o, lse = run(make_q(2, 16, 576, gen), cache.operand(), [1, 1], indices=idx,
+                 topk_lengths=topk, attn_sink=sink, num_partitions=P)  # fmt: skip
+    assert torch.all(o == 0)
+    assert torch.all(lse == float("-inf"))
+
+
+def test_sparse_without_topk_lengths_and_per_token_lengths(gen):
+    """topk_lengths=None: every entry of the row is a candidate (validated by range only);
+    [tokens] lengths: one length per query token."""
+    q_lens = [2, 1]
+    cache = build_cache("bf16", 512, 1, [25, 9], q_lens, gen, 20)
+    stride = 21
+    idx, valid = sparse_indices(cache, q_lens, stride, gen, [stride, stride])
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(3, 20, 512, gen)
+    o, lse = run(q, cache.operand(), q_lens, indices=idx)
+
+    def keys_of(b, i):
+        return torch.stack([cache.at(e) for e in valid[offs[b] + i]])
+
+    check(o, lse, *oracle(q, offs, keys_of))
+    per_tok = torch.tensor([stride, 4, 0], dtype=torch.int32, device=DEV)
+    o, lse = run(q, cache.operand(), q_lens, indices=idx, topk_lengths=per_tok)
+    idx_c = idx.cpu().tolist()
+
+    def keys_of_tok(b, i):
+        t = offs[b] + i
+        n = int(per_tok[t])
+        ok = [e for e in idx_c[t][:n] if 0 <= e < cache.slots]
+        if not ok:
+            return torch.zeros(0, 512, dtype=torch.float64)
+        return torch.stack([cache.at(e) for e in ok])
+
+    check(o, lse, *oracle(q, offs, keys_of_tok))
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------
+def test_invalid_arguments(gen):
+    cache = build_cache("bf16", 576, 16, [4], [1], gen, 2)
+    q = make_q(1, 2, 576, gen)
+    offs = ragged_offsets([1], DEV)
+    with pytest.raises(InvalidArgumentError):
+        mla_decode_triton(q.float(), cache.operand(), offs)
+    with pytest.raises(InvalidArgumentError):
+        mla_decode_triton(q[..., :500], cache.operand(), offs)
+    with pytest.raises(InvalidArgumentError):
+        mla_decode_triton(q, cache.operand(), offs, d_v=600)
+    with pytest.raises(InvalidArgumentError):
+        mla_decode_triton(q, cache.operand(), offs, num_partitions=0)
+    with pytest.raises(InvalidArgumentError):
+        mla_decode_triton(q, cache.operand(), offs, extra_kv=cache.operand())
+    with pytest.raises(InvalidArgumentError):
+        mla_decode_triton(q, cache.operand(), offs, attn_sink=torch.zeros(3, device=DEV))
+
+
+def test_empty_batch():
+    params = KVCacheParams(BF16, 1, 1, 576, 16, is_mla=True, num_q_heads=4, devices=(DEV,))
+    pc = make_paged_cache(params, [3], [1], device=DEV)
+    kv = PagedOperand(pc.inputs, params, 0, "k")
+    q = torch.empty(0, 4, 576, dtype=BF16, device=DEV)
+    offs = torch.zeros(2, dtype=torch.int32, device=DEV)
+    o, lse = mla_decode_triton(q, kv, offs)
+    assert o.shape == (0, 4, 512) and lse.shape == (0, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: the full grid and CUDA graphs
+# --------------------------------------------------------------------------------------------
+GPU_FORMATS = [(f, d) for f, (_, dims, _) in FORMATS.items() for d in dims]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [1, 16, 20, 64, 128])
+@pytest.mark.parametrize("fmt,d_qk", GPU_FORMATS, ids=[f"{f}-{d}" for f, d in GPU_FORMATS])
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_gpu_grid(mode, fmt, d_qk, h_q):
+    """Every s_q in {1, 2, 4} x page size in {1, 16, 64, 128} for one (mode, format, h_q)."""
+    for s_q in (1, 2, 4):
+        for ps in (1, 16, 64, 128):
+            _gpu_case(mode, fmt, d_qk, h_q, s_q, ps)
+
+
+def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
+    gen = torch.Generator().manual_seed(hash((mode, fmt, d_qk, h_q, s_q, ps)) % 2**31)
+    batch = 3
+    cache_lens = [700] + [int(torch.randint(0, 400, (), generator=gen)) for _ in range(batch - 1)]
+    q_lens = [s_q] * batch
+    cache = build_cache(fmt, d_qk, ps, cache_lens, q_lens, gen, h_q)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, d_qk, gen)
+    sink = make_sinks(h_q, gen)
+    P = 1 + (h_q + s_q + ps) % 4
+    if mode == "dense":
+        o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P)
+        keys_of = dense_keys(cache, cache_lens, q_lens)
+    else:
+        stride = 160
+        topk = [stride, 100, 0]
+        idx, valid = sparse_indices(cache, q_lens, stride, gen, topk)
+        topk_t = torch.tensor(topk, dtype=torch.int32, device=DEV)
+        o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P,
+                     indices=idx, topk_lengths=topk_t)  # fmt: skip
+
+        def keys_of(b, i):
+            v = valid[offs[b] + i]
+            if not v:
+                return torch.zeros(0, d_qk, dtype=torch.float64)
+            return torch.stack([cache.at(e) for e in v])
+
+    check(o, lse, *oracle(q, offs, keys_of, sink=sink), tol_for(fmt, d_qk))
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_with_changing_lengths():
+    """Capture once with static buffers; refresh lengths, lookup table and queries in place and
+    replay: every replay must match the oracle for the new lengths."""
+    gen = torch.Generator().manual_seed(1234)
+    h_q, ps, max_len = 16, 64, 1024
+    cache_lens = [700, 300, 1000]
+    q_lens = [1, 1, 1]
+    cache = build_cache("rope_aware", 576, ps, [max_len - 1] * 3, q_lens, gen, h_q)
+    kv = cache.operand()
+    offs_t = ragged_offsets(q_lens, DEV)
+    q = make_q(3, h_q, 576, gen)
+    out = torch.empty(3, h_q, 512, dtype=BF16, device=DEV)
+    cl = cache.inputs.cache_lengths
+    cl.copy_(torch.tensor(cache_lens, dtype=torch.int32))
+    mla_decode_triton(q, kv, offs_t, out=out, num_partitions=4)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = mla_decode_triton(q, kv, offs_t, out=out, num_partitions=4)
+    for _ in range(3):
+        new = [int(torch.randint(0, max_len - 1, (), generator=gen)) for _ in range(3)]
+        cl.copy_(torch.tensor(new, dtype=torch.int32))
+        q.copy_(make_q(3, h_q, 576, gen))
+        poison_(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = oracle(q, [0, 1, 2, 3], dense_keys(cache, new, q_lens))
+        check(out, lse, *ref)
