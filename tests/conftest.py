@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
+
+# Without CUDA, Triton kernels run in the interpreter. The variable must be set before any
+# module decorates a kernel (whichever test module xdist imports first), so set it here.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
