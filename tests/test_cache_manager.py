@@ -203,8 +203,7 @@ def test_tensor_parallel_same_page_ids_and_data_parallel_pools():
 
 
 def optional_combos():
-    for scales, meta, spec, is_mla in itertools.product([0, 1], [0, 1], [0, 1], [0, 1]):
-        yield scales, meta, spec, is_mla
+    yield from itertools.product([0, 1], [0, 1], [0, 1], [0, 1])
 
 
 @pytest.mark.parametrize("scales, meta, spec, is_mla", list(optional_combos()))

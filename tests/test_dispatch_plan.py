@@ -30,7 +30,9 @@ def test_runtime_inputs_carry_the_plan():
     (inp,) = m.runtime_inputs(["a"])
     parts = dispatch.mla_num_partitions(1, 16, 3000, 3000, dispatch.DEFAULT_NUM_SMS)
     assert inp.attention_dispatch_metadata.tolist() == [1, 3000, parts]
-    assert inp.mla_num_partitions.tolist() == [parts] and inp.mla_num_partitions.device.type == "cpu"
+    assert (
+        inp.mla_num_partitions.tolist() == [parts] and inp.mla_num_partitions.device.type == "cpu"
+    )
     m.step(["a"], [[1]])
     m.alloc("a", 1)
     (inp,) = m.runtime_inputs(["a"])

@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from oracles import LAYER, Cache, dense_keys, invalid_kinds, make_sinks, oracle
 
 from pagedattn import (
     DenseOperand,
@@ -35,7 +36,6 @@ from pagedattn.ops.mla import (
 from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_, ragged_offsets
 
 BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
-LAYER = 1  # of 2 layers: catches layer-stride mistakes
 # LSE in float32: |lse| is O(1..10); float32 rounding of the sums stays far below 1e-4.
 LSE_TOL = dict(abs_tol=1e-4, rel_tol=1e-5, cos_tol=1e-10)
 ROPE = 64
@@ -113,36 +113,6 @@ def decode_pool(params: KVCacheParams, inputs, layer: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # Caches, queries and the oracle
 # --------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Cache:
-    params: KVCacheParams
-    inputs: object
-    seq_lens: list[int]
-    pool: torch.Tensor  # float64 [P, ps, d] decoded by the oracle
-    lut: list[list[int]]
-
-    @property
-    def ps(self) -> int:
-        return self.params.page_size
-
-    @property
-    def slots(self) -> int:
-        return self.pool.shape[0] * self.ps
-
-    def key(self, b: int, pos: int) -> torch.Tensor:
-        """Token `pos` of request b, addressed by the oracle from the lookup table."""
-        return self.pool[self.lut[b][pos // self.ps], pos % self.ps]
-
-    def encode(self, b: int, pos: int) -> int:
-        return self.lut[b][pos // self.ps] * self.ps + pos % self.ps
-
-    def at(self, enc: int) -> torch.Tensor:
-        return self.pool[enc // self.ps, enc % self.ps]
-
-    def operand(self):
-        return PagedOperand(self.inputs, self.params, LAYER, "k")
-
-
 def write_tokens(params: KVCacheParams, inputs, x: torch.Tensor, seq: list[int]) -> None:
     """Write x [sum(seq), 1, d] at positions 0..seq[b]-1 of each request of layer LAYER."""
     if params.quant_format == "blockwise" and params.scale_dtype == E8M0:
@@ -192,53 +162,6 @@ def build_cache(fmt, d_qk, page_size, cache_lens, q_lens, gen, h_q=16) -> Cache:
 
 def make_q(tokens, h_q, d_qk, gen, dtype=BF16):
     return (torch.randn(tokens, h_q, d_qk, generator=gen) * 2).to(dtype)
-
-
-def make_sinks(h_q, gen):
-    s = torch.randn(h_q, generator=gen) * 2
-    if h_q > 1:
-        s[0] = float("inf")  # output 0 for head 0
-        s[-1] = float("-inf")  # no effect
-    return s
-
-
-def attend64(q64, keys, d_v, scale, sink):
-    """q64 [h, d], keys [N, d] float64 -> (out [h, d_v], lse [h])."""
-    h = q64.shape[0]
-    if keys.shape[0] == 0:
-        return torch.zeros(h, d_v, dtype=torch.float64), torch.full((h,), -math.inf).double()
-    s = keys @ q64.T * scale  # [N, h]
-    m = s.max(dim=0).values
-    e = torch.exp(s - m)
-    denom = e.sum(dim=0)
-    lse = m + torch.log(denom)
-    if sink is not None:
-        denom = denom + torch.exp(sink.double() - m)
-    out = (e.T @ keys[:, :d_v]) / denom[:, None]
-    return out, lse
-
-
-def oracle(q, offsets, keys_of, d_v, scale=None, sink=None):
-    """keys_of(b, i) -> float64 [N, d] keys that query i of request b sees."""
-    tokens, h_q, d = q.shape
-    scale = 1 / math.sqrt(d) if scale is None else scale
-    out = torch.zeros(tokens, h_q, d_v, dtype=torch.float64)
-    lse = torch.zeros(tokens, h_q, dtype=torch.float64)
-    for b in range(len(offsets) - 1):
-        for i in range(offsets[b + 1] - offsets[b]):
-            t = offsets[b] + i
-            out[t], lse[t] = attend64(q[t].double(), keys_of(b, i), d_v, scale, sink)
-    return out, lse
-
-
-def dense_keys(cache: Cache, cache_lens, q_lens, causal: bool):
-    def keys_of(b, i):
-        n = cache_lens[b] + (i + 1 if causal else q_lens[b])
-        if n == 0:
-            return torch.zeros(0, cache.params.head_dim, dtype=torch.float64)
-        return torch.stack([cache.key(b, j) for j in range(n)])
-
-    return keys_of
 
 
 def run(q, kv, offsets_t, **kw):
@@ -323,11 +246,6 @@ def test_explicit_scale_and_fp32_queries(gen):
 # --------------------------------------------------------------------------------------------
 # Sparse (+ extra cache)
 # --------------------------------------------------------------------------------------------
-def invalid_kinds(cache: Cache) -> list[int]:
-    """-1, -2^31, exactly one past the end, huge, and other negatives."""
-    return [-1, -(2**31), cache.slots, 2**31 - 1, cache.slots + 7, -5]
-
-
 def nan_slots(cache: Cache) -> list[int]:
     """Encoded in-range slots no token was written to (they hold NaN)."""
     written = {cache.encode(b, j) for b, n in enumerate(cache.seq_lens) for j in range(n)}

@@ -23,9 +23,10 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import dataclasses  # noqa: E402
-import math  # noqa: E402
 
+import oracles  # noqa: E402
 import pytest  # noqa: E402
+from oracles import LAYER, Cache, dense_keys, invalid_kinds, oracle  # noqa: E402
 
 from pagedattn import (  # noqa: E402
     InvalidArgumentError,
@@ -39,7 +40,6 @@ from pagedattn.ops.mla.triton_mla import mla_decode_triton  # noqa: E402
 from pagedattn.testing import assert_close, make_paged_cache, poison_, ragged_offsets  # noqa: E402
 
 BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
-LAYER = 1  # of 2 layers: catches layer-stride mistakes
 ROPE = 64
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEV = "cuda" if ON_GPU else "cpu"
@@ -127,35 +127,6 @@ def decode_pool(params: KVCacheParams, inputs) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # Caches, queries, oracle
 # --------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Cache:
-    params: KVCacheParams
-    inputs: object
-    seq_lens: list[int]
-    pool: torch.Tensor  # float64 [P, ps, d]
-    lut: list[list[int]]
-
-    @property
-    def ps(self) -> int:
-        return self.params.page_size
-
-    @property
-    def slots(self) -> int:
-        return self.pool.shape[0] * self.ps
-
-    def key(self, b: int, pos: int) -> torch.Tensor:
-        return self.pool[self.lut[b][pos // self.ps], pos % self.ps]
-
-    def encode(self, b: int, pos: int) -> int:
-        return self.lut[b][pos // self.ps] * self.ps + pos % self.ps
-
-    def at(self, enc: int) -> torch.Tensor:
-        return self.pool[enc // self.ps, enc % self.ps]
-
-    def operand(self):
-        return PagedOperand(self.inputs, self.params, LAYER, "k")
-
-
 def _write(params: KVCacheParams, inputs, x: torch.Tensor, seq: list[int]) -> None:
     """x [sum(seq), 1, d] at positions 0..seq[b]-1 of each request, layer LAYER."""
     if params.quant_format == "blockwise":  # written here: independent of store_kv
@@ -208,50 +179,7 @@ def make_q(tokens, h_q, d_qk, gen):
 
 
 def make_sinks(h_q, gen):
-    s = torch.randn(h_q, generator=gen) * 2
-    if h_q > 1:
-        s[0] = float("inf")  # output 0 for head 0
-        s[-1] = float("-inf")  # no effect
-    return s.to(DEV)
-
-
-def attend64(q64, keys, d_v, scale, sink):
-    """q64 [h, d], keys [N, d] float64 -> (out [h, d_v], lse [h])."""
-    h = q64.shape[0]
-    if keys.shape[0] == 0:
-        return torch.zeros(h, d_v, dtype=torch.float64), torch.full((h,), -math.inf).double()
-    s = keys @ q64.T * scale
-    m = s.max(dim=0).values
-    e = torch.exp(s - m)
-    denom = e.sum(dim=0)
-    lse = m + torch.log(denom)
-    if sink is not None:
-        denom = denom + torch.exp(sink.double().cpu() - m)
-    return (e.T @ keys[:, :d_v]) / denom[:, None], lse
-
-
-def oracle(q, offsets, keys_of, d_v=512, scale=None, sink=None):
-    """keys_of(b, i) -> float64 [N, d] keys seen by query i of request b."""
-    tokens, h_q, d = q.shape
-    scale = 1 / math.sqrt(d) if scale is None else scale
-    out = torch.zeros(tokens, h_q, d_v, dtype=torch.float64)
-    lse = torch.zeros(tokens, h_q, dtype=torch.float64)
-    qc = q.cpu()
-    for b in range(len(offsets) - 1):
-        for i in range(offsets[b + 1] - offsets[b]):
-            t = offsets[b] + i
-            out[t], lse[t] = attend64(qc[t].double(), keys_of(b, i), d_v, scale, sink)
-    return out, lse
-
-
-def dense_keys(cache: Cache, cache_lens, q_lens, causal=True):
-    def keys_of(b, i):
-        n = cache_lens[b] + (i + 1 if causal else q_lens[b])
-        if n == 0:
-            return torch.zeros(0, cache.params.head_dim, dtype=torch.float64)
-        return torch.stack([cache.key(b, j) for j in range(n)])
-
-    return keys_of
+    return oracles.make_sinks(h_q, gen).to(DEV)
 
 
 def run(q, kv, q_lens, **kw):
@@ -381,11 +309,6 @@ def test_sentinel_pages_are_never_read(gen):
 # --------------------------------------------------------------------------------------------
 # Sparse (+ extra cache)
 # --------------------------------------------------------------------------------------------
-def invalid_kinds(cache: Cache) -> list[int]:
-    """-1, -2^31, exactly one past the end, huge, other negatives."""
-    return [-1, -(2**31), cache.slots, 2**31 - 1, cache.slots + 7, -5]
-
-
 def sparse_indices(cache: Cache, q_lens, stride, gen, n_valid):
     """[tokens, stride] int32: per token, n_valid[b] valid entries (random tokens of request b,
     duplicates allowed) scattered among invalid ones of every kind; positions >= n_valid[b]

@@ -28,7 +28,6 @@ into a compact layout on each call; pagedattn's own caches (`to_flashmla_cache`)
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 
 import torch
@@ -36,18 +35,14 @@ import torch
 from ..errors import InvalidArgumentError, check
 from ..fp8.mla_formats import MODEL1_BYTES, MODEL1_D_QK, V32_BYTES, V32_D_QK
 from ..operands import RowOperand
+from ..ops._checks import check_scale
+from ..ops._checks import describe_value as _describe
 from ..ops.mla import MAX_Q_PER_REQUEST, mla_decode
 from . import UnsupportedFeatureError
 
 FP8_CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 D_QK_VALUES = (V32_D_QK, MODEL1_D_QK)  # 576, 512
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return repr(x) if isinstance(x, (int, float, str, bool, type(None))) else type(x).__name__
 
 
 @dataclasses.dataclass
@@ -265,16 +260,7 @@ def flash_mla_with_kvcache(
     )
     check(isinstance(causal, bool), "causal", "a bool", _describe(causal))
     check(isinstance(is_fp8_kvcache, bool), "is_fp8_kvcache", "a bool", _describe(is_fp8_kvcache))
-    if softmax_scale is not None:
-        check(
-            isinstance(softmax_scale, numbers.Real)
-            and not isinstance(softmax_scale, bool)
-            and math.isfinite(softmax_scale)
-            and softmax_scale > 0,
-            "softmax_scale",
-            "None or a finite float > 0",
-            _describe(softmax_scale),
-        )
+    check_scale(softmax_scale, "softmax_scale", describe_got=True)
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         meta = tile_scheduler_metadata
     else:

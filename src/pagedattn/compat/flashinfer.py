@@ -39,6 +39,8 @@ import torch
 
 from ..errors import InvalidArgumentError, check
 from ..operands import RowOperand
+from ..ops._checks import check_scale
+from ..ops._checks import describe_value as _describe
 from ..ops.masks import Mask, causal, null, sliding_window_causal, tensor_mask
 from ..ops.mha import mha
 from . import UnsupportedFeatureError
@@ -58,12 +60,6 @@ PagedKVCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 # Small helpers --------------------------------------------------------------------------------
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return repr(x) if isinstance(x, (int, float, str, type(None))) else type(x).__name__
-
-
 def _as_dtype(x: object, name: str) -> torch.dtype:
     """FlashInfer accepts a torch.dtype or its name ("float16", "bfloat16", ...)."""
     if isinstance(x, torch.dtype):
@@ -216,10 +212,29 @@ class _Plan:
     num_partitions: int | None
 
 
+def _check_graph_buffers(**buffers: object) -> None:
+    """CUDA-graph mode: every static metadata buffer is a 1-D tensor (checked in order)."""
+    for nm, t in buffers.items():
+        check(
+            isinstance(t, torch.Tensor) and t.ndim == 1,
+            nm,
+            "a 1-D tensor in CUDA-graph mode",
+            _describe(t),
+        )
+
+
 class _PagedWrapperBase:
     """Shared plan/run machinery of the two FlashInfer wrappers."""
 
     _api = "wrapper"
+
+    def run_return_lse(
+        self, q: torch.Tensor, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`run(..., return_lse=True)` (`run` is each wrapper's own)."""
+        return self.run(  # type: ignore[attr-defined]
+            q, paged_kv_cache, *args, return_lse=True, **kwargs
+        )
 
     def _init_common(
         self,
@@ -373,15 +388,7 @@ class _PagedWrapperBase:
                     "is not implemented by pagedattn's attention kernels"
                 )
         if sm_scale is not None:
-            check(
-                isinstance(sm_scale, numbers.Real)
-                and not isinstance(sm_scale, bool)
-                and math.isfinite(sm_scale)
-                and sm_scale > 0,
-                "sm_scale",
-                "None or a finite float > 0",
-                _describe(sm_scale),
-            )
+            check_scale(sm_scale, "sm_scale", describe_got=True)
             sm_scale = float(sm_scale)
         check(isinstance(disable_split_kv, bool), "disable_split_kv", "a bool", disable_split_kv)
 
@@ -852,17 +859,11 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
         check(isinstance(use_tensor_cores, bool), "use_tensor_cores", "a bool", use_tensor_cores)
         fixed, cap = 0, 0
         if use_cuda_graph:
-            for nm, t in (
-                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
-                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
-                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
-            ):
-                check(
-                    isinstance(t, torch.Tensor) and t.ndim == 1,
-                    nm,
-                    "a 1-D tensor in CUDA-graph mode",
-                    _describe(t),
-                )
+            _check_graph_buffers(
+                paged_kv_indptr_buffer=paged_kv_indptr_buffer,
+                paged_kv_indices_buffer=paged_kv_indices_buffer,
+                paged_kv_last_page_len_buffer=paged_kv_last_page_len_buffer,
+            )
             fixed = paged_kv_last_page_len_buffer.shape[0]
             check(
                 fixed >= 1 and paged_kv_indptr_buffer.shape[0] == fixed + 1,
@@ -1014,12 +1015,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
             lse_base=lse_base,
         )
 
-    def run_return_lse(
-        self, q: torch.Tensor, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`run(..., return_lse=True)`."""
-        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
-
 
 # Prefill -------------------------------------------------------------------------------------
 class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
@@ -1056,18 +1051,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
         """
         fixed, cap = 0, 0
         if use_cuda_graph:
-            for nm, t in (
-                ("qo_indptr_buf", qo_indptr_buf),
-                ("paged_kv_indptr_buf", paged_kv_indptr_buf),
-                ("paged_kv_indices_buf", paged_kv_indices_buf),
-                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
-            ):
-                check(
-                    isinstance(t, torch.Tensor) and t.ndim == 1,
-                    nm,
-                    "a 1-D tensor in CUDA-graph mode",
-                    _describe(t),
-                )
+            _check_graph_buffers(
+                qo_indptr_buf=qo_indptr_buf,
+                paged_kv_indptr_buf=paged_kv_indptr_buf,
+                paged_kv_indices_buf=paged_kv_indices_buf,
+                paged_kv_last_page_len_buf=paged_kv_last_page_len_buf,
+            )
             fixed = qo_indptr_buf.shape[0] - 1
             check(
                 fixed >= 1
@@ -1236,12 +1225,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
             kv_cache_sf=kv_cache_sf,
             lse_base=lse_base,
         )
-
-    def run_return_lse(
-        self, q: torch.Tensor, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`run(..., return_lse=True)`."""
-        return self.run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
 
 
 __all__ = [

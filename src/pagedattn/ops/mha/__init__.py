@@ -13,24 +13,19 @@ CUDA-graph safe) and dispatches with `ops.dispatch.choose_backend`: the Triton k
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
 from ...errors import check
 from ...operands import RowOperand
+from .._checks import check_head_vector, check_num_partitions, check_out, check_scale
+from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from ..masks import Mask, causal
 from .reference import mha_reference
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MHA_QUANT_FORMATS = (None, "blockwise", "per_tensor")
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return type(x).__name__
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
@@ -120,47 +115,11 @@ def _validate(
             f"a bool [total_q={total_q}, max_keys] tensor on {q.device}",
             _describe(t),
         )
-    if scale is not None:
-        check(
-            isinstance(scale, numbers.Real)
-            and not isinstance(scale, bool)
-            and math.isfinite(scale)
-            and scale > 0,
-            "scale",
-            "None or a finite float > 0",
-            scale,
-        )
-    if sinks is not None:
-        check(
-            isinstance(sinks, torch.Tensor)
-            and sinks.dtype == torch.float32
-            and tuple(sinks.shape) == (h_q,)
-            and sinks.device == q.device,
-            "sinks",
-            f"a float32 tensor of shape ({h_q},) on {q.device}",
-            _describe(sinks),
-        )
-    if num_partitions is not None:
-        check(
-            isinstance(num_partitions, numbers.Integral)
-            and not isinstance(num_partitions, bool)
-            and num_partitions >= 1,
-            "num_partitions",
-            "None or an int >= 1",
-            num_partitions,
-        )
+    check_scale(scale)
+    check_head_vector(sinks, "sinks", h_q, q.device)
+    check_num_partitions(num_partitions)
     check(isinstance(return_lse, bool), "return_lse", "a bool", type(return_lse).__name__)
-    if out is not None:
-        want = (total_q, h_q, v.head_dim)
-        check(
-            isinstance(out, torch.Tensor)
-            and tuple(out.shape) == want
-            and out.dtype == q.dtype
-            and out.device == q.device,
-            "out",
-            f"a {q.dtype} tensor of shape {want} on {q.device}",
-            _describe(out),
-        )
+    check_out(out, (total_q, h_q, v.head_dim), q)
     return mask
 
 

@@ -9,13 +9,15 @@ reference additionally checks the values that need the host (row offsets, at mos
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 
 from ...errors import check
 from ...operands import RowOperand
+from .._checks import check_head_vector, check_num_partitions, check_out, check_scale
+from .._checks import check_int32 as _check_int32
+from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from .reference import (
     MAX_Q_PER_REQUEST,
@@ -26,12 +28,6 @@ from .reference import (
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 D_QK_VALUES = (576, 512)  # DeepSeek V2/V3 (512 latent + 64 rope), V4 (448 + 64)
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return type(x).__name__
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
@@ -51,19 +47,6 @@ def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
     if not op.quantization_enabled:
         check(op.dtype == q.dtype, f"{name}.dtype", f"q.dtype={q.dtype}", op.dtype)
     check(op.rows.device == q.device, f"{name}.device", f"q.device={q.device}", op.rows.device)
-
-
-def _check_int32(
-    t: object, name: str, shape: tuple[int | None, ...], what: str, device: torch.device
-) -> None:
-    ok = (
-        isinstance(t, torch.Tensor)
-        and t.dtype == torch.int32
-        and t.ndim == len(shape)
-        and all(s is None or t.shape[i] == s for i, s in enumerate(shape))
-        and t.device == device
-    )
-    check(ok, name, f"an int32 {what} tensor on {device}", _describe(t))
 
 
 def _validate(
@@ -156,47 +139,11 @@ def _validate(
                 f"[batch={batch}]",
                 q.device,
             )
-    if scale is not None:
-        check(
-            isinstance(scale, numbers.Real)
-            and not isinstance(scale, bool)
-            and math.isfinite(scale)
-            and scale > 0,
-            "scale",
-            "None or a finite float > 0",
-            scale,
-        )
+    check_scale(scale)
     check(isinstance(causal, bool), "causal", "a bool", type(causal).__name__)
-    if attn_sink is not None:
-        check(
-            isinstance(attn_sink, torch.Tensor)
-            and attn_sink.dtype == torch.float32
-            and tuple(attn_sink.shape) == (h_q,)
-            and attn_sink.device == q.device,
-            nm("attn_sink"),
-            f"a float32 tensor of shape ({h_q},) on {q.device}",
-            _describe(attn_sink),
-        )
-    if num_partitions is not None:
-        check(
-            isinstance(num_partitions, numbers.Integral)
-            and not isinstance(num_partitions, bool)
-            and num_partitions >= 1,
-            nm("num_partitions"),
-            "None or an int >= 1",
-            num_partitions,
-        )
-    if out is not None:
-        want = (tokens, h_q, d_v)
-        check(
-            isinstance(out, torch.Tensor)
-            and tuple(out.shape) == want
-            and out.dtype == q.dtype
-            and out.device == q.device,
-            "out",
-            f"a {q.dtype} tensor of shape {want} on {q.device}",
-            _describe(out),
-        )
+    check_head_vector(attn_sink, nm("attn_sink"), h_q, q.device)
+    check_num_partitions(num_partitions, nm("num_partitions"))
+    check_out(out, (tokens, h_q, d_v), q)
 
 
 def mla_decode(

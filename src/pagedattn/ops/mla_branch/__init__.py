@@ -18,18 +18,14 @@ from ...cache.inputs import KVCacheInputsPerDevice
 from ...cache.params import KVCacheParams
 from ...errors import check
 from ...operands import PagedOperand, RowOperand
+from .._checks import check_out, check_scale
+from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from ..masks import Mask
 from ..mla import _validate as _validate_mla_decode
 from .reference import mla_decode_branch_fp8_reference
 
 W_SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return type(x).__name__
 
 
 def _resolve_mask(mask: str | Mask) -> bool:
@@ -187,15 +183,7 @@ def _validate(
         f"a float tensor of shape ({rank},) on {device}",
         _describe(kv_norm_gamma),
     )
-    check(
-        isinstance(scale, numbers.Real)
-        and not isinstance(scale, bool)
-        and math.isfinite(scale)
-        and scale > 0,
-        "scale",
-        "a finite float > 0",
-        scale,
-    )
+    check_scale(scale, optional=False)
     check(
         isinstance(epsilon, numbers.Real)
         and not isinstance(epsilon, bool)
@@ -322,17 +310,7 @@ def mla_decode_branch_fp8(
             "extra_indices": "extra_d_indices",
         },
     )
-    if out is not None:
-        want = (tokens, h_q, w_uv.shape[1])
-        check(
-            isinstance(out, torch.Tensor)
-            and tuple(out.shape) == want
-            and out.dtype == q.dtype
-            and out.device == q.device,
-            "out",
-            f"a {q.dtype} tensor of shape {want} on {q.device}",
-            _describe(out),
-        )
+    check_out(out, (tokens, h_q, w_uv.shape[1]), q)
     kwargs = dict(
         scale=scale,
         epsilon=epsilon,
