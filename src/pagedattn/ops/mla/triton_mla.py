@@ -1290,7 +1290,20 @@ def mla_decode_triton(
     extra_indices/extra_topk_lengths: a second sparse operand joined in the same softmax;
     attn_sink: [h_q] f32. Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] f32, natural
     log over keys only). No host synchronisation; sizes depend only on shapes.
+
+    Known defect: blockwise-FP8 (granularity G) MLA caches fault with a misaligned address on
+    an H100 at page size 16 (bench/gpu_debug_mla_fp8.py, 2026-11-21; page size 1 and the
+    interpreter are correct). Until it is fixed, such calls on CUDA run the reference.
     """
+    if q.is_cuda and "blockwise" in (kv.quant_format, getattr(extra_kv, "quant_format", None)):
+        from .reference import mla_decode_reference
+
+        return mla_decode_reference(
+            q, kv, q_row_offsets, d_v=d_v, scale=scale, causal=causal, indices=indices,
+            topk_lengths=topk_lengths, extra_kv=extra_kv, extra_indices=extra_indices,
+            extra_topk_lengths=extra_topk_lengths, attn_sink=attn_sink,
+            num_partitions=num_partitions, out=out,
+        )  # fmt: skip
     check(q.ndim == 3, "q", "a [tokens, h_q, d_qk] tensor", tuple(q.shape))
     tokens, h_q, d_qk = q.shape
     check(
