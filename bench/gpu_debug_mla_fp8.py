@@ -55,7 +55,5 @@ for d_qk in (576, 512):
                 err = (o.float() - r.float()).abs().max().item()
                 print(f"{fmt} align={align} d{d_qk} ps{ps} P{P}: ok err={err:.3g}")
             except Exception as e:
-                print(
-                    f"{fmt} align={align} d{d_qk} ps{ps} P{P}: FAIL {type(e).__name__} {e}"
-                )
+                print(f"{fmt} align={align} d{d_qk} ps{ps} P{P}: FAIL {type(e).__name__} {e}")
                 sys.exit(1)
