@@ -101,3 +101,47 @@ def dense_keys(cache: Cache, cache_lens, q_lens, causal=True):
 def invalid_kinds(cache: Cache) -> list[int]:
     """-1, -2^31, exactly one past the end, huge, and other negatives."""
     return [-1, -(2**31), cache.slots, 2**31 - 1, cache.slots + 7, -5]
+
+
+# --------------------------------------------------------------------------------------------
+# An independent float64 decoder of one layer's raw cache bytes
+# --------------------------------------------------------------------------------------------
+def _as(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return b.contiguous().view(dtype).double()
+
+
+def _e8m0(b: torch.Tensor) -> torch.Tensor:
+    """e8m0 byte e encodes 2^(e - 127)."""
+    return torch.pow(2.0, b.double() - 127.0)
+
+
+def decode_pool(params: KVCacheParams, inputs, layer: int = LAYER) -> torch.Tensor:
+    """float64 [total_num_pages, page_size, head_dim]: every slot of one layer, decoded (on
+    the CPU) from the buffers' documented layouts."""
+    blocks = inputs.kv_blocks[:, 0, layer, :, 0, :].cpu()  # [P, ps, row_elems]
+    P, ps, _ = blocks.shape
+    lat = params.head_dim - params.mla_rope_dim
+    fmt = params.quant_format
+    if fmt is None:
+        return blocks.double()
+    if fmt == "blockwise":
+        s = inputs.kv_scales[:, 0, layer, :, 0, :].cpu()
+        s = _e8m0(s.view(torch.uint8)) if s.dtype == torch.float8_e8m0fnu else s.double()
+        return blocks.double() * s.repeat_interleave(params.scale_granularity, dim=-1)
+    if fmt == "per_tensor":
+        return blocks.double() * float(inputs.kv_scales[0, layer])
+    raw = blocks.view(torch.uint8)
+    e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    if fmt == "mla_rope_aware":
+        s = inputs.kv_scales[:, 0, layer, :, 0, :].cpu().double()  # [P, ps, 1]
+        return torch.cat([_as(raw[..., :lat], e4m3) * s, _as(raw[..., lat:], bf16)], dim=-1)
+    if fmt == "flashmla_v32":
+        s = _as(raw[..., 512:528], torch.float32)  # [P, ps, 4]
+        x = _as(raw[..., :512], e4m3).reshape(P, ps, 4, 128) * s[..., None]
+        return torch.cat([x.reshape(P, ps, 512), _as(raw[..., 528:656], bf16)], dim=-1)
+    assert fmt == "flashmla_model1"
+    page = inputs.kv_blocks[:, 0, layer].cpu().reshape(P, ps * 584)  # one block a page
+    data = page[:, : ps * 576].reshape(P, ps, 576)
+    s = _e8m0(page[:, ps * 576 :].reshape(P, ps, 8)[..., :7])
+    x = _as(data[..., :448], e4m3).reshape(P, ps, 7, 64) * s[..., None]
+    return torch.cat([x.reshape(P, ps, 448), _as(data[..., 448:], bf16)], dim=-1)

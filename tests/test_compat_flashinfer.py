@@ -52,6 +52,7 @@ class Case:
     ) -> None:
         d_vo = d_qk if d_vo is None else d_vo
         self.layout, self.page_size, self.kv_lens = layout, page_size, kv_lens
+        self.h_kv, self.d_qk = h_kv, d_qk
         n_pages = [-(-n // page_size) for n in kv_lens]
         total = sum(n_pages) + extra_pages
         perm = torch.randperm(total, generator=gen)
@@ -80,6 +81,12 @@ class Case:
             caches.append(x)
         self.k_cache, self.v_cache = caches
         self.num_pages = total
+
+    def plan_args(self, h_qo: int) -> tuple:
+        """plan()'s positional arguments from the page table on: indptr, indices,
+        last_page_len, num_qo_heads, num_kv_heads, head_dim (qk), page_size."""
+        ps = self.page_size
+        return self.indptr, self.indices, self.last_page_len, h_qo, self.h_kv, self.d_qk, ps
 
     def single(self) -> torch.Tensor:
         """[P, 2, ...] (needs d_qk == d_vo)."""
@@ -165,13 +172,7 @@ def test_decode(gen, layout, form, kv):
     case = Case(gen, kv_lens, page_size=ps, h_kv=h_kv, d_qk=d, layout=layout, kv_dtype=kv_dtype)
     w = BatchDecodeWithPagedKVCacheWrapper(workspace(), layout)
     w.plan(
-        case.indptr,
-        case.indices,
-        case.last_page_len,
-        h_qo,
-        h_kv,
-        d,
-        ps,
+        *case.plan_args(h_qo),
         q_data_type=BF16,
         kv_data_type=kv_dtype,
     )
@@ -199,13 +200,7 @@ def test_decode_window_sinks_gqa(gen, layout, ps):
     sinks[0] = float("inf")  # output 0 for head 0
     w = BatchDecodeWithPagedKVCacheWrapper(workspace(), layout)
     w.plan(
-        case.indptr,
-        case.indices,
-        case.last_page_len,
-        h_qo,
-        h_kv,
-        d,
-        ps,
+        *case.plan_args(h_qo),
         window_left=window,
         q_data_type="float32",
         sm_scale=0.3,
@@ -229,13 +224,7 @@ def test_decode_multi_token_and_tensor_scales(gen):
     case = Case(gen, kv_lens, page_size=ps, h_kv=h_kv, d_qk=d, kv_dtype=E4M3)
     w = BatchDecodeWithPagedKVCacheWrapper(workspace(), "NHD", use_tensor_cores=True)
     w.plan(
-        case.indptr,
-        case.indices,
-        case.last_page_len,
-        h_qo,
-        h_kv,
-        d,
-        ps,
+        *case.plan_args(h_qo),
         q_data_type=BF16,
         kv_data_type=E4M3,
         q_len_per_req=qlen,
@@ -259,7 +248,7 @@ def test_decode_reads_live_cache_memory(gen):
     ps, d = 4, 16
     case = Case(gen, [9, 6], page_size=ps, h_kv=1, d_qk=d, kv_dtype=F32)
     w = BatchDecodeWithPagedKVCacheWrapper(workspace(), "NHD")
-    w.plan(case.indptr, case.indices, case.last_page_len, 2, 1, d, ps, data_type=torch.float32)
+    w.plan(*case.plan_args(2), data_type=torch.float32)
     q = torch.randn(2, 2, d, generator=gen)
     cache = case.single()
     o1 = w.run(q, cache)
@@ -283,7 +272,7 @@ def test_decode_cuda_graph_buffers_refreshed_in_place(gen):
     ptrs = None
     for kv_lens in ([5, 12, 1], [30, 2, 17]):
         case = Case(gen, kv_lens, page_size=ps, h_kv=h_kv, d_qk=d, layout="HND", kv_dtype=F32)
-        w.plan(case.indptr, case.indices, case.last_page_len, h_qo, h_kv, d, ps, q_data_type=F32)
+        w.plan(*case.plan_args(h_qo), q_data_type=F32)
         p = w._plan
         now = (p.lut.data_ptr(), p.cache_lengths.data_ptr(), p.q_row_offsets.data_ptr())
         assert ptrs is None or now == ptrs
@@ -294,7 +283,7 @@ def test_decode_cuda_graph_buffers_refreshed_in_place(gen):
         assert_close(o, ref_o, abs_tol=1e-5, rel_tol=1e-5, cos_tol=1e-12)
     bad = Case(gen, [3, 3], page_size=ps, h_kv=h_kv, d_qk=d, kv_dtype=F32)
     with pytest.raises(InvalidArgumentError, match="batch size"):
-        w.plan(bad.indptr, bad.indices, bad.last_page_len, h_qo, h_kv, d, ps, q_data_type=F32)
+        w.plan(*bad.plan_args(h_qo), q_data_type=F32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,13 +299,7 @@ def test_prefill_masks(gen, layout, causal, window):
     w = BatchPrefillWithPagedKVCacheWrapper(workspace(), layout)
     w.plan(
         qo_indptr,
-        case.indptr,
-        case.indices,
-        case.last_page_len,
-        h_qo,
-        h_kv,
-        d,
-        ps,
+        *case.plan_args(h_qo),
         causal=causal,
         window_left=window,
         q_data_type=BF16,
@@ -352,13 +335,7 @@ def test_prefill_custom_mask_and_head_dim_vo(gen, packed):
     w = BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD")
     w.plan(
         torch.tensor([0, 4, 10], dtype=torch.int32),
-        case.indptr,
-        case.indices,
-        case.last_page_len,
-        h_qo,
-        h_kv,
-        d_qk,
-        ps,
+        *case.plan_args(h_qo),
         head_dim_vo=d_vo,
         causal=True,  # ignored with a custom mask
         q_data_type=BF16,
@@ -393,7 +370,7 @@ def test_prefill_custom_mask_and_head_dim_vo(gen, packed):
 def test_unsupported_features_and_bad_arguments(gen):
     ps, d = 4, 16
     case = Case(gen, [5, 3], page_size=ps, h_kv=1, d_qk=d, kv_dtype=F32)
-    args = (case.indptr, case.indices, case.last_page_len, 2, 1, d, ps)
+    args = case.plan_args(2)
     w = BatchDecodeWithPagedKVCacheWrapper(workspace(), "NHD")
     q = torch.randn(2, 2, d, generator=gen)
     with pytest.raises(InvalidArgumentError, match="plan"):
@@ -423,11 +400,7 @@ def test_unsupported_features_and_bad_arguments(gen):
     with pytest.raises(InvalidArgumentError, match="custom_mask"):
         pw.plan(
             torch.tensor([0, 1, 2], dtype=torch.int32),
-            *args[:3],
-            2,
-            1,
-            d,
-            ps,
+            *args,
             custom_mask=torch.ones(3, dtype=torch.bool),
             q_data_type=F32,
         )

@@ -318,18 +318,24 @@ def _rand_kv(n, h, d):
     return torch.randn(n, h, d) * 0.7
 
 
-def test_dense_operand():
-    h_kv, d, S = 2, 64, 30
+def _dense_kv(S, h_kv, d, d_v, dtype=torch.float32):
+    """Dense K/V operands [batch, S, h_kv, d / d_v] (NaN past each request's tokens) over
+    CACHE_LENS + NEW_TOKENS, and their tokens in float64 per request."""
     seq = [c + n for c, n in zip(CACHE_LENS, NEW_TOKENS)]
-    kd = torch.full((len(seq), S, h_kv, d), math.nan, dtype=BF16)
-    vd = torch.full_like(kd, math.nan)
+    kd = torch.full((len(seq), S, h_kv, d), math.nan, dtype=dtype)
+    vd = torch.full((len(seq), S, h_kv, d_v), math.nan, dtype=dtype)
     ks, vs = [], []
     for b, n in enumerate(seq):
-        kd[b, :n], vd[b, :n] = _rand_kv(n, h_kv, d), _rand_kv(n, h_kv, d)
+        kd[b, :n], vd[b, :n] = _rand_kv(n, h_kv, d), _rand_kv(n, h_kv, d_v)
         ks.append(kd[b, :n].double())
         vs.append(vd[b, :n].double())
     cl = torch.tensor(CACHE_LENS, dtype=torch.int32)
-    k, v = DenseOperand(kd, cl), DenseOperand(vd, cl)
+    return DenseOperand(kd, cl), DenseOperand(vd, cl), ks, vs
+
+
+def test_dense_operand():
+    h_kv, d, S = 2, 64, 30
+    k, v, ks, vs = _dense_kv(S, h_kv, d, d, BF16)
     offsets = lens_to_offsets(NEW_TOKENS)
     q = make_q(offsets, 8, d)
     check_against_oracle(q, k, v, ks, vs, CACHE_LENS, offsets, num_partitions=3)
@@ -357,16 +363,7 @@ def test_dense_operand_fp8_blockwise():
 def test_strided_q_and_value_head_dim_differs():
     """q as a slice of a fused QKV projection (non-contiguous), and d_v != d_qk."""
     h_q, h_kv, d, d_v, S = 4, 2, 64, 32, 26
-    seq = [c + n for c, n in zip(CACHE_LENS, NEW_TOKENS)]
-    kd = torch.full((len(seq), S, h_kv, d), math.nan)
-    vd = torch.full((len(seq), S, h_kv, d_v), math.nan)
-    ks, vs = [], []
-    for b, n in enumerate(seq):
-        kd[b, :n], vd[b, :n] = _rand_kv(n, h_kv, d), _rand_kv(n, h_kv, d_v)
-        ks.append(kd[b, :n].double())
-        vs.append(vd[b, :n].double())
-    cl = torch.tensor(CACHE_LENS, dtype=torch.int32)
-    k, v = DenseOperand(kd, cl), DenseOperand(vd, cl)
+    k, v, ks, vs = _dense_kv(S, h_kv, d, d_v)
     offsets = lens_to_offsets(NEW_TOKENS)
     qkv = torch.randn(offsets[-1], (h_q + 2 * h_kv) * d)
     q = qkv[:, : h_q * d].view(-1, h_q, d)

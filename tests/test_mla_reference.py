@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from oracles import LAYER, Cache, dense_keys, invalid_kinds, make_sinks, oracle
+from oracles import LAYER, Cache, decode_pool, dense_keys, invalid_kinds, make_sinks, oracle
 
 from pagedattn import (
     DenseOperand,
@@ -54,60 +54,6 @@ FORMATS = {
     "model1": (lambda: KVQuantConfig.flashmla_model1(), (512,)),
 }
 PER_TENSOR_SCALE = 0.0125  # |x| <= ~5.6 for randn values: x / s stays inside e4m3's range
-
-
-# --------------------------------------------------------------------------------------------
-# An independent decoder of the raw cache bytes (float64)
-# --------------------------------------------------------------------------------------------
-def _e4m3(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.float8_e4m3fn).double()
-
-
-def _bf16(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.bfloat16).double()
-
-
-def _f32(b: torch.Tensor) -> torch.Tensor:
-    return b.contiguous().view(torch.float32).double()
-
-
-def _e8m0(b: torch.Tensor) -> torch.Tensor:
-    """e8m0 byte e encodes 2^(e - 127)."""
-    return torch.pow(2.0, b.double() - 127.0)
-
-
-def decode_pool(params: KVCacheParams, inputs, layer: int) -> torch.Tensor:
-    """float64 [total_num_pages, page_size, head_dim]: every slot of one layer, decoded from
-    the buffers' documented layouts."""
-    blocks = inputs.kv_blocks[:, 0, layer, :, 0, :]  # [P, ps, row_elems]
-    P, ps, _ = blocks.shape
-    d = params.head_dim
-    lat = d - params.mla_rope_dim
-    fmt = params.quant_format
-    if fmt is None:
-        return blocks.double()
-    if fmt == "blockwise":
-        G = params.scale_granularity
-        s = inputs.kv_scales[:, 0, layer, :, 0, :]
-        if s.dtype == E8M0:
-            s = _e8m0(s.view(torch.uint8))
-        return blocks.double() * s.double().repeat_interleave(G, dim=-1)
-    if fmt == "per_tensor":
-        return blocks.double() * float(inputs.kv_scales[0, layer])
-    if fmt == "mla_rope_aware":
-        s = inputs.kv_scales[:, 0, layer, :, 0, :].double()  # [P, ps, 1]
-        return torch.cat([_e4m3(blocks[..., :lat]) * s, _bf16(blocks[..., lat:])], dim=-1)
-    if fmt == "flashmla_v32":
-        scales = _f32(blocks[..., 512:528])  # [P, ps, 4]
-        latent = _e4m3(blocks[..., :512]).reshape(P, ps, 4, 128) * scales[..., None]
-        return torch.cat([latent.reshape(P, ps, 512), _bf16(blocks[..., 528:656])], dim=-1)
-    assert fmt == "flashmla_model1"
-    page = inputs.kv_blocks[:, 0, layer].reshape(P, ps * 584)  # one contiguous block a page
-    data = page[:, : ps * 576].reshape(P, ps, 576)
-    trailer = page[:, ps * 576 :].reshape(P, ps, 8)
-    scales = _e8m0(trailer[..., :7])
-    latent = _e4m3(data[..., :448]).reshape(P, ps, 7, 64) * scales[..., None]
-    return torch.cat([latent.reshape(P, ps, 448), _bf16(data[..., 448:])], dim=-1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import dataclasses  # noqa: E402
 
 import oracles  # noqa: E402
 import pytest  # noqa: E402
-from oracles import LAYER, Cache, dense_keys, invalid_kinds, oracle  # noqa: E402
+from oracles import LAYER, Cache, decode_pool, dense_keys, invalid_kinds, oracle  # noqa: E402
 
 from pagedattn import (  # noqa: E402
     InvalidArgumentError,
@@ -79,49 +79,6 @@ PER_TENSOR_SCALE = 0.0125
 def tol_for(fmt: str, d_qk: int) -> dict:
     multi = FORMATS[fmt][2] or (fmt == "rope_aware" and d_qk == 512)
     return TOL_DEQ if multi else TOL
-
-
-# --------------------------------------------------------------------------------------------
-# Independent float64 decoder of one layer's raw bytes
-# --------------------------------------------------------------------------------------------
-def _as(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return b.contiguous().view(dtype).double()
-
-
-def _e8m0(b: torch.Tensor) -> torch.Tensor:
-    return torch.pow(2.0, b.double() - 127.0)
-
-
-def decode_pool(params: KVCacheParams, inputs) -> torch.Tensor:
-    """float64 [total_pages, page_size, head_dim] of layer LAYER, from the byte layouts."""
-    blocks = inputs.kv_blocks[:, 0, LAYER, :, 0, :].cpu()  # [P, ps, row_elems]
-    P, ps, _ = blocks.shape
-    d = params.head_dim
-    lat = d - ROPE
-    fmt = params.quant_format
-    if fmt is None:
-        return blocks.double()
-    if fmt == "blockwise":
-        s = inputs.kv_scales[:, 0, LAYER, :, 0, :].cpu()
-        s = _e8m0(s.view(torch.uint8)) if s.dtype == E8M0 else s.double()
-        return blocks.double() * s.repeat_interleave(params.scale_granularity, dim=-1)
-    if fmt == "per_tensor":
-        return blocks.double() * float(inputs.kv_scales[0, LAYER])
-    raw = blocks.view(torch.uint8)
-    if fmt == "mla_rope_aware":
-        s = inputs.kv_scales[:, 0, LAYER, :, 0, :].cpu().double()
-        return torch.cat(
-            [_as(raw[..., :lat], torch.float8_e4m3fn) * s, _as(raw[..., lat:], BF16)], -1
-        )
-    if fmt == "flashmla_v32":
-        s = _as(raw[..., 512:528], F32)
-        x = _as(raw[..., :512], torch.float8_e4m3fn).reshape(P, ps, 4, 128) * s[..., None]
-        return torch.cat([x.reshape(P, ps, 512), _as(raw[..., 528:656], BF16)], dim=-1)
-    page = inputs.kv_blocks[:, 0, LAYER].cpu().reshape(P, ps * 584)
-    data = page[:, : ps * 576].reshape(P, ps, 576)
-    s = _e8m0(page[:, ps * 576 :].reshape(P, ps, 8)[..., :7])
-    x = _as(data[..., :448], torch.float8_e4m3fn).reshape(P, ps, 7, 64) * s[..., None]
-    return torch.cat([x.reshape(P, ps, 448), _as(data[..., 448:], BF16)], dim=-1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ..ops._checks import check_scale
 from ..ops._checks import describe_value as _describe
 from ..ops.mla import MAX_Q_PER_REQUEST, mla_decode
 from . import UnsupportedFeatureError
+from ._paging import paged_row_strides
 
 FP8_CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -154,19 +155,7 @@ def _mla_operand(
         # stride in whole 584-byte rows) cannot express: copy into a compact layout.
         raw = raw.contiguous()
         s0, s1 = raw.stride(0), raw.stride(1)
-    st = s1
-    if ps == 1:
-        st = s0 if P > 1 else max(s1, 1)
-    if P == 1:
-        s0 = st * ps
-    check(
-        st > 0 and s0 > 0 and s0 % st == 0,
-        f"{name}.stride()",
-        "a block stride that is a positive multiple of the token stride (call .contiguous())",
-        raw.stride(),
-    )
-    psr = s0 // st
-    n_rows = (P - 1) * psr + ps
+    st, psr, n_rows = paged_row_strides(P, ps, s0, s1, name, "block", raw.stride())
     rows = raw.as_strided((n_rows, 1, row), (st, row, 1), raw.storage_offset())
     return RowOperand(
         rows,

@@ -44,6 +44,7 @@ from ..ops._checks import describe_value as _describe
 from ..ops.masks import Mask, causal, null, sliding_window_causal, tensor_mask
 from ..ops.mha import mha
 from . import UnsupportedFeatureError
+from ._paging import paged_row_strides
 
 LOG2E = 1.0 / math.log(2.0)
 KV_LAYOUTS = ("NHD", "HND")
@@ -164,18 +165,7 @@ def _cache_view(c: torch.Tensor, layout: str, name: str) -> _CacheView:
         sp, sh, st, sd = c.stride()
     check(P >= 1 and ps >= 1 and H >= 1 and D >= 1, name, "non-empty pages", _describe(c))
     check(sd == 1 or D == 1, f"{name}.stride()", "a head dim of stride 1", c.stride())
-    if ps == 1:
-        st = sp if P > 1 else max(st, 1)  # the token stride of one-token pages is the page's
-    if P == 1:
-        sp = st * ps
-    check(
-        st > 0 and sp > 0 and sp % st == 0,
-        f"{name}.stride()",
-        "a page stride that is a positive multiple of the token stride (call .contiguous())",
-        c.stride(),
-    )
-    psr = sp // st
-    n_rows = (P - 1) * psr + ps
+    st, psr, n_rows = paged_row_strides(P, ps, sp, st, name, "page", c.stride())
     rows = c.as_strided((n_rows, H, D), (st, sh, 1), c.storage_offset())
     return _CacheView(rows, psr, P, ps, H, D)
 

@@ -130,6 +130,18 @@ def _check_out_dtype(out_dtype: torch.dtype) -> None:
     )
 
 
+def _check_token_scales(scales: object, raw: torch.Tensor) -> None:
+    """scales: float32 [..., 1], one per row of raw [..., bytes]."""
+    check(
+        isinstance(scales, torch.Tensor)
+        and scales.dtype == torch.float32
+        and tuple(scales.shape) == (*raw.shape[:-1], 1),
+        "scales",
+        f"a float32 tensor of shape {(*raw.shape[:-1], 1)}",
+        f"{tuple(scales.shape)} {scales.dtype}" if isinstance(scales, torch.Tensor) else scales,
+    )
+
+
 def _pow2_tile_scales(latent: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
     """latent [..., L] -> (q [..., L] e4m3, scales [..., L // tile] e8m0, powers of two)."""
     return quantize_blockwise(latent, tile, E8M0_DTYPE)
@@ -178,14 +190,7 @@ def unpack_rope_aware(
         f"a uint8 tensor [..., latent + {2 * rope_dim}] with latent > 0",
         f"{tuple(raw.shape)} {raw.dtype}" if isinstance(raw, torch.Tensor) else type(raw),
     )
-    check(
-        isinstance(scales, torch.Tensor)
-        and scales.dtype == torch.float32
-        and tuple(scales.shape) == (*raw.shape[:-1], 1),
-        "scales",
-        f"a float32 tensor of shape {(*raw.shape[:-1], 1)}",
-        f"{tuple(scales.shape)} {scales.dtype}" if isinstance(scales, torch.Tensor) else scales,
-    )
+    _check_token_scales(scales, raw)
     _check_out_dtype(out_dtype)
     latent = raw.shape[-1] - 2 * rope_dim
     lat = _view_bytes_as(raw[..., :latent], FP8_DTYPE).float() * scales
@@ -240,14 +245,7 @@ def rope_aware_to_v32(
     _check_raw(raw, "raw", ROPE_AWARE_BYTES)
     if requantize:
         return pack_v32(unpack_rope_aware(raw, scales, ROPE_AWARE_ROPE, torch.float32))
-    check(
-        isinstance(scales, torch.Tensor)
-        and scales.dtype == torch.float32
-        and tuple(scales.shape) == (*raw.shape[:-1], 1),
-        "scales",
-        f"a float32 tensor of shape {(*raw.shape[:-1], 1)}",
-        f"{tuple(scales.shape)} {scales.dtype}" if isinstance(scales, torch.Tensor) else scales,
-    )
+    _check_token_scales(scales, raw)
     s4 = _bytes_of(scales.expand(*scales.shape[:-1], V32_NUM_TILES))
     return torch.cat([raw[..., :V32_LATENT], s4, raw[..., V32_LATENT:]], dim=-1)
 
