@@ -31,14 +31,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
+from common import TY, capture_launch  # noqa: E402
 
 BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
 DEV = "cuda"  # "cpu" with --dry (Triton interpreter, tiny sizes, no timing)
 DRY = False
-TY = {
-    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-    torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.int64: "i64",
-}  # fmt: skip
 
 BMM_VARIANTS = {
     "auto": {},
@@ -55,26 +52,6 @@ BMM_VARIANTS = {
 # ------------------------------------------------------------------------------------------
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
-def _capture(module, name, call):
-    """Run `call` with `module.name[grid](...)` intercepted; returns (args, kwargs)."""
-    cap = {}
-    real = getattr(module, name)
-
-    class _Fake:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                cap.update(args=args, kw=kw, grid=grid)
-
-            return launch
-
-    setattr(module, name, _Fake())
-    try:
-        call()
-    finally:
-        setattr(module, name, real)
-    return cap
-
-
 def _compile(fn, cap, outdir, tag):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -146,7 +123,7 @@ def compile_only(outdir):
                     w = torch.empty(h_q, n, k, dtype=torch.float8_e4m3fn)
                     ws = torch.empty(h_q, n // 128, k // 128, dtype=F32)
                     pre = {"pre": True, "fused": False}.get(var)
-                    cap = _capture(
+                    cap = capture_launch(
                         B, "_fp8_bmm_kernel", lambda: B.fp8_bmm_triton(x, w, ws, prequant=pre)
                     )
                     tag = f"bmm_{which}_h{h_q}_m{tokens}_{var}"
@@ -179,7 +156,7 @@ def compile_only(outdir):
         fr = torch.empty(4096, 64, dtype=F32)
         gam = torch.empty(d_qk - 64, dtype=BF16)
         offs = torch.tensor([0, 1, 2], dtype=torch.int32)
-        cap = _capture(
+        cap = capture_launch(
             T, "_rope_norm_store_kernel",
             lambda: T.rope_norm_store_triton(q, qf, nkv, fr, gam, 1e-6, kv, offs, qk_nope_dim=128),
         )  # fmt: skip

@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
+from common import TY, capture_launch  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
@@ -119,40 +120,19 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 # ------------------------------------------------------------------------------------------
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
-TY = {
-    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-    torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.int64: "i64",
-}  # fmt: skip
-
-
 def _capture(call, sm90=False):
     """Run `call` with the kernel launch intercepted: (args, kwargs) of the launch. sm90=True
     takes the Gluon sm_90 path (as on an H100) instead of the tl kernel."""
     import pagedattn.ops.mla.triton_mla as M
 
-    cap = {}
     name = "_mla_decode_sm90" if sm90 else "_mla_decode_kernel"
-    real = getattr(M, name)
-    use = M._use_sm90_path
-
-    class _Fake:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                cap.update(args=args, kw=kw, grid=grid)
-
-            return launch
-
-    setattr(M, name, _Fake())
-    M._use_sm90_path = lambda *a: sm90
-    comb = M.mla_combine_triton
-    M.mla_combine_triton = lambda *a, **k: None
-    try:
-        call()
-    finally:
-        setattr(M, name, real)
-        M._use_sm90_path = use
-        M.mla_combine_triton = comb
-    return cap
+    return capture_launch(
+        M,
+        name,
+        call,
+        _use_sm90_path=lambda *a: sm90,
+        mla_combine_triton=lambda *a, **k: None,
+    )
 
 
 def compile_offline(cap, outdir, tag, sm90=False):

@@ -167,10 +167,9 @@ def normed_roped(ab: Absorbed, lat: torch.Tensor, pos: torch.Tensor, freqs, inte
 SEQS = [(7, 1), (12, 3), (0, 2)]  # (cached tokens, new tokens this step) per request
 
 
-def pagedattn_step(module, ab, hs, dtype, page_size, interleaved, gen, sparse_of=None):
-    """One decode step of every request with pagedattn in the absorbed form: store the new
-    tokens, mla_decode (dense, or sparse with indices from `sparse_of(b, lut)`), w_uv, o_proj.
-    Returns [sum(new), hidden] float64."""
+def cached_prefix(module, ab, hs, dtype, page_size, interleaved, gen):
+    """Every request's cached tokens, normed and roped, in a fresh cache with room for the new
+    ones: (freqs_cis, params, cache)."""
     cache_lens = [c for c, _ in SEQS]
     q_lens = [n for _, n in SEQS]
     freqs = make_freqs_cis(ROPE, 64, module.config.rope_parameters["rope_theta"])
@@ -179,7 +178,15 @@ def pagedattn_step(module, ab, hs, dtype, page_size, interleaved, gen, sparse_of
         for h, (c, _) in zip(hs, SEQS)
     ]
     params, pc = build_cache(dtype, page_size, cache_lens, q_lens, prefix, gen)
-    offsets = ragged_offsets(q_lens)
+    return freqs, params, pc
+
+
+def pagedattn_step(module, ab, hs, dtype, page_size, interleaved, gen, sparse_of=None):
+    """One decode step of every request with pagedattn in the absorbed form: store the new
+    tokens, mla_decode (dense, or sparse with indices from `sparse_of(b, lut)`), w_uv, o_proj.
+    Returns [sum(new), hidden] float64."""
+    freqs, params, pc = cached_prefix(module, ab, hs, dtype, page_size, interleaved, gen)
+    offsets = ragged_offsets([n for _, n in SEQS])
     new_rows, qs = [], []
     for h, (c, n) in zip(hs, SEQS):
         pos = torch.arange(c, c + n)
@@ -249,21 +256,14 @@ def test_deepseek_v3_fp8_branch(gen):
     ab = absorbed(module)
     hs = hidden_states(gen)
     ref, _ = hf_reference(module, rotary, hs)
-    cache_lens = [c for c, _ in SEQS]
-    q_lens = [n for _, n in SEQS]
-    freqs = make_freqs_cis(ROPE, 64, module.config.rope_parameters["rope_theta"])
-    prefix = [
-        normed_roped(ab, latents(module, h)[:c], torch.arange(c), freqs, True, BF16)
-        for h, (c, _) in zip(hs, SEQS)
-    ]
-    params, pc = build_cache(BF16, 16, cache_lens, q_lens, prefix, gen)
+    freqs, params, pc = cached_prefix(module, ab, hs, BF16, 16, True, gen)
     q = torch.cat([queries(module, h)[c:] for h, (c, _) in zip(hs, SEQS)]).to(BF16)
     new_kv = torch.cat([latents(module, h)[c:] for h, (c, _) in zip(hs, SEQS)]).to(BF16)
     w_uk, w_uk_s = quantize_weight_blocks(ab.w_uk.transpose(1, 2).float())  # [H, rank, nope]
     w_uv, w_uv_s = quantize_weight_blocks(ab.w_uv.float())  # [H, v_head, rank]
     out = mla_decode_branch_fp8(
         q,
-        ragged_offsets(q_lens),
+        ragged_offsets([n for _, n in SEQS]),
         freqs,
         ab.gamma.to(BF16),
         pc.inputs,

@@ -48,6 +48,12 @@ def check_scale(
     )
 
 
+def check_granularities(k_gran: object, n_gran: object) -> None:
+    """Block sizes `k_gran` and `n_gran` of the blockwise-FP8 matmuls: each an int >= 1."""
+    for name, g in (("k_gran", k_gran), ("n_gran", n_gran)):
+        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, name, "an int >= 1", g)
+
+
 def check_num_partitions(num_partitions: object, name: str = "num_partitions") -> None:
     """None or an int >= 1."""
     if num_partitions is None:

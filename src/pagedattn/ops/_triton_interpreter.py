@@ -9,7 +9,7 @@ import triton.language as tl
 
 
 def install_interpreter_shim() -> None:
-    """Work around two bugs of Triton 3.6's interpreter (TRITON_INTERPRET=1 only; no effect on
+    """Work around these bugs of Triton 3.6's interpreter (TRITON_INTERPRET=1 only; no effect on
     compiled kernels):
     - it turns a scalar tensor into a Python int with `int(array)`, which NumPy >= 2.4 refuses
       for its 1-element arrays, so any loop bound read from memory fails;

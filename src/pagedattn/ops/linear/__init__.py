@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 
 from ...errors import check
+from .._checks import check_granularities
+from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from .reference import (
     dequantize_activation_groups,
@@ -28,12 +30,6 @@ X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 W_SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
 
 
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return type(x).__name__
-
-
 def _check_fp8_bmm_args(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -46,8 +42,7 @@ def _check_fp8_bmm_args(
     """Shape/dtype/device checks of `fp8_bmm`. `names` lets a caller report its own argument
     names (e.g. the MLA branch's `w_uk`, `w_uk_scale`)."""
     xn, wn, sn = names
-    for name, g in (("k_gran", k_gran), ("n_gran", n_gran)):
-        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, name, "an int >= 1", g)
+    check_granularities(k_gran, n_gran)
     check(
         isinstance(x, torch.Tensor) and x.ndim == 3 and x.dtype in X_DTYPES,
         xn,

@@ -30,73 +30,21 @@ No host synchronisation; the output is the only allocation (when `out` is None).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ...errors import check
+from .._checks import check_granularities
+from .._triton_interpreter import install_interpreter_shim
+
+install_interpreter_shim()
 
 FP8_MAX = tl.constexpr(448.0)
 SCALE_FLOOR = tl.constexpr(1.1754943508222875e-38)  # 2^-126, `fp8.blockwise.SCALE_FLOOR`
 
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def install_interpreter_fixes() -> None:
-    """TRITON_INTERPRET=1 only (compiled kernels are untouched); idempotent, and chains onto
-    whatever the other kernels' shims installed:
-    - loop bounds read from memory become Python ints through `int(array)`, which NumPy >= 2.4
-      refuses for 1-element arrays;
-    - float32 -> bfloat16 casts truncate: round to nearest even as the GPU does;
-    - float -> e4m3 casts round by truncation-with-carry, mishandle subnormals and lose NaN:
-      convert through torch (round to nearest even, NaN kept), as `cvt.rn.satfinite` does on
-      the GPU for the clamped values these kernels produce."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import numpy as np
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_pagedattn_fp8_cast_shim", False):
-        return
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched_tensor(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched_tensor
-    builder = interpreter.InterpreterBuilder
-    inner = builder.create_fp_to_fp
-    fp8 = {tl.float8e4nv: torch.float8_e4m3fn, tl.float8e5: torch.float8_e5m2}
-
-    def fp_to_fp(self, src, dst_type, rounding_mode):
-        s_ty, d_ty = src.dtype.scalar, dst_type.scalar
-        if d_ty not in fp8 or s_ty not in (tl.float32, tl.float16):
-            return inner(self, src, dst_type, rounding_mode)
-        t = torch.from_numpy(np.ascontiguousarray(src.data).astype(np.float32))
-        out = t.to(fp8[d_ty]).view(torch.uint8).numpy()
-        return interpreter.TensorHandle(out, d_ty)
-
-    cast_impl = builder.cast_impl
-
-    def cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
-            rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> 16
-            nan = np.isnan(src.data)
-            out = np.where(nan, (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
-            return interpreter.TensorHandle(out, tl.bfloat16)
-        return cast_impl(self, src, dst_type)
-
-    builder.create_fp_to_fp = fp_to_fp
-    builder.cast_impl = cast
-    interpreter._pagedattn_fp8_cast_shim = True
-
-
-install_interpreter_fixes()
 
 
 # ------------------------------------------------------------------------------------------
@@ -480,8 +428,7 @@ def fp8_bmm_triton(
     batch, m, k = x.shape
     n = w.shape[1]
     check(w.shape[2] == k, "w", f"k = {k}", tuple(w.shape))
-    for name, g in (("k_gran", k_gran), ("n_gran", n_gran)):
-        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, name, "an int >= 1", g)
+    check_granularities(k_gran, n_gran)
     n_groups = -(-k // k_gran)
     want = (batch, -(-n // n_gran), n_groups)
     check(

@@ -18,7 +18,7 @@ from ...cache.inputs import KVCacheInputsPerDevice
 from ...cache.params import KVCacheParams
 from ...errors import check
 from ...operands import PagedOperand, RowOperand
-from .._checks import check_out, check_scale
+from .._checks import check_granularities, check_out, check_scale
 from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from ..masks import Mask
@@ -111,8 +111,7 @@ def _validate(
         f"an int in [0, {params.num_layers})",
         layer_idx,
     )
-    for name, g in (("k_gran", k_gran), ("n_gran", n_gran)):
-        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, name, "an int >= 1", g)
+    check_granularities(k_gran, n_gran)
     device = kv_inputs.kv_blocks.device
     rope_dim, d_qk = params.mla_rope_dim, params.head_dim
     rank = d_qk - rope_dim

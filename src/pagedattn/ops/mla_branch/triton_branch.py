@@ -33,10 +33,11 @@ from ...cache.inputs import KVCacheInputsPerDevice
 from ...cache.params import KVCacheParams
 from ...errors import check
 from ...operands import PagedOperand, RowOperand
-from ..linear.triton_fp8_bmm import fp8_bmm_triton, install_interpreter_fixes, saturate_e4m3
+from .._triton_interpreter import install_interpreter_shim
+from ..linear.triton_fp8_bmm import fp8_bmm_triton, saturate_e4m3
 from ..mla import mla_decode
 
-install_interpreter_fixes()
+install_interpreter_shim()
 
 # Cache formats (compile-time).
 FMT_PLAIN, FMT_BLOCKWISE, FMT_PER_TENSOR, FMT_ROPE_AWARE, FMT_V32, FMT_MODEL1 = range(6)
