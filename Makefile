@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/pagedattn demo $(ARGS)
+	$(BIN)/python -m pagedattn.cli demo $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
