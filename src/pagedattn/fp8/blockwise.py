@@ -30,6 +30,13 @@ def round_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     return torch.where(torch.isfinite(scale), p2, scale).to(torch.float8_e8m0fnu)
 
 
+def amax_over_fp8_max(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448, correctly rounded on every device. (On CUDA, torch turns a division by a
+    Python scalar into a multiply by its reciprocal, which can differ by one ulp and flip
+    e4m3 ties against kernels that divide exactly; dividing by a tensor does not.)"""
+    return amax / torch.full_like(amax, FP8_MAX)
+
+
 def quantize_blockwise(
     x: torch.Tensor, G: int, scale_dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +49,7 @@ def quantize_blockwise(
     check(G >= 1 and D % G == 0, "G", f"a divisor of the last dim {D}", G)
     xb = x.float().reshape(*x.shape[:-1], D // G, G)
     amax = xb.abs().amax(dim=-1)
-    scale = round_scale(amax / FP8_MAX, scale_dtype)
+    scale = round_scale(amax_over_fp8_max(amax), scale_dtype)
     q = (xb / scale.float().unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)
     return q.reshape(x.shape).to(FP8_DTYPE), scale
 

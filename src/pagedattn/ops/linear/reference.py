@@ -24,6 +24,7 @@ import torch
 
 from ...errors import check
 from ...fp8 import FP8_MAX, dequantize_blockwise, quantize_blockwise, round_scale
+from ...fp8.blockwise import amax_over_fp8_max
 
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -84,7 +85,7 @@ def quantize_weight_blocks(
     wp = _pad_last(wp.transpose(-1, -2), n_gran).transpose(-1, -2)  # [..., nb*n_gran, kb*k_gran]
     blocks = wp.reshape(*w.shape[:-2], nb, n_gran, kb, k_gran)
     amax = blocks.abs().amax(dim=(-3, -1))  # [..., nb, kb]
-    scales = round_scale(amax / FP8_MAX, scale_dtype)
+    scales = round_scale(amax_over_fp8_max(amax), scale_dtype)
     s = scales.float()[..., :, None, :, None]
     q = (blocks / s).clamp(-FP8_MAX, FP8_MAX).reshape(wp.shape)[..., :n, :k]
     return q.to(FP8_DTYPE), scales
