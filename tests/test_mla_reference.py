@@ -28,10 +28,8 @@ from pagedattn import (
 from pagedattn.fp8 import quantize_blockwise
 from pagedattn.ops.mla import (
     MAX_Q_PER_REQUEST,
-    encoded_to_rows,
     mla_decode,
     mla_decode_reference,
-    num_sparse_slots,
 )
 from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_, ragged_offsets
 
@@ -435,12 +433,12 @@ def test_dense_and_ragged_operands(gen):
 
 
 @pytest.mark.parametrize("ps", [1, 16, 64])
-def test_encoded_to_rows_matches_get_tma_row(gen, ps):
+def test_tma_rows_matches_get_tma_row(gen, ps):
     cache = build_cache("bf16", 576, ps, [70, 3], [1, 1], gen)
     op = cache.operand()
-    assert num_sparse_slots(op) == cache.slots
+    assert op.num_sparse_slots() == cache.slots
     enc = torch.randint(0, cache.slots, (50,), generator=gen)
-    rows = encoded_to_rows(op, enc)
+    rows = op.tma_rows(enc)
     assert rows.tolist() == [op.get_tma_row(int(e)) for e in enc]
     for b, n in enumerate(cache.seq_lens):
         for j in range(0, n, 7):

@@ -139,7 +139,7 @@ def store_rows(inputs, params, x: torch.Tensor, offsets: torch.Tensor) -> None:
     writer (`store_kv.reference.write_rows`)."""
     op = PagedOperand(inputs, params, LAYER, "k")
     b, pos = store_ref.token_batch_and_pos(offsets, inputs.cache_lengths, x.shape[0])
-    store_ref.write_rows(op, store_ref.physical_rows(op, b, pos), x)
+    store_ref.write_rows(op, op.physical_rows(b, pos), x)
 
 
 @dataclasses.dataclass
@@ -270,7 +270,7 @@ def new_rows(case: Case) -> torch.Tensor:
     q, offsets = case.args[:2]
     op = PagedOperand(case.inputs, case.params, LAYER, "k")
     b, pos = store_ref.token_batch_and_pos(offsets, case.inputs.cache_lengths, q.shape[0])
-    return store_ref.physical_rows(op, b, pos)
+    return op.physical_rows(b, pos)
 
 
 def check_cache(case: Case, before) -> None:

@@ -23,7 +23,6 @@ from pagedattn.fp8 import quantize_blockwise  # noqa: E402
 from pagedattn.operands import DenseOperand, PagedOperand  # noqa: E402
 from pagedattn.ops.store_kv import store_kv  # noqa: E402
 from pagedattn.ops.store_kv.reference import (  # noqa: E402
-    physical_rows,
     store_kv_reference,
     token_batch_and_pos,
 )
@@ -45,7 +44,7 @@ def reference_write(k, v, inp, params, offs):
         return
     for x, op in ((k, kop), (v, vop)):
         b, pos = token_batch_and_pos(offs, op.cache_lengths, x.shape[0])
-        rows = physical_rows(op, b, pos)
+        rows = op.physical_rows(b, pos)
         q, s = quantize_blockwise(x, op.quantization_granularity, op.scale_dtype)
         op.rows[rows] = q
         if s.dtype == E8M0:
@@ -139,7 +138,7 @@ def test_e8m0_scales_are_exact_ceil_pow2(gen):
     kop = PagedOperand(a, params, LAYER, "k")
     store_kv_triton(k, None, kop, None, ragged_offsets([40], DEV))
     pos = torch.arange(40, device=DEV)
-    rows = physical_rows(kop, torch.zeros(40, dtype=torch.long, device=DEV), pos)
+    rows = kop.physical_rows(torch.zeros(40, dtype=torch.long, device=DEV), pos)
     byte = kop.scales.view(torch.uint8)[rows].long().cpu()
     want = (k.float().abs().amax(-1).cpu() / 448).clamp_min(2.0**-126)
     mant, exp = torch.frexp(want)  # want = mant * 2^exp, mant in [0.5, 1)

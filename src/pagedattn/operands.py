@@ -171,13 +171,37 @@ class RowOperand:
             t = (t // ps + 1) * ps
         return out
 
+    def physical_rows(self, batch_idx: torch.Tensor | int, pos: torch.Tensor) -> torch.Tensor:
+        """`row_idx` elementwise on the device: int64 rows of (request, position) pairs."""
+        if self.page_size:
+            page = self.lut.long()[batch_idx, pos // self.page_size]
+            return page * self.page_stride_rows + pos % self.page_size
+        return self.row_offsets.long()[batch_idx] + pos
+
     def rows_for(self, batch_idx: int, num_tokens: int) -> torch.Tensor:
         """[num_tokens] int64 physical rows of tokens 0..num_tokens-1 of a request (device)."""
-        t = torch.arange(num_tokens, device=self.rows.device)
-        if self.page_size:
-            pages = self.lut[batch_idx].long()[t // self.page_size]
-            return pages * self.page_stride_rows + t % self.page_size
-        return self.row_offsets[batch_idx].long() + t
+        return self.physical_rows(batch_idx, torch.arange(num_tokens, device=self.rows.device))
+
+    def num_sparse_slots(self) -> int:
+        """Encoded sparse indices valid for this operand lie in [0, num_sparse_slots()).
+
+        Paged: num_pages * page_size (an index encodes `block * page_size + offset` with `block`
+        a physical page id). Not paged: the number of rows.
+        """
+        n_rows = self.num_kv_rows()
+        if not self.page_size:
+            return n_rows
+        if n_rows < self.page_size:
+            return 0
+        return ((n_rows - self.page_size) // self.page_stride_rows + 1) * self.page_size
+
+    def tma_rows(self, encoded: torch.Tensor) -> torch.Tensor:
+        """`get_tma_row` elementwise: int64 physical rows of encoded sparse indices (only
+        meaningful for valid entries, see `num_sparse_slots`)."""
+        enc = encoded.long()
+        if not self.page_size:
+            return enc
+        return (enc // self.page_size) * self.page_stride_rows + enc % self.page_size
 
     def load_rows(self, rows: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dequantized [len(rows), heads, head_dim] for physical row ids (reference path)."""

@@ -21,9 +21,7 @@ from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from .reference import (
     MAX_Q_PER_REQUEST,
-    encoded_to_rows,
     mla_decode_reference,
-    num_sparse_slots,
 )
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -232,8 +230,6 @@ def mla_decode(
 
 __all__ = [
     "MAX_Q_PER_REQUEST",
-    "encoded_to_rows",
     "mla_decode",
     "mla_decode_reference",
-    "num_sparse_slots",
 ]

@@ -1,7 +1,7 @@
 """Reference MLA decode: plain torch, fp32 accumulation, any device (docs/ops.md, `mla_decode`).
 
 It reads K only through the operand: `rows_for` (dense keys of a request), the operand's
-`get_tma_row` rule (sparse indices, vectorised in `encoded_to_rows`) and `load_rows`, which
+`get_tma_row` rule (sparse indices, vectorised in `RowOperand.tma_rows`) and `load_rows`, which
 dequantizes every FP8 layout. V is the first `d_v` dims of K.
 
 Keys of request b form one softmax over up to two segments, in this order:
@@ -9,7 +9,7 @@ Keys of request b form one softmax over up to two segments, in this order:
      `< cache_length(b) + i + 1`), or sparse, the entries of `indices[token]`;
   2. extra (optional): the entries of `extra_indices[token]` in `extra_kv`.
 A sparse entry is valid iff its position is `< topk_lengths[b]` (all positions when None; a
-negative length means none) and `0 <= encoded < num_sparse_slots(operand)`. Invalid entries
+negative length means none) and `0 <= encoded < operand.num_sparse_slots()`. Invalid entries
 are never loaded: their slot may hold NaN and must not reach the output.
 
 Split-K: the concatenated key axis of each request is cut into `num_partitions` contiguous
@@ -29,30 +29,6 @@ from ...operands import RowOperand
 from ..combine import combine_partials
 
 MAX_Q_PER_REQUEST = 8  # MTP / speculative verify: at most 8 query tokens a request
-
-
-def num_sparse_slots(op: RowOperand) -> int:
-    """Encoded sparse indices valid for `op` lie in [0, num_sparse_slots(op)).
-
-    Paged: num_pages * page_size (an index encodes `block * page_size + offset` with `block` a
-    physical page id). Not paged: the number of rows.
-    """
-    n_rows = op.num_kv_rows()
-    if op.page_size:
-        if n_rows < op.page_size:
-            return 0
-        return ((n_rows - op.page_size) // op.page_stride_rows + 1) * op.page_size
-    return n_rows
-
-
-def encoded_to_rows(op: RowOperand, encoded: torch.Tensor) -> torch.Tensor:
-    """`op.get_tma_row` applied elementwise: int64 physical rows of encoded sparse indices.
-
-    Only meaningful for valid entries (see `num_sparse_slots`)."""
-    enc = encoded.long()
-    if not op.page_size:
-        return enc
-    return (enc // op.page_size) * op.page_stride_rows + enc % op.page_size
 
 
 @dataclass
@@ -81,7 +57,7 @@ def _dense_segment(kv: RowOperand, b: int, n: int, causal: bool, device: torch.d
             f"{kv.lut.shape[1]} columns",
         )
         pages = kv.lut[b, :cols].long()
-        num_pages = num_sparse_slots(kv) // kv.page_size
+        num_pages = kv.num_sparse_slots() // kv.page_size
         bad = (pages < 0) | (pages >= num_pages)
         if bool(bad.any()):
             c = int(torch.nonzero(bad)[0])
@@ -111,14 +87,14 @@ def _sparse_segment(op: RowOperand, idx: torch.Tensor, length: int | None, d_qk:
     """idx: [n, stride] int32 encoded indices of one request's queries."""
     n, stride = idx.shape
     enc = idx.long()
-    slots = num_sparse_slots(op)
+    slots = op.num_sparse_slots()
     valid = (enc >= 0) & (enc < slots)
     if length is not None:
         pos = torch.arange(stride, device=idx.device)[None, :]
         valid &= pos < length
     keys = torch.zeros(n, stride, d_qk, dtype=torch.float32, device=idx.device)
     if bool(valid.any()):
-        rows = encoded_to_rows(op, enc[valid])
+        rows = op.tma_rows(enc[valid])
         keys[valid] = op.load_rows(rows, torch.float32)[:, 0, :]
     return _Segment(keys, valid)
 

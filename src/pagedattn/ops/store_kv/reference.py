@@ -19,14 +19,6 @@ def token_batch_and_pos(
     return b, pos
 
 
-def physical_rows(op: RowOperand, b: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Physical row of (request b, position pos), elementwise."""
-    if op.page_size:
-        page = op.lut.long()[b, pos // op.page_size]
-        return page * op.page_stride_rows + pos % op.page_size
-    return op.row_offsets.long()[b] + pos
-
-
 def write_rows(op: RowOperand, rows: torch.Tensor, x: torch.Tensor) -> None:
     """Quantize x [N, heads, head_dim] in the operand's format and write it at `rows`."""
     f = op.quant_format
@@ -56,7 +48,7 @@ def store_kv_reference(
 ) -> None:
     """Write token i of request b at position cache_length(b) + i of each operand."""
     b, pos = token_batch_and_pos(q_row_offsets, k_cache.cache_lengths, k_new.shape[0])
-    rows = physical_rows(k_cache, b, pos)
+    rows = k_cache.physical_rows(b, pos)
     write_rows(k_cache, rows, k_new)
     if v_new is not None:
-        write_rows(v_cache, physical_rows(v_cache, b, pos), v_new)
+        write_rows(v_cache, v_cache.physical_rows(b, pos), v_new)
