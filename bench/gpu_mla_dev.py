@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from common import TY, capture_launch  # noqa: E402
+from common import TY  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
@@ -120,19 +120,42 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 # ------------------------------------------------------------------------------------------
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
+def _kernel_name(sm90):
+    """sm90: False (tl kernel), True (64-row Gluon kernel) or "t" (keys-as-M Gluon kernel)."""
+    return {False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t"}[sm90]
+
+
 def _capture(call, sm90=False):
-    """Run `call` with the kernel launch intercepted: (args, kwargs) of the launch. sm90=True
-    takes the Gluon sm_90 path (as on an H100) instead of the tl kernel."""
+    """Run `call` with the kernel launches intercepted: (args, kwargs) of the launch and which
+    kernel it was (cap["sm90"], see `_kernel_name`). sm90=True takes the Gluon sm_90 paths
+    (as on an H100) instead of the tl kernel."""
     import pagedattn.ops.mla.triton_mla as M
 
-    name = "_mla_decode_sm90" if sm90 else "_mla_decode_kernel"
-    return capture_launch(
-        M,
-        name,
-        call,
-        _use_sm90_path=lambda *a: sm90,
-        mla_combine_triton=lambda *a, **k: None,
-    )
+    caps = {}
+    saved = {k: getattr(M, _kernel_name(k)) for k in (False, True, "t")}
+
+    class _Fake:
+        def __init__(self, kind):
+            self.kind = kind
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                caps.update(args=args, kw=kw, grid=grid, sm90=self.kind)
+
+            return launch
+
+    saved_use, saved_comb = M._use_sm90_path, M.mla_combine_triton
+    try:
+        for k in saved:
+            setattr(M, _kernel_name(k), _Fake(k))
+        M._use_sm90_path = lambda *a: sm90
+        M.mla_combine_triton = lambda *a, **k: None
+        call()
+    finally:
+        for k, v in saved.items():
+            setattr(M, _kernel_name(k), v)
+        M._use_sm90_path, M.mla_combine_triton = saved_use, saved_comb
+    return caps
 
 
 def compile_offline(cap, outdir, tag, sm90=False):
@@ -144,7 +167,7 @@ def compile_offline(cap, outdir, tag, sm90=False):
 
     import pagedattn.ops.mla.triton_mla as M
 
-    fn = M._mla_decode_sm90 if sm90 else M._mla_decode_kernel
+    fn = getattr(M, _kernel_name(sm90))
     kw = dict(cap["kw"])
     opts = dict(num_warps=kw.pop("num_warps"), num_stages=kw.pop("num_stages", 1))
     sig, attrs = {}, {}
@@ -205,15 +228,24 @@ VARIANTS = {
     "sm90b64n2": dict(gluon=True, sm90_bn=64, sm90_nbuf=2),
     "sm90b32n3": dict(gluon=True, sm90_bn=32, sm90_nbuf=3),
     "sm90b32n5": dict(gluon=True, sm90_bn=32, sm90_nbuf=5),
+    "sm90t": dict(gluon=True, sm90_t=True),
+    "sm90tn2": dict(gluon=True, sm90_t=True, sm90_t_nbuf=2),
+    "sm90tn3": dict(gluon=True, sm90_t=True, sm90_t_nbuf=3),
+    "sm90_64": dict(gluon=True, sm90_t=False),
 }
 
 CASES = [
     # name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, partitions
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90", "sm90b32n3", "tl"], [None, 1, 2]),
-    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90"], [None, 2]),
+     ["sm90t", "sm90_64"], [None, 1, 2]),
+    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0,
+     ["sm90t", "sm90_64"], [None, 1, 2]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90", "tl"], [None, 1, 2]),
+     ["sm90t", "sm90tn2", "sm90_64"], [None, 1, 2]),
+    ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
+     ["sm90t", "sm90tn2"], [None, 1, 2]),
+    ("dense bf16 h16 sq2 8k", "dense", "bf16", 576, 64, 8192, 16, 2, 64, 0,
+     ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90", "sm90b64n2"], [None, 1]),
@@ -245,8 +277,8 @@ def compile_only(outdir):
         for v in variants:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
-            sm90 = v.startswith("sm90")
-            cap = _capture(_launcher(q, kv, offs, kw, 1), sm90)
+            cap = _capture(_launcher(q, kv, offs, kw, 1), v.startswith("sm90"))
+            sm90 = cap["sm90"]
             tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
             t0 = time.time()
             try:

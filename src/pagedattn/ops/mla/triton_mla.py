@@ -1,9 +1,12 @@
 """MLA decode in Triton: dense or sparse, BF16 or FP8 caches, extra cache, sinks, split-K.
 
-Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Two kernels:
+Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Three kernels:
   - `_mla_decode_sm90` (Gluon, Hopper only): BF16, rope-aware and FlashMLA V32 caches with
     d_qk 576, paged, without an extra cache. 64-row tiles (padded for small h_q), S split by
     keys between two warpgroups, cp.async K ring. See its section below.
+  - `_mla_decode_sm90_t` (Gluon, Hopper only): the same caches (BF16 and rope-aware) when a
+    tile has at most 16-32 query rows (small h_q): keys are the MMA's M dimension, so nothing
+    is padded to 64 rows; FP8 runs float16 MMAs.
   - `_mla_decode_kernel` (tl): every case, every GPU and Triton's CPU interpreter (CI); one
     kernel specialised at compile time on format, mode and tile shape.
 
@@ -105,7 +108,14 @@ def _tile_keys(start, hi, b, tok, lut, idx, lut_stride, page_size, idx_stride,
     if SPARSE:
         key = tl.load(idx + tok * idx_stride + pos, mask=inb, other=-1)
     elif PAGED:
-        key = tl.load(lut + b * lut_stride + pos // page_size, mask=inb, other=0)
+        # Masked per page, not per position (same in-bounds columns: a page is read iff it
+        # starts before `hi`), so the key is visibly constant over each page. With a
+        # per-position mask Triton 3.6's axis analysis loses that, and for page sizes that
+        # are multiples of 16 it then takes every row `blk * psr + pos % page_size` for a
+        # multiple of 16: the scale loads `sc + rows * sc_stride + c` became 8-byte vectors,
+        # misaligned when sc_stride * scale bytes is not (blockwise G=64, d_qk 576: 9 scales).
+        pg = pos // page_size
+        key = tl.load(lut + b * lut_stride + pg, mask=pg * page_size < hi, other=0)
     else:
         key = pos
     return key
@@ -733,15 +743,17 @@ if _HAS_GLUON:
         sc_stride,
         FMT: gl.constexpr,
         ld_l: gl.constexpr,
+        NW: gl.constexpr = 8,
     ):
-        """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`."""
+        """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`
+        (NW: the kernel's warps)."""
         if FMT == 0:
             dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
             ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + dA[None, :]
             cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=valid[:, None])
         else:
             # 16 e4m3 (16 B) a thread and copy.
-            ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])
+            ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
             r8 = gl.convert_layout(rows, gl.SliceLayout(1, ld8_l))
             v8 = gl.convert_layout(valid, gl.SliceLayout(1, ld8_l))
             d8 = gl.arange(0, 512, layout=gl.SliceLayout(0, ld8_l))
@@ -749,7 +761,7 @@ if _HAS_GLUON:
             ptr = k8 + gl.multiple_of(r8 * stride, 16)[:, None] + d8[None, :]
             cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=v8[:, None])
             if FMT == 4:  # V32: 4 f32 scales at byte 512 of the row
-                s4_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [8, 1], [1, 0])
+                s4_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [NW, 1], [1, 0])
                 rs = gl.convert_layout(rows, gl.SliceLayout(1, s4_l))
                 vs = gl.convert_layout(valid, gl.SliceLayout(1, s4_l))
                 c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, s4_l))
@@ -757,7 +769,7 @@ if _HAS_GLUON:
                 ptr = k32 + (gl.multiple_of(rs * stride_q, 4) + 128)[:, None] + c4[None, :]
                 cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
             else:  # rope-aware: one f32 scale per token in the scale buffer
-                s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, 4], [1, 0])
+                s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, NW // 2], [1, 0])
                 rs = gl.convert_layout(rows, gl.SliceLayout(1, s1_l))
                 vs = gl.convert_layout(valid, gl.SliceLayout(1, s1_l))
                 c1 = gl.arange(0, 1, layout=gl.SliceLayout(0, s1_l))
@@ -1054,6 +1066,256 @@ if _HAS_GLUON:
             gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
             gl.store(PL + prow, gl.convert_layout(lse, gl.SliceLayout(1, o_l)), mask=row_ok_o)
 
+    @gluon.jit
+    def _mla_decode_sm90_t(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr,
+    ):  # fmt: skip
+        """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
+        the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
+        so no MMA work is padded to 64 rows. One warpgroup (4 warps), BN = 64 keys a tile in an
+        NBUF-deep cp.async ring, as `_mla_decode_sm90`. BF16 or rope-aware FP8 caches; FP8 runs
+        float16 MMAs: e4m3 -> f16 is one native cvt per pair (bf16 would take three), q's latent
+        part is scaled by 2^-e (exact) into f16 range, the per-token scale multiplies S's rows,
+        and P's rows are scaled by s_tok / max(s_tok of the tile) so they stay in [0, 1] (the
+        running factor `tau` keeps O in those units)."""
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
+        )
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+        out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=16, per_phase=1, max_phase=8, order=[1, 0]
+        )
+        pl_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        sc_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, 2], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        key_l: gl.constexpr = gl.SliceLayout(1, mma_l)  # per key (rows of S^T)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)  # per query row (columns)
+        if FMT == 0:
+            QT: gl.constexpr = gl.bfloat16
+        else:
+            QT: gl.constexpr = gl.float16
+
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        ob = gl.arange(0, B_P2, layout=one_l)
+        offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
+        b = gl.sum((offs <= t).to(gl.int32), 0) - 1
+        live = b < batch
+        q_start = gl.load(QOFF + gl.minimum(b, batch))
+        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
+        q_start = gl.where(live, q_start, t)
+        q_end = gl.where(live, q_end, t + 1)
+        i0 = t - q_start
+        leader = (i0 % TPT) == 0
+        q_len = gl.where(leader, q_end - q_start, 0)
+
+        q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)
+        q_rope_buf = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
+        q_lat = q_lat_buf.index(0)
+        q_rope = q_rope_buf.index(0)
+        p_smem = gl.allocate_shared_memory(QT, [NR, BN], sm_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], sm_l)
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
+        if FMT == 0:
+            k_main = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 512], sm_l)
+            k_sc = p_smem  # unused
+        else:
+            k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
+            k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN, 1], pl_l)
+            k_h_buf = gl.allocate_shared_memory(gl.float16, [1, BN, 512], sm_l)
+        for i in gl.static_range(NBUF):
+            if FMT == 0:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
+            else:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
+                k_sc.index(i).store(gl.zeros([BN, 1], gl.float32, sc_l))
+            k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+
+        rq = gl.arange(0, NR, layout=row_l)
+        tq = rq // HPT
+        head = hb * HPT + rq % HPT
+        row_ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
+        q_tok = gl.where(row_ok, t + tq, t).to(gl.int64)
+        qp = Q + q_tok * stride_qt + gl.where(row_ok, head, 0).to(gl.int64) * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
+        lat_scale = 1.0
+        if FMT == 0:
+            q_lat.store(qa)
+        else:
+            # 2^-e q with max |q| < 2^15 in float16 (exact power-of-two scaling)
+            qf = qa.to(gl.float32)
+            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
+            e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
+            down = ((127 - e) << 23).to(gl.float32, bitcast=True)
+            lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
+            q_lat.store((qf * down).to(gl.float16))
+        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+
+        cache_len = gl.load(K_CL + b, mask=live, other=0)
+        if SPARSE:
+            n_main = K_idx_len
+            if HAS_TOPK:
+                if TOPK_TOK:
+                    n_main = gl.load(K_TOPK + t)
+                else:
+                    n_main = gl.load(K_TOPK + b, mask=live, other=0)
+                n_main = gl.minimum(gl.maximum(n_main, 0), K_idx_len)
+            main_lim = n_main
+        else:
+            n_main = cache_len + q_len
+            if CAUSAL:
+                main_lim = gl.minimum(cache_len + i0 + TPT, n_main)
+            else:
+                main_lim = n_main
+        n_main = gl.where(live, n_main, 0)
+        main_lim = gl.where(live & leader, main_lim, 0)
+        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
+        lo = part * chunk
+        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+
+        rc = gl.arange(0, NR, layout=col_l)
+        tqc = rc // HPT
+        rows_ok_c = (tqc < TPT) & (i0 + tqc < q_len) & (hb * HPT + rc % HPT < H_Q)
+        row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
+        kpos = gl.arange(0, BN, layout=key_l)
+
+        acc = gl.zeros([512, NR], gl.float32, mma_l)
+        m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
+        l_i = gl.zeros([NR], gl.float32, col_l)
+        tau = qk_scale * 0.0 + 1.0  # scalar f32: O is kept in units of tau (FP8)
+        zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
+
+        key = _g_keys(
+            lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN, row_l
+        )
+        for i in gl.static_range(NBUF - 1):
+            key_next = _g_keys(lo + (i + 1) * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
+                               K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+            rows, valid = _g_rows(
+                lo + i * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
+            )
+            _g_issue_main(k_main, k_sc, i, rows, valid, K, K_SC, K_stride, K_stride_q,
+                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
+            _g_issue_rope(k_rope.index(i), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+            vbuf.index(i).store(valid.to(gl.int32))
+            cp.commit_group()
+            key = key_next
+
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        for it in range(n_it):
+            st = it % NBUF
+            ist = (it + NBUF - 1) % NBUF
+            start = lo + it * BN
+            key_next = _g_keys(start + NBUF * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
+                               K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+            rows, valid = _g_rows(
+                start + (NBUF - 1) * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
+            )
+            _g_issue_main(k_main, k_sc, ist, rows, valid, K, K_SC, K_stride, K_stride_q,
+                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
+            _g_issue_rope(k_rope.index(ist), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+            vbuf.index(ist).store(valid.to(gl.int32))
+            cp.commit_group()
+            key = key_next
+            cp.wait_group(NBUF - 1)  # tile it has landed
+            fence_async_shared()
+            gl.thread_barrier()
+            # An index the compiler cannot fold to 0: the wgmma descriptors of fixed buffers
+            # would be hoisted out of the loop (64-bit values that spill with NR = 32).
+            zero = it // 2147483647
+            q_lat = q_lat_buf.index(zero)
+            q_rope = q_rope_buf.index(zero)
+            ok = vbuf.index(st).load(key_l) != 0
+            if FMT == 0:
+                kl = k_main.index(st)
+            else:
+                k_h = k_h_buf.index(zero)
+                for c in gl.static_range(BN // 16):
+                    x = k_main.index(st).slice(c * 16, 16, dim=0).load(cv_l)
+                    k_h.slice(c * 16, 16, dim=0).store(x.to(gl.float16))
+                fence_async_shared()
+                gl.thread_barrier()
+                kl = k_h
+            s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                s_tok = gl.convert_layout(gl.reshape(k_sc.index(st).load(sc_l), [BN]), key_l)
+                s_tok = gl.where(ok, s_tok, 0.0)
+                s = s * (s_tok * lat_scale)[:, None]
+            s = warpgroup_mma(k_rope.index(st), q_rope.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            keep = ok[:, None]
+            if CAUSAL and not SPARSE:
+                keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
+            s = gl.where(keep, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_i = l_i * alpha + gl.sum(p, 0)
+            m_i = m_new
+            if FMT != 0:
+                sig = gl.max(s_tok, 0)
+                sig = gl.where(sig > 0.0, sig, tau)
+                p = p * (s_tok / sig)[:, None]
+                alpha = alpha * (tau / sig)
+                tau = sig
+            acc = acc * alpha[None, :]
+            p_smem.store(gl.permute(p.to(QT), (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the stage, k_h and P may be overwritten from here on
+        cp.wait_group(0)
+
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        inv = gl.where(seen, 1.0 / l_safe, 0.0)
+        if HAS_SINK and not SPLIT:
+            hs = gl.where(rows_ok_c, hb * HPT + rc % HPT, 0)
+            sink = gl.load(SINK + hs, mask=rows_ok_c, other=0.0)
+            m_sk = gl.where(seen, m_i, 0.0)
+            inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
+        o = gl.convert_layout(acc * (inv * tau)[None, :], out_l)
+        ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
+        tqo = ro // HPT
+        heado = hb * HPT + ro % HPT
+        row_ok_o = (tqo < TPT) & (i0 + tqo < q_len) & (heado < H_Q)
+        tok_o = gl.where(row_ok_o, t + tqo, t).to(gl.int64)
+        head_o = gl.where(row_ok_o, heado, 0).to(gl.int64)
+        do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
+        smask = row_ok_o[None, :] & (do < D_V)[:, None]
+        lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
+        if not SPLIT:
+            optr = OUT + tok_o[None, :] * stride_ot + head_o[None, :] * stride_oh + do[:, None]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            gl.store(LSE + tok_o * H_Q + head_o, lse_o, mask=row_ok_o)
+        else:
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[None, :] * D_V + do[:, None], o, mask=smask)
+            gl.store(PL + prow, lse_o, mask=row_ok_o)
+
 
 # ------------------------------------------------------------------------------------------
 # Host side
@@ -1062,7 +1324,7 @@ if _HAS_GLUON:
 # means the heuristic in `_tile_config`.
 TUNING: dict[str, int | None] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
-    "gluon": None, "sm90_bn": None, "sm90_nbuf": None,
+    "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
 }  # fmt: skip
 
 
@@ -1246,6 +1508,26 @@ def _sm90_config(h_q: int, sparse: bool, fp8: bool) -> dict:
     return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf)
 
 
+def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) -> dict | None:
+    """Tile of the keys-as-M sm_90 kernel (`_mla_decode_sm90_t`), or None where it does not
+    serve: BF16 caches with at most 32 query rows a tile, rope-aware FP8 with at most 16 (in
+    dense mode the heads of several tokens of a request share the tile, as many as the
+    average query length asks for). NR (the rows, padded) is 16 or 32. FP8 keeps 3 stages
+    (two 42 KB tiles in flight); BF16 tiles (73 KB) fit 2. Offline sm_90 compiles: BF16 NR 16
+    128 registers, NR 32 237; FP8 NR 16 237; FP8 NR 32 would spill."""
+    want = TUNING.get("sm90_t")
+    if want is False or h_q > 32 or fmt not in (FMT_BF16, FMT_ROPE_AWARE):
+        return None
+    max_rows = 32 if fmt == FMT_BF16 else 16  # FP8 with 32 rows spills (255 registers)
+    if h_q > max_rows:
+        return None
+    est_sq = 1 if sparse else min(8, max(1, -(-tokens // max(batch, 1))))
+    tpt = 1 if sparse else max(1, min(est_sq, max_rows // h_q))
+    nr = max(16, triton.next_power_of_2(h_q * tpt))
+    nbuf = TUNING.get("sm90_t_nbuf") or (3 if fmt == FMT_ROPE_AWARE else 2)
+    return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr)
+
+
 def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool:
     """Whether the Gluon sm_90 kernel serves this launch (TUNING["gluon"] forces it off/on)."""
     want = TUNING.get("gluon")
@@ -1290,20 +1572,7 @@ def mla_decode_triton(
     extra_indices/extra_topk_lengths: a second sparse operand joined in the same softmax;
     attn_sink: [h_q] f32. Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] f32, natural
     log over keys only). No host synchronisation; sizes depend only on shapes.
-
-    Known defect: blockwise-FP8 (granularity G) MLA caches fault with a misaligned address on
-    an H100 at page size 16 (bench/gpu_debug_mla_fp8.py, 2026-11-21; page size 1 and the
-    interpreter are correct). Until it is fixed, such calls on CUDA run the reference.
     """
-    if q.is_cuda and "blockwise" in (kv.quant_format, getattr(extra_kv, "quant_format", None)):
-        from .reference import mla_decode_reference
-
-        return mla_decode_reference(
-            q, kv, q_row_offsets, d_v=d_v, scale=scale, causal=causal, indices=indices,
-            topk_lengths=topk_lengths, extra_kv=extra_kv, extra_indices=extra_indices,
-            extra_topk_lengths=extra_topk_lengths, attn_sink=attn_sink,
-            num_partitions=num_partitions, out=out,
-        )  # fmt: skip
     check(q.ndim == 3, "q", "a [tokens, h_q, d_qk] tensor", tuple(q.shape))
     tokens, h_q, d_qk = q.shape
     check(
@@ -1366,7 +1635,10 @@ def mla_decode_triton(
         attn_sink = attn_sink.contiguous()
 
     sm90 = _use_sm90_path(q, K, has_x, d_qk)
-    if sm90:
+    cfg_t = _sm90_t_config(h_q, tokens, batch, sparse, K.fmt) if sm90 else None
+    if cfg_t is not None:
+        cfg = cfg_t
+    elif sm90:
         cfg = _sm90_config(h_q, sparse, K.fmt != FMT_BF16)
     else:
         cfg = _tile_config(h_q, tokens, batch, sparse, K.fmt != FMT_BF16)
@@ -1394,7 +1666,10 @@ def mla_decode_triton(
     grid = (tokens * cfg["NHB"], P)
     dummy = q_row_offsets
     if sm90:
-        _mla_decode_sm90[grid](
+        kernel, extra = _mla_decode_sm90, dict(num_warps=8)
+        if cfg_t is not None:
+            kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], num_warps=4)
+        kernel[grid](
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
             attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
@@ -1405,7 +1680,7 @@ def mla_decode_triton(
             B_P2=triton.next_power_of_2(batch + 1), CAUSAL=bool(causal),
             HAS_SINK=attn_sink is not None, SPLIT=P > 1, SPARSE=sparse,
             HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, FMT=K.fmt, BN=cfg["BN"],
-            NBUF=cfg["NBUF"], num_warps=8,
+            NBUF=cfg["NBUF"], **extra,
         )  # fmt: skip
     else:
         _mla_decode_kernel[grid](
