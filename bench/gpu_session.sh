@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the GPU test suite, then the benchmark suite. Results under $OUT.
 #   bash bench/gpu_session.sh [extra pytest args]
+# (The full MLA GPU grid, 160 tests of 12 cases each, takes ~20 min: select parts of it with
+# -k, e.g. the formats and h_q of the kernels that changed.)
 set -uo pipefail
 . bench/probe_env.sh
 export PYTHONUNBUFFERED=1
@@ -9,5 +11,5 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 timeout 290 python3 -m pytest -q -m gpu --maxfail=30 -p no:cacheprovider tests "$@" 2>&1 \
     | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|FAILED|Error" | tail -25
-timeout 270 python3 bench/run_all.py --out "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" \
+timeout 300 python3 bench/run_all.py --out "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" \
     | grep -v "^\[bench\] {" | tail -45

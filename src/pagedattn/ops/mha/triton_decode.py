@@ -226,6 +226,68 @@ def _q_to_f16(q, qk_scale):
 
 
 @triton.jit
+def _e4m3_to_f16_lo(x, ASM: tl.constexpr):
+    """e4m3 tile -> float16 tile holding value * 2^-8, with integer ops instead of the
+    conversion unit (the caller folds 2^8 into its scales). Exact for every finite e4m3 value
+    (subnormals included: e4m3's bias 7 vs fp16's 15 is the 2^-8); the NaN codes 0x7f / 0xff
+    become the finite +-1.875 (a garbage row then stays finite, and its probability is 0).
+
+    ASM: PTX (4 bytes -> two f16x2: 2 prmt, 2 and, 2 add, 2 shl); otherwise the same bit
+    arithmetic in plain tl (the interpreter has no inline asm)."""
+    u = x.to(tl.uint8, bitcast=True)
+    if ASM:
+        # w = [0, b1, 0, b0] / [0, b3, 0, b2]; w + (w & 0x80) moves the sign from bit 7 to
+        # bit 8 of each half (magnitude bits 6..0 stay); << 7 puts sign at 15, eeeemmm at 13..7.
+        y = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 w0, w1, s0, s1;
+            prmt.b32 w0, $2, 0, 0x4140;
+            prmt.b32 w1, $2, 0, 0x4342;
+            and.b32 s0, w0, 0x00800080;
+            and.b32 s1, w1, 0x00800080;
+            add.u32 w0, w0, s0;
+            add.u32 w1, w1, s1;
+            shl.b32 $0, w0, 7;
+            shl.b32 $1, w1, 7;
+            }""",
+            constraints="=r,=r,r",
+            args=[u],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        i = u.to(tl.int32)
+        h = (i + (i & 0x80)) << 7
+        y = h.to(tl.int16).to(tl.float16, bitcast=True)
+    return y
+
+
+@triton.jit
+def _e4m3_to_f16_hw(x, ASM: tl.constexpr):
+    """e4m3 tile -> float16 (exact) by the conversion unit, 4 elements an inline-asm call:
+    the compiler then packs 4 bytes into one register with byte permutes (instead of
+    extract / shift / or per pair) before two cvt.f16x2.e4m3x2. Plain cast without ASM."""
+    if ASM:
+        y = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 lo, hi;
+            mov.b32 {lo, hi}, $2;
+            cvt.rn.f16x2.e4m3x2 $0, lo;
+            cvt.rn.f16x2.e4m3x2 $1, hi;
+            }""",
+            constraints="=r,=r,r",
+            args=[x.to(tl.uint8, bitcast=True)],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=4,
+        )
+    else:
+        y = x.to(tl.float16)
+    return y
+
+
+@triton.jit
 def _pv_dot(p, v, acc, dtype: tl.constexpr, DOT_PREC: tl.constexpr, P_SPLIT: tl.constexpr):
     """acc + p @ v with p [M, BN] f32 and v [BN, D] in dtype. P_SPLIT rounds p to dtype as a
     hi + lo pair (two MMAs) so that p keeps ~16 mantissa bits instead of 8: free when the
@@ -236,6 +298,274 @@ def _pv_dot(p, v, acc, dtype: tl.constexpr, DOT_PREC: tl.constexpr, P_SPLIT: tl.
         p_lo = (p - p_hi.to(tl.float32)).to(dtype)
         acc = tl.dot(p_lo, v, acc, input_precision=DOT_PREC)
     return acc
+
+
+@triton.jit
+def _scales_at(S, off, valid, E8M0: tl.constexpr, MASKED: tl.constexpr):
+    """[BN] float32 per-token scales at element offsets `off` of S (0 where not valid when
+    MASKED; unmasked loads must only see readable offsets)."""
+    if E8M0:
+        mis = S.to(tl.int64) & 3
+        base = (S - mis).to(tl.pointer_type(tl.int32), bitcast=True)
+        boff = off + mis
+        if MASKED:
+            word = tl.load(base + (boff >> 2), mask=valid, other=0)
+        else:
+            word = tl.load(base + (boff >> 2))
+        byte = (word >> ((boff & 3) * 8).to(tl.int32)) & 0xFF
+        s = _e8m0_to_f32(byte)
+        if MASKED:
+            s = tl.where(valid, s, 0.0)
+    else:
+        if MASKED:
+            s = tl.load(S + off, mask=valid, other=0)
+        else:
+            s = tl.load(S + off)
+    return s
+
+
+@triton.jit
+def _perm_cols(x, BN: tl.constexpr, D: tl.constexpr, W: tl.constexpr):
+    """x [BN, D] -> x[:, perm] with perm(n) = `_perm_index(n)`: for an fp16 MMA over D output
+    columns split across W warps (mma layout warpsPerCTA [1, W]), the columns one thread
+    holds in its B operand become D // (8 W) contiguous bytes of a row (one wide shared load
+    instead of a byte load per element). D a power of two >= 8 W."""
+    y = tl.reshape(x, (BN, W, 8, D // (8 * W)))
+    y = tl.permute(y, (0, 3, 1, 2))
+    return tl.reshape(y, (BN, D))
+
+
+@triton.jit
+def _perm_index(n, D: tl.constexpr, W: tl.constexpr):
+    """The column of x that `_perm_cols` puts at column n."""
+    return (n // 8 % W) * (D // W) + (n % 8) * (D // (8 * W)) + n // (8 * W)
+
+
+@triton.jit
+def _perm_cols_t(x, BN: tl.constexpr, D: tl.constexpr, W: tl.constexpr):
+    """As `_perm_cols` for V^T as the MMA A operand (the transposed loop): M = D rows over W
+    warps (warpsPerCTA [W, 1]), a thread holding rows g + 8 h + 16 w + 16 W r; those become
+    contiguous bytes. Column m of the result is column `_perm_index_t(m)` of x."""
+    R: tl.constexpr = D // (16 * W)
+    y = tl.reshape(x, (BN, W, 8, 2, R))
+    y = tl.permute(y, (0, 4, 1, 3, 2))
+    return tl.reshape(y, (BN, D))
+
+
+@triton.jit
+def _perm_index_t(m, D: tl.constexpr, W: tl.constexpr):
+    """The column of x that `_perm_cols_t` puts at column m."""
+    R: tl.constexpr = D // (16 * W)
+    r = m // (16 * W)
+    w = m // 16 % W
+    h = m // 8 % 2
+    g = m % 8
+    return w * (D // W) + g * (2 * R) + h * R + r
+
+
+@triton.jit
+def _fp8_fast_loop(
+    acc,
+    m_i,
+    l_i,
+    q,
+    qk_scale,
+    p_lo,
+    p_hi,
+    lo,
+    b,
+    row64,
+    offs_n,
+    offs_dk,
+    offs_dv,
+    K,
+    stride_kr,
+    k_head,
+    K_lut,
+    stride_klut,
+    k_base,
+    k_page_stride,
+    V,
+    stride_vr,
+    v_head,
+    v_base,
+    v_page_stride,
+    KS,
+    stride_ksr,
+    ks_head,
+    VS,
+    stride_vsr,
+    vs_head,
+    MaskT,
+    stride_mt,
+    mask_cols,
+    BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr,
+    K_QUANT: tl.constexpr,
+    V_QUANT: tl.constexpr,
+    K_E8M0: tl.constexpr,
+    V_E8M0: tl.constexpr,
+    MASK: tl.constexpr,
+    ADDR: tl.constexpr,
+    LOG2_PAGE: tl.constexpr,
+    CLAMP: tl.constexpr,
+    V_DELTA: tl.constexpr,
+    VS_DELTA: tl.constexpr,
+    K_CVT: tl.constexpr,
+    V_CVT: tl.constexpr,
+    V_SEL: tl.constexpr,
+    ASM: tl.constexpr,
+    V_PERM: tl.constexpr,
+    DV: tl.constexpr,
+    TRANS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Decode loop for FP8 K/V with per-token / per-tensor scales (fp16 MMAs, q already fp16
+    and qk_scale folded), K and V sharing one page table (or none) and power-of-two pages
+    (PAGE = 2^LOG2_PAGE, or 0), unpadded head dims. Same math as the generic loop; cheaper
+    per-tile work (launch knobs, see `decode_config`):
+    - page / in-page index by shift and mask; row offsets as one 32x32->64 multiply-add;
+      ADDR 2 (PAGE % BLOCK_N == 0): one scalar page id a tile and loop-invariant row offsets.
+    - V_DELTA / VS_DELTA: V (V scales) lie at a fixed element offset from K (K scales) in the
+      same storage: their addresses are K's plus a constant (no second address computation).
+    - CLAMP: tokens outside [lo, p_hi) load the nearest visible token's row (always mapped,
+      always finite) instead of masked loads; their scores are still masked to -inf, so
+      their probabilities (and P x V contributions) are exactly 0.
+    - K_CVT / V_CVT: e4m3 -> fp16 upcast: 0 a plain cast, 1 integer ops (`_e4m3_to_f16_lo`,
+      value * 2^-8; 2^8 folds into qk_scale / the final acc), 2 the conversion unit through
+      inline asm (`_e4m3_to_f16_hw`).
+    - V_SEL: the select that makes the compiler upcast V in registers (see the generic loop).
+    - V_PERM = W > 0: V's columns (and so acc's) permuted by `_perm_cols` for W warps: V's MMA
+      operand comes from shared memory by wide loads, without V_SEL's fp16 staging copy.
+    - TRANS: scores^T = K q^T and acc^T += V^T p^T, so that keys (and head dims) are the MMA's
+      M and the few query heads its N (n8 tiles instead of m16 ones: half the MMAs, and q is
+      the small B operand).
+    Returns (acc, m_i, l_i) as the generic loop does."""
+    if K_CVT == 1:
+        qk_scale = qk_scale * 256.0
+    lut_b = K_lut + b * stride_klut
+    kp_el = k_page_stride * stride_kr  # int32: host-checked
+    vp_el = v_page_stride * stride_vr
+    ksp_el = k_page_stride * stride_ksr
+    vsp_el = v_page_stride * stride_vsr
+    MASKED: tl.constexpr = not CLAMP
+    if TRANS:
+        qt = tl.trans(q)
+        acc_t = tl.trans(acc)
+    for t0 in tl.range(p_lo, p_hi, BLOCK_N, num_stages=NUM_STAGES):
+        tok = t0 + offs_n
+        valid = (tok >= lo) & (tok < p_hi)
+        if CLAMP:
+            tk = tl.minimum(tl.maximum(tok, lo), p_hi - 1)
+        else:
+            tk = tok
+        # Element offsets (int64 [BN]) of each token's row of this KV head in K / V / scales.
+        if PAGE == 0:
+            koff = (k_base + tk) * stride_kr + k_head
+            voff = (v_base + tk) * stride_vr + v_head
+            ksoff = (k_base + tk) * stride_ksr + ks_head
+            vsoff = (v_base + tk) * stride_vsr + vs_head
+        elif ADDR == 2:
+            # The tile lies inside one page: a scalar page id, row offsets relative to t0.
+            pg = tl.load(lut_b + (t0 >> LOG2_PAGE)).to(tl.int64)
+            r0 = t0 & (PAGE - 1)
+            if CLAMP:
+                rel = tk - t0
+            else:
+                rel = offs_n
+            koff = (pg * kp_el + (r0 * stride_kr + k_head)) + rel * stride_kr
+            voff = (pg * vp_el + (r0 * stride_vr + v_head)) + rel * stride_vr
+            ksoff = (pg * ksp_el + (r0 * stride_ksr + ks_head)) + rel * stride_ksr
+            vsoff = (pg * vsp_el + (r0 * stride_vsr + vs_head)) + rel * stride_vsr
+        else:
+            if CLAMP:
+                pgv = tl.load(lut_b + (tk >> LOG2_PAGE))
+            else:
+                pgv = tl.load(lut_b + (tk >> LOG2_PAGE), mask=valid, other=0)
+            pgv = pgv.to(tl.int64)
+            r_in = tk & (PAGE - 1)
+            koff = pgv * kp_el + (r_in * stride_kr + k_head)
+            voff = pgv * vp_el + (r_in * stride_vr + v_head)
+            ksoff = pgv * ksp_el + (r_in * stride_ksr + ks_head)
+            vsoff = pgv * vsp_el + (r_in * stride_vsr + vs_head)
+        kptrs = K + koff[:, None] + offs_dk[None, :]
+        if V_DELTA is not None:
+            vptrs = kptrs + V_DELTA
+        else:
+            vptrs = V + voff[:, None] + offs_dv[None, :]
+        if CLAMP:
+            k8 = tl.load(kptrs)
+        else:
+            k8 = tl.load(kptrs, mask=valid[:, None], other=0.0)
+        if K_CVT == 1:
+            k = _e4m3_to_f16_lo(k8, ASM)
+        elif K_CVT == 2:
+            k = _e4m3_to_f16_hw(k8, ASM)
+        else:
+            k = k8.to(tl.float16)
+        keep = valid
+        if MASK == 5:
+            mt = tl.load(MaskT + row64 * stride_mt + tok, mask=valid & (tok < mask_cols), other=0)
+            keep = keep & (mt != 0)
+        if TRANS:  # scores^T [BN, GP] = K q^T: keys are the MMA's M, the heads its N
+            st = tl.dot(k, qt)
+            if K_QUANT == 2:
+                st = st * _scales_at(KS, ksoff, valid, K_E8M0, MASKED)[:, None]
+            st = tl.where(keep[:, None], st, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(st, 0) * qk_scale)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(st * qk_scale - m_use[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+        else:
+            s = tl.dot(q, tl.trans(k))
+            if K_QUANT == 2:
+                s = s * _scales_at(KS, ksoff, valid, K_E8M0, MASKED)[None, :]
+            s = tl.where(keep[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+
+        if CLAMP:
+            v8 = tl.load(vptrs)
+        else:
+            v8 = tl.load(vptrs, mask=valid[:, None], other=0.0)
+        if V_PERM:
+            if TRANS:
+                v8 = _perm_cols_t(v8, BLOCK_N, DV, V_PERM)
+            else:
+                v8 = _perm_cols(v8, BLOCK_N, DV, V_PERM)
+        if V_CVT == 1:
+            v = _e4m3_to_f16_lo(v8, ASM)
+        elif V_CVT == 2:
+            v = _e4m3_to_f16_hw(v8, ASM)
+        else:
+            v = v8.to(tl.float16)
+        if V_SEL:
+            v = tl.where(valid[:, None], v, 0.0)
+        if V_QUANT == 2:
+            if VS_DELTA is not None:
+                vs = _scales_at(KS, ksoff + VS_DELTA, valid, V_E8M0, MASKED)
+            else:
+                vs = _scales_at(VS, vsoff, valid, V_E8M0, MASKED)
+            if TRANS:
+                p = p * vs[:, None]
+            else:
+                p = p * vs[None, :]
+        if TRANS:  # acc^T [DV, GP] += V^T p^T
+            acc_t = acc_t * alpha[None, :]
+            acc_t = tl.dot(tl.trans(v), p.to(tl.float16), acc_t)
+        else:
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(tl.float16), v, acc)
+        m_i = m_new
+    if TRANS:
+        acc = tl.trans(acc_t)
+    if V_CVT == 1:
+        acc = acc * 256.0
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -311,6 +641,18 @@ def _mha_decode_kernel(
     V_LO: tl.constexpr,
     BLOCK_B: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    FAST: tl.constexpr = False,
+    ADDR: tl.constexpr = 1,
+    LOG2_PAGE: tl.constexpr = 0,
+    CLAMP: tl.constexpr = False,
+    V_DELTA: tl.constexpr = None,
+    VS_DELTA: tl.constexpr = None,
+    K_CVT: tl.constexpr = 0,
+    V_CVT: tl.constexpr = 0,
+    V_SEL: tl.constexpr = True,
+    ASM: tl.constexpr = False,
+    V_PERM: tl.constexpr = 0,
+    TRANS: tl.constexpr = False,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
@@ -377,73 +719,117 @@ def _mha_decode_kernel(
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DVP], tl.float32)
-    for t0 in tl.range(p_lo, p_hi, BLOCK_N, num_stages=NUM_STAGES):
-        tok = t0 + offs_n
-        valid = (tok >= lo) & (tok < p_hi)
-        krows = _token_rows(tok, valid, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
-        k_row0 = 0
-        if K_TMA:
-            k_row0 = _tile_row0(t0, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
-        k = _load_tile(
-            K, hkv * DK, krows, k_row0, stride_kr, k_head, valid, offs_dk, DK, DKP, K_TMA
-        )
-        k, k_lo = _kv_operand(
-            k, KS, krows, stride_ksr, ks_head, valid, offs_dk, K_QUANT, KG, DK, K_E8M0, K_LO, dtype
-        )
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        if K_LO:
-            s = tl.dot(q, tl.trans(k_lo), s, input_precision=DOT_PREC)
-        if K_QUANT == 2:
-            s = s * _token_scales(KS, krows, stride_ksr, ks_head, valid, K_E8M0)[None, :]
-        keep = valid[None, :]
-        if MASK == 5:
-            mt = tl.load(MaskT + row64 * stride_mt + tok, mask=valid & (tok < mask_cols), other=0)
-            keep = keep & (mt != 0)[None, :]
-        s = tl.where(keep, s, float("-inf"))
-        # log2 units of the scaled scores; qk_scale > 0 folds into one FMA per score
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s * qk_scale - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+    if FAST:
+        acc, m_i, l_i = _fp8_fast_loop(
+            acc, m_i, l_i, q, qk_scale, p_lo, p_hi, lo, b, row64, offs_n, offs_dk, offs_dv,
+            K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+            V, stride_vr, v_head, v_base, v_page_stride,
+            KS, stride_ksr, ks_head, VS, stride_vsr, vs_head, MaskT, stride_mt, mask_cols,
+            BLOCK_N, K_PAGE, K_QUANT, V_QUANT, K_E8M0, V_E8M0, MASK, ADDR, LOG2_PAGE, CLAMP,
+            V_DELTA, VS_DELTA, K_CVT, V_CVT, V_SEL, ASM, V_PERM, DV, TRANS, NUM_STAGES,
+        )  # fmt: skip
+    else:
+        for t0 in tl.range(p_lo, p_hi, BLOCK_N, num_stages=NUM_STAGES):
+            tok = t0 + offs_n
+            valid = (tok >= lo) & (tok < p_hi)
+            krows = _token_rows(tok, valid, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
+            k_row0 = 0
+            if K_TMA:
+                k_row0 = _tile_row0(t0, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
+            k = _load_tile(
+                K, hkv * DK, krows, k_row0, stride_kr, k_head, valid, offs_dk, DK, DKP, K_TMA
+            )
+            k, k_lo = _kv_operand(
+                k,
+                KS,
+                krows,
+                stride_ksr,
+                ks_head,
+                valid,
+                offs_dk,
+                K_QUANT,
+                KG,
+                DK,
+                K_E8M0,
+                K_LO,
+                dtype,
+            )
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+            if K_LO:
+                s = tl.dot(q, tl.trans(k_lo), s, input_precision=DOT_PREC)
+            if K_QUANT == 2:
+                s = s * _token_scales(KS, krows, stride_ksr, ks_head, valid, K_E8M0)[None, :]
+            keep = valid[None, :]
+            if MASK == 5:
+                mt = tl.load(
+                    MaskT + row64 * stride_mt + tok, mask=valid & (tok < mask_cols), other=0
+                )
+                keep = keep & (mt != 0)[None, :]
+            s = tl.where(keep, s, float("-inf"))
+            # log2 units of the scaled scores; qk_scale > 0 folds into one FMA per score
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
 
-        if V_SAME_ROWS:
-            vrows = krows
-            v_row0 = k_row0
-        else:
-            vrows = _token_rows(tok, valid, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
-            v_row0 = 0
-            if V_TMA:
-                v_row0 = _tile_row0(t0, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
-        v = _load_tile(
-            V, hkv * DV, vrows, v_row0, stride_vr, v_head, valid, offs_dv, DV, DVP, V_TMA
-        )
-        v, v_lo = _kv_operand(
-            v, VS, vrows, stride_vsr, vs_head, valid, offs_dv, V_QUANT, VG, DV, V_E8M0, V_LO, dtype
-        )
-        if V_TMA or V_QUANT != 0:
-            # TMA boxes may hold rows past the valid keys (NaN pools): zero them. For FP8 the
-            # select also makes the compiler upcast V in registers with wide shared-memory
-            # reads (then ldmatrix.trans), instead of one byte-wide read per element.
-            v = tl.where(valid[:, None], v, 0.0)
-        if V_QUANT == 2:
-            p = p * _token_scales(VS, vrows, stride_vsr, vs_head, valid, V_E8M0)[None, :]
-        acc = acc * alpha[:, None]
-        acc = _pv_dot(p, v, acc, dtype, DOT_PREC, P_SPLIT)
-        if V_LO:
-            acc = tl.dot(p.to(dtype), v_lo, acc, input_precision=DOT_PREC)
-        m_i = m_new
+            if V_SAME_ROWS:
+                vrows = krows
+                v_row0 = k_row0
+            else:
+                vrows = _token_rows(
+                    tok, valid, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE
+                )
+                v_row0 = 0
+                if V_TMA:
+                    v_row0 = _tile_row0(t0, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
+            v = _load_tile(
+                V, hkv * DV, vrows, v_row0, stride_vr, v_head, valid, offs_dv, DV, DVP, V_TMA
+            )
+            v, v_lo = _kv_operand(
+                v,
+                VS,
+                vrows,
+                stride_vsr,
+                vs_head,
+                valid,
+                offs_dv,
+                V_QUANT,
+                VG,
+                DV,
+                V_E8M0,
+                V_LO,
+                dtype,
+            )
+            if V_TMA or V_QUANT != 0:
+                # TMA boxes may hold rows past the valid keys (NaN pools): zero them. For FP8 the
+                # select also makes the compiler upcast V in registers with wide shared-memory
+                # reads (then ldmatrix.trans), instead of one byte-wide read per element.
+                v = tl.where(valid[:, None], v, 0.0)
+            if V_QUANT == 2:
+                p = p * _token_scales(VS, vrows, stride_vsr, vs_head, valid, V_E8M0)[None, :]
+            acc = acc * alpha[:, None]
+            acc = _pv_dot(p, v, acc, dtype, DOT_PREC, P_SPLIT)
+            if V_LO:
+                acc = tl.dot(p.to(dtype), v_lo, acc, input_precision=DOT_PREC)
+            m_i = m_new
 
     if V_QUANT == 1:
         acc = acc * tl.load(VS)
     m_fin = tl.where(m_i == float("-inf"), 0.0, m_i)
     lse = tl.where(l_i > 0, (m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf"))
     hq64 = hq.to(tl.int64)
+    offs_out = offs_dv
+    if V_PERM:  # acc columns are V's columns permuted by `_perm_cols` / `_perm_cols_t`
+        if TRANS:
+            offs_out = _perm_index_t(offs_dv, DVP, V_PERM)
+        else:
+            offs_out = _perm_index(offs_dv, DVP, V_PERM)
     if SPLIT:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         pbase = (row64 * (H_KV * GROUP) + hq64) * num_partitions + part
         tl.store(
-            PO + pbase[:, None] * DV + offs_dv[None, :],
+            PO + pbase[:, None] * DV + offs_out[None, :],
             o,
             mask=gmask[:, None] & (offs_dv[None, :] < DV),
         )
@@ -455,7 +841,7 @@ def _mha_decode_kernel(
             den = den + tl.math.exp2(sink - m_fin)
         o = acc / tl.where(den > 0, den, 1.0)[:, None]
         tl.store(
-            Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_dv[None, :],
+            Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_out[None, :],
             o.to(Out.dtype.element_ty),
             mask=gmask[:, None] & (offs_dv[None, :] < DV),
         )

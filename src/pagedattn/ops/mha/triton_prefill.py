@@ -2,7 +2,9 @@
 and a cached prefix).
 
 Grid: one program per (query block of BLOCK_M rows of one request, query head), head fastest so
-that the heads of one KV group read the same K/V tiles from L2 at about the same time. The
+that the heads of one KV group read the same K/V tiles from L2 at about the same time
+(BLOCKS_FASTEST: the blocks of one (request, head) back to back instead, so that the blocks
+reading the same K/V run together; a launch knob, `prefill_config`'s "blocks_fastest"). The
 block -> (request, block) map is computed in the kernel from `q_row_offsets` (a cumulative sum
 of per-request block counts), so the grid is the static upper bound
 `min(cdiv(total_q, BLOCK_M) + batch, total_q)` blocks and needs no host sync; programs past the
@@ -250,6 +252,7 @@ def _mha_prefill_kernel(
     V_LO: tl.constexpr,
     BLOCK_B: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    BLOCKS_FASTEST: tl.constexpr = False,
 ):
     """Q [total_q, H_Q, DK] -> Out [total_q, H_Q, DV] (q dtype), Lse [total_q, H_Q] f32."""
     pid = tl.program_id(0)
@@ -258,10 +261,17 @@ def _mha_prefill_kernel(
     b, before = _find_block(q_offsets, batch, tile, BLOCK_M, BLOCK_B)
     if b >= batch:
         return
-    hkv = hq // GROUP
     q_start = tl.load(q_offsets + b)
     q_len = tl.load(q_offsets + b + 1) - q_start
     blk = tile - before
+    if BLOCKS_FASTEST:
+        # Request b owns programs [before * H_Q, (before + nb) * H_Q) in either order; here
+        # its blocks run fastest (all blocks of one head back to back: they share K/V in L2).
+        nb = tl.cdiv(q_len, BLOCK_M)
+        local = pid - before * H_Q
+        hq = local // nb
+        blk = local % nb
+    hkv = hq // GROUP
     if REVERSE:
         blk = tl.cdiv(q_len, BLOCK_M) - 1 - blk
     m0 = blk * BLOCK_M

@@ -1076,7 +1076,7 @@ if _HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PROBE: gl.constexpr = 0,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1249,9 +1249,10 @@ if _HAS_GLUON:
                 kl = k_main.index(st)
             else:
                 k_h = k_h_buf.index(zero)
-                for c in gl.static_range(BN // 16):
-                    x = k_main.index(st).slice(c * 16, 16, dim=0).load(cv_l)
-                    k_h.slice(c * 16, 16, dim=0).store(x.to(gl.float16))
+                if PROBE % 2 == 0:
+                    for c in gl.static_range(BN // 16):
+                        x = k_main.index(st).slice(c * 16, 16, dim=0).load(cv_l)
+                        k_h.slice(c * 16, 16, dim=0).store(x.to(gl.float16))
                 fence_async_shared()
                 gl.thread_barrier()
                 kl = k_h
@@ -1283,7 +1284,8 @@ if _HAS_GLUON:
             p_smem.store(gl.permute(p.to(QT), (1, 0)))
             fence_async_shared()
             gl.thread_barrier()
-            acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            if PROBE // 2 % 2 == 0:
+                acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # the stage, k_h and P may be overwritten from here on
         cp.wait_group(0)
@@ -1324,7 +1326,7 @@ if _HAS_GLUON:
 # means the heuristic in `_tile_config`.
 TUNING: dict[str, int | None] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
-    "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
+    "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None, "probe": None,
 }  # fmt: skip
 
 
@@ -1668,7 +1670,9 @@ def mla_decode_triton(
     if sm90:
         kernel, extra = _mla_decode_sm90, dict(num_warps=8)
         if cfg_t is not None:
-            kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], num_warps=4)
+            # PROBE: timing probes of bench/gpu_mla_dev.py only (parts skipped, wrong results)
+            probe = TUNING.get("probe") or 0
+            kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], PROBE=probe, num_warps=4)
         kernel[grid](
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
