@@ -791,6 +791,71 @@ if _HAS_GLUON:
         cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
 
     @gluon.jit
+    def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
+        """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
+        of TPT tokens, and the request's query length (0 unless t leads)."""
+        ob = gl.arange(0, B_P2, layout=one_l)
+        offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
+        b = gl.sum((offs <= t).to(gl.int32), 0) - 1
+        live = b < batch
+        q_start = gl.load(QOFF + gl.minimum(b, batch))
+        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
+        q_start = gl.where(live, q_start, t)
+        q_end = gl.where(live, q_end, t + 1)
+        i0 = t - q_start
+        leader = (i0 % TPT) == 0
+        q_len = gl.where(leader, q_end - q_start, 0)
+        return b, live, i0, leader, q_len
+
+    @gluon.jit
+    def _g_key_range(
+        K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+        SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr,
+        CAUSAL: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
+    ):  # fmt: skip
+        """(cache_len, lo, hi): the keys [lo, hi) of split-K partition `part` (chunks rounded
+        to BN; causal tiles stop after their last token's keys; empty unless t leads)."""
+        cache_len = gl.load(K_CL + b, mask=live, other=0)
+        if SPARSE:
+            n_main = K_idx_len
+            if HAS_TOPK:
+                if TOPK_TOK:
+                    n_main = gl.load(K_TOPK + t)
+                else:
+                    n_main = gl.load(K_TOPK + b, mask=live, other=0)
+                n_main = gl.minimum(gl.maximum(n_main, 0), K_idx_len)
+            main_lim = n_main
+        else:
+            n_main = cache_len + q_len
+            if CAUSAL:
+                main_lim = gl.minimum(cache_len + i0 + TPT, n_main)
+            else:
+                main_lim = n_main
+        n_main = gl.where(live, n_main, 0)
+        main_lim = gl.where(live & leader, main_lim, 0)
+        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
+        lo = part * chunk
+        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+        return cache_len, lo, hi
+
+    @gluon.jit
+    def _g_issue_tile(
+        k_main, k_sc, k_rope, vbuf, stage, start, hi, key, K, K_SC, K_stride, K_stride_h,
+        K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE: gl.constexpr,
+        BN: gl.constexpr, FMT: gl.constexpr, ld_l: gl.constexpr, NW: gl.constexpr,
+    ):  # fmt: skip
+        """cp.async the tile of key positions [start, start + BN) (its `key`s loaded) into ring
+        stage `stage`: dims 0..511 and scales, the rope dims, the validity mask; one group."""
+        rows, valid = _g_rows(
+            start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, gl.SliceLayout(1, ld_l)
+        )
+        _g_issue_main(k_main, k_sc, stage, rows, valid, K, K_SC, K_stride, K_stride_q,
+                      K_sc_stride, FMT, ld_l, NW)  # fmt: skip
+        _g_issue_rope(k_rope.index(stage), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+        vbuf.index(stage).store(valid.to(gl.int32))
+        cp.commit_group()
+
+    @gluon.jit
     def _mla_decode_sm90(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
@@ -833,17 +898,7 @@ if _HAS_GLUON:
         part = gl.program_id(1)
         t = pid // NHB
         hb = pid % NHB
-        ob = gl.arange(0, B_P2, layout=one_l)
-        offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
-        b = gl.sum((offs <= t).to(gl.int32), 0) - 1
-        live = b < batch
-        q_start = gl.load(QOFF + gl.minimum(b, batch))
-        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
-        q_start = gl.where(live, q_start, t)
-        q_end = gl.where(live, q_end, t + 1)
-        i0 = t - q_start
-        leader = (i0 % TPT) == 0
-        q_len = gl.where(leader, q_end - q_start, 0)
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
 
         # Shared memory: Q, the K ring (+ its validity masks), P.
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [BM, 512], sm_l)
@@ -883,27 +938,10 @@ if _HAS_GLUON:
         q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
 
         # Key range of this partition.
-        cache_len = gl.load(K_CL + b, mask=live, other=0)
-        if SPARSE:
-            n_main = K_idx_len
-            if HAS_TOPK:
-                if TOPK_TOK:
-                    n_main = gl.load(K_TOPK + t)
-                else:
-                    n_main = gl.load(K_TOPK + b, mask=live, other=0)
-                n_main = gl.minimum(gl.maximum(n_main, 0), K_idx_len)
-            main_lim = n_main
-        else:
-            n_main = cache_len + q_len
-            if CAUSAL:
-                main_lim = gl.minimum(cache_len + i0 + TPT, n_main)
-            else:
-                main_lim = n_main
-        n_main = gl.where(live, n_main, 0)
-        main_lim = gl.where(live & leader, main_lim, 0)
-        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
-        lo = part * chunk
-        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
 
         rs = gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
         tqs = rs // HPT
@@ -935,15 +973,11 @@ if _HAS_GLUON:
                 BN,
                 row_l,
             )
-            rows, valid = _g_rows(
-                lo + i * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
-            )
-            _g_issue_main(
-                k_main, k_sc, i, rows, valid, K, K_SC, K_stride, K_stride_q, K_sc_stride, FMT, ld_l
-            )
-            _g_issue_rope(k_rope.index(i), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            vbuf.index(i).store(valid.to(gl.int32))
-            cp.commit_group()
+            _g_issue_tile(
+                k_main, k_sc, k_rope, vbuf, i, lo + i * BN, hi, key, K, K_SC, K_stride,
+                K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
+                FMT, ld_l, 8,
+            )  # fmt: skip
             key = key_next
 
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
@@ -967,26 +1001,11 @@ if _HAS_GLUON:
                 BN,
                 row_l,
             )
-            rows, valid = _g_rows(
-                start + (NBUF - 1) * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
-            )
-            _g_issue_main(
-                k_main,
-                k_sc,
-                ist,
-                rows,
-                valid,
-                K,
-                K_SC,
-                K_stride,
-                K_stride_q,
-                K_sc_stride,
-                FMT,
-                ld_l,
-            )
-            _g_issue_rope(k_rope.index(ist), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            vbuf.index(ist).store(valid.to(gl.int32))
-            cp.commit_group()
+            _g_issue_tile(
+                k_main, k_sc, k_rope, vbuf, ist, start + (NBUF - 1) * BN, hi, key, K, K_SC,
+                K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
+                SPARSE, BN, FMT, ld_l, 8,
+            )  # fmt: skip
             key = key_next
             cp.wait_group(NBUF - 1)  # tile it has landed
             fence_async_shared()
@@ -1113,17 +1132,7 @@ if _HAS_GLUON:
         part = gl.program_id(1)
         t = pid // NHB
         hb = pid % NHB
-        ob = gl.arange(0, B_P2, layout=one_l)
-        offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
-        b = gl.sum((offs <= t).to(gl.int32), 0) - 1
-        live = b < batch
-        q_start = gl.load(QOFF + gl.minimum(b, batch))
-        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
-        q_start = gl.where(live, q_start, t)
-        q_end = gl.where(live, q_end, t + 1)
-        i0 = t - q_start
-        leader = (i0 % TPT) == 0
-        q_len = gl.where(leader, q_end - q_start, 0)
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
 
         q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)
         q_rope_buf = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
@@ -1170,27 +1179,10 @@ if _HAS_GLUON:
             q_lat.store((qf * down).to(gl.float16))
         q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
 
-        cache_len = gl.load(K_CL + b, mask=live, other=0)
-        if SPARSE:
-            n_main = K_idx_len
-            if HAS_TOPK:
-                if TOPK_TOK:
-                    n_main = gl.load(K_TOPK + t)
-                else:
-                    n_main = gl.load(K_TOPK + b, mask=live, other=0)
-                n_main = gl.minimum(gl.maximum(n_main, 0), K_idx_len)
-            main_lim = n_main
-        else:
-            n_main = cache_len + q_len
-            if CAUSAL:
-                main_lim = gl.minimum(cache_len + i0 + TPT, n_main)
-            else:
-                main_lim = n_main
-        n_main = gl.where(live, n_main, 0)
-        main_lim = gl.where(live & leader, main_lim, 0)
-        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
-        lo = part * chunk
-        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
 
         rc = gl.arange(0, NR, layout=col_l)
         tqc = rc // HPT
@@ -1210,14 +1202,11 @@ if _HAS_GLUON:
         for i in gl.static_range(NBUF - 1):
             key_next = _g_keys(lo + (i + 1) * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
                                K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
-            rows, valid = _g_rows(
-                lo + i * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
-            )
-            _g_issue_main(k_main, k_sc, i, rows, valid, K, K_SC, K_stride, K_stride_q,
-                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
-            _g_issue_rope(k_rope.index(i), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            vbuf.index(i).store(valid.to(gl.int32))
-            cp.commit_group()
+            _g_issue_tile(
+                k_main, k_sc, k_rope, vbuf, i, lo + i * BN, hi, key, K, K_SC, K_stride,
+                K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
+                FMT, ld_l, 4,
+            )  # fmt: skip
             key = key_next
 
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
@@ -1227,14 +1216,11 @@ if _HAS_GLUON:
             start = lo + it * BN
             key_next = _g_keys(start + NBUF * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
                                K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
-            rows, valid = _g_rows(
-                start + (NBUF - 1) * BN, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, row_l
-            )
-            _g_issue_main(k_main, k_sc, ist, rows, valid, K, K_SC, K_stride, K_stride_q,
-                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
-            _g_issue_rope(k_rope.index(ist), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            vbuf.index(ist).store(valid.to(gl.int32))
-            cp.commit_group()
+            _g_issue_tile(
+                k_main, k_sc, k_rope, vbuf, ist, start + (NBUF - 1) * BN, hi, key, K, K_SC,
+                K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
+                SPARSE, BN, FMT, ld_l, 4,
+            )  # fmt: skip
             key = key_next
             cp.wait_group(NBUF - 1)  # tile it has landed
             fence_async_shared()
