@@ -232,9 +232,6 @@ VARIANTS = {
     "sm90tn2": dict(gluon=True, sm90_t=True, sm90_t_nbuf=2),
     "sm90tn3": dict(gluon=True, sm90_t=True, sm90_t_nbuf=3),
     "sm90_64": dict(gluon=True, sm90_t=False),
-    "probe1": dict(gluon=True, sm90_t=True, probe=1),  # no dequant (timing only)
-    "probe2": dict(gluon=True, sm90_t=True, probe=2),  # no P @ V (timing only)
-    "probe3": dict(gluon=True, sm90_t=True, probe=3),
 }
 
 CASES = [
@@ -247,10 +244,6 @@ CASES = [
      ["sm90t", "sm90tn2", "sm90_64"], [None, 1, 2]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
      ["sm90t", "sm90tn2"], [None, 1, 2]),
-    ("probe rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90t", "probe1", "probe2", "probe3"], [1]),
-    ("probe bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90t", "probe2"], [1]),
     ("dense bf16 h16 sq2 8k", "dense", "bf16", 576, 64, 8192, 16, 2, 64, 0,
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),

@@ -791,6 +791,17 @@ if _HAS_GLUON:
         cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
 
     @gluon.jit
+    def _g_tile_rows(r, t, hb, i0, q_len, H_Q: gl.constexpr, HPT: gl.constexpr,
+                     TPT: gl.constexpr):  # fmt: skip
+        """Query rows r of a tile (token-major: token r // HPT of the tile, head block hb):
+        (ok, tq, tok int64, head int64); padding rows get ok False and token t, head 0."""
+        tq = r // HPT
+        head = hb * HPT + r % HPT
+        ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
+        tok = gl.where(ok, t + tq, t).to(gl.int64)
+        return ok, tq, tok, gl.where(ok, head, 0).to(gl.int64)
+
+    @gluon.jit
     def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
         """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
         of TPT tokens, and the request's query length (0 unless t leads)."""
@@ -927,11 +938,8 @@ if _HAS_GLUON:
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
 
         rq = gl.arange(0, BM, layout=row_l)
-        tq = rq // HPT
-        head = hb * HPT + rq % HPT
-        row_ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
-        q_tok = gl.where(row_ok, t + tq, t).to(gl.int64)
-        qp = Q + q_tok * stride_qt + gl.where(row_ok, head, 0).to(gl.int64) * stride_qh
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
         q_lat.store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
@@ -944,8 +952,7 @@ if _HAS_GLUON:
         )  # fmt: skip
 
         rs = gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
-        tqs = rs // HPT
-        rows_ok_s = (tqs < TPT) & (i0 + tqs < q_len) & (hb * HPT + rs % HPT < H_Q)
+        rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
         row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
         kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
 
@@ -1058,17 +1065,12 @@ if _HAS_GLUON:
         lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         inv = gl.where(seen, 1.0 / l_safe, 0.0)
         ro = gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
-        tqo = ro // HPT
-        heado = hb * HPT + ro % HPT
-        row_ok_o = (tqo < TPT) & (i0 + tqo < q_len) & (heado < H_Q)
-        tok_o = gl.where(row_ok_o, t + tqo, t).to(gl.int64)
-        head_o = gl.where(row_ok_o, heado, 0).to(gl.int64)
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = gl.arange(0, 512, layout=gl.SliceLayout(0, o_l))
         smask = row_ok_o[:, None] & (do < D_V)[None, :]
         if not SPLIT:
             if HAS_SINK:
-                hs = gl.where(rows_ok_s, hb * HPT + rs % HPT, 0)
-                sink = gl.load(SINK + hs, mask=rows_ok_s, other=0.0)
+                sink = gl.load(SINK + head_s, mask=rows_ok_s, other=0.0)
                 m_sk = gl.where(seen, m_i, 0.0)
                 inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
             o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
@@ -1095,7 +1097,7 @@ if _HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PROBE: gl.constexpr = 0,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1158,11 +1160,8 @@ if _HAS_GLUON:
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
 
         rq = gl.arange(0, NR, layout=row_l)
-        tq = rq // HPT
-        head = hb * HPT + rq % HPT
-        row_ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
-        q_tok = gl.where(row_ok, t + tq, t).to(gl.int64)
-        qp = Q + q_tok * stride_qt + gl.where(row_ok, head, 0).to(gl.int64) * stride_qh
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
         qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
@@ -1185,8 +1184,7 @@ if _HAS_GLUON:
         )  # fmt: skip
 
         rc = gl.arange(0, NR, layout=col_l)
-        tqc = rc // HPT
-        rows_ok_c = (tqc < TPT) & (i0 + tqc < q_len) & (hb * HPT + rc % HPT < H_Q)
+        rows_ok_c, tqc, _tok, head_c = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
         row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
         kpos = gl.arange(0, BN, layout=key_l)
 
@@ -1235,10 +1233,9 @@ if _HAS_GLUON:
                 kl = k_main.index(st)
             else:
                 k_h = k_h_buf.index(zero)
-                if PROBE % 2 == 0:
-                    for c in gl.static_range(BN // 16):
-                        x = k_main.index(st).slice(c * 16, 16, dim=0).load(cv_l)
-                        k_h.slice(c * 16, 16, dim=0).store(x.to(gl.float16))
+                for c in gl.static_range(BN // 16):
+                    x = k_main.index(st).slice(c * 16, 16, dim=0).load(cv_l)
+                    k_h.slice(c * 16, 16, dim=0).store(x.to(gl.float16))
                 fence_async_shared()
                 gl.thread_barrier()
                 kl = k_h
@@ -1270,8 +1267,7 @@ if _HAS_GLUON:
             p_smem.store(gl.permute(p.to(QT), (1, 0)))
             fence_async_shared()
             gl.thread_barrier()
-            if PROBE // 2 % 2 == 0:
-                acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # the stage, k_h and P may be overwritten from here on
         cp.wait_group(0)
@@ -1281,17 +1277,12 @@ if _HAS_GLUON:
         lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         inv = gl.where(seen, 1.0 / l_safe, 0.0)
         if HAS_SINK and not SPLIT:
-            hs = gl.where(rows_ok_c, hb * HPT + rc % HPT, 0)
-            sink = gl.load(SINK + hs, mask=rows_ok_c, other=0.0)
+            sink = gl.load(SINK + head_c, mask=rows_ok_c, other=0.0)
             m_sk = gl.where(seen, m_i, 0.0)
             inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
         o = gl.convert_layout(acc * (inv * tau)[None, :], out_l)
         ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
-        tqo = ro // HPT
-        heado = hb * HPT + ro % HPT
-        row_ok_o = (tqo < TPT) & (i0 + tqo < q_len) & (heado < H_Q)
-        tok_o = gl.where(row_ok_o, t + tqo, t).to(gl.int64)
-        head_o = gl.where(row_ok_o, heado, 0).to(gl.int64)
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
         smask = row_ok_o[None, :] & (do < D_V)[:, None]
         lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
@@ -1312,7 +1303,7 @@ if _HAS_GLUON:
 # means the heuristic in `_tile_config`.
 TUNING: dict[str, int | None] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
-    "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None, "probe": None,
+    "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
 }  # fmt: skip
 
 
@@ -1656,9 +1647,7 @@ def mla_decode_triton(
     if sm90:
         kernel, extra = _mla_decode_sm90, dict(num_warps=8)
         if cfg_t is not None:
-            # PROBE: timing probes of bench/gpu_mla_dev.py only (parts skipped, wrong results)
-            probe = TUNING.get("probe") or 0
-            kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], PROBE=probe, num_warps=4)
+            kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], num_warps=4)
         kernel[grid](
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
