@@ -232,6 +232,7 @@ VARIANTS = {
     "sm90tn2": dict(gluon=True, sm90_t=True, sm90_t_nbuf=2),
     "sm90tn3": dict(gluon=True, sm90_t=True, sm90_t_nbuf=3),
     "sm90_64": dict(gluon=True, sm90_t=False),
+    "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
 }
 
 CASES = [
@@ -248,14 +249,15 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["sm90", "sm90b64n2"], [None, 1]),
-    ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0, ["sm90"], [None, 1]),
+     ["sm90", "sm90np"], [None, 1]),
+    ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
+     ["sm90", "sm90np"], [None, 1]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None, 1]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
      ["sm90", "sm90b64n2"], [None, 1]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
-     ["sm90"], [None, 1]),
+     ["sm90", "sm90np"], [None, 1]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
      ["auto"], [None]),
 ]  # fmt: skip

@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import dataclasses  # noqa: E402
+import zlib  # noqa: E402
 
 import oracles  # noqa: E402
 import pytest  # noqa: E402
@@ -56,8 +57,13 @@ TOL = dict(abs_tol=3e-2, rel_tol=2 / 128, cos_tol=1e-5)
 # sits next to an unscaled rope chunk) are rounded to bf16 once, like a bf16 cache would be:
 # scores move by ~|q||k| 2^-9 (a few 1e-3 here, 2e-2 in the tails) and peaky softmaxes
 # amplify that. Power-of-two scales (e8m0, V32, MODEL1) and per-token scales (folded into S
-# and P) are exact and use TOL.
-TOL_DEQ = dict(abs_tol=6e-2, rel_tol=4 / 128, cos_tol=3e-5, lse_abs=3e-2, lse_cos=5e-6)
+# and P) are exact and use TOL. abs_tol: these roundings alone (K/V to bf16, P to bf16, the
+# output to bf16), replayed in float64 on 68 seeds of the GPU grid's rope-aware d_qk 512,
+# h_q 64, page 64 case, reach 5.5e-2 (an element near 0 under a peaky softmax); the GPU grid
+# once saw 6.1e-2 (2026-11-21, H100). 8e-2 leaves that tail room. cos_tol: the same replay
+# of the h_q 1 cases (three output rows) reaches 3.4e-5 (s_q 1, page 128); 1e-4 is still
+# 100x below what one wrong key does.
+TOL_DEQ = dict(abs_tol=8e-2, rel_tol=4 / 128, cos_tol=1e-4, lse_abs=3e-2, lse_cos=5e-6)
 TOL = dict(TOL, lse_abs=2e-3, lse_cos=1e-8)
 
 # name -> (KVQuantConfig factory, d_qk values it supports, dequantized with rounding)
@@ -444,7 +450,8 @@ def test_gpu_grid(mode, fmt, d_qk, h_q):
 
 
 def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
-    gen = torch.Generator().manual_seed(hash((mode, fmt, d_qk, h_q, s_q, ps)) % 2**31)
+    # A stable seed (hash() of a str tuple changes with every interpreter: PYTHONHASHSEED).
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((mode, fmt, d_qk, h_q, s_q, ps)).encode()))
     batch = 3
     cache_lens = [700] + [int(torch.randint(0, 400, (), generator=gen)) for _ in range(batch - 1)]
     q_lens = [s_q] * batch

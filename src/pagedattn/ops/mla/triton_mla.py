@@ -867,6 +867,27 @@ if _HAS_GLUON:
         cp.commit_group()
 
     @gluon.jit
+    def _g_issue_next(
+        key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT, K_IDX,
+        K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr,
+        K_nenc, K_npages, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
+        NBUF: gl.constexpr, ld_l: gl.constexpr, row_l: gl.constexpr, NW: gl.constexpr,
+    ):  # fmt: skip
+        """In the loop iteration of tile `start`: issue the copies of tile start + (NBUF - 1) BN
+        into stage `ist` with its already loaded `key`s; return the keys of tile
+        start + NBUF BN (the look-up-table load runs one iteration ahead of its copies)."""
+        key_next = _g_keys(
+            start + NBUF * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
+            BN, row_l,
+        )  # fmt: skip
+        _g_issue_tile(
+            k_main, k_sc, k_rope, vbuf, ist, start + (NBUF - 1) * BN, hi, key, K, K_SC,
+            K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
+            SPARSE, BN, FMT, ld_l, NW,
+        )  # fmt: skip
+        return key_next
+
+    @gluon.jit
     def _mla_decode_sm90(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
@@ -876,7 +897,7 @@ if _HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, PIPE: gl.constexpr,
     ):  # fmt: skip
         """64 query rows (heads of a token, or of up to 64 // h_q tokens; padded) x one key
         partition, 8 warps = 2 warpgroups. S = Q K^T is split by keys between the warpgroups
@@ -886,6 +907,7 @@ if _HAS_GLUON:
         is issued one iteration before its copies. FP8 tiles are staged raw and dequantized to
         bf16 in shared memory (per-token scales are folded into S and P instead)."""
         BM: gl.constexpr = 64
+        gl.static_assert(not PIPE or FMT == 0, "PIPE needs a BF16 cache (no dequant buffer)")
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
         )
@@ -992,29 +1014,18 @@ if _HAS_GLUON:
             st = it % NBUF
             ist = (it + NBUF - 1) % NBUF
             start = lo + it * BN
-            # Issue tile it + NBUF - 1 (its keys arrived during the previous iteration) and load
-            # the keys of tile it + NBUF.
-            key_next = _g_keys(
-                start + NBUF * BN,
-                hi,
-                b,
-                t,
-                K_LUT,
-                K_IDX,
-                K_lut_stride,
-                K_ps,
-                K_idx_stride,
-                SPARSE,
-                BN,
-                row_l,
-            )
-            _g_issue_tile(
-                k_main, k_sc, k_rope, vbuf, ist, start + (NBUF - 1) * BN, hi, key, K, K_SC,
-                K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
-                SPARSE, BN, FMT, ld_l, 8,
-            )  # fmt: skip
-            key = key_next
-            cp.wait_group(NBUF - 1)  # tile it has landed
+            if not PIPE:
+                # Issue tile it + NBUF - 1 (its keys arrived during the previous iteration) and
+                # load the keys of tile it + NBUF.
+                key = _g_issue_next(
+                    key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT,
+                    K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                    K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l,
+                    row_l, 8,
+                )  # fmt: skip
+                cp.wait_group(NBUF - 1)  # tile it has landed
+            else:
+                cp.wait_group(NBUF - 2)  # tile it has landed (tile it + NBUF - 1 not issued)
             fence_async_shared()
             gl.thread_barrier()
             if FMT == 0:
@@ -1038,7 +1049,21 @@ if _HAS_GLUON:
                 s_tok = gl.convert_layout(gl.reshape(s_tok, [BN]), gl.SliceLayout(0, s_l))
                 s = s * s_tok[None, :]
             s = warpgroup_mma(q_rope, k_rope.index(st).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            if PIPE:
+                # The P V product of tile it - 1 completes here too (groups retire in order).
+                # Waiting for it alone (wait_group 2) before S would let the copies below run
+                # under the S product, but ptxas then serializes every wgmma (C7514: it does
+                # not track the group across the loop's back edge).
+                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+                gl.thread_barrier()  # every warpgroup is done with tile it - 1's stage and P
+                key = _g_issue_next(
+                    key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT,
+                    K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                    K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l,
+                    row_l, 8,
+                )  # fmt: skip
+            else:
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             keep = vbuf.index(st).load(gl.SliceLayout(0, s_l))[None, :] != 0
             if CAUSAL and not SPARSE:
                 keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
@@ -1056,8 +1081,13 @@ if _HAS_GLUON:
             fence_async_shared()
             gl.thread_barrier()
             acc = warpgroup_mma(p_smem, kl, acc, is_async=True)
+            if PIPE:  # left in flight (waited for behind the next S product)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                gl.thread_barrier()  # the stage and P may be overwritten from here on
+        if PIPE:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()  # the stage and P may be overwritten from here on
         cp.wait_group(0)
 
         seen = l_i > 0.0
@@ -1212,14 +1242,11 @@ if _HAS_GLUON:
             st = it % NBUF
             ist = (it + NBUF - 1) % NBUF
             start = lo + it * BN
-            key_next = _g_keys(start + NBUF * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
-                               K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
-            _g_issue_tile(
-                k_main, k_sc, k_rope, vbuf, ist, start + (NBUF - 1) * BN, hi, key, K, K_SC,
-                K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
-                SPARSE, BN, FMT, ld_l, 4,
+            key = _g_issue_next(
+                key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT, K_IDX,
+                K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps,
+                K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
             )  # fmt: skip
-            key = key_next
             cp.wait_group(NBUF - 1)  # tile it has landed
             fence_async_shared()
             gl.thread_barrier()
@@ -1304,6 +1331,7 @@ if _HAS_GLUON:
 TUNING: dict[str, int | None] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
+    "sm90_pipe": None,
 }  # fmt: skip
 
 
@@ -1484,7 +1512,12 @@ def _sm90_config(h_q: int, sparse: bool, fp8: bool) -> dict:
     # S product becomes n16 wgmma instructions and costs more than the deeper ring saves.
     bn = TUNING.get("sm90_bn") or 64
     nbuf = TUNING.get("sm90_nbuf") or (4 if bn == 32 else 2)
-    return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf)
+    # PIPE (BF16 only: FP8 tiles are dequantized into one shared buffer that the previous
+    # tile's P V product still reads): that product is waited for behind the next S product.
+    # H100, bench/gpu_mla_dev.py (2026-11-21), PIPE vs not: dense h_q 128 s_k 4096 0.398 vs
+    # 0.424 ms, s_k 8192 0.757 vs 0.797 ms; sparse h_q 128 s_q 2 top-k 2048 0.423 vs 0.430 ms.
+    pipe = (not fp8) and TUNING.get("sm90_pipe") is not False
+    return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf, PIPE=pipe)
 
 
 def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) -> dict | None:
@@ -1645,9 +1678,10 @@ def mla_decode_triton(
     grid = (tokens * cfg["NHB"], P)
     dummy = q_row_offsets
     if sm90:
-        kernel, extra = _mla_decode_sm90, dict(num_warps=8)
         if cfg_t is not None:
             kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], num_warps=4)
+        else:
+            kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         kernel[grid](
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,

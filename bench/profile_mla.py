@@ -1,0 +1,25 @@
+"""Launch one MLA decode case a few times, for a profiler (`ncu`) to attach to:
+
+    ncu --kernel-name regex:_mla_decode --launch-skip 2 --launch-count 1 \
+        --section WarpStateStats --section ComputeWorkloadAnalysis ... \
+        python bench/profile_mla.py dense bf16 128 1 4096
+
+Arguments: mode fmt h_q s_q s_k (b = 128, page 64, top-k 2048 for sparse).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from gpu_mla_dev import _launcher, make_case  # noqa: E402
+
+mode, fmt, h_q, s_q, s_k = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+q, kv, offs, kw, _ = make_case(mode, fmt, 576, 128, s_k, h_q, s_q, 64, 2048)
+fn = _launcher(q, kv, offs, kw, None)
+for _ in range(4):
+    fn()
+torch.cuda.synchronize()
