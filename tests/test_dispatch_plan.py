@@ -37,3 +37,21 @@ def test_runtime_inputs_carry_the_plan():
     m.alloc("a", 1)
     (inp,) = m.runtime_inputs(["a"])
     assert inp.attention_dispatch_metadata.tolist() == [1, 1, 3000 // 256]
+
+
+def test_mla_tile_of_the_small_fp8_kernel(monkeypatch):
+    """The rope-aware FP8 register-operand kernel (sm_90, h_q <= 16, d_qk 576) holds 2 CTAs
+    a SM with 16-row tiles; every other MLA launch 1 CTA with 64-row tiles."""
+    assert dispatch.mla_tile(16, 576, True, "cpu") == (1, 64)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    assert dispatch.mla_tile(16, 576, True, "cuda:0") == (2, 16)
+    assert dispatch.mla_tile(1, 576, True, "cuda:0") == (2, 16)
+    assert dispatch.mla_tile(20, 576, True, "cuda:0") == (1, 64)
+    assert dispatch.mla_tile(16, 512, True, "cuda:0") == (1, 64)
+    assert dispatch.mla_tile(16, 576, False, "cuda:0") == (1, 64)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    assert dispatch.mla_tile(16, 576, True, "cuda:0") == (1, 64)
+    # b 128 x h_q 16: 128 tiles; P = 2 puts two on each of the 132 SMs, P = 3 would not fit.
+    assert dispatch.mla_num_partitions(128, 16, 1, 4096, 132, 2, 16) == 2
+    assert dispatch.mla_num_partitions(64, 16, 2, 4096, 132, 2, 16) == 2  # 2 tiles a request

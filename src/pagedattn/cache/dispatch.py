@@ -25,6 +25,8 @@ MLA_CTAS_PER_SM = 1  # resident MLA decode CTAs a SM (shared memory bound)
 MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than it saves
 MAX_PARTITIONS = 64
 MLA_HEADS_PER_TILE = 64  # query heads of one MLA tile (one wgmma M)
+MLA_FP8_SMALL_CTAS_PER_SM = 2  # rope-aware FP8, h_q <= 16, sm_90 (see the module docstring)
+MLA_FP8_SMALL_ROWS = 16  # query rows of one tile of that kernel
 
 
 def num_sms(device: torch.device | str | None = None) -> int:
@@ -57,10 +59,35 @@ def mha_num_partitions(
     return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms, MHA_CTAS_PER_SM)
 
 
+def mla_tile(
+    num_q_heads: int, head_dim: int, rope_aware_fp8: bool, device: torch.device | str | None
+) -> tuple[int, int]:
+    """(resident CTAs a SM, query rows a tile) of the MLA decode kernel that serves a launch:
+    the rope-aware FP8 register-operand kernel on sm_90 for h_q <= 16 and d_qk 576, else the
+    64-row kernels."""
+    d = torch.device(device) if device is not None else None
+    sm90 = (
+        d is not None
+        and d.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(d) == (9, 0)
+    )
+    if sm90 and rope_aware_fp8 and head_dim == 576 and num_q_heads <= MLA_FP8_SMALL_ROWS:
+        return MLA_FP8_SMALL_CTAS_PER_SM, MLA_FP8_SMALL_ROWS
+    return MLA_CTAS_PER_SM, MLA_HEADS_PER_TILE
+
+
 def mla_num_partitions(
-    batch: int, num_q_heads: int, q_max_seq_len: int, max_cache_len: int, sms: int
+    batch: int,
+    num_q_heads: int,
+    q_max_seq_len: int,
+    max_cache_len: int,
+    sms: int,
+    ctas_per_sm: int = MLA_CTAS_PER_SM,
+    tile_rows: int = MLA_HEADS_PER_TILE,
 ) -> int:
-    """MLA: one tile per (request, 64 query rows); query rows are heads x query tokens."""
+    """MLA: one tile per (request, `tile_rows` query rows); query rows are heads x query
+    tokens (`mla_tile` gives the last two arguments)."""
     rows = num_q_heads * max(q_max_seq_len, 1)
-    units = batch * math.ceil(rows / MLA_HEADS_PER_TILE)
-    return choose_num_partitions(units, max_cache_len, sms, MLA_CTAS_PER_SM)
+    units = batch * math.ceil(rows / tile_rows)
+    return choose_num_partitions(units, max_cache_len, sms, ctas_per_sm)

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from .block_pool import BlockPool, page_hash
 from .buffers import DeviceBuffers, allocate_buffers
-from .dispatch import mha_num_partitions, mla_num_partitions, num_sms
+from .dispatch import mha_num_partitions, mla_num_partitions, mla_tile, num_sms
 from .inputs import KVCacheInputsPerDevice
 from .params import KVCacheParams
 
@@ -167,6 +167,9 @@ class PagedKVCacheManager:
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
         self._sms = num_sms(params.devices[0])
+        quant = params.quantization
+        rope_fp8 = quant is not None and quant.format == "mla_rope_aware"
+        self._mla_tile = mla_tile(params.num_q_heads, params.head_dim, rope_fp8, params.devices[0])
 
     # Introspection ---------------------------------------------------------------------
     @property
@@ -425,7 +428,9 @@ class PagedKVCacheManager:
             b = len(reqs)
             valid = grown
             if p.is_mla:
-                parts = mla_num_partitions(b, p.num_q_heads, max_prompt, valid, self._sms)
+                parts = mla_num_partitions(
+                    b, p.num_q_heads, max_prompt, valid, self._sms, *self._mla_tile
+                )
                 host["attention_dispatch_metadata"] = np.array([b, max_prompt, parts], np.int64)
                 host["mla_num_partitions"] = np.array([parts], np.int64)
             else:
@@ -437,7 +442,9 @@ class PagedKVCacheManager:
             if p.enable_speculative:
                 dq = 1 + (int(drafts.max()) if b else 0)
                 if p.is_mla:
-                    dparts = mla_num_partitions(b, p.num_q_heads, dq, valid + dq, self._sms)
+                    dparts = mla_num_partitions(
+                        b, p.num_q_heads, dq, valid + dq, self._sms, *self._mla_tile
+                    )
                     host["draft_attention_dispatch_metadata"] = np.array([b, dq, dparts], np.int64)
                     host["draft_mla_num_partitions"] = np.array([dparts], np.int64)
                 else:

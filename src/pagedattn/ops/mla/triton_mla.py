@@ -6,7 +6,8 @@ Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Three kernels:
     keys between two warpgroups, cp.async K ring. See its section below.
   - `_mla_decode_sm90_t` (Gluon, Hopper only): the same caches (BF16 and rope-aware) when a
     tile has at most 16-32 query rows (small h_q): keys are the MMA's M dimension, so nothing
-    is padded to 64 rows; FP8 runs float16 MMAs.
+    is padded to 64 rows; FP8 runs float16 MMAs whose A operand (the dequantized tile) is
+    built in registers from 16-byte shared-memory loads (two CTAs a SM).
   - `_mla_decode_kernel` (tl): every case, every GPU and Triton's CPU interpreter (CI); one
     kernel specialised at compile time on format, mode and tile shape.
 
@@ -49,7 +50,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...cache.dispatch import mla_num_partitions, num_sms
+from ...cache.dispatch import (
+    MLA_FP8_SMALL_CTAS_PER_SM,
+    MLA_FP8_SMALL_ROWS,
+    mla_num_partitions,
+    num_sms,
+)
 from ...errors import check
 from .triton_mla_combine import mla_combine_triton
 
@@ -888,6 +894,44 @@ if _HAS_GLUON:
         return key_next
 
     @gluon.jit
+    def _g_max2(a, b, c, d):
+        return gl.maximum(a, c), gl.maximum(b, d)
+
+    @gluon.jit
+    def _g_perm_s(d):
+        """Cache column of logical column d of the register-A S product. In each 64-column
+        chunk, logical 16 kb + 8 h + 2 q + e (wgmma A fragment: k-block kb, half h, lane
+        q % 4, pair element e) is cache column 16 q + 4 kb + 2 h + e, so that a thread's 16
+        fragment values are 16 contiguous bytes."""
+        kb = (d // 16) % 4
+        h = (d // 8) % 2
+        q = (d // 2) % 4
+        return (d // 64) * 64 + q * 16 + kb * 4 + h * 2 + d % 2
+
+    @gluon.jit
+    def _g_perm_v(r):
+        """Cache column of logical row r of the register-A O^T = V^T P^T product: logical
+        64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane g = lane // 4) is cache
+        column 128 w + 16 g + 2 mb + h."""
+        return ((r // 16) % 4) * 128 + (r % 8) * 16 + (r // 64) * 2 + (r // 8) % 2
+
+    @gluon.jit
+    def _g_deq_k(raw, kraw_l: gl.constexpr, dot_l: gl.constexpr):
+        """[64 keys, 64] e4m3 stage columns -> float16 register A operand in `_g_perm_s`
+        order (the reshape/permute only relabels registers: no data moves between threads)."""
+        x = raw.load(kraw_l).to(gl.float16)
+        x = gl.permute(gl.reshape(x, [64, 4, 4, 2, 2]), (0, 2, 3, 1, 4))
+        return gl.convert_layout(gl.reshape(x, [64, 64]), dot_l)
+
+    @gluon.jit
+    def _g_deq_v(raw, vraw_l: gl.constexpr, dot_l: gl.constexpr):
+        """[16 keys, 512] e4m3 stage rows -> float16 register A operand V^T [512, 16] with
+        rows in `_g_perm_v` order."""
+        x = gl.permute(raw.load(vraw_l).to(gl.float16), (1, 0))
+        x = gl.permute(gl.reshape(x, [4, 8, 8, 2, 16]), (2, 0, 3, 1, 4))
+        return gl.convert_layout(gl.reshape(x, [512, 16]), dot_l)
+
+    @gluon.jit
     def _mla_decode_sm90(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
@@ -1136,9 +1180,36 @@ if _HAS_GLUON:
         float16 MMAs: e4m3 -> f16 is one native cvt per pair (bf16 would take three), q's latent
         part is scaled by 2^-e (exact) into f16 range, the per-token scale multiplies S's rows,
         and P's rows are scaled by s_tok / max(s_tok of the tile) so they stay in [0, 1] (the
-        running factor `tau` keeps O in those units)."""
+        running factor `tau` keeps O in those units).
+
+        FP8: both products take the dequantized tile from registers (wgmma's register A
+        operand), read straight from the cp.async stage with 16-byte loads, so no float16 copy
+        of the tile is written to shared memory (about 100 KB a CTA with NBUF 2: two CTAs a
+        SM). The 16 bytes a thread loads are a fixed permutation of the columns its A fragment
+        holds: of d for S (the same permutation is applied to q's latent part when it is
+        stored, so S is unchanged: `_g_perm_s`) and of the output rows for P V (undone when O
+        is stored: `_g_perm_v`)."""
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
+        )
+        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        # K [64 keys, 64 d] of one S chunk: 16 contiguous bytes a thread (d bits 0-3), rows
+        # g and g + 8 (g = lane // 4), 16-byte column q = lane % 4, warps 16 rows each.
+        kraw_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
+            lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[64, 64],
+        )
+        # V [16 keys, 512 d] of one P V chunk: 16 contiguous bytes a thread (d bits 0-3) of
+        # keys 2q + {0, 1, 8, 9}, 16-byte column 8 w + g.
+        vraw_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [1, 0], [8, 0]],
+            lane_bases=[[2, 0], [4, 0], [0, 16], [0, 32], [0, 64]],
+            warp_bases=[[0, 128], [0, 256]],
+            block_bases=[],
+            shape=[16, 512],
         )
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
@@ -1180,7 +1251,6 @@ if _HAS_GLUON:
         else:
             k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
             k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN, 1], pl_l)
-            k_h_buf = gl.allocate_shared_memory(gl.float16, [1, BN, 512], sm_l)
         for i in gl.static_range(NBUF):
             if FMT == 0:
                 k_main.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
@@ -1194,6 +1264,8 @@ if _HAS_GLUON:
         qp = Q + q_tok * stride_qt + q_head * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        if FMT != 0:
+            dA = _g_perm_s(dA)
         qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
         lat_scale = 1.0
         if FMT == 0:
@@ -1220,8 +1292,10 @@ if _HAS_GLUON:
 
         acc = gl.zeros([512, NR], gl.float32, mma_l)
         m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
-        l_i = gl.zeros([NR], gl.float32, col_l)
-        tau = qk_scale * 0.0 + 1.0  # scalar f32: O is kept in units of tau (FP8)
+        # Row sums are kept per key slot and reduced once after the loop (one cross-warp
+        # reduction a tile fewer); O's units tau are per column (FP8).
+        l_acc = gl.zeros([BN, NR], gl.float32, mma_l)
+        tau = gl.full([NR], 1.0, gl.float32, col_l)
         zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
 
         key = _g_keys(
@@ -1256,17 +1330,18 @@ if _HAS_GLUON:
             q_lat = q_lat_buf.index(zero)
             q_rope = q_rope_buf.index(zero)
             ok = vbuf.index(st).load(key_l) != 0
-            if FMT == 0:
-                kl = k_main.index(st)
+            kl = k_main.index(st)
+            if FMT != 0:
+                s = zero_s
+                for j in gl.static_range(8):
+                    a = _g_deq_k(kl.slice(j * 64, 64, dim=1), kraw_l, dot_l)
+                    s = warpgroup_mma(
+                        a, q_lat.slice(j * 64, 64, dim=1).permute((1, 0)), s, use_acc=j > 0,
+                        is_async=True,
+                    )  # fmt: skip
+                    s, a = warpgroup_mma_wait(num_outstanding=1, deps=(s, a))
             else:
-                k_h = k_h_buf.index(zero)
-                for c in gl.static_range(BN // 16):
-                    x = k_main.index(st).slice(c * 16, 16, dim=0).load(cv_l)
-                    k_h.slice(c * 16, 16, dim=0).store(x.to(gl.float16))
-                fence_async_shared()
-                gl.thread_barrier()
-                kl = k_h
-            s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
                 s_tok = gl.convert_layout(gl.reshape(k_sc.index(st).load(sc_l), [BN]), key_l)
@@ -1278,27 +1353,40 @@ if _HAS_GLUON:
             if CAUSAL and not SPARSE:
                 keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
             s = gl.where(keep, s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 0))
+            if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
+                s_b = gl.zeros_like(s) + s_tok[:, None]
+                s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
+            else:
+                s_max = gl.max(s, 0)
+            m_new = gl.maximum(m_i, s_max)
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[None, :])
-            l_i = l_i * alpha + gl.sum(p, 0)
+            l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
             if FMT != 0:
-                sig = gl.max(s_tok, 0)
                 sig = gl.where(sig > 0.0, sig, tau)
-                p = p * (s_tok / sig)[:, None]
+                p = p * s_tok[:, None] / sig[None, :]
                 alpha = alpha * (tau / sig)
                 tau = sig
             acc = acc * alpha[None, :]
             p_smem.store(gl.permute(p.to(QT), (1, 0)))
             fence_async_shared()
             gl.thread_barrier()
-            acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            if FMT != 0:
+                for c in gl.static_range(BN // 16):
+                    va = _g_deq_v(kl.slice(c * 16, 16, dim=0), vraw_l, dot_l)
+                    acc = warpgroup_mma(
+                        va, p_smem.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True
+                    )
+                    acc, va = warpgroup_mma_wait(num_outstanding=1, deps=(acc, va))
+            else:
+                acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            gl.thread_barrier()  # the stage, k_h and P may be overwritten from here on
+            gl.thread_barrier()  # the stage and P may be overwritten from here on
         cp.wait_group(0)
 
+        l_i = gl.sum(l_acc, 0)
         seen = l_i > 0.0
         l_safe = gl.where(seen, l_i, 1.0)
         lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
@@ -1311,6 +1399,8 @@ if _HAS_GLUON:
         ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
         row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
+        if FMT != 0:
+            do = _g_perm_v(do)
         smask = row_ok_o[None, :] & (do < D_V)[:, None]
         lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
         if not SPLIT:
@@ -1524,19 +1614,22 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     """Tile of the keys-as-M sm_90 kernel (`_mla_decode_sm90_t`), or None where it does not
     serve: BF16 caches with at most 32 query rows a tile, rope-aware FP8 with at most 16 (in
     dense mode the heads of several tokens of a request share the tile, as many as the
-    average query length asks for). NR (the rows, padded) is 16 or 32. FP8 keeps 3 stages
-    (two 42 KB tiles in flight); BF16 tiles (73 KB) fit 2. Offline sm_90 compiles: BF16 NR 16
-    128 registers, NR 32 237; FP8 NR 16 237; FP8 NR 32 would spill."""
+    average query length asks for). NR (the rows, padded) is 16 or 32. Two stages: BF16 tiles
+    take 73 KB; FP8 (40 KB tiles, no float16 copy) fits two CTAs a SM with two stages and one
+    with three. Offline sm_90 compiles: BF16 NR 16 128 registers, NR 32 236; FP8 NR 16 238.
+    H100 (2026-11-22, b 128, h_q 16, kernel alone): FP8 register operands 196 us (s_k 4096)
+    and 380 us (8192) at one CTA a SM, 146 / 264 us at two (P = 2), against 210 / 402 us when
+    the tile was first dequantized into shared memory (then 211 KB: one CTA a SM)."""
     want = TUNING.get("sm90_t")
     if want is False or h_q > 32 or fmt not in (FMT_BF16, FMT_ROPE_AWARE):
         return None
-    max_rows = 32 if fmt == FMT_BF16 else 16  # FP8 with 32 rows spills (255 registers)
+    max_rows = 32 if fmt == FMT_BF16 else 16  # FP8 with 32 rows: 64 more accumulator registers
     if h_q > max_rows:
         return None
     est_sq = 1 if sparse else min(8, max(1, -(-tokens // max(batch, 1))))
     tpt = 1 if sparse else max(1, min(est_sq, max_rows // h_q))
     nr = max(16, triton.next_power_of_2(h_q * tpt))
-    nbuf = TUNING.get("sm90_t_nbuf") or (3 if fmt == FMT_ROPE_AWARE else 2)
+    nbuf = TUNING.get("sm90_t_nbuf") or 2
     return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr)
 
 
@@ -1665,7 +1758,10 @@ def mla_decode_triton(
             bound += x_idx.shape[1]
         est_sq = 1 if sparse else min(8, max(1, -(-tokens // max(batch, 1))))
         units_batch = tokens if sparse else batch
-        num_partitions = mla_num_partitions(units_batch, h_q, est_sq, bound, num_sms(dev))
+        # the register-operand FP8 kernel: 2 CTAs a SM, 16-row tiles (cache/dispatch.py)
+        small = cfg_t is not None and K.fmt == FMT_ROPE_AWARE
+        tile = (MLA_FP8_SMALL_CTAS_PER_SM, MLA_FP8_SMALL_ROWS) if small else (1, 64)
+        num_partitions = mla_num_partitions(units_batch, h_q, est_sq, bound, num_sms(dev), *tile)
     P = int(num_partitions)
     check(P >= 1, "num_partitions", "an int >= 1", num_partitions)
 
@@ -1679,7 +1775,8 @@ def mla_decode_triton(
     dummy = q_row_offsets
     if sm90:
         if cfg_t is not None:
-            kernel, extra = _mla_decode_sm90_t, dict(NR=cfg["NR"], num_warps=4)
+            kernel = _mla_decode_sm90_t
+            extra = dict(NR=cfg["NR"], num_warps=4)
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         kernel[grid](

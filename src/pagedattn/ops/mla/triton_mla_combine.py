@@ -50,7 +50,8 @@ def _mla_combine_kernel(
         m = tl.maximum(m, lp * LOG2E)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
 
-    # Pass 2: weighted sum. Partitions with lse = -inf get weight 0 and are never read.
+    # Pass 2: weighted sum. Partitions with lse = -inf get weight 0 and their values are
+    # dropped (the loads do not wait for the LSEs: the partial outputs stream in at once).
     acc = tl.zeros([BR, D_PAD], tl.float32)
     den = tl.zeros([BR], tl.float32)
     for p in tl.static_range(P):
@@ -59,10 +60,10 @@ def _mla_combine_kernel(
         seen = lp > float("-inf")
         o = tl.load(
             PO + (p * n_rows + r64)[:, None] * D_V + d[None, :],
-            mask=(rmask & seen)[:, None] & dmask[None, :],
+            mask=rmask[:, None] & dmask[None, :],
             other=0.0,
         )
-        acc += w[:, None] * o
+        acc += tl.where(seen[:, None], w[:, None] * o, 0.0)
         den += w
     lse2 = m_safe + tl.log2(den)  # log2 of sum_p exp(lse_p)
     has = den > 0.0
