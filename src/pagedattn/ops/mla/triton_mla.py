@@ -1031,27 +1031,12 @@ if _HAS_GLUON:
         key = _g_keys(
             lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN, row_l
         )
-        for i in gl.static_range(NBUF - 1):
-            key_next = _g_keys(
-                lo + (i + 1) * BN,
-                hi,
-                b,
-                t,
-                K_LUT,
-                K_IDX,
-                K_lut_stride,
-                K_ps,
-                K_idx_stride,
-                SPARSE,
-                BN,
-                row_l,
-            )
-            _g_issue_tile(
-                k_main, k_sc, k_rope, vbuf, i, lo + i * BN, hi, key, K, K_SC, K_stride,
-                K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
-                FMT, ld_l, 8,
+        for i in gl.static_range(NBUF - 1):  # the loop's issue step for tiles -NBUF+1 .. -1
+            key = _g_issue_next(
+                key, lo + (i + 1 - NBUF) * BN, hi, b, t, k_main, k_sc, k_rope, vbuf, i, K, K_SC,
+                K_LUT, K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 8,
             )  # fmt: skip
-            key = key_next
 
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         for it in range(n_it):
@@ -1301,15 +1286,12 @@ if _HAS_GLUON:
         key = _g_keys(
             lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN, row_l
         )
-        for i in gl.static_range(NBUF - 1):
-            key_next = _g_keys(lo + (i + 1) * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
-                               K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
-            _g_issue_tile(
-                k_main, k_sc, k_rope, vbuf, i, lo + i * BN, hi, key, K, K_SC, K_stride,
-                K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
-                FMT, ld_l, 4,
+        for i in gl.static_range(NBUF - 1):  # the loop's issue step for tiles -NBUF+1 .. -1
+            key = _g_issue_next(
+                key, lo + (i + 1 - NBUF) * BN, hi, b, t, k_main, k_sc, k_rope, vbuf, i, K, K_SC,
+                K_LUT, K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
             )  # fmt: skip
-            key = key_next
 
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         for it in range(n_it):
