@@ -167,8 +167,7 @@ class PagedKVCacheManager:
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
         self._sms = num_sms(params.devices[0])
-        quant = params.quantization
-        rope_fp8 = quant is not None and quant.format == "mla_rope_aware"
+        rope_fp8 = params.quant_format == "mla_rope_aware"
         self._mla_tile = mla_tile(params.num_q_heads, params.head_dim, rope_fp8, params.devices[0])
 
     # Introspection ---------------------------------------------------------------------

@@ -50,12 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...cache.dispatch import (
-    MLA_FP8_SMALL_CTAS_PER_SM,
-    MLA_FP8_SMALL_ROWS,
-    mla_num_partitions,
-    num_sms,
-)
+from ...cache.dispatch import mla_num_partitions, mla_tile, num_sms
 from ...errors import check
 from .triton_mla_combine import mla_combine_triton
 
@@ -1740,9 +1735,8 @@ def mla_decode_triton(
             bound += x_idx.shape[1]
         est_sq = 1 if sparse else min(8, max(1, -(-tokens // max(batch, 1))))
         units_batch = tokens if sparse else batch
-        # the register-operand FP8 kernel: 2 CTAs a SM, 16-row tiles (cache/dispatch.py)
-        small = cfg_t is not None and K.fmt == FMT_ROPE_AWARE
-        tile = (MLA_FP8_SMALL_CTAS_PER_SM, MLA_FP8_SMALL_ROWS) if small else (1, 64)
+        # the register-operand FP8 kernel (cfg_t with a rope-aware cache) has its own tile
+        tile = mla_tile(h_q, d_qk, cfg_t is not None and K.fmt == FMT_ROPE_AWARE, dev)
         num_partitions = mla_num_partitions(units_batch, h_q, est_sq, bound, num_sms(dev), *tile)
     P = int(num_partitions)
     check(P >= 1, "num_partitions", "an int >= 1", num_partitions)
