@@ -153,7 +153,39 @@ def bench_prefill(records: list[Record], fi) -> None:
             print(f"[bench] flashinfer prefill failed: {type(e).__name__}: {e}")
 
 
+def bench_paged_prefill(records: list[Record], fi) -> None:
+    """Causal prefill over a paged cache with pages of 16 (the new tokens' K/V already stored):
+    8 sequences of 4096 tokens, 32 q / 8 kv heads, d128."""
+    nseq, n, page, h, h_kv, d = 8, 4096, 16, 32, 8, 128
+    p, inp = paged_cache(nseq, n, page, h_kv, d)
+    inp.cache_lengths.zero_()
+    q = torch.randn(nseq * n, h, d, device="cuda", dtype=torch.bfloat16)
+    offs = torch.arange(nseq + 1, dtype=torch.int32, device="cuda") * n
+    flops = nseq * 4 * h * d * n * n / 2
+    cfg = f"causal {nseq}x{n} p{page} {h}/{h_kv} d{d}"
+    k_op, v_op = PagedOperand(inp, p, 0, "k"), PagedOperand(inp, p, 0, "v")
+    out = torch.empty_like(q)
+    ms = time_ms(lambda: mha(q, k_op, v_op, offs, out=out), warmup=5, rep=30)
+    records.append(Record("prefill", cfg, "pagedattn", ms, 0, flops))
+    if fi is not None:
+        try:
+            ws = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+            w = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
+            pages_per = inp.lookup_table.shape[1]
+            indptr = torch.arange(nseq + 1, dtype=torch.int32, device="cuda") * pages_per
+            last = torch.full((nseq,), (n - 1) % page + 1, dtype=torch.int32, device="cuda")
+            w.plan(offs, indptr, inp.lookup_table.flatten(), last, h, h_kv, d, page,
+                   causal=True, q_data_type=torch.bfloat16)  # fmt: skip
+            cache = inp.kv_blocks[:, :, 0]
+            w.run(q, cache)
+            ms = time_ms(lambda: w.run(q, cache), warmup=5, rep=30)
+            records.append(Record("prefill", cfg, "flashinfer", ms, 0, flops))
+        except Exception as e:
+            print(f"[bench] flashinfer paged prefill failed: {type(e).__name__}: {e}")
+
+
 def run(records: list[Record]) -> None:
     fi = flashinfer()
     bench_decode(records, fi)
     bench_prefill(records, fi)
+    bench_paged_prefill(records, fi)

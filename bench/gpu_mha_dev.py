@@ -4,6 +4,7 @@ go to $OUT/gpu_mha_dev.json).
 
     python bench/gpu_mha_dev.py            # on an H100: checks + variant timings (~4 min)
     python bench/gpu_mha_dev.py --fast     # the same, fewer variants, no base checks (~2 min)
+    python bench/gpu_mha_dev.py --prefill  # only the prefill variants (~1 min)
     python bench/gpu_mha_dev.py --legacy   # also the rounds 1-3 sweeps (other formats, d96)
     python bench/gpu_mha_dev.py --offline  # any machine: compile for sm_90, print resources
                                            # and the hot loop's SASS instruction mix
@@ -47,7 +48,9 @@ import time
 
 SMOKE = "--smoke" in sys.argv
 OFFLINE = "--offline" in sys.argv
-FAST_RUN = "--fast" in sys.argv  # skip the slow parts: base checks, rare variants, diagnostics
+PREFILL_ONLY = "--prefill" in sys.argv  # only the prefill variants (no checks, no decode)
+# FAST_RUN: skip the slow parts (base checks, rare variants, diagnostics)
+FAST_RUN = "--fast" in sys.argv or PREFILL_ONLY
 LEGACY = "--legacy" in sys.argv  # also the rounds 1-3 sweeps (other formats, d96, paged prefill)
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -436,19 +439,23 @@ DECODE_CONFIGS = (
     ("b16/16384/p64", 16, 16384, 64),
     ("b128/2048/p64", 128, 2048, 64),
 )
-PREFILL_VARIANTS = {  # name -> PREFILL_OVERRIDE over prefill_config (128 x 128, 8 warps, 3 st)
-    # offline sm_90: default 255 registers + 8 B spill, 225 KB shared (4 stages do not fit);
-    # 64-key tiles: 215 registers, no spill, 129 KB (3 stages) .. 192 KB (5 stages).
+PREFILL_VARIANTS = {  # name -> PREFILL_OVERRIDE over prefill_config / PREFILL_SM90
+    # "tl": the tl kernel (offline sm_90: 255 registers + 8 B spill, 225 KB shared; 128 x 128
+    # TMA tiles, 8 warps, 3 stages). The rest: the Gluon sm_90 kernel (gluon_prefill) with
+    # g_BLOCK_N keys a tile and a g_NBUF-deep cp.async ring.
     "default": {},
-    "bn64": dict(BLOCK_N=64),
-    "bn64_st4": dict(BLOCK_N=64, num_stages=4),
-    "bn64_st5": dict(BLOCK_N=64, num_stages=5),
-    "st2": dict(num_stages=2),
-    "bn64_st2": dict(BLOCK_N=64, num_stages=2),
-    "blocks": dict(blocks_fastest=True),  # grid (request, head, block): K/V reuse in L2
-    "blocks_bn64_st4": dict(blocks_fastest=True, BLOCK_N=64, num_stages=4),
+    "tl": dict(gluon=False),
+    "g128n3": dict(g_BLOCK_N=128, g_NBUF=3),
+    "g64n4": dict(g_BLOCK_N=64, g_NBUF=4),
+    "g64n5": dict(g_BLOCK_N=64, g_NBUF=5),
+    "g64n6": dict(g_BLOCK_N=64, g_NBUF=6),
+    # one warpgroup, 64 query rows a CTA, 112 KB shared: two CTAs a SM
+    "w4b64n3": dict(g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
+    "w4b32n6": dict(g_num_warps=4, g_BLOCK_N=32, g_NBUF=6),
+    "w4b32n4": dict(g_num_warps=4, g_BLOCK_N=32, g_NBUF=4),
 }
-PREFILL_FAST_SET = ("default", "bn64", "bn64_st4", "st2", "blocks")
+PREFILL_FAST_SET = tuple(PREFILL_VARIANTS)
+PAGED_PREFILL_SET = ("tl", "g128n3", "g64n4")
 RESULTS: dict = {"decode": {}, "prefill": {}}  # summary inputs: (config, variant) -> record
 
 
@@ -711,8 +718,10 @@ def offline():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
+    import pagedattn.ops.mha.gluon_prefill as GF
     import pagedattn.ops.mha.triton_combine as C
     import pagedattn.ops.mha.triton_decode as D
     import pagedattn.ops.mha.triton_prefill as PF
@@ -728,8 +737,10 @@ def offline():
         def run(*args, grid, warmup, **kwargs):
             bound, spec, options = binder(*args, **kwargs)
             options, sig, cx, attrs = kernel._pack_args(backend, kwargs, bound, spec, options)
-            ck = triton.compile(ASTSource(kernel, sig, cx, attrs), target=target,
-                                options=options.__dict__)  # fmt: skip
+            src = (GluonASTSource if kernel is GF._mha_prefill_sm90 else ASTSource)(
+                kernel, sig, cx, attrs
+            )
+            ck = triton.compile(src, target=target, options=options.__dict__)
             ptx = ck.asm["ptx"]
             with tempfile.TemporaryDirectory() as t:
                 f = os.path.join(t, "k.ptx")
@@ -744,6 +755,7 @@ def offline():
                 kernel=kernel.__name__, shared=ck.metadata.shared,
                 regs=int(regs.group(1)) if regs else None,
                 spill_stores=int(spills.group(1)) if spills else None,
+                ptxas_warnings=re.findall(r"warning.*", info),
                 wgmma=len(re.findall(r"wgmma.mma_async", ptx)),
                 mma_sync=len(re.findall(r"\bmma.sync", ptx)),
                 cp_async=len(re.findall(r"cp.async.c[ag]", ptx)),
@@ -753,8 +765,12 @@ def offline():
 
         kernel.run = run
 
-    for k in (D._mha_decode_kernel, PF._mha_prefill_kernel, C._combine_kernel):
+    for k in (D._mha_decode_kernel, PF._mha_prefill_kernel, C._combine_kernel,
+              GF._mha_prefill_sm90):  # fmt: skip
         patch(k)
+    M._use_sm90_prefill = lambda *a: (  # as on an H100
+        M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(*a)
+    )
     pt = KVQuantConfig.per_token()
     cases = [
         ("decode bf16 p16", dict(page=16, qlen=1, quant=None)),
@@ -766,12 +782,22 @@ def offline():
             for pg in (16, 64)
             for n in ("fast", "lean", "trans", "trans_st4", "trans_w1_st4", "trans_cvt_tl")
         ],
-        ("prefill bf16 p64 (tma)", dict(page=64, qlen=512, quant=None)),
-        ("prefill bf16 p16", dict(page=16, qlen=512, quant=None)),
+        ("prefill sm90 p64 BN128", dict(page=64, qlen=512, quant=None)),
         (
-            "prefill bf16 p64 BN128",
-            dict(page=128, qlen=512, quant=None, over=dict(BLOCK_N=128)),
+            "prefill sm90 p16 BN64",
+            dict(page=16, qlen=512, quant=None, over=dict(g_BLOCK_N=64, g_NBUF=5)),
         ),  # fmt: skip
+        (
+            "prefill sm90 w4 p16 sinks lse",
+            dict(
+                page=16,
+                qlen=512,
+                quant=None,
+                over=PREFILL_VARIANTS["w4b64n3"],
+                kw=dict(sinks=True, return_lse=True),
+            ),
+        ),
+        ("prefill bf16 p64 (tma)", dict(page=64, qlen=512, quant=None, over=dict(gluon=False))),
     ]
     for name, c in cases:
         b, d = 2, 128
@@ -789,8 +815,11 @@ def offline():
         M.DECODE_OVERRIDE.update(c.get("over", {}))
         M.PREFILL_OVERRIDE.update(c.get("over", {}))
         n0 = len(found)
+        kw = dict(c.get("kw", {}))
+        if kw.pop("sinks", False):
+            kw["sinks"] = torch.zeros(32)
         M.mha_triton(q, PagedOperand(inp, p, 0, "k"), PagedOperand(inp, p, 0, "v"), offs,
-                     num_partitions=1)  # fmt: skip
+                     num_partitions=1, **kw)  # fmt: skip
         M.DECODE_OVERRIDE.clear()
         M.PREFILL_OVERRIDE.clear()
         for f in found[n0:]:
@@ -833,7 +862,7 @@ def main():
     names = FP8_FAST_SET if FAST_RUN else tuple(FP8_VARIANTS)
     if sm:
         names = tuple(n for n in names if n not in ("trans_bn128_st4", "trans_w4_st4"))
-    for i, (tag, (b, keys, page)) in enumerate(configs):
+    for i, (tag, (b, keys, page)) in enumerate([] if PREFILL_ONLY else configs):
         decode_suite(tag, b, keys, page, None, ("default",))
         if not sm:
             torch.cuda.empty_cache()
@@ -851,9 +880,15 @@ def main():
             torch.cuda.empty_cache()
         print(f"[time] {tag} done at {time.time() - T0:.0f} s", flush=True)
     prefill_suite(PREFILL_FAST_SET if FAST_RUN else tuple(PREFILL_VARIANTS), sm)
+    if PREFILL_ONLY:  # the same causal prefill over a paged cache (GQA 32/8), per page size
+        for page in (16, 64, 128):
+            vs = [PREFILL_VARIANTS[n] for n in PAGED_PREFILL_SET]
+            n = 200 if sm else 4096
+            run_prefill(f"paged p{page} 32/8", 1 if sm else 8, n, 32, 8, 128, page, vs)
     print(f"[time] prefill done at {time.time() - T0:.0f} s", flush=True)
     try:
-        variant_checks(sm)
+        if not PREFILL_ONLY:
+            variant_checks(sm)
     except Exception as e:
         import traceback
 

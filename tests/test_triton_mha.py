@@ -471,6 +471,59 @@ def test_gpu_prefill_serving_size():
     assert_close(out[:n], ref, abs_tol=4e-3, rel_tol=2 / 128, cos_tol=1e-5)
 
 
+SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
+@pytest.mark.parametrize("mi", range(5))
+@pytest.mark.parametrize(
+    "page_size,h_q,h_kv,d", [(16, 8, 2, 64), (1, 4, 4, 128), (64, 8, 1, 128), (128, 8, 2, 64)]
+)
+def test_gpu_sm90_prefill(mi, page_size, h_q, h_kv, d, gen):
+    """The Gluon sm_90 prefill (`gluon_prefill`) against the oracle: every range mask, GQA,
+    chunked prefixes longer than a tile, a request with no new token, sinks, the LSE; and
+    against the tl kernel on the same inputs."""
+    cache_lens, q_lens = [0, 300, 23, 5, 129], [277, 6, 1, 0, 140]
+    k, v, ks, vs = build_paged(page_size, h_kv, d, cache_lens, q_lens, gen=gen)
+    offs = offsets_of(q_lens)
+    q = rand_q(offs[-1], h_q, d, gen)
+    mask = [masks.null(), masks.causal(), masks.sliding_window_causal(70),
+            masks.sliding_window_noncausal(33), masks.chunked_causal(128)][mi]  # fmt: skip
+    sinks = torch.randn(h_q, generator=gen).to(DEV)
+    ka, va = k.kernel_args(), v.kernel_args()
+    assert TM._use_sm90_prefill(q, ka, va, d, d, mask) == (page_size < 128)
+    TM.PREFILL_OVERRIDE.update(gluon=True)
+    try:
+        assert TM._use_sm90_prefill(q, ka, va, d, d, mask)
+        out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
+                         tol=PREFILL_TOL)  # fmt: skip
+        TM.PREFILL_OVERRIDE.update(gluon=False)
+        out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks)
+    finally:
+        TM.PREFILL_OVERRIDE.clear()
+    assert_close(out, out_tl, **PREFILL_TOL, name="vs tl kernel")
+    assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
+@pytest.mark.parametrize(
+    "cfg", [dict(g_BLOCK_N=128, g_NBUF=3), dict(g_num_warps=4, g_BLOCK_N=64, g_NBUF=3)]
+)
+def test_gpu_sm90_prefill_launch_configs(cfg, gen):
+    """The Gluon prefill's other tile shapes (128-key tiles; one warpgroup of 64 rows)."""
+    cache_lens, q_lens = [0, 300, 129], [277, 6, 140]
+    k, v, ks, vs = build_paged(16, 2, 128, cache_lens, q_lens, gen=gen)
+    offs = offsets_of(q_lens)
+    q = rand_q(offs[-1], 8, 128, gen)
+    TM.PREFILL_OVERRIDE.update(gluon=True, **cfg)
+    try:
+        check(q, k, v, ks, vs, cache_lens, offs, mask=masks.causal(), tol=PREFILL_TOL)
+    finally:
+        TM.PREFILL_OVERRIDE.clear()
+
+
 @pytest.mark.gpu
 def test_gpu_cuda_graph_replay_with_changing_lengths():
     """Capture once; refresh cache_lengths, the lookup table and q in place; replay."""

@@ -7,7 +7,9 @@ Paths (chosen on the host from shapes only, never from device data):
   split-K partition, KV head) and finds each row's request itself, so it is also correct for a
   ragged batch that happens to have total_q == batch (it is only slower there).
 - prefill / chunked prefill: everything else (`triton_prefill`), one program per (block of
-  BLOCK_M query rows of one request, query head); never split along K.
+  BLOCK_M query rows of one request, query head); never split along K. On sm_90, BF16/FP16
+  K/V that cannot be read as 128-key TMA tiles (pages < 128) take the Gluon kernel of
+  `gluon_prefill` instead (same grid and contract; `_use_sm90_prefill`).
 
 Split-K (decode only): `num_partitions=None` uses `cache.dispatch.mha_num_partitions` with the
 device's SM count and a host-side upper bound on the cache length that needs no device sync:
@@ -39,6 +41,7 @@ from ...cache.dispatch import mha_num_partitions, num_sms
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
 from ..masks import Mask, causal
+from . import gluon_prefill
 from .triton_combine import combine_triton
 from .triton_decode import LOG2E_F, Q_BLOCK, Q_NONE, Q_TENSOR, Q_TOKEN, _mha_decode_kernel
 from .triton_prefill import _mha_prefill_kernel
@@ -118,6 +121,41 @@ def prefill_config(dk_pad: int, dv_pad: int, q_bytes: int, tma_ok, fp8: bool = F
     cfg["blocks_fastest"] = True
     cfg.update(PREFILL_OVERRIDE)
     return cfg
+
+
+def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
+                      mask: Mask) -> bool:  # fmt: skip
+    """Whether the Gluon sm_90 prefill (`gluon_prefill`) serves this launch: BF16/FP16 K/V of
+    q's dtype without quantization, d_qk == d_v in (64, 128), a range mask (not a tensor mask),
+    16-byte aligned rows for cp.async, and K/V that the tl kernel cannot read as 128-key TMA
+    tiles (pages smaller than 128 or not a multiple of it). PREFILL_OVERRIDE["gluon"]: False
+    forces the tl kernel, True the Gluon kernel wherever the shapes allow.
+
+    H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d128, bf16,
+    TFLOP/s, tl vs Gluon): pages of 16 317 vs 351, of 64 354 vs 363, of 128 408 vs 363;
+    ragged K/V (32 heads) 429 vs 383."""
+    want = PREFILL_OVERRIDE.get("gluon")
+    if want is False or not gluon_prefill.HAS_GLUON or not q.is_cuda:
+        return False
+    if PREFILL_OVERRIDE.get("hi_lo") or PREFILL_OVERRIDE.get("kv_lo"):
+        return False  # P is rounded to q's dtype (no hi + lo pair)
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    if want is None and _tma_ok(ka, 128) and _tma_ok(va, 128):
+        return False
+    return _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask)
+
+
+def _sm90_prefill_shapes_ok(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
+                            mask: Mask) -> bool:  # fmt: skip
+    """The device-independent part of `_use_sm90_prefill`."""
+    ok = q.dtype in (torch.bfloat16, torch.float16) and dk == dv and dk in (64, 128)
+    ok = ok and mask.kind != "tensor"
+    for a in (ka, va):
+        r = a.rows
+        ok = ok and a.quant_format is None and r.dtype == q.dtype and r.stride(2) == 1
+        ok = ok and r.stride(0) % 8 == 0 and r.stride(1) % 8 == 0 and r.data_ptr() % 16 == 0
+    return bool(ok)
 
 
 def _quant_code(ka: KernelArgs, head_dim: int) -> int:
@@ -484,6 +522,9 @@ def mha_triton(
         )  # fmt: skip
         if split:
             combine_triton(po, pl, out, lse, sinks)
+    elif _use_sm90_prefill(q, ka, va, dk, dv, mask):
+        _prefill_sm90(q, q_row_offsets, ka, va, dk, h_q, group, block_b, mask, sinks, out,
+                      lse, sm_scale)  # fmt: skip
     else:
         cfg = prefill_config(
             dkp,
@@ -523,3 +564,38 @@ def mha_triton(
             NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
         )  # fmt: skip
     return (out, lse) if return_lse else out
+
+
+# Gluon sm_90 prefill launch (gluon_prefill): 16 * num_warps query rows, BLOCK_N keys a tile,
+# an NBUF-deep cp.async ring. H100 2026-11-22 (bench/gpu_mha_dev.py --prefill, causal 8 x 4096,
+# d128, TFLOP/s): 64 keys x 4 stages 351 (pages of 16) / 363 (64); 128 x 3: 337 / 357; ragged
+# K/V, 32 heads: 128 x 3 383, 64 x 4 377, 64 x 5-6 361-363; one warpgroup (64 rows, two CTAs
+# a SM) 351 (64 x 3), 292-304 (32 keys).
+PREFILL_SM90 = dict(BLOCK_N=64, NBUF=4, num_warps=8)
+
+
+def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks, out, lse,
+                  sm_scale) -> None:  # fmt: skip
+    """Launch `gluon_prefill._mha_prefill_sm90` (the grid and block order of the tl kernel)."""
+    cfg = dict(PREFILL_SM90)
+    cfg.update({k[2:]: v for k, v in PREFILL_OVERRIDE.items() if k.startswith("g_")})
+    total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
+    k_args, kcx = _kv_launch_args(ka, d, None)
+    v_args, vcx = _kv_launch_args(va, d, None)
+    n_tiles = min(triton.cdiv(total_q, 16 * cfg["num_warps"]) + batch, total_q)
+    gluon_prefill._mha_prefill_sm90[(n_tiles * h_q,)](
+        q, q.stride(0), q.stride(1),
+        *k_args[:7], *v_args[:7],
+        ka.cache_lengths, q_row_offsets, batch,
+        sinks if sinks is not None else q, mask.param,
+        out, out.stride(0), out.stride(1),
+        lse if lse is not None else out,
+        lse.stride(0) if lse is not None else 0,
+        lse.stride(1) if lse is not None else 0,
+        sm_scale * LOG2E_F,
+        H_Q=h_q, GROUP=group, D=d, BLOCK_N=cfg["BLOCK_N"],
+        K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, False, False),
+        MASK=mask.code, HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
+        REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
+        BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"], num_warps=cfg["num_warps"],
+    )  # fmt: skip

@@ -55,6 +55,32 @@ def _find_block(offsets, batch, tile, BLOCK_M: tl.constexpr, BLOCK_B: tl.constex
 
 
 @triton.jit
+def _block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
+    """Key ranges of the query block [m0, m0 + BLOCK_M) of a request (scalars; also called from
+    the Gluon kernel): lo_u, the first key any row sees; [start, end), the tiles to visit
+    (BLOCK_N-aligned start, empty when the block has no row); [f_lo, f_hi), the aligned run of
+    tiles that every row sees in full (empty for the tensor mask)."""
+    last = cache_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
+    first = cache_len + m0
+    lo_u, _h0 = _visible_range(first, kv_len, MASK, W)
+    _l1, hi_u = _visible_range(last, kv_len, MASK, W)
+    lo_f, _h1 = _visible_range(last, kv_len, MASK, W)
+    _l2, hi_f = _visible_range(first, kv_len, MASK, W)
+    start = (lo_u // BLOCK_N) * BLOCK_N
+    end = tl.where(q_len > m0, hi_u, start)
+    if MASK == 5:
+        f_lo = start
+        f_hi = start
+    else:
+        f_lo = tl.minimum(
+            tl.maximum(tl.cdiv(lo_f, BLOCK_N) * BLOCK_N, start), tl.cdiv(end, BLOCK_N) * BLOCK_N
+        )
+        f_hi = tl.maximum((hi_f // BLOCK_N) * BLOCK_N, f_lo)
+    return lo_u, start, end, f_lo, f_hi
+
+
+@triton.jit
 def _attn_tile(
     acc,
     m_i,
@@ -286,25 +312,12 @@ def _mha_prefill_kernel(
     row_ids = (q_start + offs_m).to(tl.int64)
     pos = cache_len + offs_m
     lo_r, hi_r = _visible_range(pos, kv_len, MASK, mask_param)
-    last = cache_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
-    first = cache_len + m0
-    lo_u, _h0 = _visible_range(first, kv_len, MASK, mask_param)
-    _l1, hi_u = _visible_range(last, kv_len, MASK, mask_param)
-    lo_f, _h1 = _visible_range(last, kv_len, MASK, mask_param)
-    _l2, hi_f = _visible_range(first, kv_len, MASK, mask_param)
+    lo_u, start, end, f_lo, f_hi = _block_ranges(
+        cache_len, m0, q_len, kv_len, MASK, mask_param, BLOCK_M, BLOCK_N
+    )
     # Per-row ranges only for rows that exist (padding rows read nothing beyond the union).
     lo_r = tl.where(row_valid, lo_r, lo_u)
     hi_r = tl.where(row_valid, hi_r, lo_u)
-    start = (lo_u // BLOCK_N) * BLOCK_N
-    end = hi_u
-    if MASK == 5:
-        f_lo = start
-        f_hi = start
-    else:
-        f_lo = tl.minimum(
-            tl.maximum(tl.cdiv(lo_f, BLOCK_N) * BLOCK_N, start), tl.cdiv(end, BLOCK_N) * BLOCK_N
-        )
-        f_hi = tl.maximum((hi_f // BLOCK_N) * BLOCK_N, f_lo)
 
     q = tl.load(
         Q + row_ids[:, None] * stride_qt + hq * stride_qh + offs_dk[None, :],

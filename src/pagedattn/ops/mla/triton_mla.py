@@ -686,19 +686,15 @@ def _mla_decode_kernel(
 # uses the tl kernel. Measured on an H200 (bench/gpu_mla_dev.py): dense bf16 h_q 128 at 366
 # TFLOP/s vs 164 for the tl kernel; S (n32 wgmma, A re-read per instruction) is still
 # shared-memory bound, and one CTA per SM (230 KB of shared memory) leaves 2 stages.
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    _HAS_GLUON = True
-except ImportError:  # pragma: no cover - older Triton
-    _HAS_GLUON = False
+from ..gluon_imports import HAS_GLUON as _HAS_GLUON  # noqa: E402
+from ..gluon_imports import (  # noqa: E402
+    cp,
+    fence_async_shared,
+    gl,
+    gluon,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 if _HAS_GLUON:
 

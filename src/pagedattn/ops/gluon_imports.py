@@ -1,0 +1,30 @@
+"""The Gluon names the sm_90 kernels use (Triton's experimental Hopper dialect: shared-memory
+descriptors, cp.async, wgmma). HAS_GLUON is False on a Triton without Gluon; the kernels are
+then not defined and their dispatchers fall back to the tl kernels."""
+
+from __future__ import annotations
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    HAS_GLUON = True
+except ImportError:  # pragma: no cover - older Triton
+    gluon = gl = cp = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+    HAS_GLUON = False
+
+__all__ = [
+    "HAS_GLUON",
+    "cp",
+    "fence_async_shared",
+    "gl",
+    "gluon",
+    "warpgroup_mma",
+    "warpgroup_mma_wait",
+]

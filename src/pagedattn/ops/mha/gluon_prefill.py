@@ -1,0 +1,325 @@
+"""Gluon (sm_90) MHA/GQA prefill: flash-attention forward whose P V product runs on the
+tensor cores under the softmax of the next tile.
+
+Same contract, grid and block order as `triton_prefill._mha_prefill_kernel` (one program per
+(query block of one request, query head), each request's heaviest block first under causal
+masks, the blocks of one head back to back). For BF16/FP16 K/V without quantization, head dim
+64 or 128 (d_qk == d_v), every mask except the tensor mask, sinks and the LSE. The dispatcher
+(`triton_mha._use_sm90_prefill`) takes it where the tl kernel cannot read K/V as 128-key TMA
+tiles: paged caches with pages smaller than 128 (H100, causal 8 x 4096, 32/8 heads, d128:
+351 vs 317 TFLOP/s at pages of 16, 363 vs 354 at 64; the tl kernel's TMA tiles win at 128 and
+on ragged K/V, 408 / 429 vs 363 / 383).
+
+Per program, num_warps warps of 16 query rows each (8 warps: 2 warpgroups, 128 rows); tiles
+of BLOCK_N keys:
+- K and V tiles are gathered with cp.async (any page size, NHD or HND) into an NBUF-deep ring
+  (NBUF >= 3): iteration j issues tile j + NBUF - 2 into tile j - 2's stage, freed by the
+  iteration's barrier.
+- Iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} (P from registers, wgmma's
+  register A operand: no shared-memory round trip), waits for S_j alone, runs the softmax of
+  tile j while the P V product still runs, then rescales O.
+- Tiles that every row sees in full run a loop without the per-element mask.
+
+What limits it (ncu, H100 base clocks, ragged 32 heads): tensor pipe 41% of cycles (the tl
+kernel 47%); per issued instruction warps stall ~1.3 cycles on barriers (the ring's one a
+tile plus the two Triton adds around the cp.async writes), ~1.1 on fixed-latency waits and
+~0.8 on MIO throttle (16 cp.async a thread a tile, where TMA needs one instruction). The next
+steps are TMA boxes with mbarriers (pages >= 16 rows) and a warp-specialized loader."""
+
+from __future__ import annotations
+
+from ..gluon_imports import (
+    HAS_GLUON,
+    cp,
+    fence_async_shared,
+    gl,
+    gluon,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from .triton_decode import LN2, LOG2E, _visible_range
+from .triton_prefill import _block_ranges
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _g_add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _g_find_block(offsets, batch, tile, BLOCK_M: gl.constexpr, BLOCK_B: gl.constexpr,
+                      one_l: gl.constexpr):  # fmt: skip
+        """(request b, its first global block) of global query block `tile`; b == batch past
+        the end. Blocks of request r: cdiv(q_len(r), BLOCK_M) (as `_find_block`)."""
+        cnt = gl.to_tensor(0)
+        before = gl.to_tensor(0)
+        carry = gl.to_tensor(0)
+        for c in range(0, batch, BLOCK_B):
+            o = c + gl.arange(0, BLOCK_B, layout=one_l)
+            m = o < batch
+            lo = gl.load(offsets + o, mask=m, other=0)
+            hi = gl.load(offsets + o + 1, mask=m, other=0)
+            nb = gl.cdiv(hi - lo, BLOCK_M)
+            cum = gl.associative_scan(nb, 0, _g_add) + carry
+            done = (cum <= tile) & m
+            cnt += gl.sum(done.to(gl.int32), 0)
+            before += gl.sum(gl.where(done, nb, 0), 0)
+            carry += gl.sum(nb, 0)
+        return cnt, before
+
+    @gluon.jit
+    def _g_rows(t0, hi, b, lut, stride_lut, row_base, page_stride, PAGE: gl.constexpr,
+                BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+        """int64 physical rows and validity of key positions [t0, t0 + BN) of request b."""
+        pos = t0 + gl.arange(0, BN, layout=row_l)
+        valid = pos < hi
+        if PAGE > 0:
+            page = gl.load(lut + b * stride_lut + pos // PAGE, mask=valid, other=0)
+            rows = page.to(gl.int64) * page_stride + (pos % PAGE)
+        else:
+            rows = row_base + pos
+        return rows, valid
+
+    @gluon.jit
+    def _g_issue_kv(
+        k_s, v_s, stage, t0, hi, b,
+        K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+        V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+        D: gl.constexpr, BN: gl.constexpr, K_PAGE: gl.constexpr, V_PAGE: gl.constexpr,
+        V_SAME_ROWS: gl.constexpr, ld_l: gl.constexpr,
+    ):  # fmt: skip
+        """cp.async the K and V tiles of key positions [t0, t0 + BN) into ring stage `stage`
+        (rows past `hi` are zero-filled); one commit group."""
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+        krows, valid = _g_rows(t0, hi, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE,
+                               BN, row_l)  # fmt: skip
+        kp = K + gl.multiple_of(krows * stride_kr + k_head, 8)[:, None] + offs_d[None, :]
+        cp.async_copy_global_to_shared(k_s.index(stage), kp, mask=valid[:, None])
+        if V_SAME_ROWS:
+            vrows = krows
+        else:
+            vrows, valid = _g_rows(t0, hi, b, V_lut, stride_vlut, v_base, v_page_stride,
+                                   V_PAGE, BN, row_l)  # fmt: skip
+        vp = V + gl.multiple_of(vrows * stride_vr + v_head, 8)[:, None] + offs_d[None, :]
+        cp.async_copy_global_to_shared(v_s.index(stage), vp, mask=valid[:, None])
+        cp.commit_group()
+
+    @gluon.jit
+    def _g_softmax(s, m_i, l_i, t0, lo_r, hi_r, masked, qk_scale, BN: gl.constexpr,
+                   s_l: gl.constexpr):  # fmt: skip
+        """Online-softmax step of one S tile [BM, BN] (raw scores): returns P (f32, in S's
+        layout), the new running max (log2 units of scaled scores), row sums and the rescale
+        factor of the previous accumulator. `masked` (uniform): apply the [lo_r, hi_r) ranges."""
+        if masked:
+            tok = t0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+            keep = (tok[None, :] >= lo_r[:, None]) & (tok[None, :] < hi_r[:, None])
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s * qk_scale - m_use[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _g_step(
+        j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s, zero_s,
+        K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+        V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+        MASKED: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+        K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, V_SAME_ROWS: gl.constexpr,
+        ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr,
+    ):  # fmt: skip
+        """Iteration j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the
+        softmax of S_j under the P V product, then O rescaled; tile j + NBUF - 2 is issued into
+        tile j - 2's stage first. Returns (O, P_j as the register A operand, m, l)."""
+        t0 = start + j * BN
+        cp.wait_group(NBUF - 3)  # tile j has landed
+        fence_async_shared()
+        # Every warpgroup has finished iteration j - 1, so tile j - 2's stage is free.
+        gl.thread_barrier()
+        # (Issued here, right after the barrier, Triton adds no barrier of its own for the
+        # stage write, and ptxas keeps the softmax between the two wgmma waits.)
+        _g_issue_kv(
+            k_s, v_s, (j + NBUF - 2) % NBUF, t0 + (NBUF - 2) * BN, end, bc,
+            K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+            V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+            D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
+        )  # fmt: skip
+        s = warpgroup_mma(q_s, k_s.index(j % NBUF).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        acc = warpgroup_mma(p_op, v_s.index((j - 1) % NBUF), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p, m_i, l_i, alpha = _g_softmax(s, m_i, l_i, t0, lo_r, hi_r, MASKED, qk_scale, BN, s_l)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        p_op = gl.convert_layout(p.to(p_op.dtype), dot_l)
+        return acc, p_op, m_i, l_i
+
+    @gluon.jit
+    def _mha_prefill_sm90(
+        Q, stride_qt, stride_qh,
+        K, stride_kr, stride_kh, K_lut, stride_klut, K_off, k_page_stride,
+        V, stride_vr, stride_vh, V_lut, stride_vlut, V_off, v_page_stride,
+        cache_lens, q_offsets, batch, Sinks, mask_param,
+        Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, sm_scale_log2,
+        H_Q: gl.constexpr, GROUP: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr,
+        K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, V_SAME_ROWS: gl.constexpr,
+        MASK: gl.constexpr, HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+        REVERSE: gl.constexpr, BLOCKS_FASTEST: gl.constexpr, BLOCK_B: gl.constexpr,
+        NBUF: gl.constexpr,
+    ):  # fmt: skip
+        """Q [total_q, H_Q, D] -> Out [total_q, H_Q, D] (q dtype), Lse [total_q, H_Q] f32
+        (natural log). 16 query rows a warp: BLOCK_M = 16 * num_warps."""
+        NW: gl.constexpr = gl.num_warps()
+        BM: gl.constexpr = 16 * NW
+        BN: gl.constexpr = BLOCK_N
+        dtype: gl.constexpr = Q.dtype.element_ty
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BN, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, D, 16]
+        )
+        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        TD: gl.constexpr = D // 8  # threads along d (16 bytes each)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TD, TD], [NW, 1], [1, 0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        srow_l: gl.constexpr = gl.SliceLayout(1, s_l)
+
+        pid = gl.program_id(0)
+        hq = pid % H_Q
+        tile = pid // H_Q
+        b, before = _g_find_block(q_offsets, batch, tile, BM, BLOCK_B, one_l)
+        live = b < batch
+        bc = gl.minimum(b, batch - 1)
+        q_start = gl.load(q_offsets + bc)
+        q_len = gl.where(live, gl.load(q_offsets + bc + 1) - q_start, 0)
+        blk = tile - before
+        if BLOCKS_FASTEST:
+            nb = gl.maximum(gl.cdiv(q_len, BM), 1)
+            local = pid - before * H_Q
+            hq = gl.where(live, local // nb, 0)
+            blk = local % nb
+        hkv = hq // GROUP
+        if REVERSE:
+            blk = gl.cdiv(q_len, BM) - 1 - blk
+        m0 = gl.where(live, blk, 0) * BM
+        cache_len = gl.load(cache_lens + bc)
+        kv_len = cache_len + q_len
+
+        # Visible key ranges: per row (S layout), the block's union [start, end) and the run
+        # of tiles [f_lo, f_hi) that every row sees in full.
+        offs_m = m0 + gl.arange(0, BM, layout=srow_l)
+        row_valid = offs_m < q_len
+        lo_r, hi_r = _visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
+        lo_u, start, end, f_lo, f_hi = _block_ranges(
+            cache_len, m0, q_len, kv_len, MASK, mask_param, BM, BN
+        )
+        lo_r = gl.where(row_valid, lo_r, lo_u)
+        hi_r = gl.where(row_valid, hi_r, lo_u)
+
+        q_s = gl.allocate_shared_memory(dtype, [BM, D], sm_l)
+        k_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
+        v_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
+
+        k_head = hkv * stride_kh
+        v_head = hkv * stride_vh
+        k_base = gl.to_tensor(0).to(gl.int64)
+        v_base = gl.to_tensor(0).to(gl.int64)
+        if K_PAGE == 0:
+            k_base = gl.load(K_off + bc).to(gl.int64)
+        if V_PAGE == 0:
+            v_base = gl.load(V_off + bc).to(gl.int64)
+
+        # Prologue: tiles 0 .. NBUF-2 in flight (empty groups past the end).
+        for i in gl.static_range(NBUF - 1):
+            _g_issue_kv(
+                k_s, v_s, i, start + i * BN, end, bc,
+                K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+                V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+                D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
+            )  # fmt: skip
+        qr = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
+        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+        q_rows = (q_start + qr).to(gl.int64)
+        q = gl.load(
+            Q + (q_rows * stride_qt + hq * stride_qh)[:, None] + qd[None, :],
+            mask=(qr < q_len)[:, None],
+            other=0.0,
+        )
+        q_s.store(q)
+
+        qk_scale = sm_scale_log2
+        zero_s = gl.zeros([BM, BN], gl.float32, s_l)
+        m_i = gl.full([BM], float("-inf"), gl.float32, srow_l)
+        l_i = gl.zeros([BM], gl.float32, srow_l)
+        n_it = gl.cdiv(gl.maximum(end - start, 0), BN)
+
+        # Tile 0: S and its softmax (the accumulator starts at zero, no rescale).
+        cp.wait_group(NBUF - 2)
+        fence_async_shared()
+        gl.thread_barrier()
+        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        masked = (start < f_lo) | (start >= f_hi) | (n_it == 0)
+        p, m_i, l_i, _alpha = _g_softmax(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, BN,
+                                         s_l)  # fmt: skip
+        p_op = gl.convert_layout(p.to(dtype), dot_l)
+        acc = gl.zeros([BM, D], gl.float32, o_l)
+
+        # Tiles 1 .. n_it-1 in three loops (masked leading edge, full tiles, masked trailing
+        # edge) whose bodies have no branch: ptxas waits for every wgmma in flight at a branch,
+        # which would put the P V product back in front of the softmax.
+        n_lo = (f_lo - start) // BN
+        n_hi = (f_hi - start) // BN
+        for part in gl.static_range(3):
+            if part == 0:
+                j_lo = 1
+                j_hi = n_lo
+            elif part == 1:
+                j_lo = gl.maximum(n_lo, 1)
+                j_hi = n_hi
+            else:
+                j_lo = gl.maximum(n_hi, 1)
+                j_hi = n_it
+            for j in range(j_lo, j_hi):
+                acc, p_op, m_i, l_i = _g_step(
+                    j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s,
+                    zero_s, K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+                    V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+                    part != 1, D, BN, NBUF, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l, s_l, o_l, dot_l,
+                )  # fmt: skip
+        last_st = (gl.maximum(n_it, 1) - 1) % NBUF
+        acc = warpgroup_mma(p_op, v_s.index(last_st), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
+
+        m_fin = gl.where(m_i == float("-inf"), 0.0, m_i)
+        den = l_i
+        if HAS_SINKS:
+            den = den + gl.exp2(gl.load(Sinks + hq) * LOG2E - m_fin)
+        inv = 1.0 / gl.where(den > 0, den, 1.0)
+        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+        orow = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
+        od = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
+        o_rows = (q_start + orow).to(gl.int64)
+        gl.store(
+            Out + (o_rows * stride_ot + hq * stride_oh)[:, None] + od[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=(orow < q_len)[:, None],
+        )
+        if WRITE_LSE:
+            lse = gl.where(
+                l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
+            )
+            gl.store(
+                Lse + (q_start + offs_m).to(gl.int64) * stride_lt + hq * stride_lh,
+                lse,
+                mask=row_valid,
+            )
