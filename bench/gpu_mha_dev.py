@@ -440,22 +440,25 @@ DECODE_CONFIGS = (
     ("b128/2048/p64", 128, 2048, 64),
 )
 PREFILL_VARIANTS = {  # name -> PREFILL_OVERRIDE over prefill_config / PREFILL_SM90
-    # "tl": the tl kernel (offline sm_90: 255 registers + 8 B spill, 225 KB shared; 128 x 128
-    # TMA tiles, 8 warps, 3 stages). The rest: the Gluon sm_90 kernel (gluon_prefill) with
-    # g_BLOCK_N keys a tile and a g_NBUF-deep cp.async ring.
+    # "tl": the tl kernel (offline sm_90: 255 registers, 225 KB shared; 128 x 128 TMA tiles,
+    # 8 warps, 3 stages). The rest: the Gluon sm_90 kernel (gluon_prefill) with g_BLOCK_N keys
+    # a tile and a g_NBUF-deep ring, filled by TMA boxes where the K/V rows allow (ragged,
+    # pages that are multiples of g_BLOCK_N), by cp.async otherwise ("cp": always cp.async).
     "default": {},
     "tl": dict(gluon=False),
-    "g128n3": dict(g_BLOCK_N=128, g_NBUF=3),
-    "g64n4": dict(g_BLOCK_N=64, g_NBUF=4),
-    "g64n5": dict(g_BLOCK_N=64, g_NBUF=5),
-    "g64n6": dict(g_BLOCK_N=64, g_NBUF=6),
+    "g128n3": dict(gluon=True, g_BLOCK_N=128, g_NBUF=3),
+    "g64n4": dict(gluon=True, g_BLOCK_N=64, g_NBUF=4),
+    "g64n5": dict(gluon=True, g_BLOCK_N=64, g_NBUF=5),
+    "g64n6": dict(gluon=True, g_BLOCK_N=64, g_NBUF=6),
+    "g64n4cp": dict(gluon=True, g_BLOCK_N=64, g_NBUF=4, g_tma=False),
+    "g128n3cp": dict(gluon=True, g_BLOCK_N=128, g_NBUF=3, g_tma=False),
     # one warpgroup, 64 query rows a CTA, 112 KB shared: two CTAs a SM
-    "w4b64n3": dict(g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
-    "w4b32n6": dict(g_num_warps=4, g_BLOCK_N=32, g_NBUF=6),
-    "w4b32n4": dict(g_num_warps=4, g_BLOCK_N=32, g_NBUF=4),
+    "w4b64n3": dict(gluon=True, g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
+    "w4b128n3": dict(gluon=True, g_num_warps=4, g_BLOCK_N=128, g_NBUF=3),
+    "w4b64n4": dict(gluon=True, g_num_warps=4, g_BLOCK_N=64, g_NBUF=4),
 }
 PREFILL_FAST_SET = tuple(PREFILL_VARIANTS)
-PAGED_PREFILL_SET = ("tl", "g128n3", "g64n4")
+PAGED_PREFILL_SET = ("tl", "g128n3", "g64n4", "g64n5", "g64n4cp")
 RESULTS: dict = {"decode": {}, "prefill": {}}  # summary inputs: (config, variant) -> record
 
 
@@ -798,9 +801,23 @@ def offline():
             ),
         ),
         ("prefill bf16 p64 (tma)", dict(page=64, qlen=512, quant=None, over=dict(gluon=False))),
+        ("prefill ragged", dict(page=0, qlen=512, quant=None, over=dict(gluon=False))),
+        ("prefill ragged gluon tma", dict(page=0, qlen=512, quant=None)),
+        ("prefill sm90 p64 tma", dict(page=64, qlen=512, quant=None)),
     ]
     for name, c in cases:
         b, d = 2, 128
+        if c["page"] == 0:  # ragged K/V
+            q = torch.empty(b * c["qlen"], 32, d, dtype=torch.bfloat16)
+            kv = torch.empty(b * c["qlen"], 8, d, dtype=torch.bfloat16)
+            offs = torch.arange(b + 1, dtype=torch.int32) * c["qlen"]
+            M.PREFILL_OVERRIDE.update(c.get("over", {}))
+            n0 = len(found)
+            M.mha_triton(q, RaggedOperand(kv, offs), RaggedOperand(kv, offs), offs)
+            M.PREFILL_OVERRIDE.clear()
+            for f in found[n0:]:
+                print(f"{name:26s} {f}")
+            continue
         p = KVCacheParams(torch.bfloat16, 1, 8, d, c["page"], num_q_heads=32,
                           quantization=c["quant"])  # fmt: skip
         cols = math.ceil((4096 + c["qlen"]) / c["page"])

@@ -492,7 +492,7 @@ def test_gpu_sm90_prefill(mi, page_size, h_q, h_kv, d, gen):
             masks.sliding_window_noncausal(33), masks.chunked_causal(128)][mi]  # fmt: skip
     sinks = torch.randn(h_q, generator=gen).to(DEV)
     ka, va = k.kernel_args(), v.kernel_args()
-    assert TM._use_sm90_prefill(q, ka, va, d, d, mask) == (page_size < 128)
+    assert TM._use_sm90_prefill(q, ka, va, d, d, mask)  # every paged cache
     TM.PREFILL_OVERRIDE.update(gluon=True)
     try:
         assert TM._use_sm90_prefill(q, ka, va, d, d, mask)
@@ -522,6 +522,53 @@ def test_gpu_sm90_prefill_launch_configs(cfg, gen):
         check(q, k, v, ks, vs, cache_lens, offs, mask=masks.causal(), tol=PREFILL_TOL)
     finally:
         TM.PREFILL_OVERRIDE.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
+@pytest.mark.parametrize("mi", range(4))
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(), dict(g_BLOCK_N=128, g_NBUF=3), dict(g_tma=False), dict(g_num_warps=4, g_NBUF=3)],
+)
+def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
+    """The Gluon prefill over one slot per request (row offsets, cached prefixes) whose unused
+    rows are NaN: TMA boxes read past each request's keys (K masked, the last V tile zeroed).
+    Against the oracle and against the tl kernel."""
+    cache_lens, q_lens = [0, 300, 23, 129, 5], [277, 6, 1, 140, 0]
+    B, S, H, D = 5, 640, 2, 128
+    xc = torch.full((B, S, H, D), math.nan, dtype=BF16)
+    yc = torch.full((B, S, H, D), math.nan, dtype=BF16)
+    slots = [3, 0, 4, 1, 2]
+    ks, vs = [], []
+    for b, (c, n) in enumerate(zip(cache_lens, q_lens)):
+        x = torch.randn(c + n, H, D, generator=gen).to(BF16)
+        y = torch.randn(c + n, H, D, generator=gen).to(BF16)
+        xc[slots[b], : c + n], yc[slots[b], : c + n] = x, y
+        ks.append(x.double())
+        vs.append(y.double())
+    cl = torch.tensor(cache_lens, dtype=torch.int32, device=DEV)
+    st = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    k = ContinuousBatchingOperand(xc.to(DEV), st, cl)
+    v = ContinuousBatchingOperand(yc.to(DEV), st, cl)
+    offs = offsets_of(q_lens)
+    q = rand_q(offs[-1], 8, D, gen)
+    mask = [masks.causal(), masks.null(), masks.sliding_window_causal(70),
+            masks.chunked_causal(128)][mi]  # fmt: skip
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    ka = k.kernel_args()
+    assert TM._tma_ok(ka, 128) and not TM._use_sm90_prefill(q, ka, ka, D, D, mask)
+    TM.PREFILL_OVERRIDE.update(gluon=True, **cfg)
+    try:
+        out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
+                         tol=PREFILL_TOL)  # fmt: skip
+        TM.PREFILL_OVERRIDE.clear()
+        TM.PREFILL_OVERRIDE.update(gluon=False)
+        out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks)
+    finally:
+        TM.PREFILL_OVERRIDE.clear()
+    assert_close(out, out_tl, **PREFILL_TOL, name="vs tl kernel")
+    assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """The Gluon names the sm_90 kernels use (Triton's experimental Hopper dialect: shared-memory
-descriptors, cp.async, wgmma). HAS_GLUON is False on a Triton without Gluon; the kernels are
-then not defined and their dispatchers fall back to the tl kernels."""
+descriptors, cp.async, TMA with mbarriers, wgmma). HAS_GLUON is False on a Triton without
+Gluon; the kernels are then not defined and their dispatchers fall back to the tl kernels."""
 
 from __future__ import annotations
 
@@ -10,21 +10,28 @@ try:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
+        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 
     HAS_GLUON = True
 except ImportError:  # pragma: no cover - older Triton
     gluon = gl = cp = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+    mbarrier = tma = GluonTensorDescriptor = None
     HAS_GLUON = False
 
 __all__ = [
+    "GluonTensorDescriptor",
     "HAS_GLUON",
     "cp",
     "fence_async_shared",
     "gl",
     "gluon",
+    "mbarrier",
+    "tma",
     "warpgroup_mma",
     "warpgroup_mma_wait",
 ]

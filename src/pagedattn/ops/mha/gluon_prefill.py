@@ -5,26 +5,30 @@ Same contract, grid and block order as `triton_prefill._mha_prefill_kernel` (one
 (query block of one request, query head), each request's heaviest block first under causal
 masks, the blocks of one head back to back). For BF16/FP16 K/V without quantization, head dim
 64 or 128 (d_qk == d_v), every mask except the tensor mask, sinks and the LSE. The dispatcher
-(`triton_mha._use_sm90_prefill`) takes it where the tl kernel cannot read K/V as 128-key TMA
-tiles: paged caches with pages smaller than 128 (H100, causal 8 x 4096, 32/8 heads, d128:
-351 vs 317 TFLOP/s at pages of 16, 363 vs 354 at 64; the tl kernel's TMA tiles win at 128 and
-on ragged K/V, 408 / 429 vs 363 / 383).
+(`triton_mha._use_sm90_prefill`) takes it for paged caches (H100, causal 8 x 4096, 32/8 heads,
+d128, TFLOP/s vs the tl kernel: pages of 16 352 vs 317, of 64 396 vs 354, of 128 426 vs 411;
+ragged K/V stay on the tl kernel, 421-450 there, this kernel 426).
 
 Per program, num_warps warps of 16 query rows each (8 warps: 2 warpgroups, 128 rows); tiles
-of BLOCK_N keys:
-- K and V tiles are gathered with cp.async (any page size, NHD or HND) into an NBUF-deep ring
-  (NBUF >= 3): iteration j issues tile j + NBUF - 2 into tile j - 2's stage, freed by the
-  iteration's barrier.
+of BLOCK_N keys in an NBUF-deep ring (NBUF >= 3): iteration j fills tile j + NBUF - 2 into
+tile j - 2's stage, freed by the iteration's barrier.
+- TMA: where a tile stays in one page (pages a multiple of BLOCK_N, or row-offset K/V), one
+  [BLOCK_N, D] box each of K and V, completing on the stage's mbarrier. Boxes copy rows past
+  the keys too: masked for K, zeroed in the last V tile (unwritten cache slots may be NaN).
+- cp.async otherwise (any page size, NHD or HND), rows past the keys zero-filled.
 - Iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} (P from registers, wgmma's
   register A operand: no shared-memory round trip), waits for S_j alone, runs the softmax of
   tile j while the P V product still runs, then rescales O.
 - Tiles that every row sees in full run a loop without the per-element mask.
 
-What limits it (ncu, H100 base clocks, ragged 32 heads): tensor pipe 41% of cycles (the tl
-kernel 47%); per issued instruction warps stall ~1.3 cycles on barriers (the ring's one a
-tile plus the two Triton adds around the cp.async writes), ~1.1 on fixed-latency waits and
-~0.8 on MIO throttle (16 cp.async a thread a tile, where TMA needs one instruction). The next
-steps are TMA boxes with mbarriers (pages >= 16 rows) and a warp-specialized loader."""
+What limits it (ncu, H100 base clocks, ragged 32 heads, cp.async ring): tensor pipe 41% of
+cycles (the tl kernel 47%); per issued instruction warps stall ~1.3 cycles on barriers, ~1.1
+on fixed-latency waits and ~0.8 on MIO throttle (16 cp.async a thread a tile). TMA removed
+the last (ragged 383 -> 426 TFLOP/s). Both warpgroups still meet at the ring's CTA barrier
+every tile (an mbarrier arrive is one thread of the CTA after a CTA barrier outside a
+warp-specialized region), so their softmaxes line up instead of alternating with the other's
+products: the next step is `gl.warp_specialize` (a TMA producer warp, consumer warpgroups
+that release stages on their own)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from ..gluon_imports import (
     fence_async_shared,
     gl,
     gluon,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -106,6 +112,38 @@ if HAS_GLUON:
         cp.commit_group()
 
     @gluon.jit
+    def _g_row0(t0, ok, b, lut, stride_lut, row_base, page_stride, PAGE: gl.constexpr):
+        """int32 physical row of key position t0 (a tile inside one page); `ok` guards the
+        page-table read."""
+        if PAGE > 0:
+            page = gl.load(lut + b * stride_lut + t0 // PAGE, mask=ok, other=0)
+            row0 = page * page_stride + t0 % PAGE
+        else:
+            row0 = (row_base + t0).to(gl.int32)
+        return row0
+
+    @gluon.jit
+    def _g_issue_kv_tma(
+        k_s, v_s, bars, stage, t0, ok, b, col,
+        K, K_lut, stride_klut, k_base, k_page_stride,
+        V, V_lut, stride_vlut, v_base, v_page_stride,
+        K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, V_SAME_ROWS: gl.constexpr,
+    ):  # fmt: skip
+        """TMA boxes [BN, D] of K and V (key positions [t0, t0 + BN), column `col` of the
+        [rows, heads * D] descriptors) into ring stage `stage`, completing on its mbarrier;
+        nothing when `ok` is False. Rows past the tensor are zero-filled; rows past the keys
+        are whatever the cache holds (masked for K, zeroed for the last V tile)."""
+        bar = bars.index(stage)
+        mbarrier.expect(bar, K.block_type.nbytes + V.block_type.nbytes, pred=ok)
+        k0 = _g_row0(t0, ok, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
+        tma.async_copy_global_to_shared(K, [k0, col], bar, k_s.index(stage), pred=ok)
+        if V_SAME_ROWS:
+            v0 = k0
+        else:
+            v0 = _g_row0(t0, ok, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
+        tma.async_copy_global_to_shared(V, [v0, col], bar, v_s.index(stage), pred=ok)
+
+    @gluon.jit
     def _g_softmax(s, m_i, l_i, t0, lo_r, hi_r, masked, qk_scale, BN: gl.constexpr,
                    s_l: gl.constexpr):  # fmt: skip
         """Online-softmax step of one S tile [BM, BN] (raw scores): returns P (f32, in S's
@@ -124,29 +162,40 @@ if HAS_GLUON:
 
     @gluon.jit
     def _g_step(
-        j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s, zero_s,
+        j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s, bars, zero_s,
         K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
-        V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+        V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride, col,
         MASKED: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
         K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, V_SAME_ROWS: gl.constexpr,
-        ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr,
+        TMA: gl.constexpr, ld_l: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr,
+        dot_l: gl.constexpr,
     ):  # fmt: skip
         """Iteration j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together, the
         softmax of S_j under the P V product, then O rescaled; tile j + NBUF - 2 is issued into
         tile j - 2's stage first. Returns (O, P_j as the register A operand, m, l)."""
         t0 = start + j * BN
-        cp.wait_group(NBUF - 3)  # tile j has landed
-        fence_async_shared()
-        # Every warpgroup has finished iteration j - 1, so tile j - 2's stage is free.
-        gl.thread_barrier()
-        # (Issued here, right after the barrier, Triton adds no barrier of its own for the
-        # stage write, and ptxas keeps the softmax between the two wgmma waits.)
-        _g_issue_kv(
-            k_s, v_s, (j + NBUF - 2) % NBUF, t0 + (NBUF - 2) * BN, end, bc,
-            K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
-            V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
-            D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
-        )  # fmt: skip
+        t_next = t0 + (NBUF - 2) * BN
+        if TMA:
+            mbarrier.wait(bars.index(j % NBUF), (j // NBUF) & 1)  # tile j has landed
+            gl.thread_barrier()  # every warpgroup is done with tile j - 2's stage
+            _g_issue_kv_tma(
+                k_s, v_s, bars, (j + NBUF - 2) % NBUF, t_next, t_next < end, bc, col,
+                K, K_lut, stride_klut, k_base, k_page_stride,
+                V, V_lut, stride_vlut, v_base, v_page_stride, K_PAGE, V_PAGE, V_SAME_ROWS,
+            )  # fmt: skip
+        else:
+            cp.wait_group(NBUF - 3)  # tile j has landed
+            fence_async_shared()
+            # Every warpgroup has finished iteration j - 1, so tile j - 2's stage is free.
+            gl.thread_barrier()
+            # (Issued here, right after the barrier, Triton adds no barrier of its own for the
+            # stage write, and ptxas keeps the softmax between the two wgmma waits.)
+            _g_issue_kv(
+                k_s, v_s, (j + NBUF - 2) % NBUF, t_next, end, bc,
+                K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+                V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+                D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
+            )  # fmt: skip
         s = warpgroup_mma(q_s, k_s.index(j % NBUF).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)  # fmt: skip
         acc = warpgroup_mma(p_op, v_s.index((j - 1) % NBUF), acc, is_async=True)
@@ -168,7 +217,7 @@ if HAS_GLUON:
         K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, V_SAME_ROWS: gl.constexpr,
         MASK: gl.constexpr, HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
         REVERSE: gl.constexpr, BLOCKS_FASTEST: gl.constexpr, BLOCK_B: gl.constexpr,
-        NBUF: gl.constexpr,
+        NBUF: gl.constexpr, TMA: gl.constexpr,
     ):  # fmt: skip
         """Q [total_q, H_Q, D] -> Out [total_q, H_Q, D] (q dtype), Lse [total_q, H_Q] f32
         (natural log). 16 query rows a warp: BLOCK_M = 16 * num_warps."""
@@ -226,6 +275,13 @@ if HAS_GLUON:
         q_s = gl.allocate_shared_memory(dtype, [BM, D], sm_l)
         k_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
         v_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
+        bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        if TMA:
+            for i in gl.static_range(NBUF):
+                mbarrier.init(bars.index(i), count=1)
+            fence_async_shared()
+            gl.thread_barrier()
+        col = hkv * D
 
         k_head = hkv * stride_kh
         v_head = hkv * stride_vh
@@ -236,14 +292,22 @@ if HAS_GLUON:
         if V_PAGE == 0:
             v_base = gl.load(V_off + bc).to(gl.int64)
 
-        # Prologue: tiles 0 .. NBUF-2 in flight (empty groups past the end).
+        # Prologue: tiles 0 .. NBUF-2 in flight (cp.async: empty groups past the end; TMA:
+        # nothing past the end except tile 0, which is always waited for).
         for i in gl.static_range(NBUF - 1):
-            _g_issue_kv(
-                k_s, v_s, i, start + i * BN, end, bc,
-                K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
-                V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
-                D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
-            )  # fmt: skip
+            if TMA:
+                _g_issue_kv_tma(
+                    k_s, v_s, bars, i, start + i * BN, (i == 0) | (start + i * BN < end), bc,
+                    col, K, K_lut, stride_klut, k_base, k_page_stride,
+                    V, V_lut, stride_vlut, v_base, v_page_stride, K_PAGE, V_PAGE, V_SAME_ROWS,
+                )  # fmt: skip
+            else:
+                _g_issue_kv(
+                    k_s, v_s, i, start + i * BN, end, bc,
+                    K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
+                    V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
+                    D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
+                )  # fmt: skip
         qr = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
         qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
         q_rows = (q_start + qr).to(gl.int64)
@@ -261,8 +325,12 @@ if HAS_GLUON:
         n_it = gl.cdiv(gl.maximum(end - start, 0), BN)
 
         # Tile 0: S and its softmax (the accumulator starts at zero, no rescale).
-        cp.wait_group(NBUF - 2)
-        fence_async_shared()
+        if TMA:
+            mbarrier.wait(bars.index(0), 0)
+            fence_async_shared()  # q_s's generic store, before the wgmma reads it
+        else:
+            cp.wait_group(NBUF - 2)
+            fence_async_shared()
         gl.thread_barrier()
         s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)  # fmt: skip
@@ -291,14 +359,29 @@ if HAS_GLUON:
             for j in range(j_lo, j_hi):
                 acc, p_op, m_i, l_i = _g_step(
                     j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s,
-                    zero_s, K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
-                    V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
-                    part != 1, D, BN, NBUF, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l, s_l, o_l, dot_l,
+                    bars, zero_s, K, stride_kr, k_head, K_lut, stride_klut, k_base,
+                    k_page_stride, V, stride_vr, v_head, V_lut, stride_vlut, v_base,
+                    v_page_stride, col, part != 1, D, BN, NBUF, K_PAGE, V_PAGE, V_SAME_ROWS,
+                    TMA, ld_l, s_l, o_l, dot_l,
                 )  # fmt: skip
         last_st = (gl.maximum(n_it, 1) - 1) % NBUF
+        if TMA:
+            # The last tile's V is read only here. A TMA box copies the rows past the keys
+            # too (a cache's unwritten slots may hold NaN, and 0 * NaN is NaN): zero them.
+            t_last = start + (gl.maximum(n_it, 1) - 1) * BN
+            if t_last + BN > kv_len:
+                vt = v_s.index(last_st).load(ld_l)
+                vr = t_last + gl.arange(0, BN, layout=gl.SliceLayout(1, ld_l))
+                v_s.index(last_st).store(gl.where((vr < kv_len)[:, None], vt, 0.0).to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
         acc = warpgroup_mma(p_op, v_s.index(last_st), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        cp.wait_group(0)
+        if TMA:
+            for i in gl.static_range(NBUF):
+                mbarrier.invalidate(bars.index(i))
+        else:
+            cp.wait_group(0)
 
         m_fin = gl.where(m_i == float("-inf"), 0.0, m_i)
         den = l_i

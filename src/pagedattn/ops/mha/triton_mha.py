@@ -40,6 +40,7 @@ import triton
 from ...cache.dispatch import mha_num_partitions, num_sms
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
+from ..gluon_imports import GluonTensorDescriptor, gl
 from ..masks import Mask, causal
 from . import gluon_prefill
 from .triton_combine import combine_triton
@@ -127,13 +128,14 @@ def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, 
                       mask: Mask) -> bool:  # fmt: skip
     """Whether the Gluon sm_90 prefill (`gluon_prefill`) serves this launch: BF16/FP16 K/V of
     q's dtype without quantization, d_qk == d_v in (64, 128), a range mask (not a tensor mask),
-    16-byte aligned rows for cp.async, and K/V that the tl kernel cannot read as 128-key TMA
-    tiles (pages smaller than 128 or not a multiple of it). PREFILL_OVERRIDE["gluon"]: False
-    forces the tl kernel, True the Gluon kernel wherever the shapes allow.
+    16-byte aligned rows, and a paged cache (ragged / row-offset K/V stay on the tl kernel's
+    128-key TMA tiles, as fast there). PREFILL_OVERRIDE["gluon"]: False forces the tl kernel,
+    True the Gluon kernel wherever the shapes allow.
 
     H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d128, bf16,
-    TFLOP/s, tl vs Gluon): pages of 16 317 vs 351, of 64 354 vs 363, of 128 408 vs 363;
-    ragged K/V (32 heads) 429 vs 383."""
+    TFLOP/s, tl vs Gluon): pages of 16 317 vs 352 (cp.async), of 64 354 vs 396 (TMA), of 128
+    411 vs 426 (TMA, 128-key tiles); ragged K/V (32 heads) 421 vs 426, the same within the
+    run-to-run spread (the tl kernel measured 433-450 on other runs)."""
     want = PREFILL_OVERRIDE.get("gluon")
     if want is False or not gluon_prefill.HAS_GLUON or not q.is_cuda:
         return False
@@ -141,7 +143,7 @@ def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, 
         return False  # P is rounded to q's dtype (no hi + lo pair)
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    if want is None and _tma_ok(ka, 128) and _tma_ok(va, 128):
+    if want is None and (ka.page_size == 0 or va.page_size == 0):
         return False
     return _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask)
 
@@ -567,21 +569,34 @@ def mha_triton(
 
 
 # Gluon sm_90 prefill launch (gluon_prefill): 16 * num_warps query rows, BLOCK_N keys a tile,
-# an NBUF-deep cp.async ring. H100 2026-11-22 (bench/gpu_mha_dev.py --prefill, causal 8 x 4096,
-# d128, TFLOP/s): 64 keys x 4 stages 351 (pages of 16) / 363 (64); 128 x 3: 337 / 357; ragged
-# K/V, 32 heads: 128 x 3 383, 64 x 4 377, 64 x 5-6 361-363; one warpgroup (64 rows, two CTAs
-# a SM) 351 (64 x 3), 292-304 (32 keys).
+# an NBUF-deep ring filled by TMA boxes where tiles stay in one page (pages a multiple of
+# BLOCK_N, or row-offset K/V), by cp.async otherwise. H100 2026-11-22 (bench/gpu_mha_dev.py
+# --prefill, causal 8 x 4096, 32/8 heads, d128, TFLOP/s): pages of 128: 128 x 3 426, 64 x 4
+# 397; of 64: 64 x 4 396, 64 x 5 391, cp.async 362; of 16 (cp.async): 64 x 4 352, 128 x 3 337.
+# Ragged K/V (TMA, 32 heads): 128 x 3 426, 64 x 4-6 392; one warpgroup of 64 rows (two CTAs a
+# SM) 64 x 3 424, 128 x 3 366.
 PREFILL_SM90 = dict(BLOCK_N=64, NBUF=4, num_warps=8)
+PREFILL_SM90_TMA128 = dict(BLOCK_N=128, NBUF=3, num_warps=8)
 
 
 def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks, out, lse,
                   sm_scale) -> None:  # fmt: skip
     """Launch `gluon_prefill._mha_prefill_sm90` (the grid and block order of the tl kernel)."""
-    cfg = dict(PREFILL_SM90)
+    wide = _tma_ok(ka, 128) and _tma_ok(va, 128)
+    cfg = dict(PREFILL_SM90_TMA128 if wide else PREFILL_SM90)
     cfg.update({k[2:]: v for k, v in PREFILL_OVERRIDE.items() if k.startswith("g_")})
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
+    bn = cfg["BLOCK_N"]
+    use_tma = bool(cfg.get("tma", True)) and _tma_ok(ka, bn) and _tma_ok(va, bn)
     k_args, kcx = _kv_launch_args(ka, d, None)
     v_args, vcx = _kv_launch_args(va, d, None)
+    if use_tma:  # [BLOCK_N, D] boxes of the [rows, heads * D] views, in the kernel's layout
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        for args, a in ((k_args, ka), (v_args, va)):
+            r = a.rows
+            args[0] = GluonTensorDescriptor(
+                r, [r.shape[0], r.shape[1] * d], [r.stride(0), 1], [bn, d], layout
+            )
     n_tiles = min(triton.cdiv(total_q, 16 * cfg["num_warps"]) + batch, total_q)
     gluon_prefill._mha_prefill_sm90[(n_tiles * h_q,)](
         q, q.stride(0), q.stride(1),
@@ -593,9 +608,10 @@ def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks,
         lse.stride(0) if lse is not None else 0,
         lse.stride(1) if lse is not None else 0,
         sm_scale * LOG2E_F,
-        H_Q=h_q, GROUP=group, D=d, BLOCK_N=cfg["BLOCK_N"],
+        H_Q=h_q, GROUP=group, D=d, BLOCK_N=bn,
         K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, False, False),
         MASK=mask.code, HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
         REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
-        BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"], num_warps=cfg["num_warps"],
+        BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"], TMA=use_tma,
+        num_warps=cfg["num_warps"],
     )  # fmt: skip

@@ -60,7 +60,8 @@ def _block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: 
     """Key ranges of the query block [m0, m0 + BLOCK_M) of a request (scalars; also called from
     the Gluon kernel): lo_u, the first key any row sees; [start, end), the tiles to visit
     (BLOCK_N-aligned start, empty when the block has no row); [f_lo, f_hi), the aligned run of
-    tiles that every row sees in full (empty for the tensor mask)."""
+    tiles that every row sees in full, inside [start, end) (empty for the tensor mask and for a
+    block without rows)."""
     last = cache_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
     first = cache_len + m0
     lo_u, _h0 = _visible_range(first, kv_len, MASK, W)
@@ -76,7 +77,9 @@ def _block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: 
         f_lo = tl.minimum(
             tl.maximum(tl.cdiv(lo_f, BLOCK_N) * BLOCK_N, start), tl.cdiv(end, BLOCK_N) * BLOCK_N
         )
-        f_hi = tl.maximum((hi_f // BLOCK_N) * BLOCK_N, f_lo)
+        # (min with end: a no-op for a block with rows, hi_f <= end; empty for one without,
+        # whose first position may still see keys)
+        f_hi = tl.maximum(tl.minimum((hi_f // BLOCK_N) * BLOCK_N, end), f_lo)
     return lo_u, start, end, f_lo, f_hi
 
 
