@@ -153,10 +153,10 @@ def bench_prefill(records: list[Record], fi) -> None:
             print(f"[bench] flashinfer prefill failed: {type(e).__name__}: {e}")
 
 
-def bench_paged_prefill(records: list[Record], fi) -> None:
-    """Causal prefill over a paged cache with pages of 16 (the new tokens' K/V already stored):
-    8 sequences of 4096 tokens, 32 q / 8 kv heads, d128."""
-    nseq, n, page, h, h_kv, d = 8, 4096, 16, 32, 8, 128
+def bench_paged_prefill(records: list[Record], fi, page: int) -> None:
+    """Causal prefill over a paged cache with pages of `page` tokens (the new tokens' K/V
+    already stored): 8 sequences of 4096 tokens, 32 q / 8 kv heads, d128."""
+    nseq, n, h, h_kv, d = 8, 4096, 32, 8, 128
     p, inp = paged_cache(nseq, n, page, h_kv, d)
     inp.cache_lengths.zero_()
     q = torch.randn(nseq * n, h, d, device="cuda", dtype=torch.bfloat16)
@@ -188,4 +188,5 @@ def run(records: list[Record]) -> None:
     fi = flashinfer()
     bench_decode(records, fi)
     bench_prefill(records, fi)
-    bench_paged_prefill(records, fi)
+    for page in (16, 64):  # cp.async gathers / TMA boxes in the Gluon sm_90 kernel
+        bench_paged_prefill(records, fi, page)
