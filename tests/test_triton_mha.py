@@ -474,6 +474,22 @@ def test_gpu_prefill_serving_size():
 SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 
 
+def check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over):
+    """The Gluon sm_90 prefill (forced, launch overrides `over`) against the oracle, then
+    against the tl kernel on the same inputs."""
+    TM.PREFILL_OVERRIDE.update(gluon=True, **over)
+    try:
+        out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
+                         tol=PREFILL_TOL)  # fmt: skip
+        TM.PREFILL_OVERRIDE.clear()
+        TM.PREFILL_OVERRIDE.update(gluon=False)
+        out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks)
+    finally:
+        TM.PREFILL_OVERRIDE.clear()
+    assert_close(out, out_tl, **PREFILL_TOL, name="vs tl kernel")
+    assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
 @pytest.mark.parametrize("mi", range(5))
@@ -493,17 +509,7 @@ def test_gpu_sm90_prefill(mi, page_size, h_q, h_kv, d, gen):
     sinks = torch.randn(h_q, generator=gen).to(DEV)
     ka, va = k.kernel_args(), v.kernel_args()
     assert TM._use_sm90_prefill(q, ka, va, d, d, mask)  # every paged cache
-    TM.PREFILL_OVERRIDE.update(gluon=True)
-    try:
-        assert TM._use_sm90_prefill(q, ka, va, d, d, mask)
-        out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
-                         tol=PREFILL_TOL)  # fmt: skip
-        TM.PREFILL_OVERRIDE.update(gluon=False)
-        out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks)
-    finally:
-        TM.PREFILL_OVERRIDE.clear()
-    assert_close(out, out_tl, **PREFILL_TOL, name="vs tl kernel")
-    assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
+    check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks)
 
 
 @pytest.mark.gpu
@@ -558,17 +564,7 @@ def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
     sinks = torch.randn(8, generator=gen).to(DEV)
     ka = k.kernel_args()
     assert TM._tma_ok(ka, 128) and not TM._use_sm90_prefill(q, ka, ka, D, D, mask)
-    TM.PREFILL_OVERRIDE.update(gluon=True, **cfg)
-    try:
-        out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
-                         tol=PREFILL_TOL)  # fmt: skip
-        TM.PREFILL_OVERRIDE.clear()
-        TM.PREFILL_OVERRIDE.update(gluon=False)
-        out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks)
-    finally:
-        TM.PREFILL_OVERRIDE.clear()
-    assert_close(out, out_tl, **PREFILL_TOL, name="vs tl kernel")
-    assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
+    check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **cfg)
 
 
 @pytest.mark.gpu
