@@ -206,6 +206,7 @@ def test_serving_schedule_matches_hf(name, page_size):
     tok = lambda n: torch.randint(0, VOCAB, (n,)).tolist()
     prompt_a = tok(11)
     prompt_b = tok(7)
+    prompt_b[0] = (prompt_a[0] + 1) % VOCAB  # B shares no page with A (1 in 97 runs did)
     prompt_c = prompt_a[:6] + [(t + 1) % VOCAB for t in prompt_a[6:9]]  # diverges at 6
     sample = {r: tok(4) for r in "abc"}  # tokens "sampled" after each full prompt / decode
 
