@@ -191,18 +191,24 @@ def _tma_ok(ka: KernelArgs, block_n: int) -> bool:
     )
 
 
-def _kv_launch_args(ka: KernelArgs, head_dim: int, tma_block_n: int | None) -> tuple[list, dict]:
+def _kv_launch_args(
+    ka: KernelArgs, head_dim: int, tma_block_n: int | None, gluon_layout=None
+) -> tuple[list, dict]:
     """Positional args (base, stride_r, stride_h, lut, stride_lut, row_offsets, page_stride) and
-    the constexprs of one operand."""
+    the constexprs of one operand. With tma_block_n, base is a descriptor of [tma_block_n, D]
+    boxes of the [rows, heads * D] view: a tl one, or a Gluon one in `gluon_layout`."""
     r = ka.rows
     check(r.stride(2) == 1, "K/V rows", "a last dim of stride 1", r.stride())
     base = r
     if tma_block_n is not None:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        base = TensorDescriptor(
-            r, [r.shape[0], r.shape[1] * r.shape[2]], [r.stride(0), 1], [tma_block_n, r.shape[2]]
-        )
+        view = [r, [r.shape[0], r.shape[1] * r.shape[2]], [r.stride(0), 1]]
+        block = [tma_block_n, r.shape[2]]
+        if gluon_layout is None:
+            base = TensorDescriptor(*view, block)
+        else:
+            base = GluonTensorDescriptor(*view, block, gluon_layout)
     paged = ka.page_size > 0
     lut = ka.lut if paged else ka.cache_lengths
     off = ka.row_offsets if not paged else ka.cache_lengths
@@ -588,15 +594,10 @@ def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks,
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
     bn = cfg["BLOCK_N"]
     use_tma = bool(cfg.get("tma", True)) and _tma_ok(ka, bn) and _tma_ok(va, bn)
-    k_args, kcx = _kv_launch_args(ka, d, None)
-    v_args, vcx = _kv_launch_args(va, d, None)
-    if use_tma:  # [BLOCK_N, D] boxes of the [rows, heads * D] views, in the kernel's layout
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        for args, a in ((k_args, ka), (v_args, va)):
-            r = a.rows
-            args[0] = GluonTensorDescriptor(
-                r, [r.shape[0], r.shape[1] * d], [r.stride(0), 1], [bn, d], layout
-            )
+    box = bn if use_tma else None
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    k_args, kcx = _kv_launch_args(ka, d, box, layout)  # the kernel's shared layout
+    v_args, vcx = _kv_launch_args(va, d, box, layout)
     n_tiles = min(triton.cdiv(total_q, 16 * cfg["num_warps"]) + batch, total_q)
     gluon_prefill._mha_prefill_sm90[(n_tiles * h_q,)](
         q, q.stride(0), q.stride(1),
@@ -609,7 +610,7 @@ def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks,
         lse.stride(1) if lse is not None else 0,
         sm_scale * LOG2E_F,
         H_Q=h_q, GROUP=group, D=d, BLOCK_N=bn,
-        K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, False, False),
+        K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, use_tma, use_tma),
         MASK=mask.code, HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
         REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
         BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"], TMA=use_tma,
