@@ -456,9 +456,17 @@ PREFILL_VARIANTS = {  # name -> PREFILL_OVERRIDE over prefill_config / PREFILL_S
     "w4b64n3": dict(gluon=True, g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
     "w4b128n3": dict(gluon=True, g_num_warps=4, g_BLOCK_N=128, g_NBUF=3),
     "w4b64n4": dict(gluon=True, g_num_warps=4, g_BLOCK_N=64, g_NBUF=4),
+    # warp-specialized (gluon_prefill_ws): TMA producer warp + two consumer warpgroups
+    "ws128n2": dict(gluon=True, g_ws=True, g_BLOCK_N=128, g_NBUF=2),
+    "ws128n3": dict(gluon=True, g_ws=True, g_BLOCK_N=128, g_NBUF=3),
+    "ws64n4": dict(gluon=True, g_ws=True, g_BLOCK_N=64, g_NBUF=4),
+    "ws64n6": dict(gluon=True, g_ws=True, g_BLOCK_N=64, g_NBUF=6),
 }
 PREFILL_FAST_SET = tuple(PREFILL_VARIANTS)
-PAGED_PREFILL_SET = ("tl", "g128n3", "g64n4", "g64n5", "g64n4cp")
+PAGED_PREFILL_SET = ("tl", "g128n3", "g64n4", "g64n5", "g64n4cp", "ws128n2", "ws64n4")
+if os.environ.get("PREFILL_SET"):  # e.g. PREFILL_SET=tl,ws128n2: only these variants
+    PREFILL_FAST_SET = tuple(os.environ["PREFILL_SET"].split(","))
+    PAGED_PREFILL_SET = tuple(n for n in PAGED_PREFILL_SET if n in PREFILL_FAST_SET)
 RESULTS: dict = {"decode": {}, "prefill": {}}  # summary inputs: (config, variant) -> record
 
 

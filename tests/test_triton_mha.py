@@ -515,10 +515,16 @@ def test_gpu_sm90_prefill(mi, page_size, h_q, h_kv, d, gen):
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
 @pytest.mark.parametrize(
-    "cfg", [dict(g_BLOCK_N=128, g_NBUF=3), dict(g_num_warps=4, g_BLOCK_N=64, g_NBUF=3)]
+    "cfg",
+    [
+        dict(g_ws=False, g_BLOCK_N=128, g_NBUF=3),
+        dict(g_ws=False, g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
+        dict(g_ws=False),
+    ],
 )
 def test_gpu_sm90_prefill_launch_configs(cfg, gen):
-    """The Gluon prefill's other tile shapes (128-key tiles; one warpgroup of 64 rows)."""
+    """The (not warp-specialized) Gluon prefill's tile shapes over pages of 16 (cp.async):
+    128-key tiles, one warpgroup of 64 rows, the default 64 x 4."""
     cache_lens, q_lens = [0, 300, 129], [277, 6, 140]
     k, v, ks, vs = build_paged(16, 2, 128, cache_lens, q_lens, gen=gen)
     offs = offsets_of(q_lens)
@@ -532,10 +538,53 @@ def test_gpu_sm90_prefill_launch_configs(cfg, gen):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
+@pytest.mark.parametrize("mi", range(5))
+@pytest.mark.parametrize(
+    "page_size,h_q,h_kv,d,bn",
+    [
+        (64, 8, 1, 128, 64),
+        (128, 8, 2, 64, 128),
+        (128, 4, 4, 128, 128),
+        (16, 8, 2, 128, 128),
+        (8, 4, 1, 64, 128),
+        (32, 8, 8, 128, 64),
+    ],
+)
+def test_gpu_sm90_prefill_ws(mi, page_size, h_q, h_kv, d, bn, gen):
+    """The warp-specialized Gluon prefill (`gluon_prefill_ws`) over paged caches (a TMA box a
+    tile, or one a page for pages smaller than a tile): every range mask, GQA, chunked
+    prefixes, a request with no new token, sinks, the LSE; against the oracle and the tl
+    kernel."""
+    cache_lens, q_lens = [0, 300, 23, 5, 129], [277, 6, 1, 0, 140]
+    k, v, ks, vs = build_paged(page_size, h_kv, d, cache_lens, q_lens, gen=gen)
+    offs = offsets_of(q_lens)
+    q = rand_q(offs[-1], h_q, d, gen)
+    mask = [masks.null(), masks.causal(), masks.sliding_window_causal(70),
+            masks.sliding_window_noncausal(33), masks.chunked_causal(128)][mi]  # fmt: skip
+    sinks = torch.randn(h_q, generator=gen).to(DEV)
+    over = dict(g_ws=True, g_BLOCK_N=bn, g_NBUF=2 if bn == 128 else 4)
+    TM.PREFILL_OVERRIDE.update(over)
+    try:
+        assert TM._sm90_prefill_plan(k.kernel_args(), v.kernel_args())[0]["ws"]
+    finally:
+        TM.PREFILL_OVERRIDE.clear()
+    check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
 @pytest.mark.parametrize("mi", range(4))
 @pytest.mark.parametrize(
     "cfg",
-    [dict(), dict(g_BLOCK_N=128, g_NBUF=3), dict(g_tma=False), dict(g_num_warps=4, g_NBUF=3)],
+    [
+        dict(),
+        dict(g_ws=False),
+        dict(g_ws=False, g_BLOCK_N=128, g_NBUF=3),
+        dict(g_ws=False, g_tma=False),
+        dict(g_ws=False, g_num_warps=4, g_NBUF=3),
+        dict(g_BLOCK_N=128, g_NBUF=3),
+        dict(g_BLOCK_N=64, g_NBUF=4),
+    ],
 )
 def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
     """The Gluon prefill over one slot per request (row offsets, cached prefixes) whose unused
@@ -563,7 +612,8 @@ def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
             masks.chunked_causal(128)][mi]  # fmt: skip
     sinks = torch.randn(8, generator=gen).to(DEV)
     ka = k.kernel_args()
-    assert TM._tma_ok(ka, 128) and not TM._use_sm90_prefill(q, ka, ka, D, D, mask)
+    assert TM._tma_ok(ka, 128) and TM._use_sm90_prefill(q, ka, ka, D, D, mask)
+    assert TM._sm90_prefill_plan(ka, ka)[0]["ws"]  # the default: warp-specialized
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **cfg)
 
 

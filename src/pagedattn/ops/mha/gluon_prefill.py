@@ -5,9 +5,11 @@ Same contract, grid and block order as `triton_prefill._mha_prefill_kernel` (one
 (query block of one request, query head), each request's heaviest block first under causal
 masks, the blocks of one head back to back). For BF16/FP16 K/V without quantization, head dim
 64 or 128 (d_qk == d_v), every mask except the tensor mask, sinks and the LSE. The dispatcher
-(`triton_mha._use_sm90_prefill`) takes it for paged caches (H100, causal 8 x 4096, 32/8 heads,
-d128, TFLOP/s vs the tl kernel: pages of 16 352 vs 317, of 64 396 vs 354, of 128 426 vs 411;
-ragged K/V stay on the tl kernel, 421-450 there, this kernel 426).
+(`triton_mha._use_sm90_prefill`) takes it for paged caches whose tiles are not TMA boxes (pages
+of 1, or of sizes that do not divide 128); the rest go to the warp-specialized
+`gluon_prefill_ws`, which shares this kernel's helpers (H100, causal 8 x 4096, 32/8 heads,
+d128, TFLOP/s, this kernel vs the tl kernel: pages of 16 352 vs 317, of 64 396 vs 354, of 128
+426 vs 411; ragged 426 vs 421).
 
 Per program, num_warps warps of 16 query rows each (8 warps: 2 warpgroups, 128 rows); tiles
 of BLOCK_N keys in an NBUF-deep ring (NBUF >= 3): iteration j fills tile j + NBUF - 2 into
@@ -27,8 +29,7 @@ on fixed-latency waits and ~0.8 on MIO throttle (16 cp.async a thread a tile). T
 the last (ragged 383 -> 426 TFLOP/s). Both warpgroups still meet at the ring's CTA barrier
 every tile (an mbarrier arrive is one thread of the CTA after a CTA barrier outside a
 warp-specialized region), so their softmaxes line up instead of alternating with the other's
-products: the next step is `gl.warp_specialize` (a TMA producer warp, consumer warpgroups
-that release stages on their own)."""
+products: `gluon_prefill_ws` removes that barrier (509-515 TFLOP/s on ragged K/V)."""
 
 from __future__ import annotations
 

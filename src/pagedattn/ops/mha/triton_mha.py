@@ -42,7 +42,7 @@ from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
 from ..gluon_imports import GluonTensorDescriptor, gl
 from ..masks import Mask, causal
-from . import gluon_prefill
+from . import gluon_prefill, gluon_prefill_ws
 from .triton_combine import combine_triton
 from .triton_decode import LOG2E_F, Q_BLOCK, Q_NONE, Q_TENSOR, Q_TOKEN, _mha_decode_kernel
 from .triton_prefill import _mha_prefill_kernel
@@ -126,16 +126,16 @@ def prefill_config(dk_pad: int, dv_pad: int, q_bytes: int, tma_ok, fp8: bool = F
 
 def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
                       mask: Mask) -> bool:  # fmt: skip
-    """Whether the Gluon sm_90 prefill (`gluon_prefill`) serves this launch: BF16/FP16 K/V of
-    q's dtype without quantization, d_qk == d_v in (64, 128), a range mask (not a tensor mask),
-    16-byte aligned rows, and a paged cache (ragged / row-offset K/V stay on the tl kernel's
-    128-key TMA tiles, as fast there). PREFILL_OVERRIDE["gluon"]: False forces the tl kernel,
-    True the Gluon kernel wherever the shapes allow.
+    """Whether a Gluon sm_90 prefill (`gluon_prefill_ws` where K/V tiles are TMA boxes, else
+    `gluon_prefill`) serves this launch: BF16/FP16 K/V of q's dtype without quantization,
+    d_qk == d_v in (64, 128), a range mask (not a tensor mask), 16-byte aligned rows; every
+    paged cache, and ragged / row-offset K/V where the warp-specialized kernel applies (else
+    the tl kernel). PREFILL_OVERRIDE["gluon"]: False forces the tl kernel, True a Gluon kernel
+    wherever the shapes allow.
 
     H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d128, bf16,
-    TFLOP/s, tl vs Gluon): pages of 16 317 vs 352 (cp.async), of 64 354 vs 396 (TMA), of 128
-    411 vs 426 (TMA, 128-key tiles); ragged K/V (32 heads) 421 vs 426, the same within the
-    run-to-run spread (the tl kernel measured 433-450 on other runs)."""
+    TFLOP/s, tl vs Gluon): ragged K/V 422 vs 509-515 (warp-specialized); pages of 16 317 vs 499
+    (warp-specialized, a box a page), of 64 354 vs 509, of 128 406 vs 511."""
     want = PREFILL_OVERRIDE.get("gluon")
     if want is False or not gluon_prefill.HAS_GLUON or not q.is_cuda:
         return False
@@ -143,9 +143,11 @@ def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, 
         return False  # P is rounded to q's dtype (no hi + lo pair)
     if torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    if want is None and (ka.page_size == 0 or va.page_size == 0):
+    if not _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask):
         return False
-    return _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask)
+    # Ragged / row-offset K/V: the warp-specialized kernel, or else the tl kernel.
+    paged = ka.page_size > 0 and va.page_size > 0
+    return want is True or paged or _sm90_prefill_plan(ka, va)[0]["ws"]
 
 
 def _sm90_prefill_shapes_ok(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
@@ -574,10 +576,16 @@ def mha_triton(
     return (out, lse) if return_lse else out
 
 
-# Gluon sm_90 prefill launch (gluon_prefill): 16 * num_warps query rows, BLOCK_N keys a tile,
-# an NBUF-deep ring filled by TMA boxes where tiles stay in one page (pages a multiple of
-# BLOCK_N, or row-offset K/V), by cp.async otherwise. H100 2026-11-22 (bench/gpu_mha_dev.py
-# --prefill, causal 8 x 4096, 32/8 heads, d128, TFLOP/s): pages of 128: 128 x 3 426, 64 x 4
+# Gluon sm_90 prefill launches. H100 2026-11-22, bench/gpu_mha_dev.py --prefill, causal
+# 8 x 4096, 32/8 heads, d128, TFLOP/s.
+# Warp-specialized (gluon_prefill_ws; K/V tiles of TMA boxes): 128 query rows, BLOCK_N keys a
+# tile, NBUF stages; 12 warps at 168 registers a thread, moved by setmaxnreg to 240 for each
+# consumer warpgroup and 24 for the producer's. Ragged: 128 x 2 509-515, 128 x 3 508-513,
+# 64 x 4 463-466; pages of 16 / 64 / 128 at 128 x 2: 499 / 509 / 511.
+PREFILL_SM90_WS = dict(BLOCK_N=128, NBUF=2, ws=True, consumer_regs=240, maxnreg=168)
+# Otherwise (gluon_prefill: pages of 1, of sizes that do not divide 128, or overrides):
+# 16 * num_warps query rows, an NBUF-deep ring filled by TMA boxes where tiles stay in one page,
+# by cp.async otherwise. Before the warp-specialized kernel: pages of 128: 128 x 3 426, 64 x 4
 # 397; of 64: 64 x 4 396, 64 x 5 391, cp.async 362; of 16 (cp.async): 64 x 4 352, 128 x 3 337.
 # Ragged K/V (TMA, 32 heads): 128 x 3 426, 64 x 4-6 392; one warpgroup of 64 rows (two CTAs a
 # SM) 64 x 3 424, 128 x 3 366.
@@ -585,17 +593,69 @@ PREFILL_SM90 = dict(BLOCK_N=64, NBUF=4, num_warps=8)
 PREFILL_SM90_TMA128 = dict(BLOCK_N=128, NBUF=3, num_warps=8)
 
 
+def _tma_box_rows(ka: KernelArgs, block_n: int) -> int | None:
+    """Rows of the TMA boxes that fill a [block_n, D] tile: block_n where tiles stay in one
+    page (row-offset K/V, pages a multiple of block_n), the page size where pages of >= 8 rows
+    divide block_n (one box a page), else None (no TMA)."""
+    if _tma_ok(ka, block_n):
+        return block_n
+    p = ka.page_size
+    if p >= 8 and block_n % p == 0 and _tma_ok(ka, p):
+        return p
+    return None
+
+
+def _sm90_prefill_plan(ka: KernelArgs, va: KernelArgs) -> tuple[dict, bool]:
+    """(launch config, one-box TMA tiles) of the Gluon sm_90 prefill. cfg["ws"]: the
+    warp-specialized kernel (`gluon_prefill_ws`), wherever K and V tiles are TMA boxes (one a
+    tile, or one a page); cfg["K_BOX"], cfg["V_BOX"]: its box rows."""
+    kb, vb = _tma_box_rows(ka, 128), _tma_box_rows(va, 128)
+    if kb and vb and PREFILL_OVERRIDE.get("g_ws", True) and PREFILL_OVERRIDE.get("g_tma", True):
+        cfg = dict(PREFILL_SM90_WS)
+    else:
+        wide = _tma_ok(ka, 128) and _tma_ok(va, 128)
+        cfg = dict(PREFILL_SM90_TMA128 if wide else PREFILL_SM90)
+    cfg.update({k[2:]: v for k, v in PREFILL_OVERRIDE.items() if k.startswith("g_")})
+    bn = cfg["BLOCK_N"]
+    use_tma = bool(cfg.get("tma", True)) and _tma_ok(ka, bn) and _tma_ok(va, bn)
+    kb, vb = _tma_box_rows(ka, bn), _tma_box_rows(va, bn)
+    cfg["ws"] = bool(cfg.get("ws")) and cfg.get("tma", True) and bool(kb and vb)
+    for key in ("consumer_regs", "maxnreg"):
+        cfg.setdefault(key, PREFILL_SM90_WS[key])
+    cfg["K_BOX"], cfg["V_BOX"] = kb, vb
+    return cfg, use_tma
+
+
 def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks, out, lse,
                   sm_scale) -> None:  # fmt: skip
     """Launch `gluon_prefill._mha_prefill_sm90` (the grid and block order of the tl kernel)."""
-    wide = _tma_ok(ka, 128) and _tma_ok(va, 128)
-    cfg = dict(PREFILL_SM90_TMA128 if wide else PREFILL_SM90)
-    cfg.update({k[2:]: v for k, v in PREFILL_OVERRIDE.items() if k.startswith("g_")})
+    cfg, use_tma = _sm90_prefill_plan(ka, va)
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
     bn = cfg["BLOCK_N"]
-    use_tma = bool(cfg.get("tma", True)) and _tma_ok(ka, bn) and _tma_ok(va, bn)
-    box = bn if use_tma else None
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    if cfg["ws"]:
+        k_args, kcx = _kv_launch_args(ka, d, cfg["K_BOX"], layout)
+        v_args, vcx = _kv_launch_args(va, d, cfg["V_BOX"], layout)
+        n_tiles = min(triton.cdiv(total_q, 128) + batch, total_q)
+        gluon_prefill_ws._mha_prefill_ws[(n_tiles * h_q,)](
+            q, q.stride(0), q.stride(1),
+            k_args[0], *k_args[3:7], v_args[0], *v_args[3:7],
+            ka.cache_lengths, q_row_offsets, batch,
+            sinks if sinks is not None else q, mask.param,
+            out, out.stride(0), out.stride(1),
+            lse if lse is not None else out,
+            lse.stride(0) if lse is not None else 0,
+            lse.stride(1) if lse is not None else 0,
+            sm_scale * LOG2E_F,
+            H_Q=h_q, GROUP=group, D=d, BLOCK_N=bn,
+            K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], K_BOX=cfg["K_BOX"], V_BOX=cfg["V_BOX"],
+            MASK=mask.code, HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
+            REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
+            BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"],
+            CONSUMER_REGS=cfg["consumer_regs"], num_warps=4, maxnreg=cfg["maxnreg"],
+        )  # fmt: skip
+        return
+    box = bn if use_tma else None
     k_args, kcx = _kv_launch_args(ka, d, box, layout)  # the kernel's shared layout
     v_args, vcx = _kv_launch_args(va, d, box, layout)
     n_tiles = min(triton.cdiv(total_q, 16 * cfg["num_warps"]) + batch, total_q)

@@ -28,6 +28,16 @@ from ..store_kv import store_kv
 from ..store_kv.reference import token_batch_and_pos
 
 
+def branch_num_partitions(
+    num_partitions: int | None, kv_inputs: KVCacheInputsPerDevice
+) -> int | None:
+    """Step 4's split-K partitions: `num_partitions`; when None, the first value of
+    kv_inputs.mla_num_partitions (a host tensor) if present, else None (the decode's default)."""
+    if num_partitions is None and kv_inputs.mla_num_partitions is not None:
+        return int(kv_inputs.mla_num_partitions.reshape(-1)[0])
+    return num_partitions
+
+
 def mla_decode_branch_fp8_reference(
     q: torch.Tensor,
     input_row_offsets: torch.Tensor,
@@ -88,8 +98,6 @@ def mla_decode_branch_fp8_reference(
     q_full = torch.cat([q_latent, q_rope], dim=-1)
 
     # 4. MLA decode over the cache (now holding the new tokens)
-    if num_partitions is None and kv_inputs.mla_num_partitions is not None:
-        num_partitions = int(kv_inputs.mla_num_partitions.reshape(-1)[0])
     raw, _ = mla_decode_reference(
         q_full,
         PagedOperand(kv_inputs, params, layer_idx, "k"),
@@ -103,7 +111,7 @@ def mla_decode_branch_fp8_reference(
         extra_indices=extra_d_indices,
         extra_topk_lengths=extra_topk_lengths,
         attn_sink=attn_sink,
-        num_partitions=num_partitions,
+        num_partitions=branch_num_partitions(num_partitions, kv_inputs),
     )
 
     # 5. raw @ w_uv (per head): [h_q, tokens, d_v] x [h_q, v_head_dim, d_v]

@@ -36,6 +36,7 @@ from ...operands import PagedOperand, RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..linear.triton_fp8_bmm import fp8_bmm_triton, saturate_e4m3
 from ..mla import mla_decode
+from .reference import branch_num_partitions
 
 install_interpreter_shim()
 
@@ -434,8 +435,7 @@ def mla_decode_branch_fp8_triton(
     kv = PagedOperand(kv_inputs, params, layer_idx, "k")
     if out is None:
         out = torch.empty(tokens, h_q, w_uv.shape[1], dtype=q.dtype, device=q.device)
-    if num_partitions is None and kv_inputs.mla_num_partitions is not None:
-        num_partitions = int(kv_inputs.mla_num_partitions.reshape(-1)[0])  # host tensor
+    num_partitions = branch_num_partitions(num_partitions, kv_inputs)
     if tokens == 0:
         return out
 

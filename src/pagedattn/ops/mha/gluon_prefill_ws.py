@@ -1,0 +1,354 @@
+"""Gluon (sm_90) warp-specialized MHA/GQA prefill: a TMA producer warp and two consumer
+warpgroups of 64 query rows each that share the K/V ring and release its stages on their own.
+
+Same contract, grid and block order as `gluon_prefill._mha_prefill_sm90` (128 query rows a
+program), for K/V whose [BLOCK_N, D] tiles are TMA boxes: one a tile where tiles stay in one
+page (ragged / row-offset K/V, pages a multiple of BLOCK_N), one a page for pages of 8 or more
+rows that divide BLOCK_N.
+
+H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d128, TFLOP/s):
+ragged K/V 509-515 (128 x 2; 128 x 3 508-513; 64 x 4 463-466) against 422 for the tl kernel
+and 422 for `gluon_prefill`'s TMA 128 x 3; pages of 16 / 64 / 128: 499 / 509 / 511 against
+352 / 396 / 426 before. FA3-style ping-pong on top (the warpgroups taking turns to issue their
+products, through two more mbarriers) measured the same (507 vs 509) and was left out.
+
+Why: in `gluon_prefill` both warpgroups meet at a CTA barrier every tile to free a ring stage
+(ncu, H100, ragged causal 8 x 4096: barrier stalls lead, 2 cycles an issued instruction; tensor
+pipe 47% of cycles), so their softmaxes line up instead of running under the other's products.
+Here the stages have "ready" mbarriers (TMA bytes, count 1) and "empty" ones (count 2: each
+consumer arrives once its products that read the stage are complete), K and V rings apart so K
+is freed after S = Q K^T and V after P V.
+
+Per consumer, iteration j: wait K_j and V_{j-1}; issue S_j = Q K_j^T and O += P_{j-1} V_{j-1};
+wait S_j; softmax of tile j under the P V product; wait it; free K_j and V_{j-1}; rescale O.
+A TMA box copies rows past the request's keys too (unwritten cache slots may hold NaN): masked
+for K; the last V tile (read after the loop) has them zeroed, each consumer half of its rows,
+meeting on one mbarrier before either reads it."""
+
+from __future__ import annotations
+
+from ..gluon_imports import (
+    HAS_GLUON,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from .gluon_prefill import _g_find_block, _g_row0, _g_softmax
+from .triton_decode import LN2, LOG2E, _visible_range
+from .triton_prefill import _block_ranges
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _ws_producer(
+        args,
+        D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
+        V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
+        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+    ):  # fmt: skip
+        """One warp: TMA boxes of K and V for tiles 0 .. max(n_it, 1) - 1, each into its ring
+        stage once both consumers have freed it."""
+        (Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
+         V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
+         Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, qk_scale,
+         bc, hq, col, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi,
+         q_s, k_s, v_s, bars) = args  # fmt: skip
+        k_ready, k_empty, v_ready, v_empty, _vfix = bars
+        n_t = gl.maximum(gl.cdiv(gl.maximum(end - start, 0), BN), 1)
+        for j in range(n_t):
+            st = j % NBUF
+            ph = ((j // NBUF) & 1) ^ 1  # a fresh mbarrier passes a wait on phase 1
+            t0 = start + j * BN
+            mbarrier.wait(k_empty.index(st), ph)
+            _ws_fill(K, k_s.index(st), k_ready.index(st), t0, kv_len, bc, col, K_lut, stride_klut,
+                     k_base, k_page_stride, K_PAGE, K_BOX, BN)  # fmt: skip
+            mbarrier.wait(v_empty.index(st), ph)
+            _ws_fill(V, v_s.index(st), v_ready.index(st), t0, kv_len, bc, col, V_lut, stride_vlut,
+                     v_base, v_page_stride, V_PAGE, V_BOX, BN)  # fmt: skip
+
+    @gluon.jit
+    def _ws_fill(desc, dst, bar, t0, kv_len, b, col, lut, stride_lut, row_base, page_stride,
+                 PAGE: gl.constexpr, BOX: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+        """TMA boxes of BOX rows filling the [BN, D] tile `dst` with key positions
+        [t0, t0 + BN) (one box where the tile stays in one page, else one a page), completing
+        on `bar`. Boxes past the request's keys read page 0 (rows the consumers mask in S and
+        zero in V; boxes before kv_len, past the visible range, hold the request's own finite
+        keys)."""
+        mbarrier.expect(bar, desc.block_type.nbytes * (BN // BOX))
+        for i in gl.static_range(BN // BOX):
+            t = t0 + i * BOX
+            r0 = _g_row0(t, t < kv_len, b, lut, stride_lut, row_base, page_stride, PAGE)
+            tma.async_copy_global_to_shared(desc, [r0, col], bar, dst.slice(i * BOX, BOX))
+
+    @gluon.jit
+    def _ws_step(
+        j, start, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_w, k_s, v_s, bars, zero_s,
+        MASKED: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, s_l: gl.constexpr,
+        o_l: gl.constexpr, dot_l: gl.constexpr,
+    ):  # fmt: skip
+        """Iteration j >= 1 of one consumer (see the module docstring). Returns (O, P_j as the
+        register A operand, m, l)."""
+        k_ready, k_empty, v_ready, v_empty, _vfix = bars
+        st = j % NBUF
+        pst = (j - 1) % NBUF
+        # Both waits before either product: a wait is a loop, and ptxas completes every wgmma
+        # in flight at a branch.
+        mbarrier.wait(k_ready.index(st), (j // NBUF) & 1)
+        mbarrier.wait(v_ready.index(pst), ((j - 1) // NBUF) & 1)
+        s = warpgroup_mma(q_w, k_s.index(st).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        acc = warpgroup_mma(p_op, v_s.index(pst), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p, m_i, l_i, alpha = _g_softmax(s, m_i, l_i, start + j * BN, lo_r, hi_r, MASKED,
+                                        qk_scale, BN, s_l)  # fmt: skip
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        mbarrier.arrive(k_empty.index(st), count=1)
+        mbarrier.arrive(v_empty.index(pst), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        p_op = gl.convert_layout(p.to(p_op.dtype), dot_l)
+        return acc, p_op, m_i, l_i
+
+    @gluon.jit
+    def _ws_consume(
+        args, WG: gl.constexpr,
+        D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
+        V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
+        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+    ):  # fmt: skip
+        """One warpgroup: query rows [m0 + 64 WG, m0 + 64 WG + 64) of the program's block, over
+        every tile of the block's key range; writes their output (and LSE)."""
+        (Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
+         V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
+         Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, qk_scale,
+         bc, hq, col, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi,
+         q_s, k_s, v_s, bars) = args  # fmt: skip
+        k_ready, k_empty, v_ready, v_empty, vfix = bars
+        BM: gl.constexpr = 64
+        dtype: gl.constexpr = Q.dtype.element_ty
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]
+        )
+        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        TD: gl.constexpr = D // 8  # threads along d (16 bytes each)
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TD, TD], [4, 1], [1, 0])
+        srow_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        mw = m0 + WG * BM
+
+        offs_m = mw + gl.arange(0, BM, layout=srow_l)
+        row_valid = offs_m < q_len
+        lo_r, hi_r = _visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
+        lo_r = gl.where(row_valid, lo_r, lo_u)
+        hi_r = gl.where(row_valid, hi_r, lo_u)
+
+        q_w = q_s.index(WG)
+        qr = mw + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
+        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+        q_rows = (q_start + qr).to(gl.int64)
+        q = gl.load(
+            Q + (q_rows * stride_qt + hq * stride_qh)[:, None] + qd[None, :],
+            mask=(qr < q_len)[:, None],
+            other=0.0,
+        )
+        q_w.store(q)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        zero_s = gl.zeros([BM, BN], gl.float32, s_l)
+        m_i = gl.full([BM], float("-inf"), gl.float32, srow_l)
+        l_i = gl.zeros([BM], gl.float32, srow_l)
+        n_it = gl.cdiv(gl.maximum(end - start, 0), BN)
+
+        # Tile 0: S and its softmax (the accumulator starts at zero, no rescale).
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q_w, k_s.index(0).permute((1, 0)), zero_s, use_acc=False,
+                          is_async=True)  # fmt: skip
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(0), count=1)
+        masked = (start < f_lo) | (start >= f_hi) | (n_it == 0)
+        p, m_i, l_i, _alpha = _g_softmax(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, BN,
+                                         s_l)  # fmt: skip
+        p_op = gl.convert_layout(p.to(dtype), dot_l)
+        acc = gl.zeros([BM, D], gl.float32, o_l)
+
+        # Tiles 1 .. n_it-1: masked leading edge, full tiles, masked trailing edge (loop bodies
+        # without a branch, as in gluon_prefill).
+        n_lo = (f_lo - start) // BN
+        n_hi = (f_hi - start) // BN
+        for part in gl.static_range(3):
+            if part == 0:
+                j_lo = 1
+                j_hi = n_lo
+            elif part == 1:
+                j_lo = gl.maximum(n_lo, 1)
+                j_hi = n_hi
+            else:
+                j_lo = gl.maximum(n_hi, 1)
+                j_hi = n_it
+            for j in range(j_lo, j_hi):
+                acc, p_op, m_i, l_i = _ws_step(
+                    j, start, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_w, k_s, v_s, bars,
+                    zero_s, part != 1, BN, NBUF, s_l, o_l, dot_l,
+                )  # fmt: skip
+
+        last = gl.maximum(n_it, 1) - 1
+        lst = last % NBUF
+        mbarrier.wait(v_ready.index(lst), (last // NBUF) & 1)
+        t_last = start + last * BN
+        if t_last + BN > kv_len:
+            # Rows past the keys: zero this consumer's half of the last V tile, then wait for
+            # the other half (0 * NaN is NaN in the product).
+            HB: gl.constexpr = BN // 2
+            vh = v_s.index(lst).slice(WG * HB, HB, dim=0)
+            vt = vh.load(ld_l)
+            vr = t_last + WG * HB + gl.arange(0, HB, layout=gl.SliceLayout(1, ld_l))
+            vh.store(gl.where((vr < kv_len)[:, None], vt, 0.0).to(dtype))
+            fence_async_shared()
+            mbarrier.arrive(vfix, count=1)
+            mbarrier.wait(vfix, 0)
+        acc = warpgroup_mma(p_op, v_s.index(lst), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+        m_fin = gl.where(m_i == float("-inf"), 0.0, m_i)
+        den = l_i
+        if HAS_SINKS:
+            den = den + gl.exp2(gl.load(Sinks + hq) * LOG2E - m_fin)
+        inv = 1.0 / gl.where(den > 0, den, 1.0)
+        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+        orow = mw + gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
+        od = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
+        o_rows = (q_start + orow).to(gl.int64)
+        gl.store(
+            Out + (o_rows * stride_ot + hq * stride_oh)[:, None] + od[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=(orow < q_len)[:, None],
+        )
+        if WRITE_LSE:
+            lse = gl.where(
+                l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
+            )
+            gl.store(
+                Lse + (q_start + offs_m).to(gl.int64) * stride_lt + hq * stride_lh,
+                lse,
+                mask=row_valid,
+            )
+
+    @gluon.jit
+    def _ws_consumer0(
+        args,
+        D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
+        V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
+        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+    ):  # fmt: skip
+        _ws_consume(args, 0, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK, HAS_SINKS,
+                    WRITE_LSE)  # fmt: skip
+
+    @gluon.jit
+    def _ws_consumer1(
+        args,
+        D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
+        V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
+        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+    ):  # fmt: skip
+        _ws_consume(args, 1, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK, HAS_SINKS,
+                    WRITE_LSE)  # fmt: skip
+
+    @gluon.jit
+    def _mha_prefill_ws(
+        Q, stride_qt, stride_qh,
+        K, K_lut, stride_klut, K_off, k_page_stride,
+        V, V_lut, stride_vlut, V_off, v_page_stride,
+        cache_lens, q_offsets, batch, Sinks, mask_param,
+        Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, sm_scale_log2,
+        H_Q: gl.constexpr, GROUP: gl.constexpr, D: gl.constexpr, BLOCK_N: gl.constexpr,
+        K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr,
+        MASK: gl.constexpr, HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+        REVERSE: gl.constexpr, BLOCKS_FASTEST: gl.constexpr, BLOCK_B: gl.constexpr,
+        NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    ):  # fmt: skip
+        """Q [total_q, H_Q, D] -> Out [total_q, H_Q, D] (q dtype), Lse [total_q, H_Q] f32
+        (natural log). K, V: Gluon TMA descriptors of [BLOCK_N, D] boxes of the [rows,
+        heads * D] views. Launch with num_warps=4 (the first consumer); the second consumer
+        and the producer are worker partitions."""
+        BM: gl.constexpr = 128
+        BN: gl.constexpr = BLOCK_N
+        dtype: gl.constexpr = Q.dtype.element_ty
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+
+        pid = gl.program_id(0)
+        hq = pid % H_Q
+        tile = pid // H_Q
+        b, before = _g_find_block(q_offsets, batch, tile, BM, BLOCK_B, one_l)
+        live = b < batch
+        bc = gl.minimum(b, batch - 1)
+        q_start = gl.load(q_offsets + bc)
+        q_len = gl.where(live, gl.load(q_offsets + bc + 1) - q_start, 0)
+        blk = tile - before
+        if BLOCKS_FASTEST:
+            nb = gl.maximum(gl.cdiv(q_len, BM), 1)
+            local = pid - before * H_Q
+            hq = gl.where(live, local // nb, 0)
+            blk = local % nb
+        hkv = hq // GROUP
+        if REVERSE:
+            blk = gl.cdiv(q_len, BM) - 1 - blk
+        m0 = gl.where(live, blk, 0) * BM
+        cache_len = gl.load(cache_lens + bc)
+        kv_len = cache_len + q_len
+        lo_u, start, end, f_lo, f_hi = _block_ranges(
+            cache_len, m0, q_len, kv_len, MASK, mask_param, BM, BN
+        )
+        k_base = gl.to_tensor(0).to(gl.int64)
+        v_base = gl.to_tensor(0).to(gl.int64)
+        if K_PAGE == 0:
+            k_base = gl.load(K_off + bc).to(gl.int64)
+        if V_PAGE == 0:
+            v_base = gl.load(V_off + bc).to(gl.int64)
+
+        q_s = gl.allocate_shared_memory(dtype, [2, 64, D], sm_l)
+        k_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
+        v_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
+        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+        k_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        k_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        v_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        v_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        vfix = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        for i in gl.static_range(NBUF):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(vfix, count=2)
+        fence_async_shared()
+
+        args = (
+            Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
+            V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
+            Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, sm_scale_log2,
+            bc, hq, hkv * D, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi,
+            q_s, k_s, v_s, (k_ready, k_empty, v_ready, v_empty, vfix),
+        )  # fmt: skip
+        # fmt: off
+        gl.warp_specialize(
+            [
+                (_ws_consumer0, (args, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
+                                 HAS_SINKS, WRITE_LSE)),
+                (_ws_consumer1, (args, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
+                                 HAS_SINKS, WRITE_LSE)),
+                (_ws_producer, (args, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
+                                HAS_SINKS, WRITE_LSE)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, 24],
+        )
+        # fmt: on
