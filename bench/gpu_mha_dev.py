@@ -441,21 +441,22 @@ DECODE_CONFIGS = (
 )
 PREFILL_VARIANTS = {  # name -> PREFILL_OVERRIDE over prefill_config / PREFILL_SM90
     # "tl": the tl kernel (offline sm_90: 255 registers, 225 KB shared; 128 x 128 TMA tiles,
-    # 8 warps, 3 stages). The rest: the Gluon sm_90 kernel (gluon_prefill) with g_BLOCK_N keys
-    # a tile and a g_NBUF-deep ring, filled by TMA boxes where the K/V rows allow (ragged,
-    # pages that are multiples of g_BLOCK_N), by cp.async otherwise ("cp": always cp.async).
+    # 8 warps, 3 stages). "default": the library's choice. g_ws=False: the Gluon sm_90 kernel
+    # (gluon_prefill) with g_BLOCK_N keys a tile and a g_NBUF-deep ring, filled by TMA boxes
+    # where the K/V rows allow (ragged, pages that are multiples of g_BLOCK_N), by cp.async
+    # otherwise ("cp": always cp.async).
     "default": {},
     "tl": dict(gluon=False),
-    "g128n3": dict(gluon=True, g_BLOCK_N=128, g_NBUF=3),
-    "g64n4": dict(gluon=True, g_BLOCK_N=64, g_NBUF=4),
-    "g64n5": dict(gluon=True, g_BLOCK_N=64, g_NBUF=5),
-    "g64n6": dict(gluon=True, g_BLOCK_N=64, g_NBUF=6),
-    "g64n4cp": dict(gluon=True, g_BLOCK_N=64, g_NBUF=4, g_tma=False),
-    "g128n3cp": dict(gluon=True, g_BLOCK_N=128, g_NBUF=3, g_tma=False),
+    "g128n3": dict(gluon=True, g_ws=False, g_BLOCK_N=128, g_NBUF=3),
+    "g64n4": dict(gluon=True, g_ws=False, g_BLOCK_N=64, g_NBUF=4),
+    "g64n5": dict(gluon=True, g_ws=False, g_BLOCK_N=64, g_NBUF=5),
+    "g64n6": dict(gluon=True, g_ws=False, g_BLOCK_N=64, g_NBUF=6),
+    "g64n4cp": dict(gluon=True, g_ws=False, g_BLOCK_N=64, g_NBUF=4, g_tma=False),
+    "g128n3cp": dict(gluon=True, g_ws=False, g_BLOCK_N=128, g_NBUF=3, g_tma=False),
     # one warpgroup, 64 query rows a CTA, 112 KB shared: two CTAs a SM
-    "w4b64n3": dict(gluon=True, g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
-    "w4b128n3": dict(gluon=True, g_num_warps=4, g_BLOCK_N=128, g_NBUF=3),
-    "w4b64n4": dict(gluon=True, g_num_warps=4, g_BLOCK_N=64, g_NBUF=4),
+    "w4b64n3": dict(gluon=True, g_ws=False, g_num_warps=4, g_BLOCK_N=64, g_NBUF=3),
+    "w4b128n3": dict(gluon=True, g_ws=False, g_num_warps=4, g_BLOCK_N=128, g_NBUF=3),
+    "w4b64n4": dict(gluon=True, g_ws=False, g_num_warps=4, g_BLOCK_N=64, g_NBUF=4),
     # warp-specialized (gluon_prefill_ws): TMA producer warp + two consumer warpgroups
     "ws128n2": dict(gluon=True, g_ws=True, g_BLOCK_N=128, g_NBUF=2),
     "ws128n3": dict(gluon=True, g_ws=True, g_BLOCK_N=128, g_NBUF=3),
@@ -733,6 +734,7 @@ def offline():
     from triton.runtime.jit import create_function_from_signature
 
     import pagedattn.ops.mha.gluon_prefill as GF
+    import pagedattn.ops.mha.gluon_prefill_ws as GW
     import pagedattn.ops.mha.triton_combine as C
     import pagedattn.ops.mha.triton_decode as D
     import pagedattn.ops.mha.triton_prefill as PF
@@ -748,9 +750,8 @@ def offline():
         def run(*args, grid, warmup, **kwargs):
             bound, spec, options = binder(*args, **kwargs)
             options, sig, cx, attrs = kernel._pack_args(backend, kwargs, bound, spec, options)
-            src = (GluonASTSource if kernel is GF._mha_prefill_sm90 else ASTSource)(
-                kernel, sig, cx, attrs
-            )
+            gluon_kernel = kernel in (GF._mha_prefill_sm90, GW._mha_prefill_ws)
+            src = (GluonASTSource if gluon_kernel else ASTSource)(kernel, sig, cx, attrs)
             ck = triton.compile(src, target=target, options=options.__dict__)
             ptx = ck.asm["ptx"]
             with tempfile.TemporaryDirectory() as t:
@@ -777,7 +778,7 @@ def offline():
         kernel.run = run
 
     for k in (D._mha_decode_kernel, PF._mha_prefill_kernel, C._combine_kernel,
-              GF._mha_prefill_sm90):  # fmt: skip
+              GF._mha_prefill_sm90, GW._mha_prefill_ws):  # fmt: skip
         patch(k)
     M._use_sm90_prefill = lambda *a: (  # as on an H100
         M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(*a)
@@ -796,7 +797,7 @@ def offline():
         ("prefill sm90 p64 BN128", dict(page=64, qlen=512, quant=None)),
         (
             "prefill sm90 p16 BN64",
-            dict(page=16, qlen=512, quant=None, over=dict(g_BLOCK_N=64, g_NBUF=5)),
+            dict(page=16, qlen=512, quant=None, over=dict(g_ws=False, g_BLOCK_N=64, g_NBUF=5)),
         ),  # fmt: skip
         (
             "prefill sm90 w4 p16 sinks lse",
@@ -812,6 +813,7 @@ def offline():
         ("prefill ragged", dict(page=0, qlen=512, quant=None, over=dict(gluon=False))),
         ("prefill ragged gluon tma", dict(page=0, qlen=512, quant=None)),
         ("prefill sm90 p64 tma", dict(page=64, qlen=512, quant=None)),
+        ("prefill sm90 ws p16 (a box a page)", dict(page=16, qlen=512, quant=None)),
     ]
     for name, c in cases:
         b, d = 2, 128

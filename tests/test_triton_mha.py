@@ -490,6 +490,19 @@ def check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over):
     assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
 
 
+def _paged_prefill_case(page_size, h_q, h_kv, d, mi, gen):
+    """A chunked-prefill batch over a paged cache (prefixes longer than a tile, a request with
+    no new token), mask `mi` of five range masks, random sinks."""
+    cache_lens, q_lens = [0, 300, 23, 5, 129], [277, 6, 1, 0, 140]
+    k, v, ks, vs = build_paged(page_size, h_kv, d, cache_lens, q_lens, gen=gen)
+    offs = offsets_of(q_lens)
+    q = rand_q(offs[-1], h_q, d, gen)
+    mask = [masks.null(), masks.causal(), masks.sliding_window_causal(70),
+            masks.sliding_window_noncausal(33), masks.chunked_causal(128)][mi]  # fmt: skip
+    sinks = torch.randn(h_q, generator=gen).to(DEV)
+    return q, k, v, ks, vs, cache_lens, offs, mask, sinks
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
 @pytest.mark.parametrize("mi", range(5))
@@ -500,13 +513,9 @@ def test_gpu_sm90_prefill(mi, page_size, h_q, h_kv, d, gen):
     """The Gluon sm_90 prefill (`gluon_prefill`) against the oracle: every range mask, GQA,
     chunked prefixes longer than a tile, a request with no new token, sinks, the LSE; and
     against the tl kernel on the same inputs."""
-    cache_lens, q_lens = [0, 300, 23, 5, 129], [277, 6, 1, 0, 140]
-    k, v, ks, vs = build_paged(page_size, h_kv, d, cache_lens, q_lens, gen=gen)
-    offs = offsets_of(q_lens)
-    q = rand_q(offs[-1], h_q, d, gen)
-    mask = [masks.null(), masks.causal(), masks.sliding_window_causal(70),
-            masks.sliding_window_noncausal(33), masks.chunked_causal(128)][mi]  # fmt: skip
-    sinks = torch.randn(h_q, generator=gen).to(DEV)
+    q, k, v, ks, vs, cache_lens, offs, mask, sinks = _paged_prefill_case(
+        page_size, h_q, h_kv, d, mi, gen
+    )
     ka, va = k.kernel_args(), v.kernel_args()
     assert TM._use_sm90_prefill(q, ka, va, d, d, mask)  # every paged cache
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks)
@@ -555,13 +564,9 @@ def test_gpu_sm90_prefill_ws(mi, page_size, h_q, h_kv, d, bn, gen):
     tile, or one a page for pages smaller than a tile): every range mask, GQA, chunked
     prefixes, a request with no new token, sinks, the LSE; against the oracle and the tl
     kernel."""
-    cache_lens, q_lens = [0, 300, 23, 5, 129], [277, 6, 1, 0, 140]
-    k, v, ks, vs = build_paged(page_size, h_kv, d, cache_lens, q_lens, gen=gen)
-    offs = offsets_of(q_lens)
-    q = rand_q(offs[-1], h_q, d, gen)
-    mask = [masks.null(), masks.causal(), masks.sliding_window_causal(70),
-            masks.sliding_window_noncausal(33), masks.chunked_causal(128)][mi]  # fmt: skip
-    sinks = torch.randn(h_q, generator=gen).to(DEV)
+    q, k, v, ks, vs, cache_lens, offs, mask, sinks = _paged_prefill_case(
+        page_size, h_q, h_kv, d, mi, gen
+    )
     over = dict(g_ws=True, g_BLOCK_N=bn, g_NBUF=2 if bn == 128 else 4)
     TM.PREFILL_OVERRIDE.update(over)
     try:

@@ -162,7 +162,114 @@ if HAS_GLUON:
         return p, m_new, l_i, alpha
 
     @gluon.jit
+    def _g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q: gl.constexpr,
+                         GROUP: gl.constexpr, MASK: gl.constexpr, REVERSE: gl.constexpr,
+                         BLOCKS_FASTEST: gl.constexpr, BLOCK_B: gl.constexpr, BM: gl.constexpr,
+                         BN: gl.constexpr, one_l: gl.constexpr):  # fmt: skip
+        """This program's request (bc, clamped), query and KV heads, the request's q_start,
+        q_len (0 for a spare program), cache_len and kv_len, its block's first row m0, and the
+        block's key ranges (lo_u, start, end, f_lo, f_hi: `_block_ranges`). Grid and block
+        order of the tl kernel: one program per (query block of BM rows, head)."""
+        pid = gl.program_id(0)
+        hq = pid % H_Q
+        tile = pid // H_Q
+        b, before = _g_find_block(q_offsets, batch, tile, BM, BLOCK_B, one_l)
+        live = b < batch
+        bc = gl.minimum(b, batch - 1)
+        q_start = gl.load(q_offsets + bc)
+        q_len = gl.where(live, gl.load(q_offsets + bc + 1) - q_start, 0)
+        blk = tile - before
+        if BLOCKS_FASTEST:
+            nb = gl.maximum(gl.cdiv(q_len, BM), 1)
+            local = pid - before * H_Q
+            hq = gl.where(live, local // nb, 0)
+            blk = local % nb
+        if REVERSE:
+            blk = gl.cdiv(q_len, BM) - 1 - blk
+        m0 = gl.where(live, blk, 0) * BM
+        cache_len = gl.load(cache_lens + bc)
+        kv_len = cache_len + q_len
+        lo_u, start, end, f_lo, f_hi = _block_ranges(
+            cache_len, m0, q_len, kv_len, MASK, mask_param, BM, BN
+        )
+        hkv = hq // GROUP
+        return bc, hq, hkv, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi
+
+    @gluon.jit
+    def _g_row_ranges(m0, q_len, cache_len, kv_len, lo_u, mask_param, MASK: gl.constexpr,
+                      BM: gl.constexpr, srow_l: gl.constexpr):  # fmt: skip
+        """Rows [m0, m0 + BM) of a block: positions, validity and visible key ranges
+        [lo_r, hi_r) (empty for rows past q_len)."""
+        offs_m = m0 + gl.arange(0, BM, layout=srow_l)
+        row_valid = offs_m < q_len
+        lo_r, hi_r = _visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
+        lo_r = gl.where(row_valid, lo_r, lo_u)
+        hi_r = gl.where(row_valid, hi_r, lo_u)
+        return offs_m, row_valid, lo_r, hi_r
+
+    @gluon.jit
+    def _g_store_q(Q, stride_qt, stride_qh, q_start, q_len, m0, hq, q_s, BM: gl.constexpr,
+                   D: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+        """Query rows [m0, m0 + BM) of head hq (zero past q_len) into shared memory q_s."""
+        qr = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
+        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+        q_rows = (q_start + qr).to(gl.int64)
+        q = gl.load(
+            Q + (q_rows * stride_qt + hq * stride_qh)[:, None] + qd[None, :],
+            mask=(qr < q_len)[:, None],
+            other=0.0,
+        )
+        q_s.store(q)
+
+    @gluon.jit
+    def _g_part_range(part: gl.constexpr, n_lo, n_hi, n_it):
+        """Tiles [j_lo, j_hi) of loop `part` over tiles 1 .. n_it-1: 0 the masked leading edge,
+        1 the full tiles [n_lo, n_hi), 2 the masked trailing edge."""
+        if part == 0:
+            j_lo = gl.to_tensor(1)
+            j_hi = n_lo
+        elif part == 1:
+            j_lo = gl.maximum(n_lo, 1)
+            j_hi = n_hi
+        else:
+            j_lo = gl.maximum(n_hi, 1)
+            j_hi = n_it
+        return j_lo, j_hi
+
+    @gluon.jit
+    def _g_epilogue(acc, m_i, l_i, offs_m, row_valid, m0, q_start, q_len, hq, Sinks,
+                    Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh,
+                    HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr, BM: gl.constexpr,
+                    D: gl.constexpr, o_l: gl.constexpr):  # fmt: skip
+        """Normalise O (sink in the denominator) and store rows [m0, m0 + BM) of head hq, and
+        their natural-log LSE (sink left out)."""
+        m_fin = gl.where(m_i == float("-inf"), 0.0, m_i)
+        den = l_i
+        if HAS_SINKS:
+            den = den + gl.exp2(gl.load(Sinks + hq) * LOG2E - m_fin)
+        inv = 1.0 / gl.where(den > 0, den, 1.0)
+        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+        orow = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
+        od = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
+        o_rows = (q_start + orow).to(gl.int64)
+        gl.store(
+            Out + (o_rows * stride_ot + hq * stride_oh)[:, None] + od[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=(orow < q_len)[:, None],
+        )
+        if WRITE_LSE:
+            lse = gl.where(
+                l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
+            )
+            gl.store(
+                Lse + (q_start + offs_m).to(gl.int64) * stride_lt + hq * stride_lh,
+                lse,
+                mask=row_valid,
+            )
+
+    @gluon.jit
     def _g_step(
+
         j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s, bars, zero_s,
         K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride,
         V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride, col,
@@ -241,37 +348,13 @@ if HAS_GLUON:
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         srow_l: gl.constexpr = gl.SliceLayout(1, s_l)
 
-        pid = gl.program_id(0)
-        hq = pid % H_Q
-        tile = pid // H_Q
-        b, before = _g_find_block(q_offsets, batch, tile, BM, BLOCK_B, one_l)
-        live = b < batch
-        bc = gl.minimum(b, batch - 1)
-        q_start = gl.load(q_offsets + bc)
-        q_len = gl.where(live, gl.load(q_offsets + bc + 1) - q_start, 0)
-        blk = tile - before
-        if BLOCKS_FASTEST:
-            nb = gl.maximum(gl.cdiv(q_len, BM), 1)
-            local = pid - before * H_Q
-            hq = gl.where(live, local // nb, 0)
-            blk = local % nb
-        hkv = hq // GROUP
-        if REVERSE:
-            blk = gl.cdiv(q_len, BM) - 1 - blk
-        m0 = gl.where(live, blk, 0) * BM
-        cache_len = gl.load(cache_lens + bc)
-        kv_len = cache_len + q_len
-
-        # Visible key ranges: per row (S layout), the block's union [start, end) and the run
-        # of tiles [f_lo, f_hi) that every row sees in full.
-        offs_m = m0 + gl.arange(0, BM, layout=srow_l)
-        row_valid = offs_m < q_len
-        lo_r, hi_r = _visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
-        lo_u, start, end, f_lo, f_hi = _block_ranges(
-            cache_len, m0, q_len, kv_len, MASK, mask_param, BM, BN
+        bc, hq, hkv, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi = (
+            _g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q, GROUP, MASK, REVERSE,
+                             BLOCKS_FASTEST, BLOCK_B, BM, BN, one_l)
+        )  # fmt: skip
+        offs_m, row_valid, lo_r, hi_r = _g_row_ranges(
+            m0, q_len, cache_len, kv_len, lo_u, mask_param, MASK, BM, srow_l
         )
-        lo_r = gl.where(row_valid, lo_r, lo_u)
-        hi_r = gl.where(row_valid, hi_r, lo_u)
 
         q_s = gl.allocate_shared_memory(dtype, [BM, D], sm_l)
         k_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
@@ -309,15 +392,7 @@ if HAS_GLUON:
                     V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
                     D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
                 )  # fmt: skip
-        qr = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
-        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
-        q_rows = (q_start + qr).to(gl.int64)
-        q = gl.load(
-            Q + (q_rows * stride_qt + hq * stride_qh)[:, None] + qd[None, :],
-            mask=(qr < q_len)[:, None],
-            other=0.0,
-        )
-        q_s.store(q)
+        _g_store_q(Q, stride_qt, stride_qh, q_start, q_len, m0, hq, q_s, BM, D, ld_l)
 
         qk_scale = sm_scale_log2
         zero_s = gl.zeros([BM, BN], gl.float32, s_l)
@@ -348,15 +423,7 @@ if HAS_GLUON:
         n_lo = (f_lo - start) // BN
         n_hi = (f_hi - start) // BN
         for part in gl.static_range(3):
-            if part == 0:
-                j_lo = 1
-                j_hi = n_lo
-            elif part == 1:
-                j_lo = gl.maximum(n_lo, 1)
-                j_hi = n_hi
-            else:
-                j_lo = gl.maximum(n_hi, 1)
-                j_hi = n_it
+            j_lo, j_hi = _g_part_range(part, n_lo, n_hi, n_it)
             for j in range(j_lo, j_hi):
                 acc, p_op, m_i, l_i = _g_step(
                     j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s,
@@ -384,26 +451,6 @@ if HAS_GLUON:
         else:
             cp.wait_group(0)
 
-        m_fin = gl.where(m_i == float("-inf"), 0.0, m_i)
-        den = l_i
-        if HAS_SINKS:
-            den = den + gl.exp2(gl.load(Sinks + hq) * LOG2E - m_fin)
-        inv = 1.0 / gl.where(den > 0, den, 1.0)
-        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
-        orow = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
-        od = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
-        o_rows = (q_start + orow).to(gl.int64)
-        gl.store(
-            Out + (o_rows * stride_ot + hq * stride_oh)[:, None] + od[None, :],
-            o.to(Out.dtype.element_ty),
-            mask=(orow < q_len)[:, None],
-        )
-        if WRITE_LSE:
-            lse = gl.where(
-                l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
-            )
-            gl.store(
-                Lse + (q_start + offs_m).to(gl.int64) * stride_lt + hq * stride_lh,
-                lse,
-                mask=row_valid,
-            )
+        _g_epilogue(acc, m_i, l_i, offs_m, row_valid, m0, q_start, q_len, hq, Sinks, Out,
+                    stride_ot, stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, BM, D,
+                    o_l)  # fmt: skip

@@ -37,21 +37,28 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from .gluon_prefill import _g_find_block, _g_row0, _g_softmax
-from .triton_decode import LN2, LOG2E, _visible_range
-from .triton_prefill import _block_ranges
+from .gluon_prefill import (
+    _g_epilogue,
+    _g_part_range,
+    _g_program_block,
+    _g_row0,
+    _g_row_ranges,
+    _g_softmax,
+    _g_store_q,
+)
 
 if HAS_GLUON:
 
     @gluon.jit
     def _ws_producer(
-        args,
+        args, WG: gl.constexpr,
         D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
         V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
         HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
     ):  # fmt: skip
         """One warp: TMA boxes of K and V for tiles 0 .. max(n_it, 1) - 1, each into its ring
-        stage once both consumers have freed it."""
+        stage once both consumers have freed it. (WG is unused: worker partitions share one
+        signature.)"""
         (Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
          V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
          Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, qk_scale,
@@ -140,23 +147,11 @@ if HAS_GLUON:
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TD, TD], [4, 1], [1, 0])
         srow_l: gl.constexpr = gl.SliceLayout(1, s_l)
         mw = m0 + WG * BM
-
-        offs_m = mw + gl.arange(0, BM, layout=srow_l)
-        row_valid = offs_m < q_len
-        lo_r, hi_r = _visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
-        lo_r = gl.where(row_valid, lo_r, lo_u)
-        hi_r = gl.where(row_valid, hi_r, lo_u)
-
-        q_w = q_s.index(WG)
-        qr = mw + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
-        qd = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
-        q_rows = (q_start + qr).to(gl.int64)
-        q = gl.load(
-            Q + (q_rows * stride_qt + hq * stride_qh)[:, None] + qd[None, :],
-            mask=(qr < q_len)[:, None],
-            other=0.0,
+        offs_m, row_valid, lo_r, hi_r = _g_row_ranges(
+            mw, q_len, cache_len, kv_len, lo_u, mask_param, MASK, BM, srow_l
         )
-        q_w.store(q)
+        q_w = q_s.index(WG)
+        _g_store_q(Q, stride_qt, stride_qh, q_start, q_len, mw, hq, q_w, BM, D, ld_l)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -182,15 +177,7 @@ if HAS_GLUON:
         n_lo = (f_lo - start) // BN
         n_hi = (f_hi - start) // BN
         for part in gl.static_range(3):
-            if part == 0:
-                j_lo = 1
-                j_hi = n_lo
-            elif part == 1:
-                j_lo = gl.maximum(n_lo, 1)
-                j_hi = n_hi
-            else:
-                j_lo = gl.maximum(n_hi, 1)
-                j_hi = n_it
+            j_lo, j_hi = _g_part_range(part, n_lo, n_hi, n_it)
             for j in range(j_lo, j_hi):
                 acc, p_op, m_i, l_i = _ws_step(
                     j, start, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_w, k_s, v_s, bars,
@@ -215,49 +202,9 @@ if HAS_GLUON:
         acc = warpgroup_mma(p_op, v_s.index(lst), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-        m_fin = gl.where(m_i == float("-inf"), 0.0, m_i)
-        den = l_i
-        if HAS_SINKS:
-            den = den + gl.exp2(gl.load(Sinks + hq) * LOG2E - m_fin)
-        inv = 1.0 / gl.where(den > 0, den, 1.0)
-        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
-        orow = mw + gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
-        od = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
-        o_rows = (q_start + orow).to(gl.int64)
-        gl.store(
-            Out + (o_rows * stride_ot + hq * stride_oh)[:, None] + od[None, :],
-            o.to(Out.dtype.element_ty),
-            mask=(orow < q_len)[:, None],
-        )
-        if WRITE_LSE:
-            lse = gl.where(
-                l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
-            )
-            gl.store(
-                Lse + (q_start + offs_m).to(gl.int64) * stride_lt + hq * stride_lh,
-                lse,
-                mask=row_valid,
-            )
-
-    @gluon.jit
-    def _ws_consumer0(
-        args,
-        D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
-        V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
-        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
-    ):  # fmt: skip
-        _ws_consume(args, 0, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK, HAS_SINKS,
-                    WRITE_LSE)  # fmt: skip
-
-    @gluon.jit
-    def _ws_consumer1(
-        args,
-        D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
-        V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
-        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
-    ):  # fmt: skip
-        _ws_consume(args, 1, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK, HAS_SINKS,
-                    WRITE_LSE)  # fmt: skip
+        _g_epilogue(acc, m_i, l_i, offs_m, row_valid, mw, q_start, q_len, hq, Sinks, Out,
+                    stride_ot, stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, BM, D,
+                    o_l)  # fmt: skip
 
     @gluon.jit
     def _mha_prefill_ws(
@@ -284,29 +231,10 @@ if HAS_GLUON:
         )
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
 
-        pid = gl.program_id(0)
-        hq = pid % H_Q
-        tile = pid // H_Q
-        b, before = _g_find_block(q_offsets, batch, tile, BM, BLOCK_B, one_l)
-        live = b < batch
-        bc = gl.minimum(b, batch - 1)
-        q_start = gl.load(q_offsets + bc)
-        q_len = gl.where(live, gl.load(q_offsets + bc + 1) - q_start, 0)
-        blk = tile - before
-        if BLOCKS_FASTEST:
-            nb = gl.maximum(gl.cdiv(q_len, BM), 1)
-            local = pid - before * H_Q
-            hq = gl.where(live, local // nb, 0)
-            blk = local % nb
-        hkv = hq // GROUP
-        if REVERSE:
-            blk = gl.cdiv(q_len, BM) - 1 - blk
-        m0 = gl.where(live, blk, 0) * BM
-        cache_len = gl.load(cache_lens + bc)
-        kv_len = cache_len + q_len
-        lo_u, start, end, f_lo, f_hi = _block_ranges(
-            cache_len, m0, q_len, kv_len, MASK, mask_param, BM, BN
-        )
+        bc, hq, hkv, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi = (
+            _g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q, GROUP, MASK, REVERSE,
+                             BLOCKS_FASTEST, BLOCK_B, BM, BN, one_l)
+        )  # fmt: skip
         k_base = gl.to_tensor(0).to(gl.int64)
         v_base = gl.to_tensor(0).to(gl.int64)
         if K_PAGE == 0:
@@ -341,11 +269,11 @@ if HAS_GLUON:
         # fmt: off
         gl.warp_specialize(
             [
-                (_ws_consumer0, (args, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
-                                 HAS_SINKS, WRITE_LSE)),
-                (_ws_consumer1, (args, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
-                                 HAS_SINKS, WRITE_LSE)),
-                (_ws_producer, (args, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
+                (_ws_consume, (args, 0, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
+                               HAS_SINKS, WRITE_LSE)),
+                (_ws_consume, (args, 1, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
+                               HAS_SINKS, WRITE_LSE)),
+                (_ws_producer, (args, 0, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
                                 HAS_SINKS, WRITE_LSE)),
             ],
             [4, 1],

@@ -628,51 +628,39 @@ def _sm90_prefill_plan(ka: KernelArgs, va: KernelArgs) -> tuple[dict, bool]:
 
 def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks, out, lse,
                   sm_scale) -> None:  # fmt: skip
-    """Launch `gluon_prefill._mha_prefill_sm90` (the grid and block order of the tl kernel)."""
+    """Launch `gluon_prefill_ws._mha_prefill_ws` or `gluon_prefill._mha_prefill_sm90` (the
+    grid and block order of the tl kernel) as `_sm90_prefill_plan` says."""
     cfg, use_tma = _sm90_prefill_plan(ka, va)
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
     bn = cfg["BLOCK_N"]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    if cfg["ws"]:
-        k_args, kcx = _kv_launch_args(ka, d, cfg["K_BOX"], layout)
-        v_args, vcx = _kv_launch_args(va, d, cfg["V_BOX"], layout)
-        n_tiles = min(triton.cdiv(total_q, 128) + batch, total_q)
-        gluon_prefill_ws._mha_prefill_ws[(n_tiles * h_q,)](
-            q, q.stride(0), q.stride(1),
-            k_args[0], *k_args[3:7], v_args[0], *v_args[3:7],
-            ka.cache_lengths, q_row_offsets, batch,
-            sinks if sinks is not None else q, mask.param,
-            out, out.stride(0), out.stride(1),
-            lse if lse is not None else out,
-            lse.stride(0) if lse is not None else 0,
-            lse.stride(1) if lse is not None else 0,
-            sm_scale * LOG2E_F,
-            H_Q=h_q, GROUP=group, D=d, BLOCK_N=bn,
-            K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], K_BOX=cfg["K_BOX"], V_BOX=cfg["V_BOX"],
-            MASK=mask.code, HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
-            REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
-            BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"],
-            CONSUMER_REGS=cfg["consumer_regs"], num_warps=4, maxnreg=cfg["maxnreg"],
-        )  # fmt: skip
-        return
-    box = bn if use_tma else None
-    k_args, kcx = _kv_launch_args(ka, d, box, layout)  # the kernel's shared layout
-    v_args, vcx = _kv_launch_args(va, d, box, layout)
-    n_tiles = min(triton.cdiv(total_q, 16 * cfg["num_warps"]) + batch, total_q)
-    gluon_prefill._mha_prefill_sm90[(n_tiles * h_q,)](
-        q, q.stride(0), q.stride(1),
-        *k_args[:7], *v_args[:7],
-        ka.cache_lengths, q_row_offsets, batch,
-        sinks if sinks is not None else q, mask.param,
-        out, out.stride(0), out.stride(1),
-        lse if lse is not None else out,
-        lse.stride(0) if lse is not None else 0,
-        lse.stride(1) if lse is not None else 0,
+    ws = cfg["ws"]
+    box_k, box_v = (cfg["K_BOX"], cfg["V_BOX"]) if ws else ((bn, bn) if use_tma else (None, None))
+    k_args, kcx = _kv_launch_args(ka, d, box_k, layout)  # the kernel's shared layout
+    v_args, vcx = _kv_launch_args(va, d, box_v, layout)
+    tail = [
+        ka.cache_lengths, q_row_offsets, batch, sinks if sinks is not None else q, mask.param,
+        out, out.stride(0), out.stride(1), lse if lse is not None else out,
+        lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
         sm_scale * LOG2E_F,
-        H_Q=h_q, GROUP=group, D=d, BLOCK_N=bn,
-        K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=_same_rows(ka, va, use_tma, use_tma),
+    ]  # fmt: skip
+    cx = dict(
+        H_Q=h_q, GROUP=group, D=d, BLOCK_N=bn, K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"],
         MASK=mask.code, HAS_SINKS=sinks is not None, WRITE_LSE=lse is not None,
         REVERSE=mask.kind in ("causal", "sliding_window_causal", "chunked_causal"),
-        BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"], TMA=use_tma,
-        num_warps=cfg["num_warps"],
+        BLOCKS_FASTEST=True, BLOCK_B=block_b, NBUF=cfg["NBUF"],
     )  # fmt: skip
+    rows = 128 if ws else 16 * cfg["num_warps"]
+    grid = (min(triton.cdiv(total_q, rows) + batch, total_q) * h_q,)
+    if ws:  # TMA descriptors, lookup tables, row offsets, page strides
+        gluon_prefill_ws._mha_prefill_ws[grid](
+            q, q.stride(0), q.stride(1), k_args[0], *k_args[3:7], v_args[0], *v_args[3:7],
+            *tail, K_BOX=box_k, V_BOX=box_v, CONSUMER_REGS=cfg["consumer_regs"], num_warps=4,
+            maxnreg=cfg["maxnreg"], **cx,
+        )  # fmt: skip
+    else:
+        gluon_prefill._mha_prefill_sm90[grid](
+            q, q.stride(0), q.stride(1), *k_args[:7], *v_args[:7], *tail,
+            V_SAME_ROWS=_same_rows(ka, va, use_tma, use_tma), TMA=use_tma,
+            num_warps=cfg["num_warps"], **cx,
+        )  # fmt: skip
