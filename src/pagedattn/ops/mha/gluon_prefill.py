@@ -268,6 +268,24 @@ if HAS_GLUON:
             )
 
     @gluon.jit
+    def _g_first_tile(q_s, k_tile, zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale,
+                      dtype: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                      s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr):  # fmt: skip
+        """S = Q K^T of the first tile (k_tile landed) and its softmax (nothing to rescale
+        yet). Returns P (dtype) as the register A operand of the P V product, m, l, a zero O,
+        and [n_lo, n_hi): the tile indices that every row sees in full."""
+        s = warpgroup_mma(q_s, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_l))
+        masked = (start < f_lo) | (start >= f_hi) | (n_it == 0)
+        p, m_i, l_i, _alpha = _g_softmax(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, BN,
+                                         s_l)  # fmt: skip
+        p_op = gl.convert_layout(p.to(dtype), dot_l)
+        acc = gl.zeros([BM, D], gl.float32, o_l)
+        return p_op, m_i, l_i, acc, (f_lo - start) // BN, (f_hi - start) // BN
+
+    @gluon.jit
     def _g_step(
 
         j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s, bars, zero_s,
@@ -396,8 +414,6 @@ if HAS_GLUON:
 
         qk_scale = sm_scale_log2
         zero_s = gl.zeros([BM, BN], gl.float32, s_l)
-        m_i = gl.full([BM], float("-inf"), gl.float32, srow_l)
-        l_i = gl.zeros([BM], gl.float32, srow_l)
         n_it = gl.cdiv(gl.maximum(end - start, 0), BN)
 
         # Tile 0: S and its softmax (the accumulator starts at zero, no rescale).
@@ -408,20 +424,14 @@ if HAS_GLUON:
             cp.wait_group(NBUF - 2)
             fence_async_shared()
         gl.thread_barrier()
-        s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        masked = (start < f_lo) | (start >= f_hi) | (n_it == 0)
-        p, m_i, l_i, _alpha = _g_softmax(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, BN,
-                                         s_l)  # fmt: skip
-        p_op = gl.convert_layout(p.to(dtype), dot_l)
-        acc = gl.zeros([BM, D], gl.float32, o_l)
+        p_op, m_i, l_i, acc, n_lo, n_hi = _g_first_tile(
+            q_s, k_s.index(0), zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale, dtype,
+            BM, BN, D, s_l, o_l, dot_l,
+        )  # fmt: skip
 
         # Tiles 1 .. n_it-1 in three loops (masked leading edge, full tiles, masked trailing
         # edge) whose bodies have no branch: ptxas waits for every wgmma in flight at a branch,
         # which would put the P V product back in front of the softmax.
-        n_lo = (f_lo - start) // BN
-        n_hi = (f_hi - start) // BN
         for part in gl.static_range(3):
             j_lo, j_hi = _g_part_range(part, n_lo, n_hi, n_it)
             for j in range(j_lo, j_hi):

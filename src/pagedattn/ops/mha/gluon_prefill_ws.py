@@ -39,6 +39,7 @@ from ..gluon_imports import (
 )
 from .gluon_prefill import (
     _g_epilogue,
+    _g_first_tile,
     _g_part_range,
     _g_program_block,
     _g_row0,
@@ -156,26 +157,18 @@ if HAS_GLUON:
         gl.thread_barrier()
 
         zero_s = gl.zeros([BM, BN], gl.float32, s_l)
-        m_i = gl.full([BM], float("-inf"), gl.float32, srow_l)
-        l_i = gl.zeros([BM], gl.float32, srow_l)
         n_it = gl.cdiv(gl.maximum(end - start, 0), BN)
 
         # Tile 0: S and its softmax (the accumulator starts at zero, no rescale).
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q_w, k_s.index(0).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        p_op, m_i, l_i, acc, n_lo, n_hi = _g_first_tile(
+            q_w, k_s.index(0), zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale, dtype,
+            BM, BN, D, s_l, o_l, dot_l,
+        )  # fmt: skip
         mbarrier.arrive(k_empty.index(0), count=1)
-        masked = (start < f_lo) | (start >= f_hi) | (n_it == 0)
-        p, m_i, l_i, _alpha = _g_softmax(s, m_i, l_i, start, lo_r, hi_r, masked, qk_scale, BN,
-                                         s_l)  # fmt: skip
-        p_op = gl.convert_layout(p.to(dtype), dot_l)
-        acc = gl.zeros([BM, D], gl.float32, o_l)
 
         # Tiles 1 .. n_it-1: masked leading edge, full tiles, masked trailing edge (loop bodies
         # without a branch, as in gluon_prefill).
-        n_lo = (f_lo - start) // BN
-        n_hi = (f_hi - start) // BN
         for part in gl.static_range(3):
             j_lo, j_hi = _g_part_range(part, n_lo, n_hi, n_it)
             for j in range(j_lo, j_hi):
