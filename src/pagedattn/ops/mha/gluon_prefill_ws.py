@@ -10,7 +10,11 @@ H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d1
 ragged K/V 509-515 (128 x 2; 128 x 3 508-513; 64 x 4 463-466) against 422 for the tl kernel
 and 422 for `gluon_prefill`'s TMA 128 x 3; pages of 16 / 64 / 128: 499 / 509 / 511 against
 352 / 396 / 426 before. FA3-style ping-pong on top (the warpgroups taking turns to issue their
-products, through two more mbarriers) measured the same (507 vs 509) and was left out.
+products, through two more mbarriers) measured the same (507 vs 509) and was left out. So
+did a persistent grid (one program a SM looping over work items, the producer loading the
+next item's first tiles under the current item's last ones): 433-450 ragged, 449-455 paged,
+and the per-item loop alone cost the one-item-a-program launch 15-30 (the producer warp, at
+24 registers, spilled with pages of 16: 399).
 
 Why: in `gluon_prefill` both warpgroups meet at a CTA barrier every tile to free a ring stage
 (ncu, H100, ragged causal 8 x 4096: barrier stalls lead, 2 cycles an issued instruction; tensor
