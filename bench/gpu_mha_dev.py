@@ -780,8 +780,10 @@ def offline():
     for k in (D._mha_decode_kernel, PF._mha_prefill_kernel, C._combine_kernel,
               GF._mha_prefill_sm90, GW._mha_prefill_ws):  # fmt: skip
         patch(k)
-    M._use_sm90_prefill = lambda *a: (  # as on an H100
-        M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(*a)
+    M._use_sm90_prefill = lambda q, ka, va, *r: (  # as on an H100
+        M._sm90_prefill_plan(ka, va)
+        if M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(q, ka, va, *r)
+        else None
     )
     pt = KVQuantConfig.per_token()
     cases = [

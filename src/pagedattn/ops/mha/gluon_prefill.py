@@ -286,6 +286,33 @@ if HAS_GLUON:
         return p_op, m_i, l_i, acc, (f_lo - start) // BN, (f_hi - start) // BN
 
     @gluon.jit
+    def _g_tile_products(q_s, k_tile, v_prev, zero_s, acc, p_op, m_i, l_i, t0, lo_r, hi_r,
+                         masked: gl.constexpr, qk_scale, BN: gl.constexpr, s_l: gl.constexpr,
+                         o_l: gl.constexpr, dot_l: gl.constexpr):  # fmt: skip
+        """One iteration's products once tile t0's K (k_tile) and the previous tile's V (v_prev)
+        have landed: S = Q K^T and O += P_prev V_prev issued together, the softmax of S under
+        the P V product, then O rescaled. Returns (O, P as the register A operand, m, l); both
+        products are complete on return."""
+        s = warpgroup_mma(q_s, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        p, m_i, l_i, alpha = _g_softmax(s, m_i, l_i, t0, lo_r, hi_r, masked, qk_scale, BN, s_l)
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        p_op = gl.convert_layout(p.to(p_op.dtype), dot_l)
+        return acc, p_op, m_i, l_i
+
+    @gluon.jit
+    def _g_zero_rows_past(tile, r0, kv_len, ROWS: gl.constexpr, ld_l: gl.constexpr):
+        """Zero the rows of a shared [ROWS, D] V tile holding key positions >= kv_len (rows
+        r0, r0 + 1, ...): a TMA box copies rows past the keys too, a cache's unwritten slots
+        may hold NaN, and 0 * NaN is NaN in the P V product."""
+        vt = tile.load(ld_l)
+        vr = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ld_l))
+        tile.store(gl.where((vr < kv_len)[:, None], vt, 0.0).to(vt.dtype))
+        fence_async_shared()
+
+    @gluon.jit
     def _g_step(
 
         j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s, bars, zero_s,
@@ -322,15 +349,10 @@ if HAS_GLUON:
                 V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
                 D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
             )  # fmt: skip
-        s = warpgroup_mma(q_s, k_s.index(j % NBUF).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        acc = warpgroup_mma(p_op, v_s.index((j - 1) % NBUF), acc, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p, m_i, l_i, alpha = _g_softmax(s, m_i, l_i, t0, lo_r, hi_r, MASKED, qk_scale, BN, s_l)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        p_op = gl.convert_layout(p.to(p_op.dtype), dot_l)
-        return acc, p_op, m_i, l_i
+        return _g_tile_products(
+            q_s, k_s.index(j % NBUF), v_s.index((j - 1) % NBUF), zero_s, acc, p_op, m_i, l_i, t0,
+            lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l,
+        )  # fmt: skip
 
     @gluon.jit
     def _mha_prefill_sm90(
@@ -444,14 +466,10 @@ if HAS_GLUON:
                 )  # fmt: skip
         last_st = (gl.maximum(n_it, 1) - 1) % NBUF
         if TMA:
-            # The last tile's V is read only here. A TMA box copies the rows past the keys
-            # too (a cache's unwritten slots may hold NaN, and 0 * NaN is NaN): zero them.
+            # The last tile's V is read only here: zero its rows past the keys.
             t_last = start + (gl.maximum(n_it, 1) - 1) * BN
             if t_last + BN > kv_len:
-                vt = v_s.index(last_st).load(ld_l)
-                vr = t_last + gl.arange(0, BN, layout=gl.SliceLayout(1, ld_l))
-                v_s.index(last_st).store(gl.where((vr < kv_len)[:, None], vt, 0.0).to(dtype))
-                fence_async_shared()
+                _g_zero_rows_past(v_s.index(last_st), t_last, kv_len, BN, ld_l)
                 gl.thread_barrier()
         acc = warpgroup_mma(p_op, v_s.index(last_st), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))

@@ -48,8 +48,9 @@ from .gluon_prefill import (
     _g_program_block,
     _g_row0,
     _g_row_ranges,
-    _g_softmax,
     _g_store_q,
+    _g_tile_products,
+    _g_zero_rows_past,
 )
 
 if HAS_GLUON:
@@ -111,17 +112,12 @@ if HAS_GLUON:
         # in flight at a branch.
         mbarrier.wait(k_ready.index(st), (j // NBUF) & 1)
         mbarrier.wait(v_ready.index(pst), ((j - 1) // NBUF) & 1)
-        s = warpgroup_mma(q_w, k_s.index(st).permute((1, 0)), zero_s, use_acc=False,
-                          is_async=True)  # fmt: skip
-        acc = warpgroup_mma(p_op, v_s.index(pst), acc, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        p, m_i, l_i, alpha = _g_softmax(s, m_i, l_i, start + j * BN, lo_r, hi_r, MASKED,
-                                        qk_scale, BN, s_l)  # fmt: skip
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        acc, p_op, m_i, l_i = _g_tile_products(
+            q_w, k_s.index(st), v_s.index(pst), zero_s, acc, p_op, m_i, l_i, start + j * BN,
+            lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l,
+        )  # fmt: skip
         mbarrier.arrive(k_empty.index(st), count=1)
         mbarrier.arrive(v_empty.index(pst), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        p_op = gl.convert_layout(p.to(p_op.dtype), dot_l)
         return acc, p_op, m_i, l_i
 
     @gluon.jit
@@ -186,14 +182,11 @@ if HAS_GLUON:
         mbarrier.wait(v_ready.index(lst), (last // NBUF) & 1)
         t_last = start + last * BN
         if t_last + BN > kv_len:
-            # Rows past the keys: zero this consumer's half of the last V tile, then wait for
-            # the other half (0 * NaN is NaN in the product).
+            # Zero this consumer's half of the last V tile's rows past the keys, then wait
+            # for the other half.
             HB: gl.constexpr = BN // 2
-            vh = v_s.index(lst).slice(WG * HB, HB, dim=0)
-            vt = vh.load(ld_l)
-            vr = t_last + WG * HB + gl.arange(0, HB, layout=gl.SliceLayout(1, ld_l))
-            vh.store(gl.where((vr < kv_len)[:, None], vt, 0.0).to(dtype))
-            fence_async_shared()
+            _g_zero_rows_past(v_s.index(lst).slice(WG * HB, HB, dim=0), t_last + WG * HB, kv_len,
+                              HB, ld_l)  # fmt: skip
             mbarrier.arrive(vfix, count=1)
             mbarrier.wait(vfix, 0)
         acc = warpgroup_mma(p_op, v_s.index(lst), acc, is_async=True)

@@ -125,9 +125,10 @@ def prefill_config(dk_pad: int, dv_pad: int, q_bytes: int, tma_ok, fp8: bool = F
 
 
 def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
-                      mask: Mask) -> bool:  # fmt: skip
-    """Whether a Gluon sm_90 prefill (`gluon_prefill_ws` where K/V tiles are TMA boxes, else
-    `gluon_prefill`) serves this launch: BF16/FP16 K/V of q's dtype without quantization,
+                      mask: Mask) -> tuple[dict, bool] | None:  # fmt: skip
+    """The `_sm90_prefill_plan` of the launch when a Gluon sm_90 prefill serves it, else None
+    (`gluon_prefill_ws` where K/V tiles are TMA boxes, else `gluon_prefill`): BF16/FP16 K/V
+    of q's dtype without quantization,
     d_qk == d_v in (64, 128), a range mask (not a tensor mask), 16-byte aligned rows; every
     paged cache, and ragged / row-offset K/V where the warp-specialized kernel applies (else
     the tl kernel). PREFILL_OVERRIDE["gluon"]: False forces the tl kernel, True a Gluon kernel
@@ -138,16 +139,17 @@ def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, 
     (warp-specialized, a box a page), of 64 354 vs 509, of 128 406 vs 511."""
     want = PREFILL_OVERRIDE.get("gluon")
     if want is False or not gluon_prefill.HAS_GLUON or not q.is_cuda:
-        return False
+        return None
     if PREFILL_OVERRIDE.get("hi_lo") or PREFILL_OVERRIDE.get("kv_lo"):
-        return False  # P is rounded to q's dtype (no hi + lo pair)
+        return None  # P is rounded to q's dtype (no hi + lo pair)
     if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False
+        return None
     if not _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask):
-        return False
+        return None
     # Ragged / row-offset K/V: the warp-specialized kernel, or else the tl kernel.
+    plan = _sm90_prefill_plan(ka, va)
     paged = ka.page_size > 0 and va.page_size > 0
-    return want is True or paged or _sm90_prefill_plan(ka, va)[0]["ws"]
+    return plan if want is True or paged or plan[0]["ws"] else None
 
 
 def _sm90_prefill_shapes_ok(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
@@ -532,8 +534,8 @@ def mha_triton(
         )  # fmt: skip
         if split:
             combine_triton(po, pl, out, lse, sinks)
-    elif _use_sm90_prefill(q, ka, va, dk, dv, mask):
-        _prefill_sm90(q, q_row_offsets, ka, va, dk, h_q, group, block_b, mask, sinks, out,
+    elif plan := _use_sm90_prefill(q, ka, va, dk, dv, mask):
+        _prefill_sm90(plan, q, q_row_offsets, ka, va, dk, h_q, group, block_b, mask, sinks, out,
                       lse, sm_scale)  # fmt: skip
     else:
         cfg = prefill_config(
@@ -626,11 +628,11 @@ def _sm90_prefill_plan(ka: KernelArgs, va: KernelArgs) -> tuple[dict, bool]:
     return cfg, use_tma
 
 
-def _prefill_sm90(q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks, out, lse,
-                  sm_scale) -> None:  # fmt: skip
+def _prefill_sm90(plan, q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, sinks, out,
+                  lse, sm_scale) -> None:  # fmt: skip
     """Launch `gluon_prefill_ws._mha_prefill_ws` or `gluon_prefill._mha_prefill_sm90` (the
-    grid and block order of the tl kernel) as `_sm90_prefill_plan` says."""
-    cfg, use_tma = _sm90_prefill_plan(ka, va)
+    grid and block order of the tl kernel) as `plan` (`_sm90_prefill_plan`) says."""
+    cfg, use_tma = plan
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
     bn = cfg["BLOCK_N"]
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
