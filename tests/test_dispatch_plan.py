@@ -9,10 +9,12 @@ from pagedattn.cache import dispatch
 
 
 def test_partitions_fill_one_wave_at_most():
-    # MHA: 4 CTAs/SM x 132 SMs = 528 resident tiles.
-    assert dispatch.mha_num_partitions(64, 8, 1, 4096, 132) == 1  # 512 tiles: a full wave
-    assert dispatch.mha_num_partitions(16, 8, 1, 16384, 132) == 4  # 128 tiles -> 512
-    assert dispatch.mha_num_partitions(1, 8, 1, 1 << 15, 132) == dispatch.MAX_PARTITIONS
+    # MHA: the split aims at 2 CTAs/SM x 132 SMs = 264 tiles.
+    assert dispatch.mha_num_partitions(64, 8, 1, 4096, 132) == 1  # 512 tiles already
+    assert dispatch.mha_num_partitions(16, 8, 1, 16384, 132) == 2  # 128 tiles -> 256
+    assert dispatch.mha_num_partitions(16, 8, 1, 16384, 132, kv_bytes=1) == 4  # FP8: 4 CTAs/SM
+    assert dispatch.mha_num_partitions(1, 8, 1, 1 << 15, 132) == 33  # 2 * 132 // 8
+    assert dispatch.mha_num_partitions(1, 1, 1, 1 << 15, 132) == dispatch.MAX_PARTITIONS
     assert dispatch.mha_num_partitions(1, 8, 1, 1000, 132) == 1000 // 256
     assert dispatch.mha_num_partitions(1, 8, 5, 1 << 15, 132) == 1  # prefill is not split
     # MLA: one CTA a SM; h_q 128 is two 64-row tiles a request.

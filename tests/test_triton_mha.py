@@ -39,6 +39,7 @@ from pagedattn.ops import masks  # noqa: E402
 from pagedattn.ops.mha import mha  # noqa: E402
 from pagedattn.ops.mha import triton_mha as TM  # noqa: E402
 from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
+from pagedattn.ops.pdl import pdl_enabled  # noqa: E402
 from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -646,3 +647,29 @@ def test_gpu_cuda_graph_replay_with_changing_lengths():
         graph.replay()
         rows = list(range(b))
         assert_close(out, gpu_reference(q, k, v, rows, 128**-0.5), **BF16_TOL)
+
+
+def test_pdl_off_on_cpu(monkeypatch):
+    """Programmatic dependent launch is opt-in, and only for compiled CUDA launches."""
+    monkeypatch.delenv("PAGEDATTN_PDL", raising=False)
+    assert not pdl_enabled(torch.zeros(1))
+    monkeypatch.setenv("PAGEDATTN_PDL", "1")
+    assert not pdl_enabled(torch.zeros(1))
+
+
+@pytest.mark.gpu
+def test_gpu_split_decode_pdl_matches_serial(monkeypatch):
+    """The split-K decode with its combine launched dependent (PDL) gives the serial launch's
+    output bit for bit, and the float64 reference within tolerance."""
+    params, inp = big_paged(4, 4096, 64, 8, 128)
+    k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")
+    q = torch.randn(4, 32, 128, device="cuda").to(BF16)
+    offs = torch.arange(5, dtype=torch.int32, device="cuda")
+    outs = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("PAGEDATTN_PDL", mode)
+        assert pdl_enabled(q) == (mode == "1" and torch.cuda.get_device_capability()[0] >= 9)
+        outs[mode] = poison_(torch.empty_like(q))
+        mha_triton(q, k, v, offs, num_partitions=8, out=outs[mode])
+    assert torch.equal(outs["0"], outs["1"])
+    assert_close(outs["1"], gpu_reference(q, k, v, range(4), 128**-0.5), **BF16_TOL)

@@ -79,7 +79,7 @@ def test_fast_decode(knobs, quant, page, parts, gen):
     cache_lens = [45, 8, 19, 70]
     k, v, ks, vs = T.build_paged(page, 2, 64, cache_lens, [1] * 4, quant=quant, gen=gen)
     q = T.rand_q(4, 8, 64, gen)
-    sinks = torch.randn(8, generator=gen)
+    sinks = torch.randn(8, generator=gen).to(T.DEV)
     T.TM.DECODE_OVERRIDE.update({**OFF, **knobs})
     try:
         T.check(
@@ -125,9 +125,10 @@ def test_e4m3_integer_upcast_all_codes():
         x = tl.load(X + o)
         tl.store(Y + o, _e4m3_to_f16_lo(x, False))
 
-    x = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    y = torch.empty(256, dtype=torch.float16)
+    x = torch.arange(256, dtype=torch.uint8, device=T.DEV).view(torch.float8_e4m3fn)
+    y = torch.empty(256, dtype=torch.float16, device=T.DEV)
     k[(1,)](x, y)
+    x, y = x.cpu(), y.cpu()
     ref = x.float() * 2.0**-8
     nan = torch.isnan(ref)
     assert torch.equal(y.float()[~nan], ref[~nan])

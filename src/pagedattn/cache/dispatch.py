@@ -9,8 +9,12 @@ each request's keys into P partitions so that `units * P` fills at most ONE wave
 CTAs (`ctas_per_sm * SMs`), while each partition keeps >= `MIN_TOKENS_PER_PARTITION` keys.
 A partial second wave costs a whole tile time: measured on an H200 (2026-11-21, bench/
 gpu_mha_dev.py and bench/gpu_mla_dev.py), MHA decode b64 ctx4096 lost 13% at P=2 against P=1,
-and MLA b128 h_q 16 ran 0.561 ms at P=1 against 0.578 ms at P=3. Resident CTAs: the MHA decode
-kernel fits about 4 a SM (small 2-warp tiles); the MLA kernel 1 (about 230 KB of shared memory).
+and MLA b128 h_q 16 ran 0.561 ms at P=1 against 0.578 ms at P=3. CTAs a SM: the MLA kernel fits
+1 (about 230 KB of shared memory). The MHA decode kernel fits more, but 2 a SM is what its split
+should aim at: H100 (2026-11-22, bench/sweep via `num_partitions`, 32/8 heads d128 page 64, us):
+b16 ctx16384 P=2 368.7 (0.964 of copy), P=3 373.2, P=4 374.2, P=8 386.4; b32 ctx8192 P=1 366.3
+(0.971), P=2 374.3; b8 ctx16384 P=4 194.7, P=8 197.5; b4 ctx32768 P=8 195.4, P=16 197.9. FP8 K/V
+(half the bytes a key) wants 4: b16 ctx16384 P=2 268.1, P=4 208.6, P=6 210.0, P=8 254.6.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import math
 import torch
 
 DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device is visible (CPU, graph planning)
-MHA_CTAS_PER_SM = 4  # resident MHA decode CTAs a SM (2-4 warps, small tiles)
+MHA_CTAS_PER_SM = 2  # MHA decode CTAs a SM the split aims at (measured: module docstring)
+MHA_FP8_CTAS_PER_SM = 4  # the same for 1-byte (FP8) K/V
 MLA_CTAS_PER_SM = 1  # resident MLA decode CTAs a SM (shared memory bound)
 MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than it saves
 MAX_PARTITIONS = 64
@@ -51,12 +56,19 @@ def choose_num_partitions(
 
 
 def mha_num_partitions(
-    batch: int, n_kv_heads: int, max_prompt_len: int, max_cache_len: int, sms: int
+    batch: int,
+    n_kv_heads: int,
+    max_prompt_len: int,
+    max_cache_len: int,
+    sms: int,
+    kv_bytes: int = 2,
 ) -> int:
-    """MHA: one tile per (request, KV head); prefill (prompt > 1) is not split."""
+    """MHA: one tile per (request, KV head); prefill (prompt > 1) is not split. kv_bytes: bytes
+    an element of the K/V storage (1 for FP8 caches)."""
     if max_prompt_len > 1:
         return 1
-    return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms, MHA_CTAS_PER_SM)
+    ctas = MHA_CTAS_PER_SM if kv_bytes >= 2 else MHA_FP8_CTAS_PER_SM
+    return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms, ctas)
 
 
 def mla_tile(

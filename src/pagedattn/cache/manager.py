@@ -434,7 +434,8 @@ class PagedKVCacheManager:
                 host["mla_num_partitions"] = np.array([parts], np.int64)
             else:
                 heads = p.n_kv_heads_per_device
-                parts = mha_num_partitions(b, heads, max_prompt, valid, self._sms)
+                kv_bytes = p.storage_dtype.itemsize
+                parts = mha_num_partitions(b, heads, max_prompt, valid, self._sms, kv_bytes)
                 host["attention_dispatch_metadata"] = np.array(
                     [b, max_prompt, parts, valid], np.int64
                 )
@@ -447,7 +448,7 @@ class PagedKVCacheManager:
                     host["draft_attention_dispatch_metadata"] = np.array([b, dq, dparts], np.int64)
                     host["draft_mla_num_partitions"] = np.array([dparts], np.int64)
                 else:
-                    dparts = mha_num_partitions(b, heads, dq, valid + dq, self._sms)
+                    dparts = mha_num_partitions(b, heads, dq, valid + dq, self._sms, kv_bytes)
                     host["draft_attention_dispatch_metadata"] = np.array(
                         [b, dq, dparts, valid + dq], np.int64
                     )

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
+
 LOG2E_F = 1.4426950408889634  # host copies
 LN2_F = 0.6931471805599453
 LOG2E = tl.constexpr(LOG2E_F)
@@ -35,8 +37,10 @@ def _combine_kernel(
     PP: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One (query row, head). PO [rows, H, P, DV] f32, PL [rows, H, P] f32 (natural-log LSEs)."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     row = (pid // H).to(tl.int64)
     h = pid % H
@@ -98,5 +102,7 @@ def combine_triton(
         PP=max(triton.next_power_of_2(P), 2),
         HAS_SINKS=sinks is not None,
         WRITE_LSE=lse is not None,
+        PDL=(pdl := pdl_enabled(out)),
         num_warps=4 if DV >= 256 else 2,
+        **pdl_launch_kwargs(pdl),
     )

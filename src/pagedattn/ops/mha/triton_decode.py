@@ -36,6 +36,7 @@ Q_NONE, Q_TENSOR, Q_TOKEN, Q_BLOCK = 0, 1, 2, 3
 
 
 from .._triton_interpreter import install_interpreter_shim  # noqa: E402
+from ..pdl import pdl_signal  # noqa: E402
 
 install_interpreter_shim()
 
@@ -653,12 +654,14 @@ def _mha_decode_kernel(
     ASM: tl.constexpr = False,
     V_PERM: tl.constexpr = 0,
     TRANS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
     Q [total_q, h_q, DK]; Out [total_q, h_q, DV] (q dtype); Lse [total_q, h_q] f32;
     PO [total_q, h_q, P, DV] f32 / PL [total_q, h_q, P] f32 partials when SPLIT.
     """
+    pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hkv = pid % H_KV
     rest = pid // H_KV

@@ -42,6 +42,7 @@ from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
 from ..gluon_imports import GluonTensorDescriptor, gl
 from ..masks import Mask, causal
+from ..pdl import pdl_enabled
 from . import gluon_prefill, gluon_prefill_ws
 from .triton_combine import combine_triton
 from .triton_decode import LOG2E_F, Q_BLOCK, Q_NONE, Q_TENSOR, Q_TOKEN, _mha_decode_kernel
@@ -63,16 +64,27 @@ FP8_FAST_LOOP = dict(fast=True, addr=2, clamp=True, v_delta=True, v_sel=False, v
                      gp_min=4, trans=True, k_cvt="tl", v_cvt="tl")  # fmt: skip
 
 
-def decode_config(dk: int, dv: int, kv_bytes: int, kv_kind: str = "plain") -> dict:
+def decode_config(
+    dk: int,
+    dv: int,
+    kv_bytes: int,
+    kv_kind: str = "plain",
+    ctas_per_sm: float = 0.0,
+    page_size: int = 0,
+) -> dict:
     """Decode launch for K/V of `kv_kind`: "plain" (bf16/fp16/fp32), "fp8_cols" (FP8 with
     per-token or per-tensor scales: fp16 MMAs) or "fp8_block" (FP8 with G < head_dim scales).
+    ctas_per_sm: the launch's programs over the SM count; page_size: the K cache's (0: rows).
 
     H200 measurements (bench/gpu_mha_dev.py, b64 x 4096 keys, 32/8 heads):
     - plain: BLOCK_N = ~16 KB of K+V per stage (32 keys at d128), 4 warps, 5 stages (the
       page-id load feeding the K/V loads takes two of them, leaving a double-buffered K/V
       tile): 250 us, 1.0 of copy. Small tiles keep ~5 CTAs per SM resident, so a 512-CTA grid
       runs in one wave; 64/128-key tiles lost 20-30% to a partial second wave. Head dims that
-      pad (96 -> 128) run 2 warps (228 us vs 234 us).
+      pad (96 -> 128) run 2 warps (228 us vs 234 us). H100 (2026-11-22, 4 vs 5 stages, us):
+      4 where the grid has >= 3 programs a SM and pages of >= 16 rows (b64 ctx4096 p16 370.0
+      vs 372.9, p64 366.7 vs 369.5; b128 ctx2048 367.0 vs 369.1), else 5 (b16 ctx16384 p64
+      at P=2, 2 a SM: 442.5 vs 368.5; b64 p1: 379.1 vs 375.2).
     - fp8_cols: 64 keys, 2 warps: 209 us (4 warps 337 us, 8 warps 346-374 us). H100, round 4
       (2026-11-21, bf16 358 us at the four README shapes): the fast loop with keys as the
       MMA's M ("trans"), one page id a tile, V addressed from K, column-permuted V, 4 padded
@@ -93,8 +105,9 @@ def decode_config(dk: int, dv: int, kv_bytes: int, kv_kind: str = "plain") -> di
     else:
         block_n = max(16, min(128, _pow2_floor(16 * 1024 // ((dk + dv) * kv_bytes))))
         padded = dk != triton.next_power_of_2(dk) or dv != triton.next_power_of_2(dv)
-        cfg = dict(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=5, tma=False,
-                   hi_lo=True, kv_lo=False)  # fmt: skip
+        full_grid = ctas_per_sm >= 3 and (page_size == 0 or page_size >= 16)
+        cfg = dict(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=4 if full_grid else 5,
+                   tma=False, hi_lo=True, kv_lo=False)  # fmt: skip
     cfg.update(DECODE_OVERRIDE)
     return cfg
 
@@ -487,18 +500,22 @@ def mha_triton(
             kv_kind = "fp8_block"
         else:
             kv_kind = "plain"
-        cfg = decode_config(dk, dv, kv_bytes, kv_kind)
+        sms = num_sms(q.device)
+        if num_partitions is None:
+            bound = ka.lut.shape[1] * ka.page_size if ka.page_size > 0 else ka.rows.shape[0]
+            parts = mha_num_partitions(total_q, h_kv, 1, bound, sms, kv_bytes)
+        else:
+            parts = int(num_partitions)
+        check(parts >= 1, "num_partitions", "an int >= 1", parts)
+        cfg = decode_config(
+            dk, dv, kv_bytes, kv_kind, ctas_per_sm=total_q * parts * h_kv / sms,
+            page_size=ka.page_size,
+        )  # fmt: skip
         bn = cfg["BLOCK_N"]
         k_tma = cfg["tma"] and _tma_ok(ka, bn)
         v_tma = cfg["tma"] and _tma_ok(va, bn)
         k_args, kcx = _kv_launch_args(ka, dk, bn if k_tma else None)
         v_args, vcx = _kv_launch_args(va, dv, bn if v_tma else None)
-        if num_partitions is None:
-            bound = ka.lut.shape[1] * ka.page_size if ka.page_size > 0 else ka.rows.shape[0]
-            parts = mha_num_partitions(total_q, h_kv, 1, bound, num_sms(q.device))
-        else:
-            parts = int(num_partitions)
-        check(parts >= 1, "num_partitions", "an int >= 1", parts)
         split = parts > 1
         mma = _mma_flags(cfg, prec, kcx, vcx)
         if split:
@@ -529,7 +546,7 @@ def mha_triton(
             HAS_SINKS=sinks is not None and not split, SPLIT=split,
             WRITE_LSE=lse is not None and not split,
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
-            BLOCK_B=block_b,
+            BLOCK_B=block_b, PDL=split and pdl_enabled(q),
             NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
         )  # fmt: skip
         if split:

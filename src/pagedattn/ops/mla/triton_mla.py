@@ -52,6 +52,7 @@ import triton.language as tl
 
 from ...cache.dispatch import mla_num_partitions, mla_tile, num_sms
 from ...errors import check
+from ..pdl import g_pdl_signal, pdl_enabled, pdl_signal
 from .triton_mla_combine import mla_combine_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -550,8 +551,10 @@ def _mla_decode_kernel(
     X_PREFETCH: tl.constexpr,
     K_ALIGN: tl.constexpr,
     X_ALIGN: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One (tile, partition): BM (token, head) rows of one request over one key partition."""
+    pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     part = tl.program_id(1)
     t = pid // NHB
@@ -932,7 +935,7 @@ if _HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr, PIPE: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, PIPE: gl.constexpr, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """64 query rows (heads of a token, or of up to 64 // h_q tokens; padded) x one key
         partition, 8 warps = 2 warpgroups. S = Q K^T is split by keys between the warpgroups
@@ -962,6 +965,7 @@ if _HAS_GLUON:
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         NSC: gl.constexpr = 4 if FMT == 4 else 1
 
+        g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
         pid = gl.program_id(0)
         part = gl.program_id(1)
         t = pid // NHB
@@ -1147,7 +1151,7 @@ if _HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1207,6 +1211,7 @@ if _HAS_GLUON:
         else:
             QT: gl.constexpr = gl.float16
 
+        g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
         pid = gl.program_id(0)
         part = gl.program_id(1)
         t = pid // NHB
@@ -1762,7 +1767,7 @@ def mla_decode_triton(
             B_P2=triton.next_power_of_2(batch + 1), CAUSAL=bool(causal),
             HAS_SINK=attn_sink is not None, SPLIT=P > 1, SPARSE=sparse,
             HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, FMT=K.fmt, BN=cfg["BN"],
-            NBUF=cfg["NBUF"], **extra,
+            NBUF=cfg["NBUF"], PDL=P > 1 and pdl_enabled(q), **extra,
         )  # fmt: skip
     else:
         _mla_decode_kernel[grid](
@@ -1787,7 +1792,7 @@ def mla_decode_triton(
             X_G=X.g, X_E8M0=X.e8m0, X_PAGED=X.paged, X_HAS_TOPK=x_topk is not None,
             X_TOPK_TOK=x_topk_tok,
             NUM_STAGES=cfg["num_stages"], K_PREFETCH=_prefetch(K, cfg), X_PREFETCH=_prefetch(X, cfg),
-            K_ALIGN=K.align, X_ALIGN=X.align,
+            K_ALIGN=K.align, X_ALIGN=X.align, PDL=P > 1 and pdl_enabled(q),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )  # fmt: skip
     if P > 1:

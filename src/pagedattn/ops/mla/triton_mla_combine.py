@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -35,8 +37,10 @@ def _mla_combine_kernel(
     D_PAD: tl.constexpr,
     BR: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program merges BR query rows over P partitions."""
+    pdl_wait(PDL)
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = r < n_rows
     d = tl.arange(0, D_PAD)
@@ -117,5 +121,7 @@ def mla_combine_triton(
         D_PAD=triton.next_power_of_2(d_v),
         BR=BR,
         HAS_SINK=sinks is not None,
+        PDL=(pdl := pdl_enabled(out)),
         num_warps=4,
+        **pdl_launch_kwargs(pdl),
     )
