@@ -11,10 +11,11 @@ A partial second wave costs a whole tile time: measured on an H200 (2026-11-21, 
 gpu_mha_dev.py and bench/gpu_mla_dev.py), MHA decode b64 ctx4096 lost 13% at P=2 against P=1,
 and MLA b128 h_q 16 ran 0.561 ms at P=1 against 0.578 ms at P=3. CTAs a SM: the MLA kernel fits
 1 (about 230 KB of shared memory). The MHA decode kernel fits more, but 2 a SM is what its split
-should aim at: H100 (2026-11-22, bench/sweep via `num_partitions`, 32/8 heads d128 page 64, us):
-b16 ctx16384 P=2 368.7 (0.964 of copy), P=3 373.2, P=4 374.2, P=8 386.4; b32 ctx8192 P=1 366.3
-(0.971), P=2 374.3; b8 ctx16384 P=4 194.7, P=8 197.5; b4 ctx32768 P=8 195.4, P=16 197.9. FP8 K/V
-(half the bytes a key) wants 4: b16 ctx16384 P=2 268.1, P=4 208.6, P=6 210.0, P=8 254.6.
+should aim at: H100 (2026-11-22, `mha(..., num_partitions=P)` on bench_mha.paged_cache data,
+32/8 heads d128 page 64, us): b16 ctx16384 P=2 368.7 (0.964 of copy), P=3 373.2, P=4 374.2,
+P=8 386.4; b32 ctx8192 P=1 366.3 (0.971), P=2 374.3. FP8 K/V (half the bytes a key) wants 4:
+b16 ctx16384 P=2 268.1, P=4 208.6, P=6 210.0, P=8 254.6. (Smaller batches, whose GPU time is
+near the ~200 us host cost of a call, were too noisy to rank timed directly.)
 """
 
 from __future__ import annotations
