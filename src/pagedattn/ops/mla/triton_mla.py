@@ -1749,6 +1749,7 @@ def mla_decode_triton(
         po, pl = lse, lse  # not written
     sm_scale = (1.0 / math.sqrt(d_qk)) if scale is None else float(scale)
     grid = (tokens * cfg["NHB"], P)
+    pdl = P > 1 and pdl_enabled(q)  # the split kernel lets its combine launch early (opt-in)
     dummy = q_row_offsets
     if sm90:
         if cfg_t is not None:
@@ -1767,7 +1768,7 @@ def mla_decode_triton(
             B_P2=triton.next_power_of_2(batch + 1), CAUSAL=bool(causal),
             HAS_SINK=attn_sink is not None, SPLIT=P > 1, SPARSE=sparse,
             HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, FMT=K.fmt, BN=cfg["BN"],
-            NBUF=cfg["NBUF"], PDL=P > 1 and pdl_enabled(q), **extra,
+            NBUF=cfg["NBUF"], PDL=pdl, **extra,
         )  # fmt: skip
     else:
         _mla_decode_kernel[grid](
@@ -1792,7 +1793,7 @@ def mla_decode_triton(
             X_G=X.g, X_E8M0=X.e8m0, X_PAGED=X.paged, X_HAS_TOPK=x_topk is not None,
             X_TOPK_TOK=x_topk_tok,
             NUM_STAGES=cfg["num_stages"], K_PREFETCH=_prefetch(K, cfg), X_PREFETCH=_prefetch(X, cfg),
-            K_ALIGN=K.align, X_ALIGN=X.align, PDL=P > 1 and pdl_enabled(q),
+            K_ALIGN=K.align, X_ALIGN=X.align, PDL=pdl,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )  # fmt: skip
     if P > 1:
