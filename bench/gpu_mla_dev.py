@@ -121,8 +121,19 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
 def _kernel_name(sm90):
-    """sm90: False (tl kernel), True (64-row Gluon kernel) or "t" (keys-as-M Gluon kernel)."""
-    return {False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t"}[sm90]
+    """sm90: False (tl kernel), True (64-row Gluon kernel), "t" (keys-as-M Gluon kernel) or
+    "ss" (the warp-specialized seesaw kernel, module gluon_mla_ss)."""
+    return {
+        False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t",
+        "ss": "_mla_decode_sm90_ss",
+    }[sm90]  # fmt: skip
+
+
+def _kernel_module(sm90):
+    import pagedattn.ops.mla.gluon_mla_ss as SS
+    import pagedattn.ops.mla.triton_mla as M
+
+    return SS if sm90 == "ss" else M
 
 
 def _capture(call, sm90=False):
@@ -132,7 +143,8 @@ def _capture(call, sm90=False):
     import pagedattn.ops.mla.triton_mla as M
 
     caps = {}
-    saved = {k: getattr(M, _kernel_name(k)) for k in (False, True, "t")}
+    kinds = (False, True, "t", "ss")
+    saved = {k: getattr(_kernel_module(k), _kernel_name(k)) for k in kinds}
 
     class _Fake:
         def __init__(self, kind):
@@ -147,13 +159,13 @@ def _capture(call, sm90=False):
     saved_use, saved_comb = M._use_sm90_path, M.mla_combine_triton
     try:
         for k in saved:
-            setattr(M, _kernel_name(k), _Fake(k))
+            setattr(_kernel_module(k), _kernel_name(k), _Fake(k))
         M._use_sm90_path = lambda *a: sm90
         M.mla_combine_triton = lambda *a, **k: None
         call()
     finally:
         for k, v in saved.items():
-            setattr(M, _kernel_name(k), v)
+            setattr(_kernel_module(k), _kernel_name(k), v)
         M._use_sm90_path, M.mla_combine_triton = saved_use, saved_comb
     return caps
 
@@ -165,9 +177,7 @@ def compile_offline(cap, outdir, tag, sm90=False):
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    import pagedattn.ops.mla.triton_mla as M
-
-    fn = getattr(M, _kernel_name(sm90))
+    fn = getattr(_kernel_module(sm90), _kernel_name(sm90))
     kw = dict(cap["kw"])
     opts = dict(num_warps=kw.pop("num_warps"), num_stages=kw.pop("num_stages", 1))
     sig, attrs = {}, {}
@@ -233,6 +243,9 @@ VARIANTS = {
     "sm90tn3": dict(gluon=True, sm90_t=True, sm90_t_nbuf=3),
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
+    "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw
+    "sm90old": dict(gluon=True, sm90_ss=False),  # the key-split 64-row kernel
+    "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_regs=(208, 96)),
 }
 
 CASES = [
@@ -251,18 +264,35 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["sm90", "sm90np"], [None, 1]),
+     ["sm90old", "ss"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["sm90", "sm90np"], [None, 1]),
+     ["sm90old", "ss"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
-     ["sm90"], [None, 1]),
+     ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["sm90", "sm90b64n2"], [None, 1]),
+     ["sm90old", "ss", "ss_r208"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
-     ["sm90", "sm90np"], [None, 1]),
+     ["sm90old", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
      ["auto"], [None]),
 ]  # fmt: skip
+
+
+# Correctness cases of the seesaw kernel (mode, fmt, d_qk, h_q, s_q, page, top-k, P): odd tile
+# counts (8192 + s_q keys), causal multi-token tiles, padded rows, sparse with invalid slots.
+SS_CHECKS = [
+    ("dense", "bf16", 576, 128, 1, 64, 0, None),
+    ("dense", "bf16", 576, 128, 2, 16, 0, 3),
+    ("dense", "bf16", 576, 64, 4, 1, 0, None),
+    ("dense", "bf16", 576, 20, 4, 128, 0, 2),
+    ("sparse", "bf16", 576, 128, 2, 16, 2048, None),
+    ("sparse", "bf16", 576, 64, 1, 1, 256, 2),
+    ("sparse", "bf16", 576, 16, 1, 64, 2048, 1),
+    ("sparse", "v32", 576, 128, 2, 64, 2048, None),
+    ("sparse", "v32", 576, 64, 1, 1, 256, 2),
+    ("dense", "v32", 576, 20, 4, 1, 0, None),
+    ("dense", "v32", 576, 128, 4, 128, 0, 2),
+]
 
 
 def _launcher(q, kv, offs, kw, P):
@@ -272,16 +302,18 @@ def _launcher(q, kv, offs, kw, P):
     return lambda: mla_decode_triton(q, kv, offs, num_partitions=P, out=out, **kw)
 
 
-def compile_only(outdir):
+def compile_only(outdir, cases=""):
     import pagedattn.ops.mla.triton_mla as M
 
     rows = []
     for name, mode, fmt, d_qk, _b, _s, h_q, s_q, ps, _tk, variants, _parts in CASES:
+        if cases and not re.search(cases, name):
+            continue
         q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 4, 256, h_q, s_q, ps, 128, "cpu")
         for v in variants:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
-            cap = _capture(_launcher(q, kv, offs, kw, 1), v.startswith("sm90"))
+            cap = _capture(_launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss")))
             sm90 = cap["sm90"]
             tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
             t0 = time.time()
@@ -335,10 +367,11 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mla_bench"))
     ap.add_argument("--cases", default="")
+    ap.add_argument("--checks", default="all", choices=["all", "ss", "none"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.compile_only:
-        rows = compile_only(os.path.join(args.out, "asm"))
+        rows = compile_only(os.path.join(args.out, "asm"), args.cases)
         with open(os.path.join(args.out, "compile.json"), "w") as fh:
             json.dump(rows, fh, indent=1)
         return
@@ -351,7 +384,7 @@ def main():
     copy_bw, mm = ceilings()
     res.update(copy_bw=copy_bw, mm_flops=mm)
     print(f"copy {copy_bw / 1e9:.0f} GB/s, bf16 mm {mm / 1e12:.0f} TFLOP/s", flush=True)
-    for c in [
+    checks = [
         ("dense", "bf16", 576, 16, 1, 64, 0, None),
         ("dense", "rope_aware", 576, 128, 2, 16, 0, 3),
         ("sparse", "v32", 576, 128, 2, 64, 2048, None),
@@ -363,8 +396,13 @@ def main():
         ("dense", "v32", 576, 20, 4, 1, 0, None),
         ("sparse", "bf16", 576, 1, 1, 1, 256, 2),
         ("dense", "rope_aware", 576, 16, 1, 64, 0, 1),
-    ]:
-        r = check_case(*c)
+    ]
+    if args.checks == "ss":  # the seesaw kernel (forced where another would serve)
+        checks = [c + ("ss",) for c in SS_CHECKS]
+    for c in checks if args.checks != "none" else []:
+        M.TUNING.update({k: None for k in M.TUNING})
+        M.TUNING.update(VARIANTS[c[8]] if len(c) > 8 else {})
+        r = check_case(*c[:8])
         r["case"] = c
         res["checks"].append(r)
         print("check", c, r, flush=True)

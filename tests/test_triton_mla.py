@@ -422,6 +422,24 @@ def test_invalid_arguments(gen):
         mla_decode_triton(q, cache.operand(), offs, attn_sink=torch.zeros(3, device=DEV))
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse):
+    """The 64-row sm_90 tile goes to the warp-specialized seesaw kernel for BF16 and V32
+    caches, to the key-split kernel for rope-aware FP8 (and when the seesaw is turned off)."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    for h_q in (1, 20, 64, 128):
+        assert M._sm90_config(h_q, sparse, M.FMT_BF16)["SS"]
+        assert M._sm90_config(h_q, sparse, M.FMT_V32)["SS"]
+        assert not M._sm90_config(h_q, sparse, M.FMT_ROPE_AWARE)["SS"]
+    saved = M.TUNING["sm90_ss"]
+    try:
+        M.TUNING["sm90_ss"] = False
+        assert not M._sm90_config(128, sparse, M.FMT_BF16)["SS"]
+    finally:
+        M.TUNING["sm90_ss"] = saved
+
+
 def test_empty_batch():
     params = KVCacheParams(BF16, 1, 1, 576, 16, is_mla=True, num_q_heads=4, devices=(DEV,))
     pc = make_paged_cache(params, [3], [1], device=DEV)

@@ -1,9 +1,13 @@
 """MLA decode in Triton: dense or sparse, BF16 or FP8 caches, extra cache, sinks, split-K.
 
-Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Three kernels:
-  - `_mla_decode_sm90` (Gluon, Hopper only): BF16, rope-aware and FlashMLA V32 caches with
-    d_qk 576, paged, without an extra cache. 64-row tiles (padded for small h_q), S split by
-    keys between two warpgroups, cp.async K ring. See its section below.
+Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Four kernels:
+  - `gluon_mla_ss._mla_decode_sm90_ss` (Gluon, Hopper only): BF16 and FlashMLA V32 caches with
+    d_qk 576, paged, without an extra cache, 64-row tiles: warp-specialized "seesaw" (a
+    producer warpgroup, two consumer warpgroups that own alternate key tiles and split O by
+    columns). See that module.
+  - `_mla_decode_sm90` (Gluon, Hopper only): the same for rope-aware caches (and BF16/V32 when
+    the seesaw is turned off). 64-row tiles (padded for small h_q), S split by keys between
+    two warpgroups, cp.async K ring. See its section below.
   - `_mla_decode_sm90_t` (Gluon, Hopper only): the same caches (BF16 and rope-aware) when a
     tile has at most 16-32 query rows (small h_q): keys are the MMA's M dimension, so nothing
     is padded to 64 rows; FP8 runs float16 MMAs whose A operand (the dequantized tile) is
@@ -1399,7 +1403,7 @@ if _HAS_GLUON:
 TUNING: dict[str, int | None] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
-    "sm90_pipe": None,
+    "sm90_pipe": None, "sm90_ss": None, "ss_regs": None,
 }  # fmt: skip
 
 
@@ -1570,9 +1574,10 @@ def _prefetch(op: _Operand, cfg: dict) -> bool:
     return op.prefetch_default and cfg["BM"] <= 32
 
 
-def _sm90_config(h_q: int, sparse: bool, fp8: bool) -> dict:
+def _sm90_config(h_q: int, sparse: bool, fmt: int) -> dict:
     """Tile of the sm_90 kernel: always 64 rows (heads of one token, or all heads of up to
     64 // h_q tokens in dense mode; padded), BN keys a tile, an NBUF-deep cp.async ring."""
+    fp8 = fmt != FMT_BF16
     hpt = min(h_q, 64)
     tpt = 1 if (sparse or h_q >= 64) else 64 // h_q
     # H200, run 3 of bench/gpu_mla_dev.py: BN=64 with 2 stages beat BN=32 with 3-4 stages
@@ -1585,7 +1590,16 @@ def _sm90_config(h_q: int, sparse: bool, fp8: bool) -> dict:
     # H100, bench/gpu_mla_dev.py (2026-11-21), PIPE vs not: dense h_q 128 s_k 4096 0.398 vs
     # 0.424 ms, s_k 8192 0.757 vs 0.797 ms; sparse h_q 128 s_q 2 top-k 2048 0.423 vs 0.430 ms.
     pipe = (not fp8) and TUNING.get("sm90_pipe") is not False
-    return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf, PIPE=pipe)
+    # SS: the warp-specialized seesaw kernel (gluon_mla_ss) for BF16 and V32 caches. H100,
+    # bench/gpu_mla_dev.py (2026-11-22), seesaw vs this module's key-split kernel (TFLOP/s,
+    # b 128, page 64): dense bf16 h_q 128 s_k 8192 484 vs 387, s_k 4096 460 vs 360; sparse
+    # s_q 2 top-k 2048 bf16 426 vs 348, V32 322 vs 248. Rope-aware FP8 stays on the key-split
+    # kernel: it folds the per-token scale into S and P, where the seesaw producer would
+    # round the dequantized tile to bf16 (outside that format's tolerance).
+    ss = (
+        bn == 64 and nbuf == 2 and fmt in (FMT_BF16, FMT_V32) and TUNING.get("sm90_ss") is not False
+    )
+    return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf, PIPE=pipe, SS=ss)
 
 
 def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) -> dict | None:
@@ -1722,7 +1736,7 @@ def mla_decode_triton(
     if cfg_t is not None:
         cfg = cfg_t
     elif sm90:
-        cfg = _sm90_config(h_q, sparse, K.fmt != FMT_BF16)
+        cfg = _sm90_config(h_q, sparse, K.fmt)
     else:
         cfg = _tile_config(h_q, tokens, batch, sparse, K.fmt != FMT_BF16)
     if num_partitions is None:
@@ -1755,6 +1769,12 @@ def mla_decode_triton(
         if cfg_t is not None:
             kernel = _mla_decode_sm90_t
             extra = dict(NR=cfg["NR"], num_warps=4)
+        elif cfg["SS"]:
+            from . import gluon_mla_ss
+
+            kernel = gluon_mla_ss._mla_decode_sm90_ss
+            regs = (232, 48) if K.fmt == FMT_BF16 else TUNING.get("ss_regs") or (200, 112)
+            extra = dict(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         kernel[grid](

@@ -1,0 +1,417 @@
+"""Gluon (sm_90) warp-specialized "seesaw" MLA decode for 64-row tiles, BF16 and V32 caches.
+
+Same contract, arguments and grid as `triton_mla._mla_decode_sm90` (64 query rows: heads of one
+token, or of up to 64 // h_q tokens; one key partition a program), laid out so that the tensor
+cores are busy while a warpgroup does its softmax:
+
+- a producer warpgroup gathers BN = 64 keys a tile (any page size, sparse indices) with
+  cp.async into a 2-stage ring (Q takes 72 KB and a stage 72 KB of the 227 KB);
+- two consumer warpgroups own alternate tiles: warpgroup w computes S = Q K^T for tiles
+  j = w, w + 2, ... (an m64n64k16 wgmma chain, twice the N of the key-split kernel, so the
+  operand reads per FLOP halve), its softmax against the running max left by the other
+  warpgroup's previous tile, and writes P (bf16) into the tile's rope slot (free once S is
+  done) and its row max into shared memory;
+- O [64, 512] is split by columns: warpgroup w keeps columns [256 w, 256 w + 256) and adds
+  P_j V_j for every tile, its own P from registers and the other's from shared memory, after
+  rescaling O to that tile's running max.
+
+V32 (FlashMLA's 656-byte FP8 rows, 4 float32 scales a row) is dequantized by the producer:
+the e4m3 bytes of a tile are loaded into registers as int32 words before it waits for the
+stage, then converted (e4m3 -> f16 -> f32, times the scale, -> bf16: the reference's rounding)
+and stored. Rope-aware FP8 stays on the key-split kernel, which folds its per-token scale into
+S and P instead of rounding the scaled tile to bf16.
+
+H100 (bench/gpu_mla_dev.py, 2026-11-22, b 128, page 64, TFLOP/s) against the key-split
+`triton_mla._mla_decode_sm90`: dense bf16 h_q 128 s_k 8192 484 vs 387, s_k 4096 460 vs 360;
+sparse s_q 2 top-k 2048 bf16 426 vs 348, V32 322 vs 248. Registers (setmaxnreg): BF16 232 a
+consumer thread and 48 for the producer; V32 200 and 112 (the tile in flight; at 208 / 96 the
+producer spilled and ran 225). Loading the next V32 tile group by group while the current one
+is stored spilled at any split tried (1.5-7x slower). Left: with Q (72 KB) resident only two
+72 KB stages fit, so a stage is refilled only after both consumers' P V products on it;
+FlashMLA's seesaw reports 660 on an H800.
+
+Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
+release arrival for the validity mask), `empty` (each consumer once its last product that
+reads the stage is complete), `pm` (a tile's P and running max are in shared memory) and one
+for the final row-sum exchange. A consumer never waits on a barrier with a wgmma in flight
+(ptxas would complete it at the branch anyway)."""
+
+from __future__ import annotations
+
+from ..gluon_imports import (
+    HAS_GLUON,
+    cp,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from ..pdl import g_pdl_signal
+from .triton_mla import (
+    LN2,
+    LOG2E,
+    _g_issue_main,
+    _g_issue_rope,
+    _g_key_range,
+    _g_keys,
+    _g_request,
+    _g_rows,
+    _g_tile_rows,
+)
+
+if HAS_GLUON:
+    # e4m3 x 4 (one int32) times a float32 scale -> 2 x bf16x2 (exact through float16 and
+    # float32: the same rounding as bf16(float32(x) * scale)).
+    _DEQ4_ASM = gl.constexpr("""{
+    .reg .b16 lo, hi, a0, a1, a2, a3;
+    .reg .b32 h01, h23;
+    .reg .f32 f0, f1, f2, f3;
+    mov.b32 {lo, hi}, $2;
+    cvt.rn.f16x2.e4m3x2 h01, lo;
+    cvt.rn.f16x2.e4m3x2 h23, hi;
+    mov.b32 {a0, a1}, h01;
+    mov.b32 {a2, a3}, h23;
+    cvt.f32.f16 f0, a0;
+    cvt.f32.f16 f1, a1;
+    cvt.f32.f16 f2, a2;
+    cvt.f32.f16 f3, a3;
+    mul.f32 f0, f0, $3;
+    mul.f32 f1, f1, $3;
+    mul.f32 f2, f2, $3;
+    mul.f32 f3, f3, $3;
+    cvt.rn.bf16x2.f32 $0, f1, f0;
+    cvt.rn.bf16x2.f32 $1, f3, f2;
+    }""")
+
+    @gluon.jit
+    def _ss_fp8_ptrs(rows, valid, K, SC, stride, stride_q, sc_stride, FMT: gl.constexpr):
+        """Row offsets (in int32 words) of a tile's e4m3 bytes, the pointers of its scales
+        (V32: 4 float32 at byte 512 of the row, one per 128 dims; rope-aware: one float32 per
+        token in the scale buffer) and the rows' validity, in the load layout of
+        `_ss_fp8_group` (a thread: 4 rows x 16 bytes)."""
+        c_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+        r8 = gl.convert_layout(rows, gl.SliceLayout(1, c_l))
+        v8 = gl.convert_layout(valid, gl.SliceLayout(1, c_l))
+        roff = gl.multiple_of(r8 * stride_q, 4)
+        if FMT == 4:
+            sp = K.to(gl.pointer_type(gl.float32)) + roff + 128
+        else:
+            sp = SC + r8 * sc_stride
+        return roff, sp, v8
+
+    @gluon.jit
+    def _ss_fp8_group(K, roff, sp, v8, g: gl.constexpr, FMT: gl.constexpr):
+        """Column group g (dims 128 g .. 128 g + 127) of a tile: e4m3 bytes as int32 words
+        (0 in invalid rows; 4 registers a thread, where e4m3 elements would take one each)
+        and their scale per row."""
+        c_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
+        d = g * 32 + gl.arange(0, 32, layout=gl.SliceLayout(0, c_l))
+        ptr = K.to(gl.pointer_type(gl.int32)) + roff[:, None] + d[None, :]
+        x = gl.load(ptr, mask=v8[:, None], other=0)
+        if FMT == 4:
+            sc = gl.load(sp + g, mask=v8, other=0.0)
+        else:
+            sc = gl.load(sp, mask=v8, other=0.0)
+        return x, sc
+
+    @gluon.jit
+    def _ss_deq_store(dst, x, sc, g: gl.constexpr):
+        """Column group g of a [BN, 512] bf16 stage from its packed e4m3 words and scales
+        (stored as bf16 pairs through an int32 view of the stage: same bytes, same swizzle)."""
+        BN: gl.constexpr = x.shape[0]
+        scb = sc[:, None] + gl.zeros_like(x).to(gl.float32)
+        lo, hi = gl.inline_asm_elementwise(
+            _DEQ4_ASM, "=r,=r,r,f", [x, scb], dtype=(gl.int32, gl.int32), is_pure=True, pack=1
+        )
+        y = gl.reshape(gl.join(lo, hi), [BN, 64])
+        w_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=32, rank=2
+        )
+        words = dst._reinterpret(gl.int32, [BN, 256], w_l)
+        words.slice(g * 64, 64, dim=1).store(y)
+
+    @gluon.jit
+    def _ss_release(ready, st, vbuf, valid):
+        """The tile's validity mask, then its ready arrivals: each thread's (when its
+        cp.asyncs land) and one release arrival once every thread has stored its part."""
+        vbuf.index(st).store(valid.to(gl.int32))
+        fence_async_shared()  # generic-proxy stores (mask, dequantized tile) before wgmma reads
+        cp.mbarrier_arrive(ready.index(st), increment_count=False)
+        gl.thread_barrier()
+        mbarrier.arrive(ready.index(st), count=1)
+
+    @gluon.jit
+    def _ss_producer(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
+                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
+                     BN: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+        """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
+        stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
+        of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
+        go through registers (64 a thread hold a tile, as int32 words), loaded before the
+        wait for the stage and dequantized into it after."""
+        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+         K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+         K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi,
+         q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
+        ready, empty, pm, lx = bars
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        n_t = gl.cdiv(n_it, 2) * 2
+        key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
+                      BN, row_l)  # fmt: skip
+        for j in range(n_t):
+            st = j % 2
+            start = lo + j * BN
+            key_next = _g_keys(start + BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
+                               K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+            rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
+                                  row_l)  # fmt: skip
+            if FMT != 0:
+                roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
+                                            K_sc_stride, FMT)  # fmt: skip
+                x0, s0 = _ss_fp8_group(K, roff, sp, v8, 0, FMT)
+                x1, s1 = _ss_fp8_group(K, roff, sp, v8, 1, FMT)
+                x2, s2 = _ss_fp8_group(K, roff, sp, v8, 2, FMT)
+                x3, s3 = _ss_fp8_group(K, roff, sp, v8, 3, FMT)
+            mbarrier.wait(empty.index(st), ((j // 2) & 1) ^ 1)  # fresh: passes phase 1
+            if FMT == 0:
+                _g_issue_main(k_lat, k_lat, st, rows, valid, K, K, K_stride, K_stride_q, 0, 0,
+                              ld_l, 4)  # fmt: skip
+            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+            if FMT != 0:
+                dst = k_lat.index(st)
+                _ss_deq_store(dst, x0, s0, 0)
+                _ss_deq_store(dst, x1, s1, 1)
+                _ss_deq_store(dst, x2, s2, 2)
+                _ss_deq_store(dst, x3, s3, 3)
+            _ss_release(ready, st, vbuf, valid)
+            key = key_next
+
+    @gluon.jit
+    def _ss_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
+                    TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+                    SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
+                    BN: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+        """Consumer warpgroup W (see the module docstring); writes its 256 output columns
+        (and, W = 0, the LSE)."""
+        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+         K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+         K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi,
+         q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
+        ready, empty, pm, lx = bars
+        BM: gl.constexpr = 64
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
+        )
+        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        srow: gl.constexpr = gl.SliceLayout(1, s_l)
+        orow: gl.constexpr = gl.SliceLayout(1, o_l)
+        OW: gl.constexpr = 1 - W  # the other warpgroup
+
+        rs = gl.arange(0, BM, layout=srow)
+        rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
+        kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        zero_s = gl.zeros([BM, BN], gl.float32, s_l)
+
+        acc = gl.zeros([BM, 256], gl.float32, o_l)
+        m_o = gl.full([BM], float("-inf"), gl.float32, orow)  # running max O is scaled to
+        m_w = gl.full([BM], float("-inf"), gl.float32, srow)  # ... l_w is scaled to
+        l_w = gl.zeros([BM], gl.float32, srow)  # row sums of this warpgroup's own tiles
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        n_pairs = gl.cdiv(n_it, 2)
+        for i in range(n_pairs):
+            ph = i & 1
+            # A zero the compiler cannot fold: with constant buffer indices the wgmma
+            # descriptors (64-bit, one a k-step) are hoisted out of the loop and spill.
+            z = i // 2147483647
+            q_l = q_lat.index(z)
+            q_r = q_rope.index(z)
+            for k in gl.static_range(2):  # tile j = 2 i + k, ring stage k + z
+                j = 2 * i + k
+                kl = k_lat.index(k + z)
+                kr = k_rope.index(k + z)
+                if k == W:  # own tile: S, softmax, P out, own P V
+                    mbarrier.wait(ready.index(k), ph)
+                    # the running max after tile j - 1 (the other warpgroup's; none for j = 0)
+                    mbarrier.wait(pm.index(OW), (ph + k + 1) & 1, pred=j > 0)
+                    s = warpgroup_mma(q_l, kl.permute((1, 0)), zero_s, use_acc=False,
+                                      is_async=True)  # fmt: skip
+                    s = warpgroup_mma(q_r, kr.permute((1, 0)), s, is_async=True)
+                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                    m_prev = m_buf.index(OW).load(srow)
+                    keep = vbuf.index(k).load(gl.SliceLayout(0, s_l))[None, :] != 0
+                    if CAUSAL and not SPARSE:
+                        keep = keep & ((lo + j * BN + kcol)[None, :] < row_lim[:, None])
+                    s = gl.where(keep, s * qk_scale, float("-inf"))
+                    m_new = gl.maximum(m_prev, gl.max(s, 1))
+                    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                    p = gl.exp2(s - m_use[:, None])
+                    l_w = l_w * gl.exp2(m_w - m_use) + gl.sum(p, 1)
+                    m_w = m_new
+                    pb = p.to(gl.bfloat16)
+                    # P replaces the tile's rope columns (read by S only, which is done)
+                    kr.store(pb)
+                    m_buf.index(W).store(m_new)
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.arrive(pm.index(W), count=1)
+                    m_use_o = gl.convert_layout(m_use, orow)
+                    acc = acc * gl.exp2(m_o - m_use_o)[:, None]
+                    m_o = gl.convert_layout(m_new, orow)
+                    p_op = gl.convert_layout(pb, dot_l)
+                    acc = warpgroup_mma(p_op, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                else:  # the other's tile: its P V on this warpgroup's columns
+                    mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
+                    m_new = m_buf.index(k).load(orow)
+                    m_use_o = gl.where(m_new == float("-inf"), 0.0, m_new)
+                    acc = acc * gl.exp2(m_o - m_use_o)[:, None]
+                    m_o = m_new
+                    acc = warpgroup_mma(kr, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(empty.index(k), count=1)  # this warpgroup is done with stage k
+
+        # Row sums: own tiles' sums at the final max, exchanged through shared memory.
+        m_fin = gl.convert_layout(m_o, srow)
+        m_fin_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
+        l_buf.index(W).store(l_w * gl.exp2(m_w - m_fin_use))
+        gl.thread_barrier()
+        mbarrier.arrive(lx, count=1)
+        mbarrier.wait(lx, 0)
+        l_i = l_buf.index(0).load(srow) + l_buf.index(1).load(srow)
+        m_i = m_fin
+
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        inv = gl.where(seen, 1.0 / l_safe, 0.0)
+        ro = gl.arange(0, BM, layout=orow)
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
+        smask = row_ok_o[:, None] & (do < D_V)[None, :]
+        if not SPLIT:
+            if HAS_SINK:
+                sink = gl.load(SINK + head_s, mask=rows_ok_s, other=0.0)
+                m_sk = gl.where(seen, m_i, 0.0)
+                inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
+            o = acc * gl.convert_layout(inv, orow)[:, None]
+            optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            if W == 0:
+                gl.store(LSE + tok_o * H_Q + head_o, gl.convert_layout(lse, orow),
+                         mask=row_ok_o)  # fmt: skip
+        else:
+            o = acc * gl.convert_layout(inv, orow)[:, None]
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
+            if W == 0:
+                gl.store(PL + prow, gl.convert_layout(lse, orow), mask=row_ok_o)
+
+    @gluon.jit
+    def _mla_decode_sm90_ss(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr = 232,
+        PRODUCER_REGS: gl.constexpr = 48, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
+        are dequantized to bf16 by the producer (loads into registers before it waits for
+        the stage; stores after). Launch with num_warps=4 (consumer 0); consumer 1 and the
+        producer are worker partitions."""
+        gl.static_assert(FMT == 0 or FMT == 4, "BF16 or V32 caches")
+        gl.static_assert(D_QK == 576, "the seesaw kernel needs d_qk 576")
+        gl.static_assert(NBUF == 2, "two ring stages (one a consumer)")
+        BM: gl.constexpr = 64
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
+
+        q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 64], sm_l)
+        k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sm_l)
+        vbuf = gl.allocate_shared_memory(gl.int32, [2, BN], v1_l)
+        m_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
+        l_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        for i in gl.static_range(2):
+            mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
+            mbarrier.init(empty.index(i), count=2)
+            mbarrier.init(pm.index(i), count=1)
+        mbarrier.init(lx, count=2)
+
+        # A masked (not copied) lane keeps what the stage held: zeros, or an earlier finite
+        # row, or P values in the rope slot; never a NaN from an unwritten cache slot.
+        for i in gl.static_range(2):
+            k_lat.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
+            k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+        m_buf.index(1).store(gl.full([BM], float("-inf"), gl.float32, one_l))
+
+        rq = gl.arange(0, BM, layout=row_l)
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        q_lat.index(0).store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
+        q_rope.index(0).store(
+            gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        )
+        fence_async_shared()
+        gl.thread_barrier()
+
+        args = (
+            OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+            K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+            K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+            t, hb, b, i0, q_len, part, cache_len, lo, hi,
+            q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, (ready, empty, pm, lx),
+        )  # fmt: skip
+        # fmt: off
+        gl.warp_specialize(
+            [
+                (_ss_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
+                               FMT)),
+                (_ss_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
+                               FMT)),
+                (_ss_producer,
+                 (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN, FMT)),
+            ],
+            [4, 4],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
+        # fmt: on
