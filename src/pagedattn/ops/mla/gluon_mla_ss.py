@@ -327,8 +327,8 @@ if HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr = 232,
-        PRODUCER_REGS: gl.constexpr = 48, PDL: gl.constexpr = False,
+        BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for

@@ -1773,7 +1773,8 @@ def mla_decode_triton(
             from . import gluon_mla_ss
 
             kernel = gluon_mla_ss._mla_decode_sm90_ss
-            regs = (232, 48) if K.fmt == FMT_BF16 else TUNING.get("ss_regs") or (200, 112)
+            # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
+            regs = TUNING.get("ss_regs") or ((232, 48) if K.fmt == FMT_BF16 else (200, 112))
             extra = dict(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
