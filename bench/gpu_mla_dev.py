@@ -250,14 +250,16 @@ VARIANTS = {
 
 CASES = [
     # name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, partitions
-    ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90t", "sm90_64"], [None, 1, 2]),
-    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90t", "sm90_64"], [None, 1, 2]),
+    ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
+    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90t", "sm90tn3"], [None, 1, 2]),
+     ["sm90t"], [None]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90t", "sm90tn3"], [None, 1, 2]),
+     ["sm90t"], [None, 1, 3]),
+    ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
+     ["sm90t"], [None]),
+    ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,
+     ["sm90t"], [None]),
     ("dense rope-fp8 h16 sq2 4k", "dense", "rope_aware", 576, 64, 4096, 16, 2, 64, 0,
      ["sm90t"], [None, 1]),
     ("dense bf16 h16 sq2 8k", "dense", "bf16", 576, 64, 8192, 16, 2, 64, 0,
@@ -270,7 +272,7 @@ CASES = [
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["sm90old", "ss", "ss_r208"], [None]),
+     ["sm90old", "ss"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["sm90old", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
@@ -362,12 +364,46 @@ def check_case(mode, fmt, d_qk, h_q, s_q, ps, topk, P):
     return dict(max_abs=err, cos=cos_diff(o, ro), lse_max_abs=lerr, nan=bool(torch.isnan(o).any()))
 
 
+def fixed_cost_probe(copy_bw):
+    """Where the rope-aware h_q 16 split launch (P = 2) spends its fixed time: GPU time of the
+    whole launch, of the split kernel without its combine, and of the combine alone."""
+    import triton
+
+    import pagedattn.ops.mla.triton_mla as M
+    from pagedattn.ops.mla.triton_mla_combine import mla_combine_triton
+
+    rows = []
+    comb = M.mla_combine_triton
+    for s_k in (2048, 4096, 8192):
+        q, kv, offs, kw, work = make_case("dense", "rope_aware", 576, 128, s_k, 16, 1, 64, 0)
+        fn = _launcher(q, kv, offs, kw, 2)
+        t_all = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+        M.mla_combine_triton = lambda *a, **k: None
+        try:
+            t_split = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+        finally:
+            M.mla_combine_triton = comb
+        po = torch.randn(2, q.shape[0], 16, 512, device="cuda")
+        pl = torch.randn(2, q.shape[0], 16, device="cuda")
+        out = torch.empty(q.shape[0], 16, 512, dtype=q.dtype, device="cuda")
+        lse = torch.empty(q.shape[0], 16, device="cuda")
+        t_comb = triton.testing.do_bench_cudagraph(
+            lambda: mla_combine_triton(po, pl, out, lse), rep=60, return_mode="median"
+        )
+        floor = work["bytes"] / copy_bw * 1e3
+        r = dict(s_k=s_k, ms_all=t_all, ms_split=t_split, ms_combine=t_comb, ms_copy=floor)
+        rows.append(r)
+        print("fixed", json.dumps(r), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mla_bench"))
     ap.add_argument("--cases", default="")
     ap.add_argument("--checks", default="all", choices=["all", "ss", "none"])
+    ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.compile_only:
@@ -406,6 +442,8 @@ def main():
         r["case"] = c
         res["checks"].append(r)
         print("check", c, r, flush=True)
+    if args.fixed:
+        res["fixed"] = fixed_cost_probe(copy_bw)
     table = []
     for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, parts in CASES:
         if args.cases and not re.search(args.cases, name):
@@ -421,11 +459,14 @@ def main():
                     torch.cuda.synchronize()
                     t = triton.testing.do_bench(fn, warmup=20, rep=120, return_mode="median")
                     t2 = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
+                    # the GPU's time alone (no host launch cost): replays of a captured graph
+                    tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
                 except Exception as e:  # noqa: BLE001
                     print("FAIL", name, v, P, str(e)[:300], flush=True)
                     continue
                 row = dict(
-                    case=name, variant=v, P=P, ms=t, ms_repeat=t2,
+                    case=name, variant=v, P=P, ms=t, ms_repeat=t2, ms_graph=tg,
+                    frac_copy_graph=work["bytes"] / (tg * 1e-3) / copy_bw,
                     tflops=work["flops"] / (t * 1e-3) / 1e12,
                     gbs=work["bytes"] / (t * 1e-3) / 1e9,
                     frac_copy=work["bytes"] / (t * 1e-3) / copy_bw,
@@ -439,14 +480,20 @@ def main():
     with open(os.path.join(args.out, "mla_dev.json"), "w") as fh:
         json.dump(res, fh, indent=1)
     print(f"\ncopy {copy_bw / 1e9:.0f} GB/s   bf16 mm {mm / 1e12:.0f} TFLOP/s")
-    print(f"{'case':28s} {'var':7s} {'P':>4s} {'ms':>8s} {'TFLOP/s':>8s} {'GB/s':>7s} {'copy':>5s}")
+    print(
+        f"{'case':28s} {'var':7s} {'P':>4s} {'ms':>8s} {'TFLOP/s':>8s} {'GB/s':>7s} {'copy':>5s}"
+        f" {'graph ms':>8s} {'copy':>5s}"
+    )
     for r in table:
         print(
             f"{r['case']:28s} {r['variant']:7s} {str(r['P']):>4s} {r['ms']:8.3f} "
-            f"{r['tflops']:8.1f} {r['gbs']:7.0f} {r['frac_copy']:5.2f}"
+            f"{r['tflops']:8.1f} {r['gbs']:7.0f} {r['frac_copy']:5.2f} {r['ms_graph']:8.3f} "
+            f"{r['frac_copy_graph']:5.2f}"
         )
     for c in res["checks"]:
         print("check", c["case"], f"cos {c['cos']:.2e} max_abs {c['max_abs']:.2e}", c["nan"])
+    for r in res.get("fixed", []):
+        print("fixed (GPU ms)", {k: round(v, 4) for k, v in r.items()})
 
 
 if __name__ == "__main__":
