@@ -46,14 +46,40 @@ def test_mla_tile_of_the_small_fp8_kernel(monkeypatch):
     a SM with 16-row tiles; every other MLA launch 1 CTA with 64-row tiles."""
     assert dispatch.mla_tile(16, 576, True, "cpu") == (1, 64)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    monkeypatch.setattr(dispatch, "_cuda_properties", lambda i: ((9, 0), 132))
     assert dispatch.mla_tile(16, 576, True, "cuda:0") == (2, 16)
     assert dispatch.mla_tile(1, 576, True, "cuda:0") == (2, 16)
     assert dispatch.mla_tile(20, 576, True, "cuda:0") == (1, 64)
     assert dispatch.mla_tile(16, 512, True, "cuda:0") == (1, 64)
     assert dispatch.mla_tile(16, 576, False, "cuda:0") == (1, 64)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    monkeypatch.setattr(dispatch, "_cuda_properties", lambda i: ((10, 0), 148))
     assert dispatch.mla_tile(16, 576, True, "cuda:0") == (1, 64)
     # b 128 x h_q 16: 128 tiles; P = 2 puts two on each of the 132 SMs, P = 3 would not fit.
     assert dispatch.mla_num_partitions(128, 16, 1, 4096, 132, 2, 16) == 2
     assert dispatch.mla_num_partitions(64, 16, 2, 4096, 132, 2, 16) == 2  # 2 tiles a request
+
+
+def test_device_queries_are_cached_per_device(monkeypatch):
+    """Capability and SM count come from one properties query per CUDA device (an eager
+    launch asks several times); other devices get None and DEFAULT_NUM_SMS."""
+    assert dispatch.cuda_capability("cpu") is None
+    assert dispatch.num_sms("cpu") == dispatch.DEFAULT_NUM_SMS
+    calls = []
+
+    class Props:
+        major, minor, multi_processor_count = 9, 0, 114
+
+    def props(i):
+        calls.append(i)
+        return Props()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    dispatch._cuda_properties.cache_clear()
+    try:
+        for _ in range(3):
+            assert dispatch.cuda_capability("cuda:1") == (9, 0)
+            assert dispatch.num_sms(torch.device("cuda", 1)) == 114
+        assert calls == [1]
+    finally:
+        dispatch._cuda_properties.cache_clear()

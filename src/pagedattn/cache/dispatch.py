@@ -20,6 +20,7 @@ near the ~200 us host cost of a call, were too noisy to rank timed directly.)
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -35,12 +36,31 @@ MLA_FP8_SMALL_CTAS_PER_SM = 2  # rope-aware FP8, h_q <= 16, sm_90 (see the modul
 MLA_FP8_SMALL_ROWS = 16  # query rows of one tile of that kernel
 
 
-def num_sms(device: torch.device | str | None = None) -> int:
-    """Multiprocessor count of a CUDA device, or DEFAULT_NUM_SMS elsewhere."""
+@functools.cache
+def _cuda_properties(index: int) -> tuple[tuple[int, int], int]:
+    p = torch.cuda.get_device_properties(index)
+    return (p.major, p.minor), p.multi_processor_count
+
+
+def _cuda_index(device: torch.device | str | None) -> int | None:
     d = torch.device(device) if device is not None else None
-    if d is not None and d.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(d).multi_processor_count
-    return DEFAULT_NUM_SMS
+    if d is None or d.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def cuda_capability(device: torch.device | str | None) -> tuple[int, int] | None:
+    """(major, minor) compute capability of a CUDA device, None for any other device. Cached
+    per device: a launch asks several times, and each uncached query cost the H100 host
+    several us of an eager call (bench/host_cost.py)."""
+    i = _cuda_index(device)
+    return None if i is None else _cuda_properties(i)[0]
+
+
+def num_sms(device: torch.device | str | None = None) -> int:
+    """Multiprocessor count of a CUDA device (cached), or DEFAULT_NUM_SMS elsewhere."""
+    i = _cuda_index(device)
+    return DEFAULT_NUM_SMS if i is None else _cuda_properties(i)[1]
 
 
 def choose_num_partitions(
@@ -78,13 +98,7 @@ def mla_tile(
     """(resident CTAs a SM, query rows a tile) of the MLA decode kernel that serves a launch:
     the rope-aware FP8 register-operand kernel on sm_90 for h_q <= 16 and d_qk 576, else the
     64-row kernels."""
-    d = torch.device(device) if device is not None else None
-    sm90 = (
-        d is not None
-        and d.type == "cuda"
-        and torch.cuda.is_available()
-        and torch.cuda.get_device_capability(d) == (9, 0)
-    )
+    sm90 = cuda_capability(device) == (9, 0)
     if sm90 and rope_aware_fp8 and head_dim == 576 and num_q_heads <= MLA_FP8_SMALL_ROWS:
         return MLA_FP8_SMALL_CTAS_PER_SM, MLA_FP8_SMALL_ROWS
     return MLA_CTAS_PER_SM, MLA_HEADS_PER_TILE

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ..cache.dispatch import cuda_capability
 from .gluon_imports import HAS_GLUON, gl, gluon
 
 
@@ -32,7 +33,7 @@ def pdl_enabled(t: torch.Tensor) -> bool:
         return False
     if os.environ.get("PAGEDATTN_PDL", "0") != "1":
         return False
-    return torch.cuda.get_device_capability(t.device)[0] >= 9
+    return (cuda_capability(t.device) or (0, 0))[0] >= 9
 
 
 def pdl_launch_kwargs(enabled: bool) -> dict:

@@ -37,7 +37,7 @@ import os
 import torch
 import triton
 
-from ...cache.dispatch import mha_num_partitions, num_sms
+from ...cache.dispatch import cuda_capability, mha_num_partitions, num_sms
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
 from ..gluon_imports import GluonTensorDescriptor, gl
@@ -155,7 +155,7 @@ def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, 
         return None
     if PREFILL_OVERRIDE.get("hi_lo") or PREFILL_OVERRIDE.get("kv_lo"):
         return None  # P is rounded to q's dtype (no hi + lo pair)
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if cuda_capability(q.device) != (9, 0):
         return None
     if not _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask):
         return None

@@ -26,7 +26,11 @@ H100 (bench/gpu_mla_dev.py, 2026-11-22, b 128, page 64, TFLOP/s) against the key
 sparse s_q 2 top-k 2048 bf16 426 vs 348, V32 322 vs 248. Registers (setmaxnreg): BF16 232 a
 consumer thread and 48 for the producer; V32 200 and 112 (the tile in flight; at 208 / 96 the
 producer spilled and ran 225). Loading the next V32 tile group by group while the current one
-is stored spilled at any split tried (1.5-7x slower). Left: with Q (72 KB) resident only two
+is stored spilled at any split tried (1.5-7x slower). Two V32 producer warpgroups (column
+halves, 16 warps) do not compile: the kernel's .maxnreg becomes 65536 / 512 = 128, and ptxas
+rejects the consumers' m64n256k16 wgmma (it asks for 158) although setmaxnreg gives their
+region 184-200. Integer-op e4m3 decoding (byte permutes, shifts, masks instead of the
+conversion unit) ran 252 TFLOP/s against 322 (2026-11-22). Left: with Q (72 KB) resident only two
 72 KB stages fit, so a stage is refilled only after both consumers' P V products on it;
 FlashMLA's seesaw reports 660 on an H800.
 

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...cache.dispatch import mla_num_partitions, mla_tile, num_sms
+from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num_sms
 from ...errors import check
 from ..pdl import g_pdl_signal, pdl_enabled, pdl_signal
 from .triton_mla_combine import mla_combine_triton
@@ -1635,7 +1635,7 @@ def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool
     want = TUNING.get("gluon")
     if want is False or not _HAS_GLUON or not q.is_cuda:
         return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
+    if cuda_capability(q.device) != (9, 0):
         return False
     return (
         q.dtype == torch.bfloat16

@@ -1,0 +1,80 @@
+"""Host cost of one eager MLA decode call, by part (GPU machine): where the ~190 us of an eager
+`mla_decode` go on the H100 host (bench/results/h100_2026-11-22.json, rope-aware FP8 h_q 16).
+
+    python bench/host_cost.py
+
+Each part runs N times back to back on a tiny problem (b 128, s_k 64: a few us of GPU work),
+so the wall time per call is the host's. Prints one line per part, in us.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+import torch  # noqa: E402
+from gpu_mla_dev import _capture, _kernel_module, _kernel_name, make_case  # noqa: E402
+
+import pagedattn.ops.mla.triton_mla as M  # noqa: E402
+from pagedattn import mla_decode  # noqa: E402
+from pagedattn.ops.mla import _validate  # noqa: E402
+from pagedattn.ops.mla.triton_mla_combine import mla_combine_triton  # noqa: E402
+
+
+def per_call_us(fn, n: int = 2000) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main() -> None:
+    rows = []
+    for fmt in ("rope_aware", "bf16"):
+        q, kv, offs, kw, _ = make_case("dense", fmt, 576, 128, 64, 16, 1, 64, 0)
+        out = torch.empty(q.shape[0], 16, 512, dtype=q.dtype, device="cuda")
+        for P in (1, 2):
+
+            def full(P=P):
+                return mla_decode(q, kv, offs, out=out, num_partitions=P)
+
+            def direct(P=P):
+                return M.mla_decode_triton(q, kv, offs, out=out, num_partitions=P)
+
+            cap = _capture(direct, sm90=True)
+            kern = getattr(_kernel_module(cap["sm90"]), _kernel_name(cap["sm90"]))
+            grid, args, kwargs = cap["grid"], cap["args"], cap["kw"]
+            po = torch.randn(P, q.shape[0], 16, 512, device="cuda")
+            pl = torch.randn(P, q.shape[0], 16, device="cuda")
+            lse = torch.empty(q.shape[0], 16, device="cuda")
+            parts = {
+                "mla_decode": full,
+                "mla_decode_triton": direct,
+                "_validate": lambda P=P: _validate(
+                    q, kv, offs, 512, None, True, None, None, None, None, None, None, P, out
+                ),
+                "kernel launch only": lambda: kern[grid](*args, **kwargs),
+                "combine launch only": lambda: mla_combine_triton(po, pl, out, lse),
+                "torch.empty": lambda: torch.empty(P, 2048, 512, device="cuda"),
+            }
+            for name, fn in parts.items():
+                if name == "combine launch only" and P == 1:
+                    continue
+                us = per_call_us(fn)
+                rows.append((fmt, P, name, us))
+                print(f"{fmt:10s} P={P} {name:22s} {us:8.1f} us", flush=True)
+    print("\nhost cost per call (us)")
+    for fmt, P, name, us in rows:
+        print(f"{fmt:10s} P={P} {name:22s} {us:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
