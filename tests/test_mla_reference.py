@@ -25,6 +25,8 @@ from pagedattn import (
     RaggedOperand,
     store_kv,
 )
+from pagedattn.errors import Lazy
+from pagedattn.errors import check as check_arg
 from pagedattn.fp8 import quantize_blockwise
 from pagedattn.ops.mla import (
     MAX_Q_PER_REQUEST,
@@ -540,6 +542,21 @@ BAD = [
 def test_bad_arguments(good, over, match):
     with pytest.raises(InvalidArgumentError, match=match):
         _call(good, **over)
+
+
+def test_error_messages_describe_the_argument(good):
+    """The `got` part of a message (built lazily, only when a check fails) names the value."""
+    want = (
+        r"out: expected a torch.bfloat16 tensor of shape \(3, 16, 512\) on cpu, "
+        r"got torch.float32 tensor of shape \(3, 16, 512\) on cpu"
+    )
+    with pytest.raises(InvalidArgumentError, match=want):
+        _call(good, out=torch.zeros(3, 16, 512))
+    calls = []
+    check_arg(True, "x", "y", Lazy(lambda: calls.append(1)))
+    assert calls == []  # a passing check formats nothing
+    with pytest.raises(InvalidArgumentError, match="x: expected y, got 7"):
+        check_arg(False, "x", "y", Lazy(lambda: 7))
 
 
 def test_bad_extra_and_request_limits(good, gen):

@@ -15,9 +15,9 @@ import torch
 
 from ...errors import check
 from ...operands import RowOperand
+from .._checks import Described as _Described
 from .._checks import check_head_vector, check_num_partitions, check_out, check_scale
 from .._checks import check_int32 as _check_int32
-from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from .reference import (
     MAX_Q_PER_REQUEST,
@@ -75,7 +75,7 @@ def _validate(
         isinstance(q, torch.Tensor) and q.ndim == 3,
         "q",
         "a [tokens, h_q, d_qk] tensor",
-        _describe(q),
+        _Described(q),
     )
     check(q.dtype in Q_DTYPES, "q.dtype", f"one of {Q_DTYPES}", q.dtype)
     tokens, h_q, d_qk = q.shape
@@ -90,7 +90,7 @@ def _validate(
     _check_operand(kv, "kv", q)
     batch = q_row_offsets.shape[0] - 1 if isinstance(q_row_offsets, torch.Tensor) else -1
     _check_int32(q_row_offsets, nm("q_row_offsets"), (None,), "[batch + 1] prefix-sum", q.device)
-    check(batch >= 0, nm("q_row_offsets"), "at least one element", _describe(q_row_offsets))
+    check(batch >= 0, nm("q_row_offsets"), "at least one element", _Described(q_row_offsets))
     if indices is None:
         check(
             kv.batch_size == batch,
@@ -102,7 +102,7 @@ def _validate(
             topk_lengths is None,
             nm("topk_lengths"),
             "None unless indices is given (sparse mode)",
-            _describe(topk_lengths),
+            _Described(topk_lengths),
         )
     else:
         _check_int32(indices, nm("indices"), (tokens, None), f"[tokens={tokens}, stride]", q.device)
@@ -113,7 +113,7 @@ def _validate(
             (nm("extra_indices"), extra_indices),
             (nm("extra_topk_lengths"), extra_topk_lengths),
         ):
-            check(t is None, name, "None unless extra_kv is given", _describe(t))
+            check(t is None, name, "None unless extra_kv is given", _Described(t))
     else:
         _check_operand(extra_kv, "extra_kv", q)
         check(

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num_sms
-from ...errors import check
+from ...errors import Lazy, check
 from ..pdl import g_pdl_signal, pdl_enabled, pdl_signal
 from .triton_mla_combine import mla_combine_triton
 
@@ -1421,7 +1421,12 @@ class _Operand:
             rows.shape,
         )
         self.fmt = _FORMATS.get(a.quant_format, -1)
-        check(self.fmt >= 0, f"{name}.quant_format", f"one of {list(_FORMATS)}", a.quant_format)
+        check(
+            self.fmt >= 0,
+            f"{name}.quant_format",
+            Lazy(lambda: f"one of {list(_FORMATS)}"),
+            a.quant_format,
+        )
         head_dim = getattr(op, "head_dim", d_qk)
         check(head_dim == d_qk, f"{name}.head_dim", f"{d_qk} (q's last dim)", head_dim)
         self.data = rows
@@ -1442,8 +1447,13 @@ class _Operand:
         check(
             rows.dtype == expect[0] and rows.shape[2] == expect[1] and rows.stride(2) == 1,
             f"{name}.rows",
-            f"{expect[0]} rows of {expect[1]} contiguous elements for format {a.quant_format!r}",
-            f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}",
+            Lazy(
+                lambda: (
+                    f"{expect[0]} rows of {expect[1]} contiguous elements for format "
+                    f"{a.quant_format!r}"
+                )
+            ),
+            Lazy(lambda: f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}"),
         )
         if fmt == FMT_V32:
             check(d_qk == 576, name, "d_qk 576 for the V32 format", d_qk)
@@ -1525,7 +1535,7 @@ def _sparse_args(indices, lengths, tokens: int, batch: int, name: str):
         indices.ndim == 2 and indices.shape[0] == tokens and indices.dtype == torch.int32,
         name,
         f"an int32 [tokens={tokens}, stride] tensor",
-        f"{indices.dtype} {tuple(indices.shape)}",
+        Lazy(lambda: f"{indices.dtype} {tuple(indices.shape)}"),
     )
     if indices.stride(1) != 1:
         indices = indices.contiguous()
@@ -1536,7 +1546,7 @@ def _sparse_args(indices, lengths, tokens: int, batch: int, name: str):
             lengths.dtype == torch.int32 and n in (batch, tokens),
             f"{name} lengths",
             f"int32 [batch={batch}] (or [tokens={tokens}])",
-            f"{lengths.dtype} {tuple(lengths.shape)}",
+            Lazy(lambda: f"{lengths.dtype} {tuple(lengths.shape)}"),
         )
         per_tok = n != batch
     return indices, lengths, per_tok
@@ -1692,7 +1702,7 @@ def mla_decode_triton(
         and q_row_offsets.numel() >= 1,
         "q_row_offsets",
         "a 1-D int32 [batch + 1] tensor",
-        f"{q_row_offsets.dtype} {tuple(q_row_offsets.shape)}",
+        Lazy(lambda: f"{q_row_offsets.dtype} {tuple(q_row_offsets.shape)}"),
     )
     batch = q_row_offsets.numel() - 1
     dev = q.device
@@ -1702,8 +1712,8 @@ def mla_decode_triton(
         check(
             tuple(out.shape) == (tokens, h_q, d_v) and out.dtype == q.dtype and out.stride(2) == 1,
             "out",
-            f"a {q.dtype} [{tokens}, {h_q}, {d_v}] tensor with unit last stride",
-            f"{out.dtype} {tuple(out.shape)}",
+            Lazy(lambda: f"a {q.dtype} [{tokens}, {h_q}, {d_v}] tensor with unit last stride"),
+            Lazy(lambda: f"{out.dtype} {tuple(out.shape)}"),
         )
     lse = torch.empty(tokens, h_q, dtype=torch.float32, device=dev)
     if tokens == 0 or h_q == 0:
@@ -1732,7 +1742,7 @@ def mla_decode_triton(
             attn_sink.numel() == h_q and attn_sink.dtype == torch.float32,
             "attn_sink",
             f"a float32 [h_q={h_q}] tensor",
-            f"{attn_sink.dtype} {tuple(attn_sink.shape)}",
+            Lazy(lambda: f"{attn_sink.dtype} {tuple(attn_sink.shape)}"),
         )
         attn_sink = attn_sink.contiguous()
 
