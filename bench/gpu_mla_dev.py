@@ -122,7 +122,8 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 # ------------------------------------------------------------------------------------------
 def _kernel_name(sm90):
     """sm90: False (tl kernel), True (64-row Gluon kernel), "t" (keys-as-M Gluon kernel) or
-    "ss" (the warp-specialized seesaw kernel, module gluon_mla_ss)."""
+    "ss" (the warp-specialized seesaw kernel, module gluon_mla_ss); Gluon kernels live in
+    gluon_mla / gluon_mla_ss and are launched through their names in triton_mla."""
     return {
         False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t",
         "ss": "_mla_decode_sm90_ss",
@@ -130,10 +131,10 @@ def _kernel_name(sm90):
 
 
 def _kernel_module(sm90):
-    import pagedattn.ops.mla.gluon_mla_ss as SS
+    """The module whose attribute `mla_decode_triton` launches (all four kernels' names)."""
     import pagedattn.ops.mla.triton_mla as M
 
-    return SS if sm90 == "ss" else M
+    return M
 
 
 def _capture(call, sm90=False):

@@ -1,6 +1,6 @@
 """Gluon (sm_90) warp-specialized "seesaw" MLA decode for 64-row tiles, BF16 and V32 caches.
 
-Same contract, arguments and grid as `triton_mla._mla_decode_sm90` (64 query rows: heads of one
+Same contract, arguments and grid as `gluon_mla._mla_decode_sm90` (64 query rows: heads of one
 token, or of up to 64 // h_q tokens; one key partition a program), laid out so that the tensor
 cores are busy while a warpgroup does its softmax:
 
@@ -22,7 +22,7 @@ and stored. Rope-aware FP8 stays on the key-split kernel, which folds its per-to
 S and P instead of rounding the scaled tile to bf16.
 
 H100 (bench/gpu_mla_dev.py, 2026-11-22, b 128, page 64, TFLOP/s) against the key-split
-`triton_mla._mla_decode_sm90`: dense bf16 h_q 128 s_k 8192 484 vs 387, s_k 4096 460 vs 360;
+`gluon_mla._mla_decode_sm90`: dense bf16 h_q 128 s_k 8192 484 vs 387, s_k 4096 460 vs 360;
 sparse s_q 2 top-k 2048 bf16 426 vs 348, V32 322 vs 248. Registers (setmaxnreg): BF16 232 a
 consumer thread and 48 for the producer; V32 200 and 112 (the tile in flight; at 208 / 96 the
 producer spilled and ran 225). Loading the next V32 tile group by group while the current one
@@ -53,19 +53,19 @@ from ..gluon_imports import (
     warpgroup_mma_wait,
 )
 from ..pdl import g_pdl_signal
-from .triton_mla import (
-    LN2,
-    LOG2E,
-    _g_issue_main,
-    _g_issue_rope,
-    _g_key_range,
-    _g_keys,
-    _g_request,
-    _g_rows,
-    _g_tile_rows,
-)
 
 if HAS_GLUON:
+    from .gluon_mla import (
+        _g_issue_main,
+        _g_issue_rope,
+        _g_key_range,
+        _g_keys,
+        _g_normalize,
+        _g_request,
+        _g_rows,
+        _g_tile_rows,
+    )
+
     # e4m3 x 4 (one int32) times a float32 scale -> 2 x bf16x2 (exact through float16 and
     # float32: the same rounding as bf16(float32(x) * scale)).
     _DEQ4_ASM = gl.constexpr("""{
@@ -295,19 +295,12 @@ if HAS_GLUON:
         l_i = l_buf.index(0).load(srow) + l_buf.index(1).load(srow)
         m_i = m_fin
 
-        seen = l_i > 0.0
-        l_safe = gl.where(seen, l_i, 1.0)
-        lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
-        inv = gl.where(seen, 1.0 / l_safe, 0.0)
+        lse, inv = _g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
         ro = gl.arange(0, BM, layout=orow)
         row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
         smask = row_ok_o[:, None] & (do < D_V)[None, :]
         if not SPLIT:
-            if HAS_SINK:
-                sink = gl.load(SINK + head_s, mask=rows_ok_s, other=0.0)
-                m_sk = gl.where(seen, m_i, 0.0)
-                inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
             o = acc * gl.convert_layout(inv, orow)[:, None]
             optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
             gl.store(optr, o.to(gl.bfloat16), mask=smask)
@@ -419,3 +412,6 @@ if HAS_GLUON:
             [CONSUMER_REGS, PRODUCER_REGS],
         )
         # fmt: on
+
+else:  # Triton without Gluon: never launched (`triton_mla._use_sm90_path`)
+    _mla_decode_sm90_ss = None

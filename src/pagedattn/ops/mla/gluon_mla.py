@@ -1,0 +1,737 @@
+"""Gluon (sm_90) MLA decode kernels of `triton_mla` (same contract, arguments and grid), and
+the Gluon helpers that `gluon_mla_ss` shares:
+
+- `_mla_decode_sm90`: 64-row tiles (padded for small h_q), S split by keys between two
+  warpgroups, P exchanged through shared memory, O split by columns, a cp.async K ring.
+  Serves rope-aware FP8 caches (and BF16 / V32 when the seesaw kernel is turned off).
+  Why not tl.dot: Triton gives the S = Q K^T product of a chained attention loop all warps
+  along M ([num_warps, 1]); with 64 rows and 8 warps (the 64 x 512 accumulator takes 128
+  registers a thread with 8 warps) both warpgroups then compute the whole S tile with
+  n16/n32 wgmma instructions that re-read Q from shared memory, so S costs 2-3x its FLOPs.
+  H200 (bench/gpu_mla_dev.py): dense bf16 h_q 128 at 366 TFLOP/s against 164 for the tl
+  kernel; one CTA a SM (230 KB of shared memory) leaves 2 stages.
+- `_mla_decode_sm90_t`: tiles of at most 16-32 query rows (small h_q), keys as the MMA's M
+  dimension, so nothing is padded to 64 rows. BF16 and rope-aware FP8 caches.
+"""
+
+from __future__ import annotations
+
+from ..gluon_imports import HAS_GLUON as _HAS_GLUON
+from ..gluon_imports import (
+    cp,
+    fence_async_shared,
+    gl,
+    gluon,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from ..pdl import g_pdl_signal
+from .mla_constants import LN2, LOG2E
+
+if _HAS_GLUON:
+
+    @gluon.jit
+    def _g_keys(start, hi, b, tok, LUT, IDX, lut_stride, ps, idx_stride,
+                SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+        """The global load of a tile's addressing (index or page id), issued ahead."""
+        pos = start + gl.arange(0, BN, layout=row_l)
+        inb = pos < hi
+        if SPARSE:
+            key = gl.load(IDX + tok * idx_stride + pos, mask=inb, other=-1)
+        else:
+            key = gl.load(LUT + b * lut_stride + pos // ps, mask=inb, other=0)
+        return key
+
+    @gluon.jit
+    def _g_rows(start, hi, key, ps, psr, n_enc, n_pages,
+                SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+        """Physical rows (int64, clamped) and validity of key positions [start, start + BN)."""
+        pos = start + gl.arange(0, BN, layout=row_l)
+        inb = pos < hi
+        if SPARSE:
+            valid = inb & (key >= 0) & (key < n_enc)
+            enc = gl.where(valid, key, 0)
+            rows = (enc // ps).to(gl.int64) * psr + enc % ps
+        else:
+            valid = inb
+            blk = gl.minimum(gl.maximum(key, 0), n_pages - 1)
+            rows = blk.to(gl.int64) * psr + pos % ps
+        return rows, valid
+
+    @gluon.jit
+    def _g_issue_main(
+        k_main,
+        k_sc,
+        stage,
+        rows,
+        valid,
+        K,
+        SC,
+        stride,
+        stride_q,
+        sc_stride,
+        FMT: gl.constexpr,
+        ld_l: gl.constexpr,
+        NW: gl.constexpr = 8,
+    ):
+        """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`
+        (NW: the kernel's warps)."""
+        if FMT == 0:
+            dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+            ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + dA[None, :]
+            cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=valid[:, None])
+        else:
+            # 16 e4m3 (16 B) a thread and copy.
+            ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
+            r8 = gl.convert_layout(rows, gl.SliceLayout(1, ld8_l))
+            v8 = gl.convert_layout(valid, gl.SliceLayout(1, ld8_l))
+            d8 = gl.arange(0, 512, layout=gl.SliceLayout(0, ld8_l))
+            k8 = K.to(gl.pointer_type(gl.float8e4nv))
+            ptr = k8 + gl.multiple_of(r8 * stride, 16)[:, None] + d8[None, :]
+            cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=v8[:, None])
+            if FMT == 4:  # V32: 4 f32 scales at byte 512 of the row
+                s4_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [NW, 1], [1, 0])
+                rs = gl.convert_layout(rows, gl.SliceLayout(1, s4_l))
+                vs = gl.convert_layout(valid, gl.SliceLayout(1, s4_l))
+                c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, s4_l))
+                k32 = K.to(gl.pointer_type(gl.float32))
+                ptr = k32 + (gl.multiple_of(rs * stride_q, 4) + 128)[:, None] + c4[None, :]
+                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+            else:  # rope-aware: one f32 scale per token in the scale buffer
+                s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, NW // 2], [1, 0])
+                rs = gl.convert_layout(rows, gl.SliceLayout(1, s1_l))
+                vs = gl.convert_layout(valid, gl.SliceLayout(1, s1_l))
+                c1 = gl.arange(0, 1, layout=gl.SliceLayout(0, s1_l))
+                ptr = SC + (rs * sc_stride)[:, None] + c1[None, :]
+                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+
+    @gluon.jit
+    def _g_issue_rope(
+        k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr
+    ):
+        """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer)."""
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        if FMT == 0:
+            ptr = K + (gl.multiple_of(rows * stride, 8) + 512)[:, None] + dT[None, :]
+        else:
+            k16 = K.to(gl.pointer_type(gl.bfloat16))
+            off = 256 if FMT == 3 else 264
+            ptr = k16 + (gl.multiple_of(rows * stride_h, 8) + off)[:, None] + dT[None, :]
+        cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
+
+    @gluon.jit
+    def _g_tile_rows(r, t, hb, i0, q_len, H_Q: gl.constexpr, HPT: gl.constexpr,
+                     TPT: gl.constexpr):  # fmt: skip
+        """Query rows r of a tile (token-major: token r // HPT of the tile, head block hb):
+        (ok, tq, tok int64, head int64); padding rows get ok False and token t, head 0."""
+        tq = r // HPT
+        head = hb * HPT + r % HPT
+        ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
+        tok = gl.where(ok, t + tq, t).to(gl.int64)
+        return ok, tq, tok, gl.where(ok, head, 0).to(gl.int64)
+
+    @gluon.jit
+    def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
+        """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
+        of TPT tokens, and the request's query length (0 unless t leads)."""
+        ob = gl.arange(0, B_P2, layout=one_l)
+        offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
+        b = gl.sum((offs <= t).to(gl.int32), 0) - 1
+        live = b < batch
+        q_start = gl.load(QOFF + gl.minimum(b, batch))
+        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
+        q_start = gl.where(live, q_start, t)
+        q_end = gl.where(live, q_end, t + 1)
+        i0 = t - q_start
+        leader = (i0 % TPT) == 0
+        q_len = gl.where(leader, q_end - q_start, 0)
+        return b, live, i0, leader, q_len
+
+    @gluon.jit
+    def _g_key_range(
+        K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+        SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr,
+        CAUSAL: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
+    ):  # fmt: skip
+        """(cache_len, lo, hi): the keys [lo, hi) of split-K partition `part` (chunks rounded
+        to BN; causal tiles stop after their last token's keys; empty unless t leads)."""
+        cache_len = gl.load(K_CL + b, mask=live, other=0)
+        if SPARSE:
+            n_main = K_idx_len
+            if HAS_TOPK:
+                if TOPK_TOK:
+                    n_main = gl.load(K_TOPK + t)
+                else:
+                    n_main = gl.load(K_TOPK + b, mask=live, other=0)
+                n_main = gl.minimum(gl.maximum(n_main, 0), K_idx_len)
+            main_lim = n_main
+        else:
+            n_main = cache_len + q_len
+            if CAUSAL:
+                main_lim = gl.minimum(cache_len + i0 + TPT, n_main)
+            else:
+                main_lim = n_main
+        n_main = gl.where(live, n_main, 0)
+        main_lim = gl.where(live & leader, main_lim, 0)
+        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
+        lo = part * chunk
+        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+        return cache_len, lo, hi
+
+    @gluon.jit
+    def _g_issue_tile(
+        k_main, k_sc, k_rope, vbuf, stage, start, hi, key, K, K_SC, K_stride, K_stride_h,
+        K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE: gl.constexpr,
+        BN: gl.constexpr, FMT: gl.constexpr, ld_l: gl.constexpr, NW: gl.constexpr,
+    ):  # fmt: skip
+        """cp.async the tile of key positions [start, start + BN) (its `key`s loaded) into ring
+        stage `stage`: dims 0..511 and scales, the rope dims, the validity mask; one group."""
+        rows, valid = _g_rows(
+            start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, gl.SliceLayout(1, ld_l)
+        )
+        _g_issue_main(k_main, k_sc, stage, rows, valid, K, K_SC, K_stride, K_stride_q,
+                      K_sc_stride, FMT, ld_l, NW)  # fmt: skip
+        _g_issue_rope(k_rope.index(stage), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+        vbuf.index(stage).store(valid.to(gl.int32))
+        cp.commit_group()
+
+    @gluon.jit
+    def _g_issue_next(
+        key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT, K_IDX,
+        K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr,
+        K_nenc, K_npages, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
+        NBUF: gl.constexpr, ld_l: gl.constexpr, row_l: gl.constexpr, NW: gl.constexpr,
+    ):  # fmt: skip
+        """In the loop iteration of tile `start`: issue the copies of tile start + (NBUF - 1) BN
+        into stage `ist` with its already loaded `key`s; return the keys of tile
+        start + NBUF BN (the look-up-table load runs one iteration ahead of its copies)."""
+        key_next = _g_keys(
+            start + NBUF * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
+            BN, row_l,
+        )  # fmt: skip
+        _g_issue_tile(
+            k_main, k_sc, k_rope, vbuf, ist, start + (NBUF - 1) * BN, hi, key, K, K_SC,
+            K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
+            SPARSE, BN, FMT, ld_l, NW,
+        )  # fmt: skip
+        return key_next
+
+    @gluon.jit
+    def _g_ring_fill(
+        lo, hi, b, t, k_main, k_sc, k_rope, vbuf, K, K_SC, K_LUT, K_IDX, K_lut_stride,
+        K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc,
+        K_npages, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
+        NBUF: gl.constexpr, ld_l: gl.constexpr, row_l: gl.constexpr, NW: gl.constexpr,
+    ):  # fmt: skip
+        """Before the loop: tiles 0 .. NBUF - 2 in flight (the loop's issue step for tiles
+        -NBUF + 1 .. -1); returns the keys of tile NBUF - 1, loaded."""
+        key = _g_keys(
+            lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN, row_l
+        )
+        for i in gl.static_range(NBUF - 1):
+            key = _g_issue_next(
+                key, lo + (i + 1 - NBUF) * BN, hi, b, t, k_main, k_sc, k_rope, vbuf, i, K, K_SC,
+                K_LUT, K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, NW,
+            )  # fmt: skip
+        return key
+
+    @gluon.jit
+    def _g_normalize(m_i, l_i, SINK, head, rows_ok, USE_SINK: gl.constexpr):
+        """(lse, inv) of rows with running max m_i (log2 units) and row sum l_i: lse the
+        natural-log LSE over keys (-inf where no key was seen), inv the output's factor: 1 / l,
+        or 1 / (l + exp(sink - max)) with the sink logit [h_q] (loaded at `head`) joining the
+        denominator only; 0 where no key was seen."""
+        seen = l_i > 0.0
+        l_safe = gl.where(seen, l_i, 1.0)
+        lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        if USE_SINK:
+            sink = gl.load(SINK + head, mask=rows_ok, other=0.0)
+            m_sk = gl.where(seen, m_i, 0.0)
+            inv = gl.where(seen, 1.0 / (l_safe + gl.exp2(sink * LOG2E - m_sk)), 0.0)
+        else:
+            inv = gl.where(seen, 1.0 / l_safe, 0.0)
+        return lse, inv
+
+    @gluon.jit
+    def _g_max2(a, b, c, d):
+        return gl.maximum(a, c), gl.maximum(b, d)
+
+    @gluon.jit
+    def _g_perm_s(d):
+        """Cache column of logical column d of the register-A S product. In each 64-column
+        chunk, logical 16 kb + 8 h + 2 q + e (wgmma A fragment: k-block kb, half h, lane
+        q % 4, pair element e) is cache column 16 q + 4 kb + 2 h + e, so that a thread's 16
+        fragment values are 16 contiguous bytes."""
+        kb = (d // 16) % 4
+        h = (d // 8) % 2
+        q = (d // 2) % 4
+        return (d // 64) * 64 + q * 16 + kb * 4 + h * 2 + d % 2
+
+    @gluon.jit
+    def _g_perm_v(r):
+        """Cache column of logical row r of the register-A O^T = V^T P^T product: logical
+        64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane g = lane // 4) is cache
+        column 128 w + 16 g + 2 mb + h."""
+        return ((r // 16) % 4) * 128 + (r % 8) * 16 + (r // 64) * 2 + (r // 8) % 2
+
+    @gluon.jit
+    def _g_deq_k(raw, kraw_l: gl.constexpr, dot_l: gl.constexpr):
+        """[64 keys, 64] e4m3 stage columns -> float16 register A operand in `_g_perm_s`
+        order (the reshape/permute only relabels registers: no data moves between threads)."""
+        x = raw.load(kraw_l).to(gl.float16)
+        x = gl.permute(gl.reshape(x, [64, 4, 4, 2, 2]), (0, 2, 3, 1, 4))
+        return gl.convert_layout(gl.reshape(x, [64, 64]), dot_l)
+
+    @gluon.jit
+    def _g_deq_v(raw, vraw_l: gl.constexpr, dot_l: gl.constexpr):
+        """[16 keys, 512] e4m3 stage rows -> float16 register A operand V^T [512, 16] with
+        rows in `_g_perm_v` order."""
+        x = gl.permute(raw.load(vraw_l).to(gl.float16), (1, 0))
+        x = gl.permute(gl.reshape(x, [4, 8, 8, 2, 16]), (2, 0, 3, 1, 4))
+        return gl.convert_layout(gl.reshape(x, [512, 16]), dot_l)
+
+    @gluon.jit
+    def _mla_decode_sm90(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, PIPE: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """64 query rows (heads of a token, or of up to 64 // h_q tokens; padded) x one key
+        partition, 8 warps = 2 warpgroups. S = Q K^T is split by keys between the warpgroups
+        (BN / 2 each, no duplicated work); P goes through shared memory; O [64, 512] is split by
+        columns (256 each). K tiles of BN keys are gathered with cp.async into an NBUF-deep ring
+        (NBUF - 1 tiles in flight while one is computed); the lookup-table / index load of a tile
+        is issued one iteration before its copies. FP8 tiles are staged raw and dequantized to
+        bf16 in shared memory (per-token scales are folded into S and P instead)."""
+        BM: gl.constexpr = 64
+        gl.static_assert(not PIPE or FMT == 0, "PIPE needs a BF16 cache (no dequant buffer)")
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BN // 2, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+        )
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+        cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=16, per_phase=1, max_phase=8, order=[1, 0]
+        )
+        pl_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        NSC: gl.constexpr = 4 if FMT == 4 else 1
+
+        g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+
+        # Shared memory: Q, the K ring (+ its validity masks), P.
+        q_lat = gl.allocate_shared_memory(gl.bfloat16, [BM, 512], sm_l)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BM, 64], sm_l)
+        p_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=min(128, 2 * BN), element_bitwidth=16, rank=2
+        )
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, BN], p_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], sm_l)
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
+        if FMT == 0:
+            k_main = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 512], sm_l)
+            k_sc = p_smem  # unused
+            k_bf = p_smem  # unused
+        else:
+            k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
+            k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN, NSC], pl_l)
+            k_bf = gl.allocate_shared_memory(gl.bfloat16, [BN, 512], sm_l)
+        # Zero the ring once: a masked (not copied) lane can never leave NaN behind.
+        for i in gl.static_range(NBUF):
+            if FMT == 0:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
+            else:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
+            k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+
+        rq = gl.arange(0, BM, layout=row_l)
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        q_lat.store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
+        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+
+        # Key range of this partition.
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
+
+        rs = gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
+        rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
+        kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+
+        acc = gl.zeros([BM, 512], gl.float32, o_l)
+        m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_l))
+        zero_s = gl.zeros([BM, BN], gl.float32, s_l)
+
+        key = _g_ring_fill(
+            lo, hi, b, t, k_main, k_sc, k_rope, vbuf, K, K_SC, K_LUT, K_IDX, K_lut_stride,
+            K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc,
+            K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 8,
+        )  # fmt: skip
+
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        for it in range(n_it):
+            st = it % NBUF
+            ist = (it + NBUF - 1) % NBUF
+            start = lo + it * BN
+            if not PIPE:
+                # Issue tile it + NBUF - 1 (its keys arrived during the previous iteration) and
+                # load the keys of tile it + NBUF.
+                key = _g_issue_next(
+                    key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT,
+                    K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                    K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l,
+                    row_l, 8,
+                )  # fmt: skip
+                cp.wait_group(NBUF - 1)  # tile it has landed
+            else:
+                cp.wait_group(NBUF - 2)  # tile it has landed (tile it + NBUF - 1 not issued)
+            fence_async_shared()
+            gl.thread_barrier()
+            if FMT == 0:
+                kl = k_main.index(st)
+            else:
+                x = k_main.index(st).load(cv_l)
+                if FMT == 4:
+                    xf = gl.reshape(x.to(gl.float32), [BN, 4, 128])
+                    sc = k_sc.index(st).load(gl.SliceLayout(2, xf.type.layout))
+                    xb = gl.reshape((xf * sc[:, :, None]).to(gl.bfloat16), [BN, 512])
+                else:
+                    xb = x.to(gl.bfloat16)
+                k_bf.store(xb)
+                fence_async_shared()
+                gl.thread_barrier()
+                kl = k_bf
+            s = warpgroup_mma(q_lat, kl.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if FMT == 3:  # per-token scale folded into the latent part of S (and into P)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                s_tok = k_sc.index(st).load(gl.BlockedLayout([1, 1], [32, 1], [2, 4], [1, 0]))
+                s_tok = gl.convert_layout(gl.reshape(s_tok, [BN]), gl.SliceLayout(0, s_l))
+                s = s * s_tok[None, :]
+            s = warpgroup_mma(q_rope, k_rope.index(st).permute((1, 0)), s, is_async=True)
+            if PIPE:
+                # The P V product of tile it - 1 completes here too (groups retire in order).
+                # Waiting for it alone (wait_group 2) before S would let the copies below run
+                # under the S product, but ptxas then serializes every wgmma (C7514: it does
+                # not track the group across the loop's back edge).
+                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+                gl.thread_barrier()  # every warpgroup is done with tile it - 1's stage and P
+                key = _g_issue_next(
+                    key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT,
+                    K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q,
+                    K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l,
+                    row_l, 8,
+                )  # fmt: skip
+            else:
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            keep = vbuf.index(st).load(gl.SliceLayout(0, s_l))[None, :] != 0
+            if CAUSAL and not SPARSE:
+                keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
+            s = gl.where(keep, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            if FMT == 3:
+                p = p * s_tok[None, :]
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(p_smem, kl, acc, is_async=True)
+            if PIPE:  # left in flight (waited for behind the next S product)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                gl.thread_barrier()  # the stage and P may be overwritten from here on
+        if PIPE:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
+
+        lse, inv = _g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
+        ro = gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        do = gl.arange(0, 512, layout=gl.SliceLayout(0, o_l))
+        smask = row_ok_o[:, None] & (do < D_V)[None, :]
+        if not SPLIT:
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+            optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            gl.store(
+                LSE + tok_o * H_Q + head_o,
+                gl.convert_layout(lse, gl.SliceLayout(1, o_l)),
+                mask=row_ok_o,
+            )
+        else:
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
+            gl.store(PL + prow, gl.convert_layout(lse, gl.SliceLayout(1, o_l)), mask=row_ok_o)
+
+    @gluon.jit
+    def _mla_decode_sm90_t(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PDL: gl.constexpr = False,
+    ):  # fmt: skip
+        """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
+        the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
+        so no MMA work is padded to 64 rows. One warpgroup (4 warps), BN = 64 keys a tile in an
+        NBUF-deep cp.async ring, as `_mla_decode_sm90`. BF16 or rope-aware FP8 caches; FP8 runs
+        float16 MMAs: e4m3 -> f16 is one native cvt per pair (bf16 would take three), q's latent
+        part is scaled by 2^-e (exact) into f16 range, the per-token scale multiplies S's rows,
+        and P's rows are scaled by s_tok / max(s_tok of the tile) so they stay in [0, 1] (the
+        running factor `tau` keeps O in those units).
+
+        FP8: both products take the dequantized tile from registers (wgmma's register A
+        operand), read straight from the cp.async stage with 16-byte loads, so no float16 copy
+        of the tile is written to shared memory (about 100 KB a CTA with NBUF 2: two CTAs a
+        SM). The 16 bytes a thread loads are a fixed permutation of the columns its A fragment
+        holds: of d for S (the same permutation is applied to q's latent part when it is
+        stored, so S is unchanged: `_g_perm_s`) and of the output rows for P V (undone when O
+        is stored: `_g_perm_v`)."""
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
+        )
+        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
+        # K [64 keys, 64 d] of one S chunk: 16 contiguous bytes a thread (d bits 0-3), rows
+        # g and g + 8 (g = lane // 4), 16-byte column q = lane % 4, warps 16 rows each.
+        kraw_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
+            lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[64, 64],
+        )
+        # V [16 keys, 512 d] of one P V chunk: 16 contiguous bytes a thread (d bits 0-3) of
+        # keys 2q + {0, 1, 8, 9}, 16-byte column 8 w + g.
+        vraw_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [1, 0], [8, 0]],
+            lane_bases=[[2, 0], [4, 0], [0, 16], [0, 32], [0, 64]],
+            warp_bases=[[0, 128], [0, 256]],
+            block_bases=[],
+            shape=[16, 512],
+        )
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+        out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=16, per_phase=1, max_phase=8, order=[1, 0]
+        )
+        pl_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        sc_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, 2], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        key_l: gl.constexpr = gl.SliceLayout(1, mma_l)  # per key (rows of S^T)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)  # per query row (columns)
+        if FMT == 0:
+            QT: gl.constexpr = gl.bfloat16
+        else:
+            QT: gl.constexpr = gl.float16
+
+        g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+
+        q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)
+        q_rope_buf = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
+        q_lat = q_lat_buf.index(0)
+        q_rope = q_rope_buf.index(0)
+        p_smem = gl.allocate_shared_memory(QT, [NR, BN], sm_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], sm_l)
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
+        if FMT == 0:
+            k_main = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 512], sm_l)
+            k_sc = p_smem  # unused
+        else:
+            k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
+            k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN, 1], pl_l)
+        for i in gl.static_range(NBUF):
+            if FMT == 0:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
+            else:
+                k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
+                k_sc.index(i).store(gl.zeros([BN, 1], gl.float32, sc_l))
+            k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+
+        rq = gl.arange(0, NR, layout=row_l)
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        if FMT != 0:
+            dA = _g_perm_s(dA)
+        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
+        lat_scale = 1.0
+        if FMT == 0:
+            q_lat.store(qa)
+        else:
+            # 2^-e q with max |q| < 2^15 in float16 (exact power-of-two scaling)
+            qf = qa.to(gl.float32)
+            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
+            e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
+            down = ((127 - e) << 23).to(gl.float32, bitcast=True)
+            lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
+            q_lat.store((qf * down).to(gl.float16))
+        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
+
+        rc = gl.arange(0, NR, layout=col_l)
+        rows_ok_c, tqc, _tok, head_c = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
+        kpos = gl.arange(0, BN, layout=key_l)
+
+        acc = gl.zeros([512, NR], gl.float32, mma_l)
+        m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
+        # Row sums are kept per key slot and reduced once after the loop (one cross-warp
+        # reduction a tile fewer); O's units tau are per column (FP8).
+        l_acc = gl.zeros([BN, NR], gl.float32, mma_l)
+        tau = gl.full([NR], 1.0, gl.float32, col_l)
+        zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
+
+        key = _g_ring_fill(
+            lo, hi, b, t, k_main, k_sc, k_rope, vbuf, K, K_SC, K_LUT, K_IDX, K_lut_stride,
+            K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc,
+            K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
+        )  # fmt: skip
+
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        for it in range(n_it):
+            st = it % NBUF
+            ist = (it + NBUF - 1) % NBUF
+            start = lo + it * BN
+            key = _g_issue_next(
+                key, start, hi, b, t, k_main, k_sc, k_rope, vbuf, ist, K, K_SC, K_LUT, K_IDX,
+                K_lut_stride, K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps,
+                K_psr, K_nenc, K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
+            )  # fmt: skip
+            cp.wait_group(NBUF - 1)  # tile it has landed
+            fence_async_shared()
+            gl.thread_barrier()
+            # An index the compiler cannot fold to 0: the wgmma descriptors of fixed buffers
+            # would be hoisted out of the loop (64-bit values that spill with NR = 32).
+            zero = it // 2147483647
+            q_lat = q_lat_buf.index(zero)
+            q_rope = q_rope_buf.index(zero)
+            ok = vbuf.index(st).load(key_l) != 0
+            kl = k_main.index(st)
+            if FMT != 0:
+                s = zero_s
+                for j in gl.static_range(8):
+                    a = _g_deq_k(kl.slice(j * 64, 64, dim=1), kraw_l, dot_l)
+                    s = warpgroup_mma(
+                        a, q_lat.slice(j * 64, 64, dim=1).permute((1, 0)), s, use_acc=j > 0,
+                        is_async=True,
+                    )  # fmt: skip
+                    s, a = warpgroup_mma_wait(num_outstanding=1, deps=(s, a))
+            else:
+                s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+                s_tok = gl.convert_layout(gl.reshape(k_sc.index(st).load(sc_l), [BN]), key_l)
+                s_tok = gl.where(ok, s_tok, 0.0)
+                s = s * (s_tok * lat_scale)[:, None]
+            s = warpgroup_mma(k_rope.index(st), q_rope.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            keep = ok[:, None]
+            if CAUSAL and not SPARSE:
+                keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
+            s = gl.where(keep, s * qk_scale, float("-inf"))
+            if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
+                s_b = gl.zeros_like(s) + s_tok[:, None]
+                s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
+            else:
+                s_max = gl.max(s, 0)
+            m_new = gl.maximum(m_i, s_max)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            if FMT != 0:
+                sig = gl.where(sig > 0.0, sig, tau)
+                p = p * s_tok[:, None] / sig[None, :]
+                alpha = alpha * (tau / sig)
+                tau = sig
+            acc = acc * alpha[None, :]
+            p_smem.store(gl.permute(p.to(QT), (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            if FMT != 0:
+                for c in gl.static_range(BN // 16):
+                    va = _g_deq_v(kl.slice(c * 16, 16, dim=0), vraw_l, dot_l)
+                    acc = warpgroup_mma(
+                        va, p_smem.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True
+                    )
+                    acc, va = warpgroup_mma_wait(num_outstanding=1, deps=(acc, va))
+            else:
+                acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            gl.thread_barrier()  # the stage and P may be overwritten from here on
+        cp.wait_group(0)
+
+        l_i = gl.sum(l_acc, 0)
+        lse, inv = _g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
+        o = gl.convert_layout(acc * (inv * tau)[None, :], out_l)
+        ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
+        if FMT != 0:
+            do = _g_perm_v(do)
+        smask = row_ok_o[None, :] & (do < D_V)[:, None]
+        lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
+        if not SPLIT:
+            optr = OUT + tok_o[None, :] * stride_ot + head_o[None, :] * stride_oh + do[:, None]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            gl.store(LSE + tok_o * H_Q + head_o, lse_o, mask=row_ok_o)
+        else:
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[None, :] * D_V + do[:, None], o, mask=smask)
+            gl.store(PL + prow, lse_o, mask=row_ok_o)
+
+else:  # Triton without Gluon: the sm_90 paths are never taken (`triton_mla._use_sm90_path`)
+    _mla_decode_sm90 = _mla_decode_sm90_t = None
