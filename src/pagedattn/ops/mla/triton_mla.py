@@ -907,8 +907,9 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     and 380 us (8192) at one CTA a SM, 146 / 264 us at two (P = 2), against 210 / 402 us when
     the tile was first dequantized into shared memory (then 211 KB: one CTA a SM).
     H100 (2026-11-22, GPU time of CUDA-graph replays, b 128, h_q 16, P = 2): s_k 2048 / 4096 /
-    8192 / 16384 take 84 / 141 / 258 / 487 us: 0.97 of copy per added key, plus ~27 us fixed
-    (the combine and its partials included; BF16 at P = 1: ~14 us). The e4m3 upcast is not
+    8192 / 16384 take 84 / 141 / 258 / 487 us: added keys stream at 0.97 of copy, plus ~27
+    us fixed, of which the combine kernel takes 1-5 us (`bench/gpu_mla_dev.py --fixed`: the
+    split kernel alone 79 / 136 / 256 us); BF16 at P = 1: ~14 us. The e4m3 upcast is not
     the limit: integer-op upcasts (prmt / shl / and, value * 2^-8) ran 6-15% slower, half
     and half 3-6% slower, and no upcast at all (garbage values) only 3% faster."""
     want = TUNING.get("sm90_t")
