@@ -123,18 +123,12 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 def _kernel_name(sm90):
     """sm90: False (tl kernel), True (64-row Gluon kernel), "t" (keys-as-M Gluon kernel) or
     "ss" (the warp-specialized seesaw kernel, module gluon_mla_ss); Gluon kernels live in
-    gluon_mla / gluon_mla_ss and are launched through their names in triton_mla."""
+    gluon_mla / gluon_mla_ss and are launched through their names in triton_mla, which is
+    where `_capture` intercepts them and `compile_offline` finds them."""
     return {
         False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t",
         "ss": "_mla_decode_sm90_ss",
     }[sm90]  # fmt: skip
-
-
-def _kernel_module(sm90):
-    """The module whose attribute `mla_decode_triton` launches (all four kernels' names)."""
-    import pagedattn.ops.mla.triton_mla as M
-
-    return M
 
 
 def _capture(call, sm90=False):
@@ -145,7 +139,7 @@ def _capture(call, sm90=False):
 
     caps = {}
     kinds = (False, True, "t", "ss")
-    saved = {k: getattr(_kernel_module(k), _kernel_name(k)) for k in kinds}
+    saved = {k: getattr(M, _kernel_name(k)) for k in kinds}
 
     class _Fake:
         def __init__(self, kind):
@@ -160,13 +154,13 @@ def _capture(call, sm90=False):
     saved_use, saved_comb = M._use_sm90_path, M.mla_combine_triton
     try:
         for k in saved:
-            setattr(_kernel_module(k), _kernel_name(k), _Fake(k))
+            setattr(M, _kernel_name(k), _Fake(k))
         M._use_sm90_path = lambda *a: sm90
         M.mla_combine_triton = lambda *a, **k: None
         call()
     finally:
         for k, v in saved.items():
-            setattr(_kernel_module(k), _kernel_name(k), v)
+            setattr(M, _kernel_name(k), v)
         M._use_sm90_path, M.mla_combine_triton = saved_use, saved_comb
     return caps
 
@@ -178,7 +172,9 @@ def compile_offline(cap, outdir, tag, sm90=False):
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = getattr(_kernel_module(sm90), _kernel_name(sm90))
+    import pagedattn.ops.mla.triton_mla as M
+
+    fn = getattr(M, _kernel_name(sm90))
     kw = dict(cap["kw"])
     opts = dict(num_warps=kw.pop("num_warps"), num_stages=kw.pop("num_stages", 1))
     sig, attrs = {}, {}

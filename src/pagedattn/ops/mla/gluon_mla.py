@@ -26,7 +26,7 @@ from ..gluon_imports import (
     warpgroup_mma_wait,
 )
 from ..pdl import g_pdl_signal
-from .mla_constants import LN2, LOG2E
+from .triton_mla_combine import LN2, LOG2E
 
 if _HAS_GLUON:
 

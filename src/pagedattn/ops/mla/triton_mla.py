@@ -59,8 +59,7 @@ from ...errors import Lazy, check
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
-from .mla_constants import LN2, LOG2E
-from .triton_mla_combine import mla_combine_triton
+from .triton_mla_combine import LN2, LOG2E, mla_combine_triton
 
 # Cache formats (compile-time).
 FMT_BF16, FMT_BLOCKWISE, FMT_PER_TENSOR, FMT_ROPE_AWARE, FMT_V32, FMT_MODEL1 = range(6)
