@@ -294,6 +294,20 @@ SS_CHECKS = [
 ]
 
 
+# Correctness cases of the keys-as-M kernel (BF16 h_q <= 32, rope-aware FP8 h_q <= 16).
+T_CHECKS = [
+    ("dense", "rope_aware", 576, 16, 1, 64, 0, None),
+    ("dense", "rope_aware", 576, 16, 2, 16, 0, 3),
+    ("dense", "rope_aware", 576, 8, 1, 1, 0, 2),
+    ("dense", "rope_aware", 576, 1, 4, 128, 0, None),
+    ("sparse", "rope_aware", 576, 16, 1, 64, 2048, None),
+    ("sparse", "rope_aware", 576, 5, 2, 1, 256, 2),
+    ("dense", "bf16", 576, 16, 1, 64, 0, None),
+    ("dense", "bf16", 576, 20, 4, 128, 0, 2),
+    ("sparse", "bf16", 576, 32, 1, 1, 256, 1),
+]
+
+
 def _launcher(q, kv, offs, kw, P):
     from pagedattn.ops.mla.triton_mla import mla_decode_triton
 
@@ -394,13 +408,72 @@ def fixed_cost_probe(copy_bw):
     return rows
 
 
+def trace_probe(copy_bw, outdir):
+    """Per-CTA timeline of the keys-as-M kernel (h_q 16, b 128, page 64): globaltimer at the
+    CTA's start, before its loop, when its first tile has landed, after the loop and at its
+    end, and its SM. Summaries in microseconds from the first CTA's start."""
+    import numpy as np
+    import triton
+
+    import pagedattn.ops.mla.triton_mla as M
+
+    rows = []
+    runs = [("fp8", "rope_aware", 4096, 2), ("fp8", "rope_aware", 8192, 2),
+            ("fp8", "rope_aware", 4096, 1), ("bf16", "bf16", 4096, 1),
+            ("bf16", "bf16", 8192, 1)]  # fmt: skip
+    flush = torch.empty(1 << 28, dtype=torch.int8, device="cuda").random_(-100, 100)
+    for label, fmt, s_k, P in runs:
+        q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, 16, 1, 64, 0)
+        M.TUNING.update({k: None for k in M.TUNING})
+        M.TUNING.update(gluon=True, sm90_t=True)
+        fn = _launcher(q, kv, offs, kw, P)
+        fn()
+        t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+        tr = torch.zeros(q.shape[0] * P, 8, dtype=torch.int64, device="cuda")
+        M.TUNING["trace"] = tr
+        fn()
+        for rep in range(3):
+            flush.sum()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+            a = tr.cpu().numpy()
+            rel = (a[:, :5] - a[:, 0].min()) / 1e3
+            n_it = a[:, 7]
+            per_tile = (rel[:, 3] - rel[:, 2]) / np.maximum(n_it - 1, 1)
+            _sm, cnt = np.unique(a[:, 6], return_counts=True)
+            end = rel[:, 4]
+            r = dict(
+                case=f"{label} s_k {s_k} P {P}", rep=rep, graph_us=t_graph * 1e3,
+                floor_us=work["bytes"] / copy_bw * 1e6, span_us=float(end.max()),
+                start_spread=float(rel[:, 0].max()),
+                prologue_med=float(np.median(rel[:, 1] - rel[:, 0])),
+                first_tile_med=float(np.median(rel[:, 2] - rel[:, 1])),
+                first_tile_max=float((rel[:, 2] - rel[:, 1]).max()),
+                tile_us_min=float(per_tile.min()), tile_us_med=float(np.median(per_tile)),
+                tile_us_max=float(per_tile.max()),
+                epilogue_med=float(np.median(rel[:, 4] - rel[:, 3])),
+                end_p0=float(end.min()), end_p10=float(np.percentile(end, 10)),
+                end_p50=float(np.median(end)), end_p90=float(np.percentile(end, 90)),
+                sms=len(cnt), ctas_per_sm=sorted(set(cnt.tolist())),
+            )  # fmt: skip
+            rows.append(r)
+            print("trace", json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
+                                       for k, v in r.items()}), flush=True)  # fmt: skip
+            np.save(os.path.join(outdir, f"trace_{label}_{s_k}_P{P}_{rep}.npy"), a)
+        M.TUNING.update({k: None for k in M.TUNING})
+        del q, kv, kw
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mla_bench"))
     ap.add_argument("--cases", default="")
-    ap.add_argument("--checks", default="all", choices=["all", "ss", "none"])
+    ap.add_argument("--checks", default="all", choices=["all", "ss", "t", "none"])
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
+    ap.add_argument("--trace", action="store_true", help="run trace_probe")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.compile_only:
@@ -432,6 +505,8 @@ def main():
     ]
     if args.checks == "ss":  # the seesaw kernel (forced where another would serve)
         checks = [c + ("ss",) for c in SS_CHECKS]
+    if args.checks == "t":  # the keys-as-M kernel
+        checks = [c + ("sm90t",) for c in T_CHECKS]
     for c in checks if args.checks != "none" else []:
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[c[8]] if len(c) > 8 else {})
@@ -441,6 +516,8 @@ def main():
         print("check", c, r, flush=True)
     if args.fixed:
         res["fixed"] = fixed_cost_probe(copy_bw)
+    if args.trace:
+        res["trace"] = trace_probe(copy_bw, args.out)
     table = []
     for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, parts in CASES:
         if args.cases and not re.search(args.cases, name):

@@ -97,6 +97,9 @@ if _HAS_GLUON:
                 k32 = K.to(gl.pointer_type(gl.float32))
                 ptr = k32 + (gl.multiple_of(rs * stride_q, 4) + 128)[:, None] + c4[None, :]
                 cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+            elif len(k_sc.shape) == 2:  # rope-aware into a [NBUF, BN] ring: rows as they are
+                ptr = SC + rows * sc_stride
+                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=valid)
             else:  # rope-aware: one f32 scale per token in the scale buffer
                 s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, NW // 2], [1, 0])
                 rs = gl.convert_layout(rows, gl.SliceLayout(1, s1_l))
@@ -104,6 +107,21 @@ if _HAS_GLUON:
                 c1 = gl.arange(0, 1, layout=gl.SliceLayout(0, s1_l))
                 ptr = SC + (rs * sc_stride)[:, None] + c1[None, :]
                 cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+
+    @gluon.jit
+    def _g_clock():
+        """The global nanosecond timer (int64), for development traces."""
+        return gl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+        )
+
+    @gluon.jit
+    def _g_smid():
+        """The SM the CTA runs on (int64), for development traces."""
+        x = gl.inline_asm_elementwise(
+            "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+        return x.to(gl.int64)
 
     @gluon.jit
     def _g_issue_rope(
@@ -269,13 +287,6 @@ if _HAS_GLUON:
         return (d // 64) * 64 + q * 16 + kb * 4 + h * 2 + d % 2
 
     @gluon.jit
-    def _g_perm_v(r):
-        """Cache column of logical row r of the register-A O^T = V^T P^T product: logical
-        64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane g = lane // 4) is cache
-        column 128 w + 16 g + 2 mb + h."""
-        return ((r // 16) % 4) * 128 + (r % 8) * 16 + (r // 64) * 2 + (r // 8) % 2
-
-    @gluon.jit
     def _g_deq_k(raw, kraw_l: gl.constexpr, dot_l: gl.constexpr):
         """[64 keys, 64] e4m3 stage columns -> float16 register A operand in `_g_perm_s`
         order (the reshape/permute only relabels registers: no data moves between threads)."""
@@ -286,7 +297,9 @@ if _HAS_GLUON:
     @gluon.jit
     def _g_deq_v(raw, vraw_l: gl.constexpr, dot_l: gl.constexpr):
         """[16 keys, 512] e4m3 stage rows -> float16 register A operand V^T [512, 16] with
-        rows in `_g_perm_v` order."""
+        permuted rows: logical row 64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane
+        g = lane // 4) holds cache column 128 w + 16 g + 2 mb + h, so that a thread's values
+        are 16 contiguous bytes (the kernel's epilogue undoes the permutation)."""
         x = gl.permute(raw.load(vraw_l).to(gl.float16), (1, 0))
         x = gl.permute(gl.reshape(x, [4, 8, 8, 2, 16]), (2, 0, 3, 1, 4))
         return gl.convert_layout(gl.reshape(x, [512, 16]), dot_l)
@@ -506,6 +519,7 @@ if _HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PDL: gl.constexpr = False,
+        TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -521,8 +535,13 @@ if _HAS_GLUON:
         of the tile is written to shared memory (about 100 KB a CTA with NBUF 2: two CTAs a
         SM). The 16 bytes a thread loads are a fixed permutation of the columns its A fragment
         holds: of d for S (the same permutation is applied to q's latent part when it is
-        stored, so S is unchanged: `_g_perm_s`) and of the output rows for P V (undone when O
-        is stored: `_g_perm_v`)."""
+        stored, so S is unchanged: `_g_perm_s`) and of the output rows for P V (`_g_deq_v`;
+        undone on O in registers before its layout conversion, so the stores are vectors).
+        The per-token scales go through a [NBUF, BN] ring read in S's row layout.
+
+        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the
+        globaltimer at the CTA's start, before its loop, when its first tile has landed,
+        after the loop and at its end (slots 0-4), its SM (6) and tile count (7)."""
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
         )
@@ -554,9 +573,7 @@ if _HAS_GLUON:
         raw_l: gl.constexpr = gl.SwizzledSharedLayout(
             vec=16, per_phase=1, max_phase=8, order=[1, 0]
         )
-        pl_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        sc_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, 2], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         key_l: gl.constexpr = gl.SliceLayout(1, mma_l)  # per key (rows of S^T)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)  # per query row (columns)
@@ -568,6 +585,10 @@ if _HAS_GLUON:
         g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
         pid = gl.program_id(0)
         part = gl.program_id(1)
+        if TRACE:
+            trp = TR + (part * gl.num_programs(0) + pid) * 8
+            gl.store(trp, _g_clock())
+            gl.store(trp + 6, _g_smid())
         t = pid // NHB
         hb = pid % NHB
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
@@ -585,13 +606,14 @@ if _HAS_GLUON:
             k_sc = p_smem  # unused
         else:
             k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
-            k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN, 1], pl_l)
+            # one scale a key, read back in the S row layout (no layout conversion)
+            k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN], v1_l)
         for i in gl.static_range(NBUF):
             if FMT == 0:
                 k_main.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
             else:
                 k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
-                k_sc.index(i).store(gl.zeros([BN, 1], gl.float32, sc_l))
+                k_sc.index(i).store(gl.zeros([BN], gl.float32, one_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
 
         rq = gl.arange(0, NR, layout=row_l)
@@ -601,19 +623,10 @@ if _HAS_GLUON:
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
         if FMT != 0:
             dA = _g_perm_s(dA)
+        # q's loads are issued first and used after the ring fill, so that their latency
+        # overlaps the dependent loads of the key range and the first tiles' page ids.
         qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
-        lat_scale = 1.0
-        if FMT == 0:
-            q_lat.store(qa)
-        else:
-            # 2^-e q with max |q| < 2^15 in float16 (exact power-of-two scaling)
-            qf = qa.to(gl.float32)
-            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
-            e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
-            down = ((127 - e) << 23).to(gl.float32, bitcast=True)
-            lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
-            q_lat.store((qf * down).to(gl.float16))
-        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+        qr = gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
 
         cache_len, lo, hi = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
@@ -639,7 +652,23 @@ if _HAS_GLUON:
             K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
         )  # fmt: skip
 
+        lat_scale = 1.0
+        if FMT == 0:
+            q_lat.store(qa)
+        else:
+            # 2^-e q with max |q| < 2^15 in float16 (exact power-of-two scaling)
+            qf = qa.to(gl.float32)
+            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
+            e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
+            down = ((127 - e) << 23).to(gl.float32, bitcast=True)
+            lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
+            q_lat.store((qf * down).to(gl.float16))
+        q_rope.store(qr)
+
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        if TRACE:
+            gl.store(trp + 1, _g_clock())
+            gl.store(trp + 7, n_it.to(gl.int64))
         for it in range(n_it):
             st = it % NBUF
             ist = (it + NBUF - 1) % NBUF
@@ -652,6 +681,9 @@ if _HAS_GLUON:
             cp.wait_group(NBUF - 1)  # tile it has landed
             fence_async_shared()
             gl.thread_barrier()
+            if TRACE:
+                if it == 0:
+                    gl.store(trp + 2, _g_clock())
             # An index the compiler cannot fold to 0: the wgmma descriptors of fixed buffers
             # would be hoisted out of the loop (64-bit values that spill with NR = 32).
             zero = it // 2147483647
@@ -672,7 +704,7 @@ if _HAS_GLUON:
                 s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                s_tok = gl.convert_layout(gl.reshape(k_sc.index(st).load(sc_l), [BN]), key_l)
+                s_tok = k_sc.index(st).load(key_l)
                 s_tok = gl.where(ok, s_tok, 0.0)
                 s = s * (s_tok * lat_scale)[:, None]
             s = warpgroup_mma(k_rope.index(st), q_rope.permute((1, 0)), s, is_async=True)
@@ -713,15 +745,18 @@ if _HAS_GLUON:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             gl.thread_barrier()  # the stage and P may be overwritten from here on
         cp.wait_group(0)
+        if TRACE:
+            gl.store(trp + 3, _g_clock())
 
         l_i = gl.sum(l_acc, 0)
         lse, inv = _g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
-        o = gl.convert_layout(acc * (inv * tau)[None, :], out_l)
+        o = acc * (inv * tau)[None, :]
+        if FMT != 0:  # rows back to cache-column order (`_g_deq_v`), so stores are vectors
+            o = gl.reshape(gl.permute(gl.reshape(o, [8, 4, 2, 8, NR]), (1, 3, 0, 2, 4)), [512, NR])
+        o = gl.convert_layout(o, out_l)
         ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
         row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
-        if FMT != 0:
-            do = _g_perm_v(do)
         smask = row_ok_o[None, :] & (do < D_V)[:, None]
         lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
         if not SPLIT:
@@ -732,6 +767,9 @@ if _HAS_GLUON:
             prow = (part * n_tokens + tok_o) * H_Q + head_o
             gl.store(PO + prow[None, :] * D_V + do[:, None], o, mask=smask)
             gl.store(PL + prow, lse_o, mask=row_ok_o)
+        if TRACE:
+            gl.thread_barrier()
+            gl.store(trp + 4, _g_clock())
 
 else:  # Triton without Gluon: the sm_90 paths are never taken (`triton_mla._use_sm90_path`)
     _mla_decode_sm90 = _mla_decode_sm90_t = None

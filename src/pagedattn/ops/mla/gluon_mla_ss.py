@@ -30,7 +30,10 @@ is stored spilled at any split tried (1.5-7x slower). Two V32 producer warpgroup
 halves, 16 warps) do not compile: the kernel's .maxnreg becomes 65536 / 512 = 128, and ptxas
 rejects the consumers' m64n256k16 wgmma (it asks for 158) although setmaxnreg gives their
 region 184-200. Integer-op e4m3 decoding (byte permutes, shifts, masks instead of the
-conversion unit) ran 252 TFLOP/s against 322 (2026-11-22). Left: with Q (72 KB) resident only two
+conversion unit) ran 252 TFLOP/s against 322 (2026-11-22). An L2 prefetch of the next tile's
+rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
+(GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
+V32 449 -> 502, sparse bf16 340 -> 389. Left: with Q (72 KB) resident only two
 72 KB stages fit, so a stage is refilled only after both consumers' P V products on it;
 FlashMLA's seesaw reports 660 on an H800.
 

@@ -686,7 +686,7 @@ def _mla_decode_kernel(
 TUNING: dict[str, int | None] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
-    "sm90_pipe": None, "sm90_ss": None, "ss_regs": None,
+    "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "trace": None,
 }  # fmt: skip
 
 
@@ -910,7 +910,17 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     us fixed, of which the combine kernel takes 1-5 us (`bench/gpu_mla_dev.py --fixed`: the
     split kernel alone 79 / 136 / 256 us); BF16 at P = 1: ~14 us. The e4m3 upcast is not
     the limit: integer-op upcasts (prmt / shl / and, value * 2^-8) ran 6-15% slower, half
-    and half 3-6% slower, and no upcast at all (garbage values) only 3% faster."""
+    and half 3-6% slower, and no upcast at all (garbage values) only 3% faster.
+    Per-CTA timeline (`gpu_mla_dev.py --trace`, H100 2026-11-22, s_k 4096, P = 2): 5 us of
+    prologue (the dependent loads of request offsets, cache length and page ids), the first
+    tile 2.5-3 us later, 32 tiles at 3.6 us (2.9 at best), 1.4 us of epilogue (3.3 before O
+    was un-permuted in registers: vector stores), CTAs ending between 120 and 132 us (the 8
+    SMs with one CTA at 100). Steady state streams 2.93 TB/s against BF16's 3.15 (P = 1:
+    3.0 us tiles, 2.6 at best), so FP8 cannot make up its ramp and tail; one FP8 CTA alone
+    takes 2.8 us a tile (P = 1: 184 us). After the epilogue and scale-ring changes FP8 takes
+    138 / 254 us (s_k 4096 / 8192) against 141 / 259 in the same run. An L2 prefetch of the
+    tile after next (cp.async.bulk.prefetch.L2) made every kernel slower: FP8 142 -> 150 us,
+    BF16 h_q 16 208 -> 227 us (s_k 4096)."""
     want = TUNING.get("sm90_t")
     if want is False or h_q > 32 or fmt not in (FMT_BF16, FMT_ROPE_AWARE):
         return None
@@ -1068,6 +1078,8 @@ def mla_decode_triton(
         if cfg_t is not None:
             kernel = _mla_decode_sm90_t
             extra = dict(NR=cfg["NR"], num_warps=4)
+            if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
+                extra.update(TRACE=True, TR=TUNING["trace"])
         elif cfg["SS"]:
             kernel = _mla_decode_sm90_ss
             # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
