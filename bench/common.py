@@ -65,7 +65,7 @@ class Ms(float):
 _FLUSH: dict = {}
 
 
-def _cold_l2() -> None:
+def cold_l2() -> None:
     """Evict L2 (50 MB on the H100) by reading 256 MB: the lines left are clean, so the timed
     call pays no write-back of the flush's own data (triton's do_bench zeroes its buffer,
     and the ~50 MB of dirty lines then cost a short memory-bound call ~4%: H100 2026-11-22,
@@ -84,7 +84,7 @@ def _bench(fn, warmup: int, rep: int, repeats: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
-        _cold_l2()
+        cold_l2()
         fn()
     end.record()
     torch.cuda.synchronize()
@@ -99,7 +99,7 @@ def _bench(fn, warmup: int, rep: int, repeats: int) -> float:
             for _ in range(n_rep)
         ]
         for s, e in ev:
-            _cold_l2()
+            cold_l2()
             s.record()
             fn()
             e.record()

@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from common import TY  # noqa: E402
+from common import TY, cold_l2  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
@@ -421,7 +421,6 @@ def trace_probe(copy_bw, outdir):
     runs = [("fp8", "rope_aware", 4096, 2), ("fp8", "rope_aware", 8192, 2),
             ("fp8", "rope_aware", 4096, 1), ("bf16", "bf16", 4096, 1),
             ("bf16", "bf16", 8192, 1)]  # fmt: skip
-    flush = torch.empty(1 << 28, dtype=torch.int8, device="cuda").random_(-100, 100)
     for label, fmt, s_k, P in runs:
         q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, 16, 1, 64, 0)
         M.TUNING.update({k: None for k in M.TUNING})
@@ -433,7 +432,7 @@ def trace_probe(copy_bw, outdir):
         M.TUNING["trace"] = tr
         fn()
         for rep in range(3):
-            flush.sum()
+            cold_l2()
             torch.cuda.synchronize()
             fn()
             torch.cuda.synchronize()

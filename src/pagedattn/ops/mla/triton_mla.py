@@ -49,6 +49,7 @@ ahead): Triton's own pipeliner serialises this loop (see `_attend`).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import triton
@@ -681,9 +682,9 @@ def _mla_decode_kernel(
 # ------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------
-# Launch configuration knobs. `bench/gpu_mla_dev.py` overrides them to time variants; None
-# means the heuristic in `_tile_config`.
-TUNING: dict[str, int | None] = {
+# Launch configuration knobs. `bench/gpu_mla_dev.py` overrides them to time variants (and sets
+# "trace" to an int64 buffer for `--trace`); None means the heuristic in `_tile_config`.
+TUNING: dict[str, Any] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "trace": None,
