@@ -43,10 +43,13 @@ FMTS = {
 }
 
 
-def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", seed=0):
+def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", seed=0, shared=""):
     """A one-layer MLA cache with b requests of s_k cached keys (random values, quantized into
     `fmt`), s_q new query tokens each; shuffled pages. Sparse: topk random valid indices per
-    token (-1 padded where fewer keys). Returns (q, kv, q_row_offsets, kwargs, work)."""
+    token (-1 padded where fewer keys). shared "L2": every request reads request 0's pages (an
+    L2-resident working set); "none" (sparse): every index invalid, so no key is loaded and
+    the time is the kernel's compute schedule alone (the FLOPs counted are those of topk keys).
+    Returns (q, kv, q_row_offsets, kwargs, work)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     params = KVCacheParams(
         torch.bfloat16, 1, 1, d_qk, ps, is_mla=True, num_q_heads=h_q,
@@ -87,6 +90,8 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
             page[:, ps * 576 :].copy_(sb.view(n_pages, ps * 8))
     perm = torch.randperm(n_pages - 1, generator=g).to(device=device, dtype=torch.int32)
     lut = perm[: b * pages_per].view(b, pages_per).contiguous()
+    if shared == "L2":
+        lut[:] = lut[0].clone()
     cl = torch.full((b,), s_k, dtype=torch.int32, device=device)
     inputs = KVCacheInputsPerDevice(
         blocks, cl, lut, torch.tensor([[s_q, s_k]], dtype=torch.int32), scales
@@ -105,6 +110,8 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
         if idx.shape[1] < topk:
             pad = torch.full((tokens, topk - idx.shape[1]), -1, dtype=torch.int32, device=device)
             idx = torch.cat([idx, pad], 1)
+        if shared == "none":
+            idx.fill_(-1)
         kw = dict(indices=idx.contiguous())
         keys = min(topk, s_k + s_q)
     row_bytes = blocks[0, 0, 0, 0, 0].numel() * blocks.element_size()
@@ -242,6 +249,12 @@ VARIANTS = {
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
     "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw
     "sm90old": dict(gluon=True, sm90_ss=False),  # the key-split 64-row kernel
+    "ss0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=False),
+    "ss_o1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=False),
+    "ss_o2": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=2, ss_half=False),
+    "ss_o2h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=2, ss_half=True),
+    "ss_o1h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=True),
+    "ss_h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=True),
     "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_regs=(208, 96)),
 }
 
@@ -263,15 +276,15 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["sm90old", "ss"], [None]),
+     ["ss0", "ss"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["sm90old", "ss"], [None]),
+     ["ss0", "ss"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["sm90old", "ss"], [None]),
+     ["ss0", "ss"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
-     ["sm90old", "ss"], [None]),
+     ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
      ["auto"], [None]),
 ]  # fmt: skip
@@ -471,6 +484,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mla_bench"))
     ap.add_argument("--cases", default="")
     ap.add_argument("--checks", default="all", choices=["all", "ss", "t", "none"])
+    ap.add_argument("--ss-variants", default="ss", help="comma list: variants --checks ss runs")
+    ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", action="store_true", help="run trace_probe")
     args = ap.parse_args()
@@ -503,7 +518,7 @@ def main():
         ("dense", "rope_aware", 576, 16, 1, 64, 0, 1),
     ]
     if args.checks == "ss":  # the seesaw kernel (forced where another would serve)
-        checks = [c + ("ss",) for c in SS_CHECKS]
+        checks = [c + (v,) for v in args.ss_variants.split(",") for c in SS_CHECKS]
     if args.checks == "t":  # the keys-as-M kernel
         checks = [c + ("sm90t",) for c in T_CHECKS]
     for c in checks if args.checks != "none" else []:
@@ -521,31 +536,37 @@ def main():
     for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, parts in CASES:
         if args.cases and not re.search(args.cases, name):
             continue
-        q, kv, offs, kw, work = make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk)
-        for v in variants:
-            for P in parts:
-                M.TUNING.update({k: None for k in M.TUNING})
-                M.TUNING.update(VARIANTS[v])
-                fn = _launcher(q, kv, offs, kw, P)
-                try:
-                    fn()
-                    torch.cuda.synchronize()
-                    t = triton.testing.do_bench(fn, warmup=20, rep=120, return_mode="median")
-                    t2 = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
-                    # the GPU's time alone (no host launch cost): replays of a captured graph
-                    tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-                except Exception as e:  # noqa: BLE001
-                    print("FAIL", name, v, P, str(e)[:300], flush=True)
-                    continue
-                row = dict(
-                    case=name, variant=v, P=P, ms=t, ms_repeat=t2, ms_graph=tg,
-                    frac_copy_graph=work["bytes"] / (tg * 1e-3) / copy_bw,
-                    tflops=work["flops"] / (t * 1e-3) / 1e12,
-                    gbs=work["bytes"] / (t * 1e-3) / 1e9,
-                    frac_copy=work["bytes"] / (t * 1e-3) / copy_bw,
-                )  # fmt: skip
-                table.append(row)
-                print(json.dumps(row), flush=True)
+        for shared in [""] + [m for m in args.shared.split(",") if m]:
+            if shared == "none" and mode != "sparse":
+                continue
+            q, kv, offs, kw, work = make_case(
+                mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, shared=shared
+            )
+            for v in variants:
+                for P in parts:
+                    M.TUNING.update({k: None for k in M.TUNING})
+                    M.TUNING.update(VARIANTS[v])
+                    fn = _launcher(q, kv, offs, kw, P)
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                        t = triton.testing.do_bench(fn, warmup=20, rep=120, return_mode="median")
+                        t2 = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
+                        # the GPU's time alone (no host launch cost): replays of a captured graph
+                        tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+                    except Exception as e:  # noqa: BLE001
+                        print("FAIL", name, v, P, str(e)[:300], flush=True)
+                        continue
+                    row = dict(
+                        case=f"{name} {shared}".strip(), variant=v, P=P,
+                        ms=t, ms_repeat=t2, ms_graph=tg,
+                        frac_copy_graph=work["bytes"] / (tg * 1e-3) / copy_bw,
+                        tflops=work["flops"] / (t * 1e-3) / 1e12,
+                        gbs=work["bytes"] / (t * 1e-3) / 1e9,
+                        frac_copy=work["bytes"] / (t * 1e-3) / copy_bw,
+                    )  # fmt: skip
+                    table.append(row)
+                    print(json.dumps(row), flush=True)
         del q, kv, kw
         torch.cuda.empty_cache()
     M.TUNING.update({k: None for k in M.TUNING})

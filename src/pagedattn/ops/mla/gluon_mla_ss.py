@@ -14,6 +14,13 @@ cores are busy while a warpgroup does its softmax:
 - O [64, 512] is split by columns: warpgroup w keeps columns [256 w, 256 w + 256) and adds
   P_j V_j for every tile, its own P from registers and the other's from shared memory, after
   rescaling O to that tile's running max.
+- In a pair of tiles (2 i, 2 i + 1) warpgroup 1 computes its S first, under warpgroup 0's
+  softmax (S needs no running max), then (SS_ORDER 2, BF16) its softmax, so that its P is out
+  early, and both P V products, or (SS_ORDER 1, V32) tile 2 i's P V before its softmax. Order
+  0 (tile 2 i's P V first, then S) left the tensor cores idle under both softmaxes.
+- SS_HALF: each consumer frees the half of a stage that its P V products read on its own
+  barrier, and the producer refills that half first (the rope slot, which holds P, once both
+  have freed the stage).
 
 V32 (FlashMLA's 656-byte FP8 rows, 4 float32 scales a row) is dequantized by the producer:
 the e4m3 bytes of a tile are loaded into registers as int32 words before it waits for the
@@ -33,13 +40,24 @@ region 184-200. Integer-op e4m3 decoding (byte permutes, shifts, masks instead o
 conversion unit) ran 252 TFLOP/s against 322 (2026-11-22). An L2 prefetch of the next tile's
 rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
 (GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
-V32 449 -> 502, sparse bf16 340 -> 389. Left: with Q (72 KB) resident only two
-72 KB stages fit, so a stage is refilled only after both consumers' P V products on it;
-FlashMLA's seesaw reports 660 on an H800.
+V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 of tile j + 2
+(or j + 3) by the producer (8-16 addresses a row, 2026-11-22): 605 -> 697 us, 480 -> 513,
+340 -> 424.
+
+What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
+order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
+schedule alone) sparse bf16 runs 446 -> 502 and V32 402 -> 401 (the producer's dequant); with
+every request's keys in L2 (one shared page list) 448 -> 497 and V32 350 -> 359; from HBM
+457 -> 441 and V32 287 -> 300. So the consumers' schedule caps BF16 near 500 (the S products
+read both operands from shared memory, m64n64k16: 4 KB a k-step, the shared-memory bandwidth
+of the tensor cores' peak rate, shared with the producer's copies), and V32 loses a further
+quarter to memory latency: the producer holds one tile in registers, so a tile's load latency
+is hidden only behind the wait for its stage. With Q (72 KB) resident only two 72 KB stages
+fit; FlashMLA's seesaw reports 660 on an H800.
 
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
-reads the stage is complete), `pm` (a tile's P and running max are in shared memory) and one
+reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a tile's P and running max are in shared memory) and one
 for the final row-sum exchange. A consumer never waits on a barrier with a wgmma in flight
 (ptxas would complete it at the branch anyway)."""
 
@@ -59,7 +77,6 @@ from ..pdl import g_pdl_signal
 
 if HAS_GLUON:
     from .gluon_mla import (
-        _g_issue_main,
         _g_issue_rope,
         _g_key_range,
         _g_keys,
@@ -150,15 +167,25 @@ if HAS_GLUON:
         mbarrier.arrive(ready.index(st), count=1)
 
     @gluon.jit
+    def _ss_issue_cols(dst, rows, valid, K, stride, c0: gl.constexpr, ld_l: gl.constexpr):
+        """cp.async bf16 columns [c0, c0 + 256) of a tile's rows into the same columns of
+        `dst` ([BN, 512])."""
+        d = c0 + gl.arange(0, 256, layout=gl.SliceLayout(0, ld_l))
+        ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + d[None, :]
+        cp.async_copy_global_to_shared(dst.slice(c0, 256, dim=1), ptr, mask=valid[:, None])
+
+    @gluon.jit
     def _ss_producer(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
                      TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
                      SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
-                     BN: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+                     BN: gl.constexpr, FMT: gl.constexpr, ORDER: gl.constexpr,
+                     HALF: gl.constexpr):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
         of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
         go through registers (64 a thread hold a tile, as int32 words), loaded before the
-        wait for the stage and dequantized into it after."""
+        wait for the stage and dequantized into it after. HALF: columns 0..255 are refilled
+        once consumer 0 has freed them, 256..511 and the rope slot (P) once consumer 1 has too."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
@@ -185,27 +212,98 @@ if HAS_GLUON:
                 x1, s1 = _ss_fp8_group(K, roff, sp, v8, 1, FMT)
                 x2, s2 = _ss_fp8_group(K, roff, sp, v8, 2, FMT)
                 x3, s3 = _ss_fp8_group(K, roff, sp, v8, 3, FMT)
-            mbarrier.wait(empty.index(st), ((j // 2) & 1) ^ 1)  # fresh: passes phase 1
+            e_ph = ((j // 2) & 1) ^ 1  # fresh barriers pass phase 1
+            if HALF:
+                mbarrier.wait(empty.index(2 * st), e_ph)
+            else:
+                mbarrier.wait(empty.index(st), e_ph)
             if FMT == 0:
-                _g_issue_main(k_lat, k_lat, st, rows, valid, K, K, K_stride, K_stride_q, 0, 0,
-                              ld_l, 4)  # fmt: skip
-            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            if FMT != 0:
+                for h in gl.static_range(2):
+                    if HALF and h == 1:
+                        mbarrier.wait(empty.index(2 * st + 1), e_ph)
+                    _ss_issue_cols(k_lat.index(st), rows, valid, K, K_stride, h * 256, ld_l)
+            else:
                 dst = k_lat.index(st)
                 _ss_deq_store(dst, x0, s0, 0)
                 _ss_deq_store(dst, x1, s1, 1)
+                if HALF:
+                    mbarrier.wait(empty.index(2 * st + 1), e_ph)
                 _ss_deq_store(dst, x2, s2, 2)
                 _ss_deq_store(dst, x3, s3, 3)
+            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
             _ss_release(ready, st, vbuf, valid)
             key = key_next
+
+    @gluon.jit
+    def _ss_s(q_l, q_r, kl, kr, zero_s):
+        """S = Q K^T of a tile [64, BN] (latent and rope parts), complete."""
+        s = warpgroup_mma(q_l, kl.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_r, kr.permute((1, 0)), s, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+
+    @gluon.jit
+    def _ss_softmax(s, m_prev, m_w, l_w, kr, vb, m_buf, pm, start, kcol, row_lim,
+                    W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale):  # fmt: skip
+        """Softmax of the own tile's S against the running max m_prev left by the other
+        warpgroup: P (bf16) into the tile's rope slot (read by S only, which is done), the new
+        max into m_buf[W], then the pm[W] arrival. Returns (P, new max, m_w, l_w)."""
+        keep = vb.load(kcol.type.layout)[None, :] != 0
+        if MASK_CAUSAL:
+            keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
+        s = gl.where(keep, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_prev, gl.max(s, 1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - m_use[:, None])
+        l_w = l_w * gl.exp2(m_w - m_use) + gl.sum(p, 1)
+        pb = p.to(gl.bfloat16)
+        kr.store(pb)
+        m_buf.index(W).store(m_new)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(pm.index(W), count=1)
+        return pb, m_new, m_new, l_w
+
+    @gluon.jit
+    def _ss_pv_own(acc, m_o, m_new, pb, kl, W: gl.constexpr, o_l: gl.constexpr):
+        """O (this warpgroup's 256 columns) rescaled to max m_new, plus the own P (registers)
+        times the tile's V columns; complete."""
+        orow: gl.constexpr = gl.SliceLayout(1, o_l)
+        m_n = gl.convert_layout(m_new, orow)
+        acc = acc * gl.exp2(m_o - gl.where(m_n == float("-inf"), 0.0, m_n))[:, None]
+        p_op = gl.convert_layout(pb, gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2))
+        acc = warpgroup_mma(p_op, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_n
+
+    @gluon.jit
+    def _ss_other(acc, m_o, m_new, kl, kr, W: gl.constexpr):
+        """O rescaled to the other warpgroup's max m_new (orow layout), plus its P (in the
+        tile's rope slot) times the tile's V columns; complete."""
+        acc = acc * gl.exp2(m_o - gl.where(m_new == float("-inf"), 0.0, m_new))[:, None]
+        acc = warpgroup_mma(kr, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,)), m_new
+
+    @gluon.jit
+    def _ss_own(s, m_prev, acc, m_o, m_w, l_w, kl, kr, vb, m_buf, pm, start, kcol, row_lim,
+                W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale,
+                o_l: gl.constexpr):  # fmt: skip
+        """The own tile after its S: softmax and P out, then the own P V."""
+        pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, kr, vb, m_buf, pm, start, kcol,
+                                          row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
+        acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
+        return acc, m_o, m_w, l_w
 
     @gluon.jit
     def _ss_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
-                    BN: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+                    BN: gl.constexpr, FMT: gl.constexpr, ORDER: gl.constexpr,
+                    HALF: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
-        (and, W = 0, the LSE)."""
+        (and, W = 0, the LSE). ORDER: warpgroup 1's steps in a pair of tiles (2 i, 2 i + 1):
+        0 the P V of tile 2 i, then S, softmax and P V of its own tile; 1 its own S first
+        (under warpgroup 0's softmax), then tile 2 i's P V, the own softmax and P V; 2 its own
+        S, its softmax (P out early), then both P V products. HALF: each warpgroup frees
+        its half of a stage on its own barrier (the producer refills that half first)."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
@@ -219,7 +317,6 @@ if HAS_GLUON:
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
         )
-        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         srow: gl.constexpr = gl.SliceLayout(1, s_l)
         orow: gl.constexpr = gl.SliceLayout(1, o_l)
         OW: gl.constexpr = 1 - W  # the other warpgroup
@@ -243,50 +340,52 @@ if HAS_GLUON:
             z = i // 2147483647
             q_l = q_lat.index(z)
             q_r = q_rope.index(z)
-            for k in gl.static_range(2):  # tile j = 2 i + k, ring stage k + z
-                j = 2 * i + k
-                kl = k_lat.index(k + z)
-                kr = k_rope.index(k + z)
-                if k == W:  # own tile: S, softmax, P out, own P V
-                    mbarrier.wait(ready.index(k), ph)
-                    # the running max after tile j - 1 (the other warpgroup's; none for j = 0)
-                    mbarrier.wait(pm.index(OW), (ph + k + 1) & 1, pred=j > 0)
-                    s = warpgroup_mma(q_l, kl.permute((1, 0)), zero_s, use_acc=False,
-                                      is_async=True)  # fmt: skip
-                    s = warpgroup_mma(q_r, kr.permute((1, 0)), s, is_async=True)
-                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                    m_prev = m_buf.index(OW).load(srow)
-                    keep = vbuf.index(k).load(gl.SliceLayout(0, s_l))[None, :] != 0
-                    if CAUSAL and not SPARSE:
-                        keep = keep & ((lo + j * BN + kcol)[None, :] < row_lim[:, None])
-                    s = gl.where(keep, s * qk_scale, float("-inf"))
-                    m_new = gl.maximum(m_prev, gl.max(s, 1))
-                    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    p = gl.exp2(s - m_use[:, None])
-                    l_w = l_w * gl.exp2(m_w - m_use) + gl.sum(p, 1)
-                    m_w = m_new
-                    pb = p.to(gl.bfloat16)
-                    # P replaces the tile's rope columns (read by S only, which is done)
-                    kr.store(pb)
-                    m_buf.index(W).store(m_new)
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.arrive(pm.index(W), count=1)
-                    m_use_o = gl.convert_layout(m_use, orow)
-                    acc = acc * gl.exp2(m_o - m_use_o)[:, None]
-                    m_o = gl.convert_layout(m_new, orow)
-                    p_op = gl.convert_layout(pb, dot_l)
-                    acc = warpgroup_mma(p_op, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                else:  # the other's tile: its P V on this warpgroup's columns
-                    mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
-                    m_new = m_buf.index(k).load(orow)
-                    m_use_o = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    acc = acc * gl.exp2(m_o - m_use_o)[:, None]
-                    m_o = m_new
-                    acc = warpgroup_mma(kr, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                mbarrier.arrive(empty.index(k), count=1)  # this warpgroup is done with stage k
+            j0 = 2 * i
+            kl0 = k_lat.index(z)
+            kr0 = k_rope.index(z)
+            kl1 = k_lat.index(1 + z)
+            kr1 = k_rope.index(1 + z)
+            if W == 0 or ORDER == 0:
+                for k in gl.static_range(2):  # tile j = 2 i + k, ring stage k
+                    kl = k_lat.index(k + z)
+                    kr = k_rope.index(k + z)
+                    if k == W:  # own tile: S, softmax, P out, own P V
+                        mbarrier.wait(ready.index(k), ph)
+                        # the running max after tile j - 1 (the other's; none for j = 0)
+                        mbarrier.wait(pm.index(OW), (ph + k + 1) & 1, pred=j0 + k > 0)
+                        s = _ss_s(q_l, q_r, kl, kr, zero_s)
+                        m_prev = m_buf.index(OW).load(srow)
+                        acc, m_o, m_w, l_w = _ss_own(
+                            s, m_prev, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
+                            lo + (j0 + k) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale,
+                            o_l,
+                        )  # fmt: skip
+                    else:  # the other's tile: its P V on this warpgroup's columns
+                        mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
+                        acc, m_o = _ss_other(acc, m_o, m_buf.index(k).load(orow), kl, kr, W)
+                    # done with stage k (HALF: with its half of it)
+                    mbarrier.arrive(empty.index(k * (1 + HALF) + W * HALF), count=1)
+            else:  # warpgroup 1, own S first (it needs no running max), then tile 2 i's P V
+                mbarrier.wait(ready.index(1), ph)
+                s = _ss_s(q_l, q_r, kl1, kr1, zero_s)
+                mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
+                m_prev = m_buf.index(0).load(srow)
+                if ORDER == 1:  # tile 2 i's P V, then the own softmax
+                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
+                    mbarrier.arrive(empty.index(W * HALF), count=1)
+                    acc, m_o, m_w, l_w = _ss_own(
+                        s, m_prev, acc, m_o, m_w, l_w, kl1, kr1, vbuf.index(1), m_buf, pm,
+                        lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale, o_l,
+                    )  # fmt: skip
+                else:  # ORDER 2: the own softmax (P out early), then both P V products
+                    pb, m_new, m_w, l_w = _ss_softmax(
+                        s, m_prev, m_w, l_w, kr1, vbuf.index(1), m_buf, pm,
+                        lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale,
+                    )  # fmt: skip
+                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
+                    mbarrier.arrive(empty.index(W * HALF), count=1)
+                    acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
+                mbarrier.arrive(empty.index(1 + HALF + W * HALF), count=1)
 
         # Row sums: own tiles' sums at the final max, exchanged through shared memory.
         m_fin = gl.convert_layout(m_o, srow)
@@ -328,7 +427,8 @@ if HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False,
+        PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
+        SS_HALF: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
@@ -366,12 +466,16 @@ if HAS_GLUON:
         m_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
         l_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-        empty = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        empty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)
         pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
         lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
         for i in gl.static_range(2):
             mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
-            mbarrier.init(empty.index(i), count=2)
+            if SS_HALF:  # [stage, half]: one consumer each
+                mbarrier.init(empty.index(2 * i), count=1)
+                mbarrier.init(empty.index(2 * i + 1), count=1)
+            else:
+                mbarrier.init(empty.index(i), count=2)
             mbarrier.init(pm.index(i), count=1)
         mbarrier.init(lx, count=2)
 
@@ -405,11 +509,12 @@ if HAS_GLUON:
         gl.warp_specialize(
             [
                 (_ss_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT)),
+                               FMT, SS_ORDER, SS_HALF)),
                 (_ss_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT)),
+                               FMT, SS_ORDER, SS_HALF)),
                 (_ss_producer,
-                 (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN, FMT)),
+                 (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER,
+                  SS_HALF)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

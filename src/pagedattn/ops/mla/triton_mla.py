@@ -687,7 +687,8 @@ def _mla_decode_kernel(
 TUNING: dict[str, Any] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
-    "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "trace": None,
+    "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
+    "trace": None,
 }  # fmt: skip
 
 
@@ -1086,6 +1087,17 @@ def mla_decode_triton(
             # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
             regs = TUNING.get("ss_regs") or ((232, 48) if K.fmt == FMT_BF16 else (200, 112))
             extra = dict(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
+            # Warpgroup 1's order in a pair of tiles and half-stage release (gluon_mla_ss):
+            # H100 graph replays, 3 runs 2026-11-22 (bench/gpu_mla_dev.py), against order 0
+            # with whole-stage release: dense bf16 h_q 128 s_k 8192 0.626-0.641 -> 0.605-0.615
+            # ms with order 2 (order 1: 0.618-0.631); sparse V32 0.492-0.497 -> 0.472-0.477
+            # with order 1 (order 2: 0.480-0.485); sparse bf16 0.337-0.344 either way.
+            order = TUNING.get("ss_order")
+            half = TUNING.get("ss_half")
+            extra.update(
+                SS_ORDER=(2 if K.fmt == FMT_BF16 else 1) if order is None else order,
+                SS_HALF=True if half is None else bool(half),
+            )
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         kernel[grid](
