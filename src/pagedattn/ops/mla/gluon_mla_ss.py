@@ -58,8 +58,9 @@ fit; FlashMLA's seesaw reports 660 on an H800.
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
 reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a
-tile's P and running max are in shared memory) and one for the final row-sum exchange. A consumer never waits on a barrier with a wgmma in flight
-(ptxas would complete it at the branch anyway)."""
+tile's P and running max are in shared memory) and one for the final row-sum exchange. A
+consumer never waits on a barrier with a wgmma in flight (ptxas would complete it at the
+branch anyway)."""
 
 from __future__ import annotations
 
