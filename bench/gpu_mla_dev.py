@@ -478,6 +478,41 @@ def trace_probe(copy_bw, outdir):
     return rows
 
 
+def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw):
+    """Eager (twice) and graph-replay times of each launch variant and partition count."""
+    import triton
+
+    import pagedattn.ops.mla.triton_mla as M
+
+    rows = []
+    for v in variants:
+        for P in parts:
+            M.TUNING.update({k: None for k in M.TUNING})
+            M.TUNING.update(VARIANTS[v])
+            fn = _launcher(q, kv, offs, kw, P)
+            try:
+                fn()
+                torch.cuda.synchronize()
+                t = triton.testing.do_bench(fn, warmup=20, rep=120, return_mode="median")
+                t2 = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
+                # the GPU's time alone (no host launch cost): replays of a captured graph
+                tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+            except Exception as e:  # noqa: BLE001
+                print("FAIL", case, v, P, str(e)[:300], flush=True)
+                continue
+            row = dict(
+                case=case, variant=v, P=P, ms=t, ms_repeat=t2, ms_graph=tg,
+                frac_copy_graph=work["bytes"] / (tg * 1e-3) / copy_bw,
+                tflops=work["flops"] / (t * 1e-3) / 1e12,
+                gbs=work["bytes"] / (t * 1e-3) / 1e9,
+                frac_copy=work["bytes"] / (t * 1e-3) / copy_bw,
+            )  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    M.TUNING.update({k: None for k in M.TUNING})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile-only", action="store_true")
@@ -496,7 +531,6 @@ def main():
             json.dump(rows, fh, indent=1)
         return
 
-    import triton
 
     import pagedattn.ops.mla.triton_mla as M
 
@@ -542,31 +576,8 @@ def main():
             q, kv, offs, kw, work = make_case(
                 mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, shared=shared
             )
-            for v in variants:
-                for P in parts:
-                    M.TUNING.update({k: None for k in M.TUNING})
-                    M.TUNING.update(VARIANTS[v])
-                    fn = _launcher(q, kv, offs, kw, P)
-                    try:
-                        fn()
-                        torch.cuda.synchronize()
-                        t = triton.testing.do_bench(fn, warmup=20, rep=120, return_mode="median")
-                        t2 = triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
-                        # the GPU's time alone (no host launch cost): replays of a captured graph
-                        tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-                    except Exception as e:  # noqa: BLE001
-                        print("FAIL", name, v, P, str(e)[:300], flush=True)
-                        continue
-                    row = dict(
-                        case=f"{name} {shared}".strip(), variant=v, P=P,
-                        ms=t, ms_repeat=t2, ms_graph=tg,
-                        frac_copy_graph=work["bytes"] / (tg * 1e-3) / copy_bw,
-                        tflops=work["flops"] / (t * 1e-3) / 1e12,
-                        gbs=work["bytes"] / (t * 1e-3) / 1e9,
-                        frac_copy=work["bytes"] / (t * 1e-3) / copy_bw,
-                    )  # fmt: skip
-                    table.append(row)
-                    print(json.dumps(row), flush=True)
+            table += time_variants(f"{name} {shared}".strip(), q, kv, offs, kw, work,
+                                   variants, parts, copy_bw)  # fmt: skip
         del q, kv, kw
         torch.cuda.empty_cache()
     M.TUNING.update({k: None for k in M.TUNING})
