@@ -531,7 +531,6 @@ def main():
             json.dump(rows, fh, indent=1)
         return
 
-
     import pagedattn.ops.mla.triton_mla as M
 
     res = dict(device=torch.cuda.get_device_name(), checks=[], timings=[])
