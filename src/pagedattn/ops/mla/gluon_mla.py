@@ -59,6 +59,18 @@ if _HAS_GLUON:
         return rows, valid
 
     @gluon.jit
+    def _g_issue_cols(dst, rows, valid, K, stride, c0: gl.constexpr, NC: gl.constexpr,
+                      ld_l: gl.constexpr):  # fmt: skip
+        """cp.async bf16 columns [c0, c0 + NC) of a tile's rows into the same columns of
+        `dst` (a [BN, 512] stage)."""
+        d = c0 + gl.arange(0, NC, layout=gl.SliceLayout(0, ld_l))
+        ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + d[None, :]
+        if NC == 512:
+            cp.async_copy_global_to_shared(dst, ptr, mask=valid[:, None])
+        else:
+            cp.async_copy_global_to_shared(dst.slice(c0, NC, dim=1), ptr, mask=valid[:, None])
+
+    @gluon.jit
     def _g_issue_main(
         k_main,
         k_sc,
@@ -77,9 +89,7 @@ if _HAS_GLUON:
         """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`
         (NW: the kernel's warps)."""
         if FMT == 0:
-            dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
-            ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + dA[None, :]
-            cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=valid[:, None])
+            _g_issue_cols(k_main.index(stage), rows, valid, K, stride, 0, 512, ld_l)
         else:
             # 16 e4m3 (16 B) a thread and copy.
             ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])

@@ -78,6 +78,7 @@ from ..pdl import g_pdl_signal
 
 if HAS_GLUON:
     from .gluon_mla import (
+        _g_issue_cols,
         _g_issue_rope,
         _g_key_range,
         _g_keys,
@@ -168,18 +169,7 @@ if HAS_GLUON:
         mbarrier.arrive(ready.index(st), count=1)
 
     @gluon.jit
-    def _ss_issue_cols(dst, rows, valid, K, stride, c0: gl.constexpr, ld_l: gl.constexpr):
-        """cp.async bf16 columns [c0, c0 + 256) of a tile's rows into the same columns of
-        `dst` ([BN, 512])."""
-        d = c0 + gl.arange(0, 256, layout=gl.SliceLayout(0, ld_l))
-        ptr = K + gl.multiple_of(rows * stride, 8)[:, None] + d[None, :]
-        cp.async_copy_global_to_shared(dst.slice(c0, 256, dim=1), ptr, mask=valid[:, None])
-
-    @gluon.jit
-    def _ss_producer(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
-                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
-                     BN: gl.constexpr, FMT: gl.constexpr, ORDER: gl.constexpr,
+    def _ss_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
                      HALF: gl.constexpr):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
@@ -222,7 +212,7 @@ if HAS_GLUON:
                 for h in gl.static_range(2):
                     if HALF and h == 1:
                         mbarrier.wait(empty.index(2 * st + 1), e_ph)
-                    _ss_issue_cols(k_lat.index(st), rows, valid, K, K_stride, h * 256, ld_l)
+                    _g_issue_cols(k_lat.index(st), rows, valid, K, K_stride, h * 256, 256, ld_l)
             else:
                 dst = k_lat.index(st)
                 _ss_deq_store(dst, x0, s0, 0)
@@ -342,10 +332,6 @@ if HAS_GLUON:
             q_l = q_lat.index(z)
             q_r = q_rope.index(z)
             j0 = 2 * i
-            kl0 = k_lat.index(z)
-            kr0 = k_rope.index(z)
-            kl1 = k_lat.index(1 + z)
-            kr1 = k_rope.index(1 + z)
             if W == 0 or ORDER == 0:
                 for k in gl.static_range(2):  # tile j = 2 i + k, ring stage k
                     kl = k_lat.index(k + z)
@@ -367,6 +353,10 @@ if HAS_GLUON:
                     # done with stage k (HALF: with its half of it)
                     mbarrier.arrive(empty.index(k * (1 + HALF) + W * HALF), count=1)
             else:  # warpgroup 1, own S first (it needs no running max), then tile 2 i's P V
+                kl0 = k_lat.index(z)
+                kr0 = k_rope.index(z)
+                kl1 = k_lat.index(1 + z)
+                kr1 = k_rope.index(1 + z)
                 mbarrier.wait(ready.index(1), ph)
                 s = _ss_s(q_l, q_r, kl1, kr1, zero_s)
                 mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
@@ -513,9 +503,7 @@ if HAS_GLUON:
                                FMT, SS_ORDER, SS_HALF)),
                 (_ss_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
                                FMT, SS_ORDER, SS_HALF)),
-                (_ss_producer,
-                 (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER,
-                  SS_HALF)),
+                (_ss_producer, (args, SPARSE, BN, FMT, SS_HALF)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],
