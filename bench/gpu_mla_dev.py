@@ -128,13 +128,14 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
 def _kernel_name(sm90):
-    """sm90: False (tl kernel), True (64-row Gluon kernel), "t" (keys-as-M Gluon kernel) or
-    "ss" (the warp-specialized seesaw kernel, module gluon_mla_ss); Gluon kernels live in
-    gluon_mla / gluon_mla_ss and are launched through their names in triton_mla, which is
-    where `_capture` intercepts them and `compile_offline` finds them."""
+    """sm90: False (tl kernel), True (64-row Gluon kernel), "t" (keys-as-M Gluon kernel), "ss"
+    (the warp-specialized seesaw kernel, module gluon_mla_ss) or "tw" (the warp-specialized
+    keys-as-M kernel, gluon_mla_tw); Gluon kernels live in gluon_mla* and are launched through
+    their names in triton_mla, which is where `_capture` intercepts them and
+    `compile_offline` finds them."""
     return {
         False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t",
-        "ss": "_mla_decode_sm90_ss",
+        "ss": "_mla_decode_sm90_ss", "tw": "_mla_decode_sm90_tw",
     }[sm90]  # fmt: skip
 
 
@@ -145,7 +146,7 @@ def _capture(call, sm90=False):
     import pagedattn.ops.mla.triton_mla as M
 
     caps = {}
-    kinds = (False, True, "t", "ss")
+    kinds = (False, True, "t", "ss", "tw")
     saved = {k: getattr(M, _kernel_name(k)) for k in kinds}
 
     class _Fake:
@@ -242,9 +243,14 @@ VARIANTS = {
     "sm90b64n2": dict(gluon=True, sm90_bn=64, sm90_nbuf=2),
     "sm90b32n3": dict(gluon=True, sm90_bn=32, sm90_nbuf=3),
     "sm90b32n5": dict(gluon=True, sm90_bn=32, sm90_nbuf=5),
-    "sm90t": dict(gluon=True, sm90_t=True),
-    "sm90tn2": dict(gluon=True, sm90_t=True, sm90_t_nbuf=2),
-    "sm90tn3": dict(gluon=True, sm90_t=True, sm90_t_nbuf=3),
+    "sm90t": dict(gluon=True, sm90_t=True, sm90_tw=False),  # keys-as-M, one warpgroup
+    "sm90tn2": dict(gluon=True, sm90_t=True, sm90_tw=False, sm90_t_nbuf=2),
+    "sm90tn3": dict(gluon=True, sm90_t=True, sm90_tw=False, sm90_t_nbuf=3),
+    "sm90tw": dict(gluon=True, sm90_t=True, sm90_tw=True),  # warp-specialized (FP8)
+    "sm90tw2": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=2),
+    "sm90tw3": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=3),
+    "sm90tw4": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=4),
+    "sm90tw5": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=5),
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
     "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw
@@ -263,15 +269,15 @@ CASES = [
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90t"], [None]),
+     ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90t"], [None, 1, 3]),
+     ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
-     ["sm90t"], [None]),
+     ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,
-     ["sm90t"], [None]),
+     ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 sq2 4k", "dense", "rope_aware", 576, 64, 4096, 16, 2, 64, 0,
-     ["sm90t"], [None, 1]),
+     ["sm90t", "sm90tw"], [None, 1, 2]),
     ("dense bf16 h16 sq2 8k", "dense", "bf16", 576, 64, 8192, 16, 2, 64, 0,
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
@@ -422,22 +428,23 @@ def fixed_cost_probe(copy_bw):
 
 
 def trace_probe(copy_bw, outdir):
-    """Per-CTA timeline of the keys-as-M kernel (h_q 16, b 128, page 64): globaltimer at the
-    CTA's start, before its loop, when its first tile has landed, after the loop and at its
-    end, and its SM. Summaries in microseconds from the first CTA's start."""
+    """Per-CTA timeline of the keys-as-M kernels (h_q 16, b 128, page 64): globaltimer at the
+    CTA's start, before its loop (tw: the producer's first tile issued), when its first tile
+    has landed, after the loop and at its end (tw: slot 5, the producer's last tile issued),
+    and its SM. Summaries in microseconds from the first CTA's start."""
     import numpy as np
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
 
     rows = []
-    runs = [("fp8", "rope_aware", 4096, 2), ("fp8", "rope_aware", 8192, 2),
-            ("fp8", "rope_aware", 4096, 1), ("bf16", "bf16", 4096, 1),
-            ("bf16", "bf16", 8192, 1)]  # fmt: skip
-    for label, fmt, s_k, P in runs:
+    runs = [("fp8tw", "rope_aware", 4096, 1, "sm90tw"), ("fp8tw", "rope_aware", 8192, 1, "sm90tw"),
+            ("fp8t", "rope_aware", 4096, 2, "sm90t"), ("bf16", "bf16", 4096, 1, "sm90t"),
+            ("bf16", "bf16", 8192, 1, "sm90t")]  # fmt: skip
+    for label, fmt, s_k, P, variant in runs:
         q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, 16, 1, 64, 0)
         M.TUNING.update({k: None for k in M.TUNING})
-        M.TUNING.update(gluon=True, sm90_t=True)
+        M.TUNING.update(VARIANTS[variant])
         fn = _launcher(q, kv, offs, kw, P)
         fn()
         t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
@@ -450,7 +457,7 @@ def trace_probe(copy_bw, outdir):
             fn()
             torch.cuda.synchronize()
             a = tr.cpu().numpy()
-            rel = (a[:, :5] - a[:, 0].min()) / 1e3
+            rel = (a[:, :6] - a[:, 0].min()) / 1e3
             n_it = a[:, 7]
             per_tile = (rel[:, 3] - rel[:, 2]) / np.maximum(n_it - 1, 1)
             _sm, cnt = np.unique(a[:, 6], return_counts=True)
@@ -465,6 +472,7 @@ def trace_probe(copy_bw, outdir):
                 tile_us_min=float(per_tile.min()), tile_us_med=float(np.median(per_tile)),
                 tile_us_max=float(per_tile.max()),
                 epilogue_med=float(np.median(rel[:, 4] - rel[:, 3])),
+                slot5_med=float(np.median(rel[:, 5])) if variant == "sm90tw" else 0.0,
                 end_p0=float(end.min()), end_p10=float(np.percentile(end, 10)),
                 end_p50=float(np.median(end)), end_p90=float(np.percentile(end, 90)),
                 sms=len(cnt), ctas_per_sm=sorted(set(cnt.tolist())),
@@ -520,6 +528,7 @@ def main():
     ap.add_argument("--cases", default="")
     ap.add_argument("--checks", default="all", choices=["all", "ss", "t", "none"])
     ap.add_argument("--ss-variants", default="ss", help="comma list: variants --checks ss runs")
+    ap.add_argument("--t-variants", default="sm90t", help="comma list: variants --checks t runs")
     ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", action="store_true", help="run trace_probe")
@@ -553,7 +562,7 @@ def main():
     if args.checks == "ss":  # the seesaw kernel (forced where another would serve)
         checks = [c + (v,) for v in args.ss_variants.split(",") for c in SS_CHECKS]
     if args.checks == "t":  # the keys-as-M kernel
-        checks = [c + ("sm90t",) for c in T_CHECKS]
+        checks = [c + (v,) for v in args.t_variants.split(",") for c in T_CHECKS]
     for c in checks if args.checks != "none" else []:
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[c[8]] if len(c) > 8 else {})

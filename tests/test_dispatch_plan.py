@@ -42,21 +42,23 @@ def test_runtime_inputs_carry_the_plan():
 
 
 def test_mla_tile_of_the_small_fp8_kernel(monkeypatch):
-    """The rope-aware FP8 register-operand kernel (sm_90, h_q <= 16, d_qk 576) holds 2 CTAs
-    a SM with 16-row tiles; every other MLA launch 1 CTA with 64-row tiles."""
+    """The rope-aware FP8 keys-as-M kernel (sm_90, h_q <= 16, d_qk 576) has 16-row tiles;
+    every other MLA launch 64-row tiles; one CTA a SM either way."""
     assert dispatch.mla_tile(16, 576, True, "cpu") == (1, 64)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dispatch, "_cuda_properties", lambda i: ((9, 0), 132))
-    assert dispatch.mla_tile(16, 576, True, "cuda:0") == (2, 16)
-    assert dispatch.mla_tile(1, 576, True, "cuda:0") == (2, 16)
+    assert dispatch.mla_tile(16, 576, True, "cuda:0") == (1, 16)
+    assert dispatch.mla_tile(1, 576, True, "cuda:0") == (1, 16)
     assert dispatch.mla_tile(20, 576, True, "cuda:0") == (1, 64)
     assert dispatch.mla_tile(16, 512, True, "cuda:0") == (1, 64)
     assert dispatch.mla_tile(16, 576, False, "cuda:0") == (1, 64)
     monkeypatch.setattr(dispatch, "_cuda_properties", lambda i: ((10, 0), 148))
     assert dispatch.mla_tile(16, 576, True, "cuda:0") == (1, 64)
-    # b 128 x h_q 16: 128 tiles; P = 2 puts two on each of the 132 SMs, P = 3 would not fit.
-    assert dispatch.mla_num_partitions(128, 16, 1, 4096, 132, 2, 16) == 2
-    assert dispatch.mla_num_partitions(64, 16, 2, 4096, 132, 2, 16) == 2  # 2 tiles a request
+    # b 128 x h_q 16: 128 tiles fill the 132 SMs once (P = 2 would take a second wave); b 16:
+    # 16 tiles, P = 8 (132 // 16).
+    assert dispatch.mla_num_partitions(128, 16, 1, 4096, 132, 1, 16) == 1
+    assert dispatch.mla_num_partitions(64, 16, 2, 4096, 132, 1, 16) == 1  # 2 tiles a request
+    assert dispatch.mla_num_partitions(16, 16, 1, 4096, 132, 1, 16) == 8
 
 
 def test_device_queries_are_cached_per_device(monkeypatch):

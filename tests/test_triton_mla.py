@@ -440,6 +440,28 @@ def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse):
         M.TUNING["sm90_ss"] = saved
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse):
+    """Rope-aware FP8 with at most 16 query rows a tile goes to the warp-specialized keys-as-M
+    kernel (3 ring stages); BF16 and 32-row tiles stay on the one-warpgroup kernel, and so does
+    rope-aware FP8 when TUNING turns the warp-specialized kernel off."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    for h_q in (1, 5, 16):
+        cfg = M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_ROPE_AWARE)
+        assert cfg["TW"] and cfg["NR"] == 16 and cfg["NBUF"] == 3
+        assert not M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_BF16)["TW"]
+    assert not M._sm90_t_config(20, 128, 128, sparse, M.FMT_BF16)["TW"]
+    assert M._sm90_t_config(20, 128, 128, sparse, M.FMT_ROPE_AWARE) is None
+    saved = M.TUNING["sm90_tw"]
+    try:
+        M.TUNING["sm90_tw"] = False
+        cfg = M._sm90_t_config(16, 128, 128, sparse, M.FMT_ROPE_AWARE)
+        assert not cfg["TW"] and cfg["NBUF"] == 2
+    finally:
+        M.TUNING["sm90_tw"] = saved
+
+
 def test_empty_batch():
     params = KVCacheParams(BF16, 1, 1, 576, 16, is_mla=True, num_q_heads=4, devices=(DEV,))
     pc = make_paged_cache(params, [3], [1], device=DEV)

@@ -11,7 +11,8 @@ the Gluon helpers that `gluon_mla_ss` shares:
   H200 (bench/gpu_mla_dev.py): dense bf16 h_q 128 at 366 TFLOP/s against 164 for the tl
   kernel; one CTA a SM (230 KB of shared memory) leaves 2 stages.
 - `_mla_decode_sm90_t`: tiles of at most 16-32 query rows (small h_q), keys as the MMA's M
-  dimension, so nothing is padded to 64 rows. BF16 and rope-aware FP8 caches.
+  dimension, so nothing is padded to 64 rows. BF16 and rope-aware FP8 caches. Its tile step
+  (`_t_tile`) and epilogue (`_t_store`) also run in `gluon_mla_tw`'s consumers.
 """
 
 from __future__ import annotations
@@ -519,6 +520,142 @@ if _HAS_GLUON:
             gl.store(PL + prow, gl.convert_layout(lse, gl.SliceLayout(1, o_l)), mask=row_ok_o)
 
     @gluon.jit
+    def _t_q_store(q_lat, q_rope, qa, qr, FMT: gl.constexpr):
+        """q's latent part qa and rope part qr into shared memory; returns the factor of the
+        latent logits: 1 (BF16), or 2^e for FP8, whose float16 latent part is 2^-e q with
+        max |q| < 2^15 (an exact power-of-two scaling)."""
+        lat_scale = 1.0
+        if FMT == 0:
+            q_lat.store(qa)
+        else:
+            qf = qa.to(gl.float32)
+            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
+            e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
+            down = ((127 - e) << 23).to(gl.float32, bitcast=True)
+            lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
+            q_lat.store((qf * down).to(gl.float16))
+        q_rope.store(qr)
+        return lat_scale
+
+    @gluon.jit
+    def _t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
+                tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
+                MASK_CAUSAL: gl.constexpr):  # fmt: skip
+        """One keys-as-M tile (`_mla_decode_sm90_t`): S^T = K Q^T [BN, NR] from stage views kl
+        (dims 0..511), kr (rope), ksc (FP8 per-token scales) and vb (validity), the online
+        softmax, O^T += V^T P^T (P through p_smem). Returns (acc, m_i, l_acc, tau); every MMA
+        is complete, but other threads may still read the stage or P (the caller syncs)."""
+        key_l: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
+        BN: gl.constexpr = zero_s.shape[0]
+        dot_l: gl.constexpr = gl.DotOperandLayout(
+            operand_index=0, parent=zero_s.type.layout, k_width=2
+        )
+        # K [64 keys, 64 d] of one S chunk: 16 contiguous bytes a thread (d bits 0-3), rows
+        # g and g + 8 (g = lane // 4), 16-byte column q = lane % 4, warps 16 rows each.
+        kraw_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
+            lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
+            warp_bases=[[16, 0], [32, 0]],
+            block_bases=[],
+            shape=[64, 64],
+        )
+        # V [16 keys, 512 d] of one P V chunk: 16 contiguous bytes a thread (d bits 0-3) of
+        # keys 2q + {0, 1, 8, 9}, 16-byte column 8 w + g.
+        vraw_l: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [1, 0], [8, 0]],
+            lane_bases=[[2, 0], [4, 0], [0, 16], [0, 32], [0, 64]],
+            warp_bases=[[0, 128], [0, 256]],
+            block_bases=[],
+            shape=[16, 512],
+        )
+        ok = vb.load(key_l) != 0
+        if FMT != 0:
+            s = zero_s
+            for j in gl.static_range(8):
+                a = _g_deq_k(kl.slice(j * 64, 64, dim=1), kraw_l, dot_l)
+                s = warpgroup_mma(
+                    a, q_lat.slice(j * 64, 64, dim=1).permute((1, 0)), s, use_acc=j > 0,
+                    is_async=True,
+                )  # fmt: skip
+                s, a = warpgroup_mma_wait(num_outstanding=1, deps=(s, a))
+        else:
+            s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            s_tok = ksc.load(key_l)
+            s_tok = gl.where(ok, s_tok, 0.0)
+            s = s * (s_tok * lat_scale)[:, None]
+        s = warpgroup_mma(kr, q_rope.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        keep = ok[:, None]
+        if MASK_CAUSAL:
+            keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
+        s = gl.where(keep, s * qk_scale, float("-inf"))
+        if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
+            s_b = gl.zeros_like(s) + s_tok[:, None]
+            s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
+        else:
+            s_max = gl.max(s, 0)
+        m_new = gl.maximum(m_i, s_max)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
+        if FMT != 0:
+            sig = gl.where(sig > 0.0, sig, tau)
+            p = p * s_tok[:, None] / sig[None, :]
+            alpha = alpha * (tau / sig)
+            tau = sig
+        acc = acc * alpha[None, :]
+        p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        if FMT != 0:
+            for c in gl.static_range(BN // 16):
+                va = _g_deq_v(kl.slice(c * 16, 16, dim=0), vraw_l, dot_l)
+                acc = warpgroup_mma(
+                    va, p_smem.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True
+                )
+                acc, va = warpgroup_mma_wait(num_outstanding=1, deps=(acc, va))
+        else:
+            acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        return acc, m_i, l_acc, tau
+
+    @gluon.jit
+    def _t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
+                 stride_oh, LSE, PO, PL, SINK, H_Q: gl.constexpr, HPT: gl.constexpr,
+                 TPT: gl.constexpr, D_V: gl.constexpr, HAS_SINK: gl.constexpr,
+                 SPLIT: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+        """Epilogue of the keys-as-M kernels: O^T [512, NR] (acc in units tau, rows permuted
+        for FP8) and the LSE of row max m_i (log2 units) and row sum l_i, normalized and stored
+        (SPLIT: into this partition's float32 slots)."""
+        NR: gl.constexpr = acc.shape[1]
+        col_l: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
+        out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        rc = gl.arange(0, NR, layout=col_l)
+        rows_ok_c, _tq, _tok, head_c = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        lse, inv = _g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
+        o = acc * (inv * tau)[None, :]
+        if FMT != 0:  # rows back to cache-column order (`_g_deq_v`), so stores are vectors
+            o = gl.reshape(gl.permute(gl.reshape(o, [8, 4, 2, 8, NR]), (1, 3, 0, 2, 4)), [512, NR])
+        o = gl.convert_layout(o, out_l)
+        ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
+        smask = row_ok_o[None, :] & (do < D_V)[:, None]
+        lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
+        if not SPLIT:
+            optr = OUT + tok_o[None, :] * stride_ot + head_o[None, :] * stride_oh + do[:, None]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            gl.store(LSE + tok_o * H_Q + head_o, lse_o, mask=row_ok_o)
+        else:
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[None, :] * D_V + do[:, None], o, mask=smask)
+            gl.store(PL + prow, lse_o, mask=row_ok_o)
+
+    @gluon.jit
     def _mla_decode_sm90_t(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
@@ -555,28 +692,8 @@ if _HAS_GLUON:
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
         )
-        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-        # K [64 keys, 64 d] of one S chunk: 16 contiguous bytes a thread (d bits 0-3), rows
-        # g and g + 8 (g = lane // 4), 16-byte column q = lane % 4, warps 16 rows each.
-        kraw_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0]],
-            lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]],
-            warp_bases=[[16, 0], [32, 0]],
-            block_bases=[],
-            shape=[64, 64],
-        )
-        # V [16 keys, 512 d] of one P V chunk: 16 contiguous bytes a thread (d bits 0-3) of
-        # keys 2q + {0, 1, 8, 9}, 16-byte column 8 w + g.
-        vraw_l: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [1, 0], [8, 0]],
-            lane_bases=[[2, 0], [4, 0], [0, 16], [0, 32], [0, 64]],
-            warp_bases=[[0, 128], [0, 256]],
-            block_bases=[],
-            shape=[16, 512],
-        )
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-        out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
@@ -613,7 +730,7 @@ if _HAS_GLUON:
         vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
         if FMT == 0:
             k_main = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 512], sm_l)
-            k_sc = p_smem  # unused
+            k_sc = vbuf  # unused
         else:
             k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
             # one scale a key, read back in the S row layout (no layout conversion)
@@ -644,7 +761,7 @@ if _HAS_GLUON:
         )  # fmt: skip
 
         rc = gl.arange(0, NR, layout=col_l)
-        rows_ok_c, tqc, _tok, head_c = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        rows_ok_c, tqc, _tok, _head = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
         row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
         kpos = gl.arange(0, BN, layout=key_l)
 
@@ -662,18 +779,7 @@ if _HAS_GLUON:
             K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
         )  # fmt: skip
 
-        lat_scale = 1.0
-        if FMT == 0:
-            q_lat.store(qa)
-        else:
-            # 2^-e q with max |q| < 2^15 in float16 (exact power-of-two scaling)
-            qf = qa.to(gl.float32)
-            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
-            e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
-            down = ((127 - e) << 23).to(gl.float32, bitcast=True)
-            lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
-            q_lat.store((qf * down).to(gl.float16))
-        q_rope.store(qr)
+        lat_scale = _t_q_store(q_lat, q_rope, qa, qr, FMT)
 
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         if TRACE:
@@ -699,84 +805,20 @@ if _HAS_GLUON:
             zero = it // 2147483647
             q_lat = q_lat_buf.index(zero)
             q_rope = q_rope_buf.index(zero)
-            ok = vbuf.index(st).load(key_l) != 0
-            kl = k_main.index(st)
-            if FMT != 0:
-                s = zero_s
-                for j in gl.static_range(8):
-                    a = _g_deq_k(kl.slice(j * 64, 64, dim=1), kraw_l, dot_l)
-                    s = warpgroup_mma(
-                        a, q_lat.slice(j * 64, 64, dim=1).permute((1, 0)), s, use_acc=j > 0,
-                        is_async=True,
-                    )  # fmt: skip
-                    s, a = warpgroup_mma_wait(num_outstanding=1, deps=(s, a))
-            else:
-                s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                s_tok = k_sc.index(st).load(key_l)
-                s_tok = gl.where(ok, s_tok, 0.0)
-                s = s * (s_tok * lat_scale)[:, None]
-            s = warpgroup_mma(k_rope.index(st), q_rope.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            keep = ok[:, None]
-            if CAUSAL and not SPARSE:
-                keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
-            s = gl.where(keep, s * qk_scale, float("-inf"))
-            if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
-                s_b = gl.zeros_like(s) + s_tok[:, None]
-                s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
-            else:
-                s_max = gl.max(s, 0)
-            m_new = gl.maximum(m_i, s_max)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            l_acc = l_acc * alpha[None, :] + p
-            m_i = m_new
-            if FMT != 0:
-                sig = gl.where(sig > 0.0, sig, tau)
-                p = p * s_tok[:, None] / sig[None, :]
-                alpha = alpha * (tau / sig)
-                tau = sig
-            acc = acc * alpha[None, :]
-            p_smem.store(gl.permute(p.to(QT), (1, 0)))
-            fence_async_shared()
-            gl.thread_barrier()
-            if FMT != 0:
-                for c in gl.static_range(BN // 16):
-                    va = _g_deq_v(kl.slice(c * 16, 16, dim=0), vraw_l, dot_l)
-                    acc = warpgroup_mma(
-                        va, p_smem.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True
-                    )
-                    acc, va = warpgroup_mma_wait(num_outstanding=1, deps=(acc, va))
-            else:
-                acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, m_i, l_acc, tau = _t_tile(
+                k_main.index(st), k_rope.index(st), k_sc.index(st), vbuf.index(st), q_lat, q_rope,
+                p_smem, start, kpos, row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale,
+                FMT, CAUSAL and not SPARSE,
+            )  # fmt: skip
             gl.thread_barrier()  # the stage and P may be overwritten from here on
         cp.wait_group(0)
         if TRACE:
             gl.store(trp + 3, _g_clock())
 
-        l_i = gl.sum(l_acc, 0)
-        lse, inv = _g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
-        o = acc * (inv * tau)[None, :]
-        if FMT != 0:  # rows back to cache-column order (`_g_deq_v`), so stores are vectors
-            o = gl.reshape(gl.permute(gl.reshape(o, [8, 4, 2, 8, NR]), (1, 3, 0, 2, 4)), [512, NR])
-        o = gl.convert_layout(o, out_l)
-        ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
-        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
-        do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
-        smask = row_ok_o[None, :] & (do < D_V)[:, None]
-        lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
-        if not SPLIT:
-            optr = OUT + tok_o[None, :] * stride_ot + head_o[None, :] * stride_oh + do[:, None]
-            gl.store(optr, o.to(gl.bfloat16), mask=smask)
-            gl.store(LSE + tok_o * H_Q + head_o, lse_o, mask=row_ok_o)
-        else:
-            prow = (part * n_tokens + tok_o) * H_Q + head_o
-            gl.store(PO + prow[None, :] * D_V + do[:, None], o, mask=smask)
-            gl.store(PL + prow, lse_o, mask=row_ok_o)
+        _t_store(
+            acc, m_i, gl.sum(l_acc, 0), tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
+            stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, FMT,
+        )  # fmt: skip
         if TRACE:
             gl.thread_barrier()
             gl.store(trp + 4, _g_clock())

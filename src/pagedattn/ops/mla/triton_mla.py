@@ -1,6 +1,6 @@
 """MLA decode in Triton: dense or sparse, BF16 or FP8 caches, extra cache, sinks, split-K.
 
-Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Four kernels:
+Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Five kernels:
   - `gluon_mla_ss._mla_decode_sm90_ss` (Gluon, Hopper only): BF16 and FlashMLA V32 caches with
     d_qk 576, paged, without an extra cache, 64-row tiles: warp-specialized "seesaw" (a
     producer warpgroup, two consumer warpgroups that own alternate key tiles and split O by
@@ -11,7 +11,10 @@ Same contract as `pagedattn.ops.mla.mla_decode` (docs/ops.md). Four kernels:
   - `gluon_mla._mla_decode_sm90_t` (Gluon, Hopper only): the same caches (BF16 and
     rope-aware) when a tile has at most 16-32 query rows (small h_q): keys are the MMA's M
     dimension, so nothing is padded to 64 rows; FP8 runs float16 MMAs whose A operand (the
-    dequantized tile) is built in registers from 16-byte shared-memory loads (two CTAs a SM).
+    dequantized tile) is built in registers from 16-byte shared-memory loads.
+  - `gluon_mla_tw._mla_decode_sm90_tw` (Gluon, Hopper only): the rope-aware FP8 case of the
+    previous kernel (up to 16 query rows), warp-specialized: a producer warpgroup and two
+    consumer warpgroups that take alternate tiles, one CTA a SM. See that module.
   - `_mla_decode_kernel` (tl): every case, every GPU and Triton's CPU interpreter (CI); one
     kernel specialised at compile time on format, mode and tile shape.
 
@@ -60,6 +63,7 @@ from ...errors import Lazy, check
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
+from .gluon_mla_tw import _mla_decode_sm90_tw
 from .triton_mla_combine import LN2, LOG2E, mla_combine_triton
 
 # Cache formats (compile-time).
@@ -688,7 +692,7 @@ TUNING: dict[str, Any] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
-    "trace": None,
+    "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None,
 }  # fmt: skip
 
 
@@ -898,10 +902,11 @@ def _sm90_config(h_q: int, sparse: bool, fmt: int) -> dict:
 
 
 def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) -> dict | None:
-    """Tile of the keys-as-M sm_90 kernel (`_mla_decode_sm90_t`), or None where it does not
-    serve: BF16 caches with at most 32 query rows a tile, rope-aware FP8 with at most 16 (in
-    dense mode the heads of several tokens of a request share the tile, as many as the
-    average query length asks for). NR (the rows, padded) is 16 or 32. Two stages: BF16 tiles
+    """Tile of the keys-as-M sm_90 kernels (`_mla_decode_sm90_t`; TW: `_mla_decode_sm90_tw`),
+    or None where they do not serve: BF16 caches with at most 32 query rows a tile,
+    rope-aware FP8 with at most 16 (in dense mode the heads of several tokens of a request
+    share the tile, as many as the average query length asks for). The measurements below
+    up to the TW comment are of `_mla_decode_sm90_t`. NR (the rows, padded) is 16 or 32. Two stages: BF16 tiles
     take 73 KB; FP8 (40 KB tiles, no float16 copy) fits two CTAs a SM with two stages and one
     with three. Offline sm_90 compiles: BF16 NR 16 128 registers, NR 32 236; FP8 NR 16 238.
     H100 (2026-11-22, b 128, h_q 16, kernel alone): FP8 register operands 196 us (s_k 4096)
@@ -933,7 +938,16 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     tpt = 1 if sparse else max(1, min(est_sq, max_rows // h_q))
     nr = max(16, triton.next_power_of_2(h_q * tpt))
     nbuf = TUNING.get("sm90_t_nbuf") or 2
-    return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr)
+    # TW: rope-aware FP8 takes the warp-specialized kernel (`gluon_mla_tw`, one CTA a SM, P = 1
+    # at b 128). H100 (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 16 page 64, graph replays,
+    # P = 1), ring stages 2 / 3 / 4 / 5: s_k 4096 135 / 126 / 128 / 130 us, s_k 8192 255 / 237
+    # / 240 / 244 us (s_k 2048 75 / 70 / 71, 16384 500 / 465 / 461); this kernel at P = 2 (two
+    # CTAs a SM): 137 / 253 us. With every request reading request 0's pages (L2-resident)
+    # the 3-stage kernel takes 103 / 197 us: its two consumers are close to compute-bound.
+    tw = fmt == FMT_ROPE_AWARE and nr == 16 and TUNING.get("sm90_tw") is not False
+    if tw:
+        nbuf = TUNING.get("tw_nbuf") or 3
+    return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr, TW=tw)
 
 
 def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool:
@@ -1077,7 +1091,13 @@ def mla_decode_triton(
     pdl = P > 1 and pdl_enabled(q)  # the split kernel lets its combine launch early (opt-in)
     dummy = q_row_offsets
     if sm90:
-        if cfg_t is not None:
+        if cfg_t is not None and cfg["TW"]:
+            kernel = _mla_decode_sm90_tw
+            regs = TUNING.get("tw_regs") or (232, 48)
+            extra = dict(NR=cfg["NR"], CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
+            if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
+                extra.update(TRACE=True, TR=TUNING["trace"])
+        elif cfg_t is not None:
             kernel = _mla_decode_sm90_t
             extra = dict(NR=cfg["NR"], num_warps=4)
             if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)

@@ -1,0 +1,267 @@
+"""Gluon (sm_90) warp-specialized keys-as-M MLA decode for rope-aware FP8 caches and few query
+rows (h_q <= 16): the memory-bound decode of DeepSeek-style models at small head counts.
+
+Same contract, arguments and grid as `gluon_mla._mla_decode_sm90_t` (whose tile step
+`_t_tile` and epilogue `_t_store` it runs), laid out so that one CTA a SM keeps three 40 KB
+tiles in flight while two warpgroups compute:
+
+- a producer warpgroup gathers BN = 64 keys a tile (any page size, sparse indices) with
+  cp.async into an NBUF-deep ring (NBUF = 5: 202 KB of the 227 KB beside q's 18 KB), each
+  stage's arrivals on its `ready` barrier;
+- two consumer warpgroups own alternate tiles (warpgroup w: tiles w, w + 2, ...), each with
+  its own softmax state and O^T [512, NR] accumulator (P goes into the tile's rope rows,
+  free once S is done), and free a stage on its `empty` barrier once its tile is done;
+- at the end warpgroup 1 leaves its state (O in float32 through the ring stage of its last
+  tile, which nothing reads any more) and warpgroup 0 merges and stores it.
+
+So a request's keys need no second CTA and no combine pass at batch >= the SM count, where
+`_mla_decode_sm90_t` ran two CTAs a SM (P = 2) with one tile in flight each."""
+
+from __future__ import annotations
+
+from ..gluon_imports import HAS_GLUON, fence_async_shared, gl, gluon, mbarrier
+from ..pdl import g_pdl_signal
+
+if HAS_GLUON:
+    from .gluon_mla import (
+        _g_clock,
+        _g_issue_main,
+        _g_issue_rope,
+        _g_key_range,
+        _g_keys,
+        _g_perm_s,
+        _g_request,
+        _g_rows,
+        _g_smid,
+        _g_tile_rows,
+        _t_q_store,
+        _t_store,
+        _t_tile,
+    )
+    from .gluon_mla_ss import _ss_release
+
+    @gluon.jit
+    def _tw_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
+                     NBUF: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+        """Four warps: tiles 0 .. 2 ceil(n_it / 2) - 1 (a last odd tile is all masked) into
+        stage j % NBUF once its previous tile's consumer has freed it; the key (look-up-table
+        or index) load of tile j + 1 is issued before tile j is filled."""
+        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+         K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+         K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp,
+         q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, bars) = args  # fmt: skip
+        ready, empty, xb = bars
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        n_t = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2) * 2
+        key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
+                      BN, row_l)  # fmt: skip
+        for j in range(n_t):
+            st = j % NBUF
+            start = lo + j * BN
+            key_next = _g_keys(start + BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
+                               K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+            rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
+                                  row_l)  # fmt: skip
+            mbarrier.wait(empty.index(st), ((j // NBUF) & 1) ^ 1)  # fresh barriers pass phase 1
+            _g_issue_main(k_main, k_sc, st, rows, valid, K, K_SC, K_stride, K_stride_q,
+                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
+            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+            _ss_release(ready, st, vbuf, valid)
+            key = key_next
+            if TRACE:
+                if j == 0:
+                    gl.store(trp + 1, _g_clock())
+        if TRACE:
+            gl.store(trp + 5, _g_clock())
+            gl.store(trp + 7, n_t.to(gl.int64))
+
+    @gluon.jit
+    def _tw_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
+                    TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+                    SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
+                    BN: gl.constexpr, FMT: gl.constexpr, NBUF: gl.constexpr,
+                    NR: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+        """Consumer warpgroup W: tiles W, W + 2, ... of the key range; warpgroup 1 hands its
+        state to warpgroup 0, which merges and stores the output (and the LSE)."""
+        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+         K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+         K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp,
+         q_lat_buf, q_rope_buf, k_main, k_sc, k_rope, vbuf, x_buf, bars) = args  # fmt: skip
+        ready, empty, xb = bars
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
+        )
+        key_l: gl.constexpr = gl.SliceLayout(1, mma_l)  # per key (rows of S^T)
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)  # per query row (columns)
+        x_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2)
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+
+        rc = gl.arange(0, NR, layout=col_l)
+        rows_ok_c, tqc, _tok, _head = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
+        kpos = gl.arange(0, BN, layout=key_l)
+        acc = gl.zeros([512, NR], gl.float32, mma_l)
+        m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
+        l_acc = gl.zeros([BN, NR], gl.float32, mma_l)
+        tau = gl.full([NR], 1.0, gl.float32, col_l)
+        zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
+
+        n_own = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2)
+        for i in range(n_own):
+            j = 2 * i + W
+            st = j % NBUF
+            mbarrier.wait(ready.index(st), (j // NBUF) & 1)
+            if TRACE and W == 0:
+                if i == 0:
+                    gl.store(trp + 2, _g_clock())
+            # An index the compiler cannot fold to 0 (`_mla_decode_sm90_t`: hoisted wgmma
+            # descriptors of fixed buffers spill).
+            zero = i // 2147483647
+            kr = k_rope.index(st)
+            # P^T [NR, BN] goes into the stage's rope rows 0..NR-1 (read by S only, done then)
+            p_smem = kr.slice(0, NR, dim=0)._reinterpret(gl.float16, [NR, BN], sm_l)
+            acc, m_i, l_acc, tau = _t_tile(
+                k_main.index(st), kr, k_sc.index(st), vbuf.index(st),
+                q_lat_buf.index(zero), q_rope_buf.index(zero), p_smem, lo + j * BN, kpos,
+                row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale, FMT,
+                CAUSAL and not SPARSE,
+            )  # fmt: skip
+            gl.thread_barrier()  # every thread is done with the stage
+            mbarrier.arrive(empty.index(st), count=1)
+
+        if TRACE and W == 0:
+            gl.store(trp + 3, _g_clock())
+        l_i = gl.sum(l_acc, 0)
+        # warpgroup 1's last tile's stage: no tile is copied into it or read from it any more
+        xo = k_main.index((2 * n_own + NBUF - 1) % NBUF)._reinterpret(gl.float32, [512, NR], x_l)
+        if W == 1:
+            xo.store(acc * tau[None, :])
+            x_buf.index(0).store(m_i)
+            x_buf.index(1).store(l_i)
+            gl.thread_barrier()
+            mbarrier.arrive(xb, count=1)
+        else:
+            mbarrier.wait(xb, 0)
+            m_1 = x_buf.index(0).load(col_l)
+            l_1 = x_buf.index(1).load(col_l)
+            m = gl.maximum(m_i, m_1)
+            m_use = gl.where(m == float("-inf"), 0.0, m)
+            a_0 = gl.exp2(m_i - m_use)
+            a_1 = gl.exp2(m_1 - m_use)
+            acc = acc * (tau * a_0)[None, :] + xo.load(mma_l) * a_1[None, :]
+            _t_store(
+                acc, m, l_i * a_0 + l_1 * a_1, gl.full([NR], 1.0, gl.float32, col_l), t, hb, i0,
+                q_len, part, n_tokens, OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, H_Q, HPT,
+                TPT, D_V, HAS_SINK, SPLIT, FMT,
+            )  # fmt: skip
+            if TRACE:
+                gl.thread_barrier()
+                gl.store(trp + 4, _g_clock())
+
+    @gluon.jit
+    def _mla_decode_sm90_tw(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, TRACE: gl.constexpr = False,
+        TR=None,
+    ):  # fmt: skip
+        """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
+        num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions.
+
+        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the
+        globaltimer at the CTA's start (slot 0), when the producer has issued its first tile
+        (1), when consumer 0's first tile has landed (2), after its loop (3), after its store
+        (4) and when the producer has issued its last tile (5), the SM (6) and the tile count
+        (7)."""
+        gl.static_assert(FMT == 3, "rope-aware FP8 caches")
+        gl.static_assert(D_QK == 576, "d_qk 576")
+        gl.static_assert(BN == 64, "64 keys a tile")
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=16, per_phase=1, max_phase=8, order=[1, 0]
+        )
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        trp = pid  # a placeholder (warp_specialize arguments cannot be None)
+        if TRACE:
+            trp = TR + (part * gl.num_programs(0) + pid) * 8
+            gl.store(trp, _g_clock())
+            gl.store(trp + 6, _g_smid())
+        t = pid // NHB
+        hb = pid % NHB
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        rq = gl.arange(0, NR, layout=row_l)
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = _g_perm_s(gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l)))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        # q's loads are issued before the dependent loads of the key range
+        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
+        qr = gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
+
+        q_lat = gl.allocate_shared_memory(gl.float16, [1, NR, 512], sm_l)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
+        k_main = gl.allocate_shared_memory(gl.float8e4nv, [NBUF, BN, 512], raw_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], sm_l)
+        k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN], v1_l)
+        vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
+        x_buf = gl.allocate_shared_memory(gl.float32, [2, NR], v1_l)
+        ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
+        xb = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        for i in gl.static_range(NBUF):
+            mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
+            mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(xb, count=1)
+        lat_scale = _t_q_store(q_lat.index(0), q_rope.index(0), qa, qr, FMT)
+        fence_async_shared()  # q before the consumers' wgmma reads
+        gl.thread_barrier()
+
+        args = (
+            OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+            K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+            K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+            t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp,
+            q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, (ready, empty, xb),
+        )  # fmt: skip
+        # fmt: off
+        gl.warp_specialize(
+            [
+                (_tw_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
+                               FMT, NBUF, NR, TRACE)),
+                (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
+                               FMT, NBUF, NR, TRACE)),
+                (_tw_producer, (args, SPARSE, BN, FMT, NBUF, TRACE)),
+            ],
+            [4, 4],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )
+        # fmt: on
+
+else:  # Triton without Gluon: never launched (`triton_mla._use_sm90_path`)
+    _mla_decode_sm90_tw = None
