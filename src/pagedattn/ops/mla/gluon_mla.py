@@ -520,6 +520,45 @@ if _HAS_GLUON:
             gl.store(PL + prow, gl.convert_layout(lse, gl.SliceLayout(1, o_l)), mask=row_ok_o)
 
     @gluon.jit
+    def _t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q: gl.constexpr,
+                  HPT: gl.constexpr, TPT: gl.constexpr, NR: gl.constexpr, FMT: gl.constexpr,
+                  ld_l: gl.constexpr):  # fmt: skip
+        """The loads of a keys-as-M tile's NR query rows (layout ld_l): q's latent part (FP8:
+        its columns in `_g_perm_s` order) and its rope part; padding rows load 0."""
+        rq = gl.arange(0, NR, layout=gl.SliceLayout(1, ld_l))
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        if FMT != 0:
+            dA = _g_perm_s(dA)
+        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
+        qr = gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        return qa, qr
+
+    @gluon.jit
+    def _t_state(t, hb, i0, q_len, cache_len, H_Q: gl.constexpr, HPT: gl.constexpr,
+                 TPT: gl.constexpr, NR: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+        """The loop state of a keys-as-M consumer (`_t_tile`'s arguments): (row_lim, kpos,
+        acc, m_i, l_acc, tau, zero_s). Row sums are kept per key slot (l_acc [BN, NR]) and
+        reduced once after the loop (one cross-warp reduction a tile fewer); O's units tau
+        are per column (FP8)."""
+        mma_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
+        )
+        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
+        rc = gl.arange(0, NR, layout=col_l)
+        rows_ok_c, tqc, _tok, _head = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
+        kpos = gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
+        acc = gl.zeros([512, NR], gl.float32, mma_l)
+        m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
+        l_acc = gl.zeros([BN, NR], gl.float32, mma_l)
+        tau = gl.full([NR], 1.0, gl.float32, col_l)
+        zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
+        return row_lim, kpos, acc, m_i, l_acc, tau, zero_s
+
+    @gluon.jit
     def _t_q_store(q_lat, q_rope, qa, qr, FMT: gl.constexpr):
         """q's latent part qa and rope part qr into shared memory; returns the factor of the
         latent logits: 1 (BF16), or 2^e for FP8, whose float16 latent part is 2^-e q with
@@ -689,9 +728,6 @@ if _HAS_GLUON:
         TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the
         globaltimer at the CTA's start, before its loop, when its first tile has landed,
         after the loop and at its end (slots 0-4), its SM (6) and tile count (7)."""
-        mma_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
-        )
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
@@ -702,8 +738,6 @@ if _HAS_GLUON:
         )
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
-        key_l: gl.constexpr = gl.SliceLayout(1, mma_l)  # per key (rows of S^T)
-        col_l: gl.constexpr = gl.SliceLayout(0, mma_l)  # per query row (columns)
         if FMT == 0:
             QT: gl.constexpr = gl.bfloat16
         else:
@@ -743,35 +777,18 @@ if _HAS_GLUON:
                 k_sc.index(i).store(gl.zeros([BN], gl.float32, one_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
 
-        rq = gl.arange(0, NR, layout=row_l)
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
-        qp = Q + q_tok * stride_qt + q_head * stride_qh
-        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        if FMT != 0:
-            dA = _g_perm_s(dA)
         # q's loads are issued first and used after the ring fill, so that their latency
         # overlaps the dependent loads of the key range and the first tiles' page ids.
-        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
-        qr = gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        qa, qr = _t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
 
         cache_len, lo, hi = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
             SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
 
-        rc = gl.arange(0, NR, layout=col_l)
-        rows_ok_c, tqc, _tok, _head = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
-        row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
-        kpos = gl.arange(0, BN, layout=key_l)
-
-        acc = gl.zeros([512, NR], gl.float32, mma_l)
-        m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
-        # Row sums are kept per key slot and reduced once after the loop (one cross-warp
-        # reduction a tile fewer); O's units tau are per column (FP8).
-        l_acc = gl.zeros([BN, NR], gl.float32, mma_l)
-        tau = gl.full([NR], 1.0, gl.float32, col_l)
-        zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
+        row_lim, kpos, acc, m_i, l_acc, tau, zero_s = _t_state(
+            t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
+        )
 
         key = _g_ring_fill(
             lo, hi, b, t, k_main, k_sc, k_rope, vbuf, K, K_SC, K_LUT, K_IDX, K_lut_stride,

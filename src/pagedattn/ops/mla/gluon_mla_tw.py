@@ -29,12 +29,12 @@ if HAS_GLUON:
         _g_issue_rope,
         _g_key_range,
         _g_keys,
-        _g_perm_s,
         _g_request,
         _g_rows,
         _g_smid,
-        _g_tile_rows,
+        _t_q_load,
         _t_q_store,
+        _t_state,
         _t_store,
         _t_tile,
     )
@@ -94,22 +94,15 @@ if HAS_GLUON:
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
         )
-        key_l: gl.constexpr = gl.SliceLayout(1, mma_l)  # per key (rows of S^T)
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)  # per query row (columns)
         x_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=2)
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
 
-        rc = gl.arange(0, NR, layout=col_l)
-        rows_ok_c, tqc, _tok, _head = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
-        row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
-        kpos = gl.arange(0, BN, layout=key_l)
-        acc = gl.zeros([512, NR], gl.float32, mma_l)
-        m_i = gl.full([NR], float("-inf"), gl.float32, col_l)
-        l_acc = gl.zeros([BN, NR], gl.float32, mma_l)
-        tau = gl.full([NR], 1.0, gl.float32, col_l)
-        zero_s = gl.zeros([BN, NR], gl.float32, mma_l)
+        row_lim, kpos, acc, m_i, l_acc, tau, zero_s = _t_state(
+            t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
+        )
 
         n_own = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2)
         for i in range(n_own):
@@ -189,7 +182,6 @@ if HAS_GLUON:
         gl.static_assert(D_QK == 576, "d_qk 576")
         gl.static_assert(BN == 64, "64 keys a tile")
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
@@ -211,14 +203,8 @@ if HAS_GLUON:
         t = pid // NHB
         hb = pid % NHB
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
-        rq = gl.arange(0, NR, layout=row_l)
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
-        qp = Q + q_tok * stride_qt + q_head * stride_qh
-        dA = _g_perm_s(gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l)))
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
         # q's loads are issued before the dependent loads of the key range
-        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
-        qr = gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        qa, qr = _t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
         cache_len, lo, hi = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
             SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
