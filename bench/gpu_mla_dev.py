@@ -251,6 +251,12 @@ VARIANTS = {
     "sm90tw3": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=3),
     "sm90tw4": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=4),
     "sm90tw5": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=5),
+    # the FP8 stages' plain swizzle (2-way bank conflicts on the S loads), `_t_raw_layout`
+    "sm90tw_k0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_kswz=0),
+    "sm90t_k0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_kswz=0),
+    # the e4m3 chunks loaded right before their upcast, not one chunk ahead (`_t_tile` PF)
+    "sm90tw_p0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_pf=False),
+    "sm90t_p0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_pf=False),
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
     "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw
@@ -269,9 +275,9 @@ CASES = [
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
+     ["sm90tw", "sm90tw_p0", "sm90tw4"], [1]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
+     ["sm90tw", "sm90tw_p0", "sm90tw_k0", "sm90tw4", "sm90t", "sm90t_p0"], [1]),
     ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
      ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,
@@ -532,6 +538,9 @@ def main():
     ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", action="store_true", help="run trace_probe")
+    ap.add_argument(
+        "--once", default="", help="launch VARIANT 3 times a case, nothing else (under ncu)"
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.compile_only:
@@ -541,6 +550,16 @@ def main():
         return
 
     import pagedattn.ops.mla.triton_mla as M
+
+    if args.once:
+        M.TUNING.update(VARIANTS[args.once])
+        for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, _v, _p in CASES:
+            if not args.cases or re.search(args.cases, name):
+                fn = _launcher(*make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk)[:4], 1)
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize()
+        return
 
     res = dict(device=torch.cuda.get_device_name(), checks=[], timings=[])
     copy_bw, mm = ceilings()

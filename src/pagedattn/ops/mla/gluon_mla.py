@@ -31,6 +31,22 @@ from .triton_mla_combine import LN2, LOG2E
 
 if _HAS_GLUON:
 
+    @gluon.constexpr_function
+    def _t_raw_layout(kswz):
+        """Shared layout of the keys-as-M kernels' FP8 stages [NBUF, BN, 512] (bytes): 16-byte
+        chunk c of row r sits at chunk c ^ f(r). kswz 0: f(r) = r % 8 (a plain swizzle: the
+        S loads (`_t_tile`'s kraw_l, rows r and r + 1 in each 8-lane phase, 4 chunks of 64
+        bytes) meet 2-way bank conflicts, ncu H100 2026-11-22: 2x the ideal wavefronts).
+        kswz 1: f = (r0, r1, r0 ^ r2) in bits (0, 1, 2), so rows r and r + 1 land in
+        opposite halves of the 128 bytes (S loads conflict-free) and rows r, r + 2, r + 4,
+        r + 6 in four distinct 32-byte pairs (the P V loads, vraw_l, stay conflict-free)."""
+        if kswz == 0:
+            return gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+        return gl.SharedLinearLayout(
+            offset_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [0, 32], [0, 64], [0, 128],
+                          [0, 256], [1, 80], [2, 32], [4, 64], [8, 0], [16, 0], [32, 0]]
+        )  # fmt: skip
+
     @gluon.jit
     def _g_keys(start, hi, b, tok, LUT, IDX, lut_stride, ps, idx_stride,
                 SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
@@ -167,8 +183,10 @@ if _HAS_GLUON:
         offs = gl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
         b = gl.sum((offs <= t).to(gl.int32), 0) - 1
         live = b < batch
-        q_start = gl.load(QOFF + gl.minimum(b, batch))
-        q_end = gl.load(QOFF + b + 1, mask=live, other=0)
+        # offsets are non-decreasing: offs[b] and offs[b + 1] from the same load (no second,
+        # dependent load before the cache length's)
+        q_start = gl.max(gl.where(offs <= t, offs, -1), 0)
+        q_end = gl.min(gl.where(offs > t, offs, 2147483647), 0)
         q_start = gl.where(live, q_start, t)
         q_end = gl.where(live, q_end, t + 1)
         i0 = t - q_start
@@ -298,20 +316,22 @@ if _HAS_GLUON:
         return (d // 64) * 64 + q * 16 + kb * 4 + h * 2 + d % 2
 
     @gluon.jit
-    def _g_deq_k(raw, kraw_l: gl.constexpr, dot_l: gl.constexpr):
-        """[64 keys, 64] e4m3 stage columns -> float16 register A operand in `_g_perm_s`
-        order (the reshape/permute only relabels registers: no data moves between threads)."""
-        x = raw.load(kraw_l).to(gl.float16)
+    def _g_deq_k(raw, dot_l: gl.constexpr):
+        """[64 keys, 64] e4m3 stage columns (loaded in `_t_tile`'s kraw_l) -> float16 register
+        A operand in `_g_perm_s` order (the reshape/permute only relabels registers: no data
+        moves between threads)."""
+        x = raw.to(gl.float16)
         x = gl.permute(gl.reshape(x, [64, 4, 4, 2, 2]), (0, 2, 3, 1, 4))
         return gl.convert_layout(gl.reshape(x, [64, 64]), dot_l)
 
     @gluon.jit
-    def _g_deq_v(raw, vraw_l: gl.constexpr, dot_l: gl.constexpr):
+    def _g_deq_v(raw, dot_l: gl.constexpr):
         """[16 keys, 512] e4m3 stage rows -> float16 register A operand V^T [512, 16] with
         permuted rows: logical row 64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane
         g = lane // 4) holds cache column 128 w + 16 g + 2 mb + h, so that a thread's values
-        are 16 contiguous bytes (the kernel's epilogue undoes the permutation)."""
-        x = gl.permute(raw.load(vraw_l).to(gl.float16), (1, 0))
+        are 16 contiguous bytes (the kernel's epilogue undoes the permutation); raw is loaded
+        in `_t_tile`'s vraw_l."""
+        x = gl.permute(raw.to(gl.float16), (1, 0))
         x = gl.permute(gl.reshape(x, [4, 8, 8, 2, 16]), (2, 0, 3, 1, 4))
         return gl.convert_layout(gl.reshape(x, [512, 16]), dot_l)
 
@@ -579,11 +599,14 @@ if _HAS_GLUON:
     @gluon.jit
     def _t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
                 tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
-                MASK_CAUSAL: gl.constexpr):  # fmt: skip
+                MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True):  # fmt: skip
         """One keys-as-M tile (`_mla_decode_sm90_t`): S^T = K Q^T [BN, NR] from stage views kl
         (dims 0..511), kr (rope), ksc (FP8 per-token scales) and vb (validity), the online
         softmax, O^T += V^T P^T (P through p_smem). Returns (acc, m_i, l_acc, tau); every MMA
-        is complete, but other threads may still read the stage or P (the caller syncs)."""
+        is complete, but other threads may still read the stage or P (the caller syncs).
+        PF (FP8): each chunk's e4m3 bytes are loaded from shared memory one chunk ahead (the
+        first V chunk's before the softmax), so a load's latency is not waited for right
+        before its upcast."""
         key_l: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
         BN: gl.constexpr = zero_s.shape[0]
         dot_l: gl.constexpr = gl.DotOperandLayout(
@@ -610,13 +633,23 @@ if _HAS_GLUON:
         ok = vb.load(key_l) != 0
         if FMT != 0:
             s = zero_s
+            xk = kl.slice(0, 64, dim=1).load(kraw_l)
             for j in gl.static_range(8):
-                a = _g_deq_k(kl.slice(j * 64, 64, dim=1), kraw_l, dot_l)
+                if PF:
+                    if j < 7:
+                        xn = kl.slice((j + 1) * 64, 64, dim=1).load(kraw_l)
+                    else:  # the first V chunk's bytes (read by the P V loop below)
+                        xn = kl.slice(0, 16, dim=0).load(vraw_l)
+                else:
+                    xk = kl.slice(j * 64, 64, dim=1).load(kraw_l)
+                a = _g_deq_k(xk, dot_l)
                 s = warpgroup_mma(
                     a, q_lat.slice(j * 64, 64, dim=1).permute((1, 0)), s, use_acc=j > 0,
                     is_async=True,
                 )  # fmt: skip
                 s, a = warpgroup_mma_wait(num_outstanding=1, deps=(s, a))
+                if PF:
+                    xk = xn
         else:
             s = warpgroup_mma(kl, q_lat.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         if FMT != 0:  # the per-token scale of the latent part (rows of S^T)
@@ -651,12 +684,20 @@ if _HAS_GLUON:
         fence_async_shared()
         gl.thread_barrier()
         if FMT != 0:
+            xv = xk
             for c in gl.static_range(BN // 16):
-                va = _g_deq_v(kl.slice(c * 16, 16, dim=0), vraw_l, dot_l)
+                if PF:
+                    if c < BN // 16 - 1:
+                        xn = kl.slice((c + 1) * 16, 16, dim=0).load(vraw_l)
+                else:
+                    xv = kl.slice(c * 16, 16, dim=0).load(vraw_l)
+                va = _g_deq_v(xv, dot_l)
                 acc = warpgroup_mma(
                     va, p_smem.slice(c * 16, 16, dim=1).permute((1, 0)), acc, is_async=True
                 )
                 acc, va = warpgroup_mma_wait(num_outstanding=1, deps=(acc, va))
+                if PF:
+                    xv = xn
         else:
             acc = warpgroup_mma(kl.permute((1, 0)), p_smem.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -704,8 +745,8 @@ if _HAS_GLUON:
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
-        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PDL: gl.constexpr = False,
-        TRACE: gl.constexpr = False, TR=None,
+        BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PF: gl.constexpr = True,
+        KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -733,9 +774,7 @@ if _HAS_GLUON:
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
-        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
-            vec=16, per_phase=1, max_phase=8, order=[1, 0]
-        )
+        raw_l: gl.constexpr = _t_raw_layout(KSWZ)
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         if FMT == 0:
@@ -825,7 +864,7 @@ if _HAS_GLUON:
             acc, m_i, l_acc, tau = _t_tile(
                 k_main.index(st), k_rope.index(st), k_sc.index(st), vbuf.index(st), q_lat, q_rope,
                 p_smem, start, kpos, row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale,
-                FMT, CAUSAL and not SPARSE,
+                FMT, CAUSAL and not SPARSE, PF,
             )  # fmt: skip
             gl.thread_barrier()  # the stage and P may be overwritten from here on
         cp.wait_group(0)

@@ -2,17 +2,19 @@
 rows (h_q <= 16): the memory-bound decode of DeepSeek-style models at small head counts.
 
 Same contract, arguments and grid as `gluon_mla._mla_decode_sm90_t` (whose tile step
-`_t_tile` and epilogue `_t_store` it runs), laid out so that one CTA a SM keeps three 40 KB
-tiles in flight while two warpgroups compute:
+`_t_tile` and epilogue `_t_store` it runs), laid out so that one CTA a SM keeps NBUF 40 KB
+tiles (default 3: `triton_mla._sm90_t_config`) in a ring while two warpgroups compute:
 
 - a producer warpgroup gathers BN = 64 keys a tile (any page size, sparse indices) with
-  cp.async into an NBUF-deep ring (NBUF = 5: 202 KB of the 227 KB beside q's 18 KB), each
-  stage's arrivals on its `ready` barrier;
+  cp.async into the ring, each stage's arrivals on its `ready` barrier (issuing the first
+  NBUF tiles before the partitions start, ahead of q's store, made the first tile land 2 us
+  later: H100 trace 2026-11-22, 126 against 124 us at s_k 4096);
 - two consumer warpgroups own alternate tiles (warpgroup w: tiles w, w + 2, ...), each with
   its own softmax state and O^T [512, NR] accumulator (P goes into the tile's rope rows,
   free once S is done), and free a stage on its `empty` barrier once its tile is done;
-- at the end warpgroup 1 leaves its state (O in float32 through the ring stage of its last
-  tile, which nothing reads any more) and warpgroup 0 merges and stores it.
+- at the end warpgroup 0 leaves its state (O in float32 through the ring stage of its last
+  tile, which nothing reads any more) and warpgroup 1, whose last tile lands last, merges
+  and stores it.
 
 So a request's keys need no second CTA and no combine pass at batch >= the SM count, where
 `_mla_decode_sm90_t` ran two CTAs a SM (P = 2) with one tile in flight each."""
@@ -34,6 +36,7 @@ if HAS_GLUON:
         _g_smid,
         _t_q_load,
         _t_q_store,
+        _t_raw_layout,
         _t_state,
         _t_store,
         _t_tile,
@@ -82,9 +85,10 @@ if HAS_GLUON:
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, NBUF: gl.constexpr,
-                    NR: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
-        """Consumer warpgroup W: tiles W, W + 2, ... of the key range; warpgroup 1 hands its
-        state to warpgroup 0, which merges and stores the output (and the LSE)."""
+                    NR: gl.constexpr, PF: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+        """Consumer warpgroup W: tiles W, W + 2, ... of the key range; warpgroup 0 hands its
+        state to warpgroup 1 (whose last tile lands last), which merges and stores the output
+        (and the LSE)."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
@@ -122,7 +126,7 @@ if HAS_GLUON:
                 k_main.index(st), kr, k_sc.index(st), vbuf.index(st),
                 q_lat_buf.index(zero), q_rope_buf.index(zero), p_smem, lo + j * BN, kpos,
                 row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale, FMT,
-                CAUSAL and not SPARSE,
+                CAUSAL and not SPARSE, PF,
             )  # fmt: skip
             gl.thread_barrier()  # every thread is done with the stage
             mbarrier.arrive(empty.index(st), count=1)
@@ -130,9 +134,9 @@ if HAS_GLUON:
         if TRACE and W == 0:
             gl.store(trp + 3, _g_clock())
         l_i = gl.sum(l_acc, 0)
-        # warpgroup 1's last tile's stage: no tile is copied into it or read from it any more
-        xo = k_main.index((2 * n_own + NBUF - 1) % NBUF)._reinterpret(gl.float32, [512, NR], x_l)
-        if W == 1:
+        # warpgroup 0's last tile's stage: no tile is copied into it or read from it any more
+        xo = k_main.index((2 * n_own + NBUF - 2) % NBUF)._reinterpret(gl.float32, [512, NR], x_l)
+        if W == 0:
             xo.store(acc * tau[None, :])
             x_buf.index(0).store(m_i)
             x_buf.index(1).store(l_i)
@@ -140,15 +144,15 @@ if HAS_GLUON:
             mbarrier.arrive(xb, count=1)
         else:
             mbarrier.wait(xb, 0)
-            m_1 = x_buf.index(0).load(col_l)
-            l_1 = x_buf.index(1).load(col_l)
-            m = gl.maximum(m_i, m_1)
+            m_x = x_buf.index(0).load(col_l)
+            l_x = x_buf.index(1).load(col_l)
+            m = gl.maximum(m_i, m_x)
             m_use = gl.where(m == float("-inf"), 0.0, m)
-            a_0 = gl.exp2(m_i - m_use)
-            a_1 = gl.exp2(m_1 - m_use)
-            acc = acc * (tau * a_0)[None, :] + xo.load(mma_l) * a_1[None, :]
+            a_own = gl.exp2(m_i - m_use)
+            a_x = gl.exp2(m_x - m_use)
+            acc = acc * (tau * a_own)[None, :] + xo.load(mma_l) * a_x[None, :]
             _t_store(
-                acc, m, l_i * a_0 + l_1 * a_1, gl.full([NR], 1.0, gl.float32, col_l), t, hb, i0,
+                acc, m, l_i * a_own + l_x * a_x, gl.full([NR], 1.0, gl.float32, col_l), t, hb, i0,
                 q_len, part, n_tokens, OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, H_Q, HPT,
                 TPT, D_V, HAS_SINK, SPLIT, FMT,
             )  # fmt: skip
@@ -167,17 +171,17 @@ if HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, TRACE: gl.constexpr = False,
-        TR=None,
+        PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True,
+        KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions.
 
         TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the
         globaltimer at the CTA's start (slot 0), when the producer has issued its first tile
-        (1), when consumer 0's first tile has landed (2), after its loop (3), after its store
-        (4) and when the producer has issued its last tile (5), the SM (6) and the tile count
-        (7)."""
+        (1), when consumer 0's first tile has landed (2), after its loop (3), after consumer
+        1's store (4) and when the producer has issued its last tile (5), the SM (6) and the
+        tile count (7)."""
         gl.static_assert(FMT == 3, "rope-aware FP8 caches")
         gl.static_assert(D_QK == 576, "d_qk 576")
         gl.static_assert(BN == 64, "64 keys a tile")
@@ -186,9 +190,7 @@ if HAS_GLUON:
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
-        raw_l: gl.constexpr = gl.SwizzledSharedLayout(
-            vec=16, per_phase=1, max_phase=8, order=[1, 0]
-        )
+        raw_l: gl.constexpr = _t_raw_layout(KSWZ)
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
@@ -239,9 +241,9 @@ if HAS_GLUON:
         gl.warp_specialize(
             [
                 (_tw_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, TRACE)),
+                               FMT, NBUF, NR, PF, TRACE)),
                 (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, TRACE)),
+                               FMT, NBUF, NR, PF, TRACE)),
                 (_tw_producer, (args, SPARSE, BN, FMT, NBUF, TRACE)),
             ],
             [4, 4],

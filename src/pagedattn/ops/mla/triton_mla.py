@@ -573,8 +573,9 @@ def _mla_decode_kernel(
     offs = tl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
     b = tl.sum((offs <= t).to(tl.int32), 0) - 1
     live = b < batch
-    q_start = tl.load(QOFF + tl.minimum(b, batch))
-    q_end = tl.load(QOFF + b + 1, mask=live, other=0)
+    # offsets are non-decreasing: offs[b] and offs[b + 1] come from the same load
+    q_start = tl.max(tl.where(offs <= t, offs, -1), 0)
+    q_end = tl.min(tl.where(offs > t, offs, 2147483647), 0)
     q_start = tl.where(live, q_start, t)
     q_end = tl.where(live, q_end, t + 1)
     i0 = t - q_start
@@ -692,8 +693,15 @@ TUNING: dict[str, Any] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
-    "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None,
+    "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
+    "t_kswz": None,
 }  # fmt: skip
+
+
+def _tuned(key: str, default: Any) -> Any:
+    """TUNING[key] where set (development sweeps), else the shipped default."""
+    v = TUNING.get(key)
+    return default if v is None else v
 
 
 class _Operand:
@@ -944,6 +952,10 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     # / 240 / 244 us (s_k 2048 75 / 70 / 71, 16384 500 / 465 / 461); this kernel at P = 2 (two
     # CTAs a SM): 137 / 253 us. With every request reading request 0's pages (L2-resident)
     # the 3-stage kernel takes 103 / 197 us: its two consumers are close to compute-bound.
+    # Later the same day, with `_t_tile` loading each e4m3 chunk one chunk ahead (PF) and the
+    # stages laid out without bank conflicts (`_t_raw_layout` 1): L2-resident 102 -> 93 us at
+    # s_k 4096 (PF alone 96, the layout alone 101), 193 -> 176 at 8192; from HBM 125 -> 124
+    # and 237 -> 236 us; the one-warpgroup `_mla_decode_sm90_t` at P = 1 177 -> 157 us.
     tw = fmt == FMT_ROPE_AWARE and nr == 16 and TUNING.get("sm90_tw") is not False
     if tw:
         nbuf = TUNING.get("tw_nbuf") or 3
@@ -1095,11 +1107,20 @@ def mla_decode_triton(
             kernel = _mla_decode_sm90_tw
             regs = TUNING.get("tw_regs") or (232, 48)
             extra = dict(NR=cfg["NR"], CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
+            extra.update(
+                PF=_tuned("t_pf", True),
+                KSWZ=_tuned("t_kswz", 1),
+            )
             if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
                 extra.update(TRACE=True, TR=TUNING["trace"])
         elif cfg_t is not None:
             kernel = _mla_decode_sm90_t
-            extra = dict(NR=cfg["NR"], num_warps=4)
+            extra = dict(
+                NR=cfg["NR"],
+                PF=_tuned("t_pf", True),
+                KSWZ=_tuned("t_kswz", 1),
+                num_warps=4,
+            )
             if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
                 extra.update(TRACE=True, TR=TUNING["trace"])
         elif cfg["SS"]:
