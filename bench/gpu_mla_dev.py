@@ -257,6 +257,10 @@ VARIANTS = {
     # the e4m3 chunks loaded right before their upcast, not one chunk ahead (`_t_tile` PF)
     "sm90tw_p0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_pf=False),
     "sm90t_p0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_pf=False),
+    # tw: tiles issued by the CTA's warps before the partitions start (default 1)
+    "sm90tw_pre0": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_pre=0),
+    "sm90tw_pre2": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_pre=2),
+    "sm90tw_pre3": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_pre=3),
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
     "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw
@@ -275,9 +279,9 @@ CASES = [
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90tw", "sm90tw_p0", "sm90tw4"], [1]),
+     ["sm90tw", "sm90tw_pre0", "sm90tw_p0", "sm90tw4"], [1]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90tw", "sm90tw_p0", "sm90tw_k0", "sm90tw4", "sm90t", "sm90t_p0"], [1]),
+     ["sm90tw", "sm90tw_pre0", "sm90tw_pre2", "sm90tw_p0", "sm90tw_k0"], [1, 2]),
     ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
      ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,

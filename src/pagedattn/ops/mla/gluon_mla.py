@@ -720,6 +720,8 @@ if _HAS_GLUON:
         o = acc * (inv * tau)[None, :]
         if FMT != 0:  # rows back to cache-column order (`_g_deq_v`), so stores are vectors
             o = gl.reshape(gl.permute(gl.reshape(o, [8, 4, 2, 8, NR]), (1, 3, 0, 2, 4)), [512, NR])
+        if not SPLIT:  # bf16 before the layout conversion (half the shared-memory bytes)
+            o = o.to(gl.bfloat16)
         o = gl.convert_layout(o, out_l)
         ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
         row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
@@ -728,7 +730,7 @@ if _HAS_GLUON:
         lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
         if not SPLIT:
             optr = OUT + tok_o[None, :] * stride_ot + head_o[None, :] * stride_oh + do[:, None]
-            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            gl.store(optr, o, mask=smask)
             gl.store(LSE + tok_o * H_Q + head_o, lse_o, mask=row_ok_o)
         else:
             prow = (part * n_tokens + tok_o) * H_Q + head_o

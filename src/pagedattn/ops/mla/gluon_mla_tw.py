@@ -5,10 +5,12 @@ Same contract, arguments and grid as `gluon_mla._mla_decode_sm90_t` (whose tile 
 `_t_tile` and epilogue `_t_store` it runs), laid out so that one CTA a SM keeps NBUF 40 KB
 tiles (default 3: `triton_mla._sm90_t_config`) in a ring while two warpgroups compute:
 
-- a producer warpgroup gathers BN = 64 keys a tile (any page size, sparse indices) with
-  cp.async into the ring, each stage's arrivals on its `ready` barrier (issuing the first
-  NBUF tiles before the partitions start, ahead of q's store, made the first tile land 2 us
-  later: H100 trace 2026-11-22, 126 against 124 us at s_k 4096);
+- the CTA's own warps issue tile 0 right after its page ids arrive, before q's store and
+  the partitions' start (PRE = 1); a producer warpgroup gathers the rest, BN = 64 keys a
+  tile (any page size, sparse indices), with cp.async into the ring, each stage's arrivals
+  on its `ready` barrier. H100 trace (2026-11-22, s_k 4096): tile 0 issued 2.4 us after the
+  CTA's start with PRE 1, 3.6-4.0 with PRE 0; graph replays 124 / 125 / 125 / 127 us with
+  PRE 1 / 0 / 2 / 3 (more tiles issued at once delay the first one's arrival);
 - two consumer warpgroups own alternate tiles (warpgroup w: tiles w, w + 2, ...), each with
   its own softmax state and O^T [512, NR] accumulator (P goes into the tile's rope rows,
   free once S is done), and free a stage on its `empty` barrier once its tile is done;
@@ -44,9 +46,21 @@ if HAS_GLUON:
     from .gluon_mla_ss import _ss_release
 
     @gluon.jit
+    def _tw_issue(k_main, k_sc, k_rope, vbuf, ready, st, rows, valid, K, K_SC, K_stride,
+                  K_stride_h, K_stride_q, K_sc_stride, FMT: gl.constexpr,
+                  ld_l: gl.constexpr):  # fmt: skip
+        """cp.async a tile's rows (`_g_rows`) into stage st: dims 0..511 and scales, the rope
+        dims; then its validity and the ready arrivals (`_ss_release`). Four warps."""
+        _g_issue_main(k_main, k_sc, st, rows, valid, K, K_SC, K_stride, K_stride_q,
+                      K_sc_stride, FMT, ld_l, 4)  # fmt: skip
+        _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+        _ss_release(ready, st, vbuf, valid)
+
+    @gluon.jit
     def _tw_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     NBUF: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
-        """Four warps: tiles 0 .. 2 ceil(n_it / 2) - 1 (a last odd tile is all masked) into
+                     NBUF: gl.constexpr, PRE: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+        """Four warps: tiles min(PRE, n_t) .. n_t - 1 (n_t = 2 ceil(n_it / 2): a last odd
+        tile is all masked; the first PRE were issued before the partitions started) into
         stage j % NBUF once its previous tile's consumer has freed it; the key (look-up-table
         or index) load of tile j + 1 is issued before tile j is filled."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
@@ -58,9 +72,10 @@ if HAS_GLUON:
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         n_t = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2) * 2
-        key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
-                      BN, row_l)  # fmt: skip
-        for j in range(n_t):
+        j0 = gl.minimum(n_t, PRE)
+        key = _g_keys(lo + j0 * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride,
+                      SPARSE, BN, row_l)  # fmt: skip
+        for j in range(j0, n_t):
             st = j % NBUF
             start = lo + j * BN
             key_next = _g_keys(start + BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
@@ -68,10 +83,8 @@ if HAS_GLUON:
             rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
                                   row_l)  # fmt: skip
             mbarrier.wait(empty.index(st), ((j // NBUF) & 1) ^ 1)  # fresh barriers pass phase 1
-            _g_issue_main(k_main, k_sc, st, rows, valid, K, K_SC, K_stride, K_stride_q,
-                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
-            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            _ss_release(ready, st, vbuf, valid)
+            _tw_issue(k_main, k_sc, k_rope, vbuf, ready, st, rows, valid, K, K_SC, K_stride,
+                      K_stride_h, K_stride_q, K_sc_stride, FMT, ld_l)  # fmt: skip
             key = key_next
             if TRACE:
                 if j == 0:
@@ -171,8 +184,8 @@ if HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True,
-        KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
+        PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True, KSWZ: gl.constexpr = 1,
+        PRE: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions.
@@ -187,6 +200,7 @@ if HAS_GLUON:
         gl.static_assert(BN == 64, "64 keys a tile")
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
@@ -226,6 +240,27 @@ if HAS_GLUON:
             mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
             mbarrier.init(empty.index(i), count=1)
         mbarrier.init(xb, count=1)
+        if PRE > 0:
+            fence_async_shared()
+            gl.thread_barrier()  # the barriers before any thread's arrivals
+            n_t = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2) * 2
+            key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
+                          BN, row_l)  # fmt: skip
+            for j in gl.static_range(PRE):
+                start = lo + j * BN
+                if j + 1 < PRE:
+                    key_next = _g_keys(start + BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
+                                       K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+                if j < n_t:
+                    rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE,
+                                          BN, row_l)  # fmt: skip
+                    _tw_issue(k_main, k_sc, k_rope, vbuf, ready, j, rows, valid, K, K_SC,
+                              K_stride, K_stride_h, K_stride_q, K_sc_stride, FMT, ld_l)  # fmt: skip
+                    if TRACE:
+                        if j == 0:
+                            gl.store(trp + 1, _g_clock())
+                if j + 1 < PRE:
+                    key = key_next
         lat_scale = _t_q_store(q_lat.index(0), q_rope.index(0), qa, qr, FMT)
         fence_async_shared()  # q before the consumers' wgmma reads
         gl.thread_barrier()
@@ -244,7 +279,7 @@ if HAS_GLUON:
                                FMT, NBUF, NR, PF, TRACE)),
                 (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
                                FMT, NBUF, NR, PF, TRACE)),
-                (_tw_producer, (args, SPARSE, BN, FMT, NBUF, TRACE)),
+                (_tw_producer, (args, SPARSE, BN, FMT, NBUF, PRE, TRACE)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

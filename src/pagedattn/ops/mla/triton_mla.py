@@ -694,7 +694,7 @@ TUNING: dict[str, Any] = {
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
-    "t_kswz": None,
+    "t_kswz": None, "tw_pre": None,
 }  # fmt: skip
 
 
@@ -1110,6 +1110,7 @@ def mla_decode_triton(
             extra.update(
                 PF=_tuned("t_pf", True),
                 KSWZ=_tuned("t_kswz", 1),
+                PRE=_tuned("tw_pre", 1),
             )
             if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
                 extra.update(TRACE=True, TR=TUNING["trace"])
