@@ -38,8 +38,9 @@ if _HAS_GLUON:
         S loads (`_t_tile`'s kraw_l, rows r and r + 1 in each 8-lane phase, 4 chunks of 64
         bytes) meet 2-way bank conflicts, ncu H100 2026-11-22: 2x the ideal wavefronts).
         kswz 1: f = (r0, r1, r0 ^ r2) in bits (0, 1, 2), so rows r and r + 1 land in
-        opposite halves of the 128 bytes (S loads conflict-free) and rows r, r + 2, r + 4,
-        r + 6 in four distinct 32-byte pairs (the P V loads, vraw_l, stay conflict-free)."""
+        opposite halves of the 128 bytes (S loads conflict-free) and two adjacent chunks of
+        rows r, r + 2, r + 4, r + 6 in eight distinct 16-byte bank groups (the P V loads,
+        vraw_l, stay conflict-free)."""
         if kswz == 0:
             return gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
         return gl.SharedLinearLayout(
@@ -684,7 +685,7 @@ if _HAS_GLUON:
         fence_async_shared()
         gl.thread_barrier()
         if FMT != 0:
-            xv = xk
+            xv = xk  # PF: the first V chunk's bytes, loaded in the last S step
             for c in gl.static_range(BN // 16):
                 if PF:
                     if c < BN // 16 - 1:
