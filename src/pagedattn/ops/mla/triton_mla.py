@@ -1103,25 +1103,15 @@ def mla_decode_triton(
     pdl = P > 1 and pdl_enabled(q)  # the split kernel lets its combine launch early (opt-in)
     dummy = q_row_offsets
     if sm90:
-        if cfg_t is not None and cfg["TW"]:
-            kernel = _mla_decode_sm90_tw
-            regs = TUNING.get("tw_regs") or (232, 48)
-            extra = dict(NR=cfg["NR"], CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
-            extra.update(
-                PF=_tuned("t_pf", True),
-                KSWZ=_tuned("t_kswz", 1),
-                PRE=_tuned("tw_pre", 1),
-            )
-            if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
-                extra.update(TRACE=True, TR=TUNING["trace"])
-        elif cfg_t is not None:
-            kernel = _mla_decode_sm90_t
-            extra = dict(
-                NR=cfg["NR"],
-                PF=_tuned("t_pf", True),
-                KSWZ=_tuned("t_kswz", 1),
-                num_warps=4,
-            )
+        if cfg_t is not None:  # keys-as-M: `_t_tile` PF, `_t_raw_layout` (see `_sm90_t_config`)
+            extra = dict(NR=cfg["NR"], PF=_tuned("t_pf", True), KSWZ=_tuned("t_kswz", 1))
+            if cfg["TW"]:
+                kernel = _mla_decode_sm90_tw
+                regs = TUNING.get("tw_regs") or (232, 48)
+                extra.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], PRE=_tuned("tw_pre", 1))
+            else:
+                kernel = _mla_decode_sm90_t
+            extra.update(num_warps=4)
             if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
                 extra.update(TRACE=True, TR=TUNING["trace"])
         elif cfg["SS"]:
