@@ -521,6 +521,29 @@ def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ps", [1, 64])
+@pytest.mark.parametrize("h_q", [4, 16])
+@pytest.mark.parametrize("fmt", ["bf16", "rope_aware"])
+def test_gpu_ragged_query_lengths(fmt, h_q, ps):
+    """Ragged query lengths (the grid's are uniform) at the head counts of the keys-as-M
+    kernels on sm_90 (one token a tile at h_q 16, several at h_q 4): small caches (a lookup
+    table narrower than a tile at page size 1) and large ones, at 1, 2 and the default
+    partitions."""
+    for cache_lens, q_lens in (
+        ([3, 0, 20, 9, 1, 17], [1, 3, 2, 1, 4, 2]),
+        ([700, 5, 300, 0, 130, 64, 1000], [2, 1, 1, 4, 3, 1, 2]),
+    ):
+        gen = torch.Generator().manual_seed(zlib.crc32(repr((fmt, h_q, ps, q_lens)).encode()))
+        cache = build_cache(fmt, 576, ps, cache_lens, q_lens, gen, h_q)
+        offs = ragged_offsets(q_lens).tolist()
+        q = make_q(offs[-1], h_q, 576, gen)
+        ref = oracle(q, offs, dense_keys(cache, cache_lens, q_lens))
+        for P in (1, 2, None):
+            o, lse = run(q, cache.operand(), q_lens, num_partitions=P)
+            check(o, lse, *ref, tol_for(fmt, 576))
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_graph_replay_with_changing_lengths():
     """Capture once with static buffers; refresh lengths, lookup table and queries in place and
     replay: every replay must match the oracle for the new lengths."""
