@@ -470,8 +470,10 @@ if HAS_GLUON:
             mbarrier.init(pm.index(i), count=1)
         mbarrier.init(lx, count=2)
 
-        # A masked (not copied) lane keeps what the stage held: zeros, or an earlier finite
-        # row, or P values in the rope slot; never a NaN from an unwritten cache slot.
+        # Never a NaN from an unwritten cache slot in a stage: a masked row's cp.async (BF16
+        # latent part, rope part) is skipped, so it keeps what the stage held (these zeros, an
+        # earlier finite row, or P values in the rope slot); the V32 producer writes a masked
+        # row's latent part as zeros (its bytes and scales load as 0).
         for i in gl.static_range(2):
             k_lat.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
