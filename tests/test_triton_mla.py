@@ -526,9 +526,8 @@ def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
 @pytest.mark.parametrize("fmt", ["bf16", "rope_aware"])
 def test_gpu_ragged_query_lengths(fmt, h_q, ps):
     """Ragged query lengths (the grid's are uniform) at the head counts of the keys-as-M
-    kernels on sm_90 (one token a tile at h_q 16, several at h_q 4): small caches (a lookup
-    table narrower than a tile at page size 1) and large ones, at 1, 2 and the default
-    partitions."""
+    kernels on sm_90 (one token a tile at h_q 16, several at h_q 4): caches shorter than a
+    tile and long ones, at 1, 2 and the default partitions."""
     for cache_lens, q_lens in (
         ([3, 0, 20, 9, 1, 17], [1, 3, 2, 1, 4, 2]),
         ([700, 5, 300, 0, 130, 64, 1000], [2, 1, 1, 4, 3, 1, 2]),

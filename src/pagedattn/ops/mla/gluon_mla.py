@@ -175,8 +175,8 @@ if _HAS_GLUON:
         if TPT == 1:
             # i0 < q_len for every token (`_g_request`), so q's loads need not wait for the
             # request offsets. H100 traces (2026-11-22, FP8 tw kernel, s_k 4096): tile 0 was
-            # issued 2.1-2.2 us after the CTA's start, against 2.6-2.7 before (another machine
-            # of the kind); graph replays unchanged within noise.
+            # issued 2.1-2.2 us after the CTA's start, against 2.6-3.0 in the previous build's
+            # (other machines of the kind); graph replays unchanged within noise.
             ok = (tq < 1) & (head < H_Q)
         else:
             ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)

@@ -23,11 +23,11 @@ So a request's keys need no second CTA and no combine pass at batch >= the SM co
 
 What is left at s_k 4096 (H100, 2026-11-22) is the spread of the CTAs' ends (median 118.5,
 last 121.6 us; per-SM end times correlate 0.35-0.49 between runs, bf16's `_t` 0.97), not the
-prologue: loading the cache length and tile 0's page ids for a guessed request (t // tokens
-a request) before the offsets' reductions made this prologue 0.5 us longer and `_t`'s 1.3 us
-shorter, and neither kernel's graph replays faster (123.7 / 123.5 us FP8, 208.0 / 208.6 bf16);
-it was not kept. Taking a slow CTA's last tiles from a CTA that has finished (partial states
-merged through global memory) is the next step."""
+prologue: loading the cache length and tile 0's page ids for a guessed request (token t //
+the tokens a request) before the offsets' reductions made this prologue 0.5 us longer and
+`_t`'s 1.3 us shorter, and neither kernel's graph replays faster (123.7 / 123.5 us FP8,
+208.0 / 208.6 bf16); it was not kept. Taking a slow CTA's last tiles from a CTA that has
+finished (partial states merged through global memory) is the next step."""
 
 from __future__ import annotations
 
