@@ -914,9 +914,10 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     or None where they do not serve: BF16 caches with at most 32 query rows a tile,
     rope-aware FP8 with at most 16 (in dense mode the heads of several tokens of a request
     share the tile, as many as the average query length asks for). The measurements below
-    up to the TW comment are of `_mla_decode_sm90_t`. NR (the rows, padded) is 16 or 32. Two stages: BF16 tiles
-    take 73 KB; FP8 (40 KB tiles, no float16 copy) fits two CTAs a SM with two stages and one
-    with three. Offline sm_90 compiles: BF16 NR 16 128 registers, NR 32 236; FP8 NR 16 238.
+    up to the TW comment are of `_mla_decode_sm90_t`. NR (the rows, padded) is 16 or 32. Two
+    stages: BF16 tiles take 73 KB; FP8 (40 KB tiles, no float16 copy) fits two CTAs a SM with
+    two stages and one with three. Offline sm_90 compiles: BF16 NR 16 128 registers, NR 32
+    236; FP8 NR 16 238.
     H100 (2026-11-22, b 128, h_q 16, kernel alone): FP8 register operands 196 us (s_k 4096)
     and 380 us (8192) at one CTA a SM, 146 / 264 us at two (P = 2), against 210 / 402 us when
     the tile was first dequantized into shared memory (then 211 KB: one CTA a SM).
@@ -958,7 +959,7 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     # and 237 -> 236 us; the one-warpgroup `_mla_decode_sm90_t` at P = 1 177 -> 157 us.
     tw = fmt == FMT_ROPE_AWARE and nr == 16 and TUNING.get("sm90_tw") is not False
     if tw:
-        nbuf = TUNING.get("tw_nbuf") or 3
+        nbuf = _tuned("tw_nbuf", 3)
     return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr, TW=tw)
 
 
@@ -1107,7 +1108,7 @@ def mla_decode_triton(
             extra = dict(NR=cfg["NR"], PF=_tuned("t_pf", True), KSWZ=_tuned("t_kswz", 1))
             if cfg["TW"]:
                 kernel = _mla_decode_sm90_tw
-                regs = TUNING.get("tw_regs") or (232, 48)
+                regs = _tuned("tw_regs", (232, 48))
                 extra.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], PRE=_tuned("tw_pre", 1))
             else:
                 kernel = _mla_decode_sm90_t
@@ -1124,11 +1125,9 @@ def mla_decode_triton(
             # with whole-stage release: dense bf16 h_q 128 s_k 8192 0.626-0.641 -> 0.605-0.615
             # ms with order 2 (order 1: 0.618-0.631); sparse V32 0.492-0.497 -> 0.472-0.477
             # with order 1 (order 2: 0.480-0.485); sparse bf16 0.337-0.344 either way.
-            order = TUNING.get("ss_order")
-            half = TUNING.get("ss_half")
             extra.update(
-                SS_ORDER=(2 if K.fmt == FMT_BF16 else 1) if order is None else order,
-                SS_HALF=True if half is None else bool(half),
+                SS_ORDER=_tuned("ss_order", 2 if K.fmt == FMT_BF16 else 1),
+                SS_HALF=bool(_tuned("ss_half", True)),
             )
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
