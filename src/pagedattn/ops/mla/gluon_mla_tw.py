@@ -27,7 +27,15 @@ prologue: loading the cache length and tile 0's page ids for a guessed request (
 the tokens a request) before the offsets' reductions made this prologue 0.5 us longer and
 `_t`'s 1.3 us shorter, and neither kernel's graph replays faster (123.7 / 123.5 us FP8,
 208.0 / 208.6 bf16); it was not kept. Taking a slow CTA's last tiles from a CTA that has
-finished (partial states merged through global memory) is the next step."""
+finished (partial states merged through global memory) is the next step.
+
+Tried and dropped (H100 2026-11-22, `bench/gpu_mla_dev.py` graph replays, s_k 4096, from HBM /
+with every request reading request 0's pages, L2-resident; this kernel 123 / 91 us): e4m3
+upcasts on integer ops (a PRMT, a LOP3 and a shift a pair, 2^-8 folded into S's and P's
+scales; beside F2FP) for V, K or both: 134 / 115, 133 / 123, 180 / 147 us; three consumer
+warpgroups (tiles j % 3, 160 registers each, some spills; 4 stages): 156 / 122, 148 / 108
+without `_t_tile` PF, 249 / 152 with 5 stages. The consumers are not bound by F2FP's rate, and
+a third warpgroup costs more than it hides."""
 
 from __future__ import annotations
 
@@ -54,6 +62,12 @@ if HAS_GLUON:
     from .gluon_mla_ss import _ss_release
 
     @gluon.jit
+    def _tw_n_pairs(lo, hi, BN: gl.constexpr):
+        """The key range's tile pairs: the consumers take turns, so the tile count is rounded
+        up to even (a last odd tile is all masked) and consumer 1 owns the last tile."""
+        return gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2)
+
+    @gluon.jit
     def _tw_issue(k_main, k_sc, k_rope, vbuf, ready, st, rows, valid, K, K_SC, K_stride,
                   K_stride_h, K_stride_q, K_sc_stride, FMT: gl.constexpr,
                   ld_l: gl.constexpr):  # fmt: skip
@@ -67,8 +81,8 @@ if HAS_GLUON:
     @gluon.jit
     def _tw_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
                      NBUF: gl.constexpr, PRE: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
-        """Four warps: tiles min(PRE, n_t) .. n_t - 1 (n_t = 2 ceil(n_it / 2): a last odd
-        tile is all masked; the first PRE were issued before the partitions started) into
+        """Four warps: tiles min(PRE, n_t) .. n_t - 1 (n_t = 2 `_tw_n_pairs`; the first PRE were
+        issued before the partitions started) into
         stage j % NBUF once its previous tile's consumer has freed it; the key (look-up-table
         or index) load of tile j + 1 is issued before tile j is filled."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
@@ -79,7 +93,7 @@ if HAS_GLUON:
         ready, empty, xb = bars
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
-        n_t = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2) * 2
+        n_t = _tw_n_pairs(lo, hi, BN) * 2
         j0 = gl.minimum(n_t, PRE)
         key = _g_keys(lo + j0 * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride,
                       SPARSE, BN, row_l)  # fmt: skip
@@ -129,7 +143,7 @@ if HAS_GLUON:
             t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
         )
 
-        n_own = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2)
+        n_own = _tw_n_pairs(lo, hi, BN)
         for i in range(n_own):
             j = 2 * i + W
             st = j % NBUF
@@ -255,7 +269,7 @@ if HAS_GLUON:
         if PRE > 0:
             fence_async_shared()
             gl.thread_barrier()  # the barriers before any thread's arrivals
-            n_t = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2) * 2
+            n_t = _tw_n_pairs(lo, hi, BN) * 2
             key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
                           BN, row_l)  # fmt: skip
             for j in gl.static_range(PRE):
