@@ -741,7 +741,7 @@ if _HAS_GLUON:
         rows_ok_c, _tq, _tok, head_c = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
         lse, inv = _g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
         o = acc * (inv * tau)[None, :]
-        if not SPLIT:  # bf16 before the layout conversion (half the shared-memory bytes)
+        if not SPLIT:  # bf16 before any layout conversion (half the shared-memory bytes)
             o = o.to(gl.bfloat16)
         if FMT != 0:
             # Rows back to cache-column order (`_g_deq_v`): a thread's 16 rows of a column are
@@ -797,7 +797,8 @@ if _HAS_GLUON:
         SM). The 16 bytes a thread loads are a fixed permutation of the columns its A fragment
         holds: of d for S (the same permutation is applied to q's latent part when it is
         stored, so S is unchanged: `_g_perm_s`) and of the output rows for P V (`_g_deq_v`;
-        undone on O in registers before its layout conversion, so the stores are vectors).
+        undone on O in registers, whose 16 contiguous output dims a thread are stored as
+        vectors straight from them: `_t_store`).
         The per-token scales go through a [NBUF, BN] ring read in S's row layout.
 
         TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the

@@ -81,10 +81,10 @@ if HAS_GLUON:
     @gluon.jit
     def _tw_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
                      NBUF: gl.constexpr, PRE: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
-        """Four warps: tiles min(PRE, n_t) .. n_t - 1 (n_t = 2 `_tw_n_pairs`; the first PRE were
-        issued before the partitions started) into
-        stage j % NBUF once its previous tile's consumer has freed it; the key (look-up-table
-        or index) load of tile j + 1 is issued before tile j is filled."""
+        """Four warps: tiles min(PRE, n_t) .. n_t - 1 (n_t = 2 `_tw_n_pairs`; the first PRE
+        were issued before the partitions started) into stage j % NBUF once its previous
+        tile's consumer has freed it; the key (look-up-table or index) load of tile j + 1 is
+        issued before tile j is filled."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
