@@ -277,11 +277,12 @@ VARIANTS = {
 CASES = [
     # name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, partitions
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
-    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
+    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0,
+     ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
      ["sm90tw", "sm90tw_pre0", "sm90tw_p0", "sm90tw4"], [1]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90tw", "sm90tw_pre0", "sm90tw_pre2", "sm90tw_p0", "sm90tw_k0"], [1, 2]),
+     ["sm90tw", "sm90tw_pre0", "sm90tw_pre2", "sm90tw_p0", "sm90tw_k0", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
      ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,
@@ -496,15 +497,18 @@ def trace_probe(copy_bw, outdir):
     return rows
 
 
-def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw):
-    """Eager (twice) and graph-replay times of each launch variant and partition count."""
+def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""):
+    """Eager (twice) and graph-replay times of each launch variant and partition count
+    (`only`: a regex the variant names must match, and P 1 only)."""
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
 
     rows = []
     for v in variants:
-        for P in parts:
+        if only and not re.fullmatch(only, v):
+            continue
+        for P in parts if not only else [p for p in parts if p in (None, 1)][:1]:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
             fn = _launcher(q, kv, offs, kw, P)
@@ -539,6 +543,7 @@ def main():
     ap.add_argument("--checks", default="all", choices=["all", "ss", "t", "none"])
     ap.add_argument("--ss-variants", default="ss", help="comma list: variants --checks ss runs")
     ap.add_argument("--t-variants", default="sm90t", help="comma list: variants --checks t runs")
+    ap.add_argument("--variants", default="", help="regex: time only these variants (at P 1)")
     ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", action="store_true", help="run trace_probe")
@@ -559,7 +564,9 @@ def main():
         M.TUNING.update(VARIANTS[args.once])
         for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, _v, _p in CASES:
             if not args.cases or re.search(args.cases, name):
-                fn = _launcher(*make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk)[:4], 1)
+                shared = args.shared.split(",")[0]  # --once: the first --shared mode
+                case = make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, shared=shared)
+                fn = _launcher(*case[:4], 1)
                 for _ in range(3):
                     fn()
                 torch.cuda.synchronize()
@@ -608,7 +615,7 @@ def main():
                 mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, shared=shared
             )
             table += time_variants(f"{name} {shared}".strip(), q, kv, offs, kw, work,
-                                   variants, parts, copy_bw)  # fmt: skip
+                                   variants, parts, copy_bw, args.variants)  # fmt: skip
         del q, kv, kw
         torch.cuda.empty_cache()
     M.TUNING.update({k: None for k in M.TUNING})

@@ -53,7 +53,19 @@ read both operands from shared memory, m64n64k16: 4 KB a k-step, the shared-memo
 of the tensor cores' peak rate, shared with the producer's copies), and V32 loses a further
 quarter to memory latency: the producer holds one tile in registers, so a tile's load latency
 is hidden only behind the wait for its stage. With Q (72 KB) resident only two 72 KB stages
-fit; FlashMLA's seesaw reports 660 on an H800.
+fit; FlashMLA's seesaw reports 660 on an H800. Nsight Compute's warp-state samples (H100
+2026-11-22, `bench/ncu_sass_hot.py`, dense bf16 h_q 128 s_k 8192) show the cost of the two
+stages: the consumers' `ready` waits (a stage is refilled only once both warpgroups' P V of
+its tile is done) take 17% of all samples from HBM, a consumer warp's time ~25% (13% / ~19%
+with the keys in L2), the `pm` waits ~4%. Sparse V32: the producer waits for a free stage in
+22% of all samples and on its own loads (the dequant's operands) in ~14%, the consumers on
+each other's P (`pm`) in 14% and hardly on `ready`. Neither of two schedules aimed at the
+waits moved the kernel (graph replays, us, against the shipped one in the same run):
+starting S on a tile's first 256 columns once they have landed (a second `ready` barrier a
+stage) 622 / 620 dense s_k 8192, 333 / 336 s_k 4096, 344 / 346 sparse bf16, 478 / 477 V32
+(412 / 397 with V32's keys in L2); S on two accumulator chains (64-column chunks
+alternating) 617 / 614, 329 / 327, 345 / 344. Dense h_q 128 s_k 8192 with every key in L2
+runs 534-539 us (541-547 TFLOP/s) against 614-620 from HBM in the same runs.
 
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that

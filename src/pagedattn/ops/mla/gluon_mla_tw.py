@@ -26,8 +26,7 @@ last 121.6 us; per-SM end times correlate 0.35-0.49 between runs, bf16's `_t` 0.
 prologue: loading the cache length and tile 0's page ids for a guessed request (token t //
 the tokens a request) before the offsets' reductions made this prologue 0.5 us longer and
 `_t`'s 1.3 us shorter, and neither kernel's graph replays faster (123.7 / 123.5 us FP8,
-208.0 / 208.6 bf16); it was not kept. Taking a slow CTA's last tiles from a CTA that has
-finished (partial states merged through global memory) is the next step.
+208.0 / 208.6 bf16); it was not kept.
 
 Tried and dropped (H100 2026-11-22, `bench/gpu_mla_dev.py` graph replays, s_k 4096, from HBM /
 with every request reading request 0's pages, L2-resident; this kernel 123 / 91 us): e4m3
@@ -35,7 +34,20 @@ upcasts on integer ops (a PRMT, a LOP3 and a shift a pair, 2^-8 folded into S's 
 scales; beside F2FP) for V, K or both: 134 / 115, 133 / 123, 180 / 147 us; three consumer
 warpgroups (tiles j % 3, 160 registers each, some spills; 4 stages): 156 / 122, 148 / 108
 without `_t_tile` PF, 249 / 152 with 5 stages. The consumers are not bound by F2FP's rate, and
-a third warpgroup costs more than it hides."""
+a third warpgroup costs more than it hides. Nor do the S products wait on their accumulator
+chain (36 dependent m64n16k16 steps): the rope product on its own accumulator issued first, and
+the latent chunks alternating between two accumulators (`_t_tile` variants, H100 2026-11-22,
+graph replays, s_k 4096 from HBM / L2-resident): 123.3 / 91.2 and 123.5 / 91.6 us against
+122.8 / 90.4; s_k 8192 233.2 against 232.9 (bf16 `_t` 208.6 against 207.9).
+
+Where a warp's time goes (Nsight Compute warp-state samples by SASS instruction, H100
+2026-11-22, `bench/ncu_sass_hot.py`, s_k 4096): from HBM, 23% of all samples sit in the two
+consumers' `ready` waits and 14% in the producer's `empty` wait (a consumer warp waits for
+its tile about a third of the time: the kernel streams, it does not compute); with every
+request's keys in L2 no consumer instruction holds more than 2% of all samples (issue slots
+busy ~55% of cycles). Stealing a slow CTA's last tiles cannot pay for itself: a model
+of the traced timeline (a thief starts 2-4 us after it claims, runs 1.5 us a tile, and the
+owner merges its state in ~1 us) ends the last CTA 0-1 us earlier at best."""
 
 from __future__ import annotations
 
