@@ -277,8 +277,7 @@ VARIANTS = {
 CASES = [
     # name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, partitions
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
-    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0,
-     ["sm90t"], [None]),
+    ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
      ["sm90tw", "sm90tw_pre0", "sm90tw_p0", "sm90tw4"], [1]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,

@@ -1,5 +1,9 @@
 """Hot SASS instructions of an Nsight Compute report (collected with --section SourceCounters):
-the instructions with the most warp-stall samples and each one's main stall reasons.
+the instructions with the most warp-stall samples and each one's main stall reasons, offsets
+from the kernel's first instruction (as in `cuobjdump -sass`), and for a wait loop's branch the
+mbarrier it polls.
+
+    ncu --section SourceCounters --import-source no -f -o REP python3 ...
 
     ncu --import REP --page source --csv --print-source sass > SRC.csv
     python3 bench/ncu_sass_hot.py SRC.csv [TOP]
@@ -25,22 +29,21 @@ def main() -> None:
         rows = [r for r in csv.reader(fh) if r]
     hi = next(i for i, r in enumerate(rows) if "Address" in r or "# Address" in r)
     hdr = rows[hi]
-    body = rows[hi + 1 :]
+    body = [r for r in rows[hi + 1 :] if len(r) == len(hdr)]
     col = {h: i for i, h in enumerate(hdr)}
     samp = next(h for h in hdr if h.startswith("Warp Stall Sampling (All"))
     src = next(h for h in hdr if h == "Source")
     addr = next(h for h in hdr if "Address" in h)
     reasons = [h for h in hdr if h.startswith("stall_") or "issue_stalled" in h]
-    total = sum(_num(r[col[samp]]) for r in body if len(r) == len(hdr))
+    total = sum(_num(r[col[samp]]) for r in body)
     print(f"{len(body)} instructions, {total:.0f} samples; reasons: {len(reasons)} columns")
-    agg = {h: sum(_num(r[col[h]]) for r in body if len(r) == len(hdr)) for h in reasons}
+    agg = {h: sum(_num(r[col[h]]) for r in body) for h in reasons}
     print(
         "by reason:",
         ", ".join(
             f"{h} {v / total:.1%}" for h, v in sorted(agg.items(), key=lambda x: -x[1])[:10] if v
         ),
     )
-    body = [r for r in body if len(r) == len(hdr)]
     base = min(int(r[col[addr]], 16) for r in body)  # offsets as in an offline SASS listing
     by_addr = sorted(body, key=lambda r: int(r[col[addr]], 16))
     pos = {id(r): i for i, r in enumerate(by_addr)}
