@@ -854,7 +854,7 @@ def _tile_config(h_q: int, tokens: int, batch: int, sparse: bool, fp8: bool) -> 
     warps and pipeline depth. Rows are (token, head) pairs of one request."""
     est_sq = min(8, max(1, -(-tokens // max(batch, 1))))
     want = h_q if sparse else h_q * est_sq
-    bm = TUNING.get("BM") or min(64, max(16, triton.next_power_of_2(want)))
+    bm = _tuned("BM", min(64, max(16, triton.next_power_of_2(want))))
     if h_q > bm:  # heads in blocks of BM, one token a tile
         hpt, tpt = bm, 1
     else:  # all heads of up to BM // h_q tokens (dense) a tile
@@ -863,12 +863,12 @@ def _tile_config(h_q: int, tokens: int, batch: int, sparse: bool, fp8: bool) -> 
     # Measured on an H200 (bench/gpu_mla_dev.py, runs 2-3): the hand-pipelined loop wants as
     # many bytes in flight as the registers allow without spilling.
     if bm <= 32:  # memory-bound tiles: BF16 BN=16 x 4 warps (2 CTAs/SM), FP8 BN=64 x 8 warps
-        warps = TUNING.get("num_warps") or (8 if fp8 else 4)
-        bn = TUNING.get("BN") or (64 if fp8 else 16)
+        warps = _tuned("num_warps", 8 if fp8 else 4)
+        bn = _tuned("BN", 64 if fp8 else 16)
     else:  # 64-row tiles (on sm_90 the Gluon kernel serves most of these)
-        warps = TUNING.get("num_warps") or 8
-        bn = TUNING.get("BN") or 32
-    stages = TUNING.get("num_stages") or 3
+        warps = _tuned("num_warps", 8)
+        bn = _tuned("BN", 32)
+    stages = _tuned("num_stages", 3)
     return dict(BM=bm, HPT=hpt, TPT=tpt, NHB=nhb, BN=bn, num_warps=warps, num_stages=stages)
 
 
@@ -890,8 +890,8 @@ def _sm90_config(h_q: int, sparse: bool, fmt: int) -> dict:
     # H200, run 3 of bench/gpu_mla_dev.py: BN=64 with 2 stages beat BN=32 with 3-4 stages
     # (dense bf16 h_q 128: 0.80 vs 1.12 ms; sparse V32: 0.58 vs 0.78 ms): with 32 keys the
     # S product becomes n16 wgmma instructions and costs more than the deeper ring saves.
-    bn = TUNING.get("sm90_bn") or 64
-    nbuf = TUNING.get("sm90_nbuf") or (4 if bn == 32 else 2)
+    bn = _tuned("sm90_bn", 64)
+    nbuf = _tuned("sm90_nbuf", 4 if bn == 32 else 2)
     # PIPE (BF16 only: FP8 tiles are dequantized into one shared buffer that the previous
     # tile's P V product still reads): that product is waited for behind the next S product.
     # H100, bench/gpu_mla_dev.py (2026-11-21), PIPE vs not: dense h_q 128 s_k 4096 0.398 vs
@@ -946,7 +946,7 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     est_sq = 1 if sparse else min(8, max(1, -(-tokens // max(batch, 1))))
     tpt = 1 if sparse else max(1, min(est_sq, max_rows // h_q))
     nr = max(16, triton.next_power_of_2(h_q * tpt))
-    nbuf = TUNING.get("sm90_t_nbuf") or 2
+    nbuf = _tuned("sm90_t_nbuf", 2)
     # TW: rope-aware FP8 takes the warp-specialized kernel (`gluon_mla_tw`, one CTA a SM, P = 1
     # at b 128). H100 (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 16 page 64, graph replays,
     # P = 1), ring stages 2 / 3 / 4 / 5: s_k 4096 135 / 126 / 128 / 130 us, s_k 8192 255 / 237
@@ -1118,7 +1118,7 @@ def mla_decode_triton(
         elif cfg["SS"]:
             kernel = _mla_decode_sm90_ss
             # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
-            regs = TUNING.get("ss_regs") or ((232, 48) if K.fmt == FMT_BF16 else (200, 112))
+            regs = _tuned("ss_regs", (232, 48) if K.fmt == FMT_BF16 else (200, 112))
             extra = dict(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
             # Warpgroup 1's order in a pair of tiles and half-stage release (gluon_mla_ss):
             # H100 graph replays, 3 runs 2026-11-22 (bench/gpu_mla_dev.py), against order 0
