@@ -43,13 +43,15 @@ FMTS = {
 }
 
 
-def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", seed=0, shared=""):
+def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", seed=0, shared="",
+              poison=False):  # fmt: skip
     """A one-layer MLA cache with b requests of s_k cached keys (random values, quantized into
     `fmt`), s_q new query tokens each; shuffled pages. Sparse: topk random valid indices per
     token (-1 padded where fewer keys). shared "L2": every request reads request 0's pages (an
     L2-resident working set); "none" (sparse): every index invalid, so no key is loaded and
     the time is the kernel's compute schedule alone (the FLOPs counted are those of topk keys).
-    Returns (q, kv, q_row_offsets, kwargs, work)."""
+    poison (BF16): NaN in every cache slot no request references. Returns (q, kv,
+    q_row_offsets, kwargs, work)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     params = KVCacheParams(
         torch.bfloat16, 1, 1, d_qk, ps, is_mla=True, num_q_heads=h_q,
@@ -92,6 +94,10 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
     lut = perm[: b * pages_per].view(b, pages_per).contiguous()
     if shared == "L2":
         lut[:] = lut[0].clone()
+    if poison and f is None:
+        pos = torch.arange(seq, pages_per * ps, device=device)
+        flat[(lut.long()[:, pos // ps] * ps + pos % ps).flatten()] = float("nan")
+        flat[(n_pages - 1) * ps :] = float("nan")
     cl = torch.full((b,), s_k, dtype=torch.int32, device=device)
     inputs = KVCacheInputsPerDevice(
         blocks, cl, lut, torch.tensor([[s_q, s_k]], dtype=torch.int32), scales
@@ -135,7 +141,7 @@ def _kernel_name(sm90):
     `compile_offline` finds them."""
     return {
         False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t",
-        "ss": "_mla_decode_sm90_ss", "tw": "_mla_decode_sm90_tw",
+        "ss": "_mla_decode_sm90_ss", "tw": "_mla_decode_sm90_tw", "st": "_mla_decode_sm90_st",
     }[sm90]  # fmt: skip
 
 
@@ -146,7 +152,7 @@ def _capture(call, sm90=False):
     import pagedattn.ops.mla.triton_mla as M
 
     caps = {}
-    kinds = (False, True, "t", "ss", "tw")
+    kinds = (False, True, "t", "ss", "tw", "st")
     saved = {k: getattr(M, _kernel_name(k)) for k in kinds}
 
     class _Fake:
@@ -201,6 +207,12 @@ def compile_offline(cap, outdir, tag, sm90=False):
             sig[n] = "fp32"
     for n in kw:
         sig[n] = "constexpr"
+        if n == "KD":  # a Gluon TMA descriptor (gluon_mla_st)
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.compiler import BaseBackend
+
+            sig[n] = native_specialize_impl(BaseBackend, kw[n], False, True, True)[0]
+    kw = {n: v for n, v in kw.items() if n != "KD"}
     src = (GluonASTSource if sm90 else ASTSource)(fn, sig, kw, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     os.makedirs(outdir, exist_ok=True)
@@ -263,7 +275,8 @@ VARIANTS = {
     "sm90tw_pre3": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_pre=3),
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
-    "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw
+    "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw (cp.async)
+    "ss_cp": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False),  # cp.async seesaw
     "sm90old": dict(gluon=True, sm90_ss=False),  # the key-split 64-row kernel
     "ss0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=False),
     "ss_o1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=False),
@@ -272,6 +285,10 @@ VARIANTS = {
     "ss_o1h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=True),
     "ss_h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=True),
     "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_regs=(208, 96)),
+    # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles), warpgroup 1's order
+    "st0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_order=0),
+    "st1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_order=1),
+    "st2": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_order=2),
 }
 
 CASES = [
@@ -292,9 +309,9 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss0", "ss"], [None]),
+     ["ss_cp", "st0", "st1"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["ss0", "ss"], [None]),
+     ["ss_cp", "st0", "st1"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
@@ -320,6 +337,19 @@ SS_CHECKS = [
     ("sparse", "v32", 576, 64, 1, 1, 256, 2),
     ("dense", "v32", 576, 20, 4, 1, 0, None),
     ("dense", "v32", 576, 128, 4, 128, 0, 2),
+]
+
+
+# Correctness cases of the TMA-fed seesaw (dense BF16, pages of whole tiles): odd and even tile
+# counts a partition (P 2, 4, auto), causal multi-token tiles, padded rows, NaN past the keys.
+ST_CHECKS = [
+    ("dense", "bf16", 576, 128, 1, 64, 0, None),
+    ("dense", "bf16", 576, 128, 1, 64, 0, 4),
+    ("dense", "bf16", 576, 128, 2, 128, 0, 2),
+    ("dense", "bf16", 576, 64, 4, 64, 0, None),
+    ("dense", "bf16", 576, 20, 4, 128, 0, 4),
+    ("dense", "bf16", 576, 16, 2, 64, 0, 1),
+    ("dense", "bf16", 576, 128, 4, 64, 0, 1),
 ]
 
 
@@ -355,7 +385,7 @@ def compile_only(outdir, cases=""):
         for v in variants:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
-            cap = _capture(_launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss")))
+            cap = _capture(_launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss", "st")))
             sm90 = cap["sm90"]
             tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
             t0 = time.time()
@@ -395,7 +425,8 @@ def check_case(mode, fmt, d_qk, h_q, s_q, ps, topk, P):
     from pagedattn.ops.mla.reference import mla_decode_reference
     from pagedattn.testing import cos_diff
 
-    q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 6, 8192, h_q, s_q, ps, topk, seed=7)
+    q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 6, 8192, h_q, s_q, ps, topk, seed=7,
+                                   poison=True)  # fmt: skip
     sink = torch.randn(h_q, device="cuda")
     o, lse = _launcher(q, kv, offs, dict(kw, attn_sink=sink), P)()
     ro, rl = mla_decode_reference(q, kv, offs, attn_sink=sink, **kw)
@@ -539,7 +570,7 @@ def main():
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/mla_bench"))
     ap.add_argument("--cases", default="")
-    ap.add_argument("--checks", default="all", choices=["all", "ss", "t", "none"])
+    ap.add_argument("--checks", default="all", choices=["all", "ss", "st", "t", "none"])
     ap.add_argument("--ss-variants", default="ss", help="comma list: variants --checks ss runs")
     ap.add_argument("--t-variants", default="sm90t", help="comma list: variants --checks t runs")
     ap.add_argument("--variants", default="", help="regex: time only these variants (at P 1)")
@@ -590,6 +621,8 @@ def main():
     ]
     if args.checks == "ss":  # the seesaw kernel (forced where another would serve)
         checks = [c + (v,) for v in args.ss_variants.split(",") for c in SS_CHECKS]
+    if args.checks == "st":  # the TMA-fed seesaw
+        checks = [c + (v,) for v in args.ss_variants.split(",") for c in ST_CHECKS]
     if args.checks == "t":  # the keys-as-M kernel
         checks = [c + (v,) for v in args.t_variants.split(",") for c in T_CHECKS]
     for c in checks if args.checks != "none" else []:

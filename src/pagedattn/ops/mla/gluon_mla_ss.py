@@ -245,12 +245,12 @@ if HAS_GLUON:
         return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
     @gluon.jit
-    def _ss_softmax(s, m_prev, m_w, l_w, kr, vb, m_buf, pm, start, kcol, row_lim,
+    def _ss_softmax(s, m_prev, m_w, l_w, kr, keep, m_buf, pm, start, kcol, row_lim,
                     W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale):  # fmt: skip
         """Softmax of the own tile's S against the running max m_prev left by the other
-        warpgroup: P (bf16) into the tile's rope slot (read by S only, which is done), the new
+        warpgroup, keys `keep` ([1, BN], the tile's valid ones; causal rows masked here): P
+        (bf16) into `kr` (here the tile's rope slot, read by S only, which is done), the new
         max into m_buf[W], then the pm[W] arrival. Returns (P, new max, m_w, l_w)."""
-        keep = vb.load(kcol.type.layout)[None, :] != 0
         if MASK_CAUSAL:
             keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
         s = gl.where(keep, s * qk_scale, float("-inf"))
@@ -290,10 +290,50 @@ if HAS_GLUON:
                 W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale,
                 o_l: gl.constexpr):  # fmt: skip
         """The own tile after its S: softmax and P out, then the own P V."""
-        pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, kr, vb, m_buf, pm, start, kcol,
+        keep = vb.load(kcol.type.layout)[None, :] != 0
+        pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, kr, keep, m_buf, pm, start, kcol,
                                           row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
         acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
         return acc, m_o, m_w, l_w
+
+    @gluon.jit
+    def _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
+                   LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W: gl.constexpr,
+                   H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr, D_V: gl.constexpr,
+                   HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, srow: gl.constexpr,
+                   o_l: gl.constexpr):  # fmt: skip
+        """Epilogue of consumer warpgroup W of a seesaw kernel: O (its 256 columns, scaled to
+        max m_o) normalized and stored (W = 0: with the LSE), or the split's partials."""
+        BM: gl.constexpr = 64
+        orow: gl.constexpr = gl.SliceLayout(1, o_l)
+        # Row sums: own tiles' sums at the final max, exchanged through shared memory.
+        m_fin = gl.convert_layout(m_o, srow)
+        m_fin_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
+        l_buf.index(W).store(l_w * gl.exp2(m_w - m_fin_use))
+        gl.thread_barrier()
+        mbarrier.arrive(lx, count=1)
+        mbarrier.wait(lx, 0)
+        l_i = l_buf.index(0).load(srow) + l_buf.index(1).load(srow)
+        m_i = m_fin
+
+        lse, inv = _g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
+        ro = gl.arange(0, BM, layout=orow)
+        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
+        smask = row_ok_o[:, None] & (do < D_V)[None, :]
+        if not SPLIT:
+            o = acc * gl.convert_layout(inv, orow)[:, None]
+            optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
+            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            if W == 0:
+                gl.store(LSE + tok_o * H_Q + head_o, gl.convert_layout(lse, orow),
+                         mask=row_ok_o)  # fmt: skip
+        else:
+            o = acc * gl.convert_layout(inv, orow)[:, None]
+            prow = (part * n_tokens + tok_o) * H_Q + head_o
+            gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
+            if W == 0:
+                gl.store(PL + prow, gl.convert_layout(lse, orow), mask=row_ok_o)
 
     @gluon.jit
     def _ss_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
@@ -381,8 +421,9 @@ if HAS_GLUON:
                         lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale, o_l,
                     )  # fmt: skip
                 else:  # ORDER 2: the own softmax (P out early), then both P V products
+                    keep = vbuf.index(1).load(kcol.type.layout)[None, :] != 0
                     pb, m_new, m_w, l_w = _ss_softmax(
-                        s, m_prev, m_w, l_w, kr1, vbuf.index(1), m_buf, pm,
+                        s, m_prev, m_w, l_w, kr1, keep, m_buf, pm,
                         lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale,
                     )  # fmt: skip
                     acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
@@ -390,34 +431,9 @@ if HAS_GLUON:
                     acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
                 mbarrier.arrive(empty.index(1 + HALF + W * HALF), count=1)
 
-        # Row sums: own tiles' sums at the final max, exchanged through shared memory.
-        m_fin = gl.convert_layout(m_o, srow)
-        m_fin_use = gl.where(m_fin == float("-inf"), 0.0, m_fin)
-        l_buf.index(W).store(l_w * gl.exp2(m_w - m_fin_use))
-        gl.thread_barrier()
-        mbarrier.arrive(lx, count=1)
-        mbarrier.wait(lx, 0)
-        l_i = l_buf.index(0).load(srow) + l_buf.index(1).load(srow)
-        m_i = m_fin
-
-        lse, inv = _g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
-        ro = gl.arange(0, BM, layout=orow)
-        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
-        do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
-        smask = row_ok_o[:, None] & (do < D_V)[None, :]
-        if not SPLIT:
-            o = acc * gl.convert_layout(inv, orow)[:, None]
-            optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
-            gl.store(optr, o.to(gl.bfloat16), mask=smask)
-            if W == 0:
-                gl.store(LSE + tok_o * H_Q + head_o, gl.convert_layout(lse, orow),
-                         mask=row_ok_o)  # fmt: skip
-        else:
-            o = acc * gl.convert_layout(inv, orow)[:, None]
-            prow = (part * n_tokens + tok_o) * H_Q + head_o
-            gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
-            if W == 0:
-                gl.store(PL + prow, gl.convert_layout(lse, orow), mask=row_ok_o)
+        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
+                   LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,
+                   HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
 
     @gluon.jit
     def _mla_decode_sm90_ss(

@@ -63,6 +63,7 @@ from ...errors import Lazy, check
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
+from .gluon_mla_st import _mla_decode_sm90_st, _st_descriptor
 from .gluon_mla_tw import _mla_decode_sm90_tw
 from .triton_mla_combine import LN2, LOG2E, mla_combine_triton
 
@@ -694,7 +695,7 @@ TUNING: dict[str, Any] = {
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
-    "t_kswz": None, "tw_pre": None,
+    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "st_order": None,
 }  # fmt: skip
 
 
@@ -982,6 +983,19 @@ def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool
     )
 
 
+def _st_eligible(K: _Operand, sparse: bool) -> bool:
+    """Whether the TMA-fed seesaw (`gluon_mla_st`) serves a seesaw launch: asked for with
+    TUNING["ss_tma"] (development only: its module docstring has the open defect), dense BF16
+    pages of whole 64-key tiles."""
+    return (
+        TUNING.get("ss_tma") is True
+        and K.fmt == FMT_BF16
+        and not sparse
+        and K.ps % 64 == 0
+        and K.psr % 64 == 0
+    )
+
+
 def mla_decode_triton(
     q: torch.Tensor,
     kv,
@@ -1129,6 +1143,12 @@ def mla_decode_triton(
                 SS_ORDER=_tuned("ss_order", 2 if K.fmt == FMT_BF16 else 1),
                 SS_HALF=bool(_tuned("ss_half", True)),
             )
+            if _st_eligible(K, sparse):  # the TMA-fed seesaw (gluon_mla_st)
+                kernel = _mla_decode_sm90_st
+                extra = dict(
+                    REGS=_tuned("st_regs", 240), ST_ORDER=_tuned("st_order", 0),
+                    KD=_st_descriptor(K.data), num_warps=4,
+                )  # fmt: skip
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         kernel[grid](

@@ -1,0 +1,364 @@
+"""Gluon (sm_90) seesaw MLA decode fed by TMA, for dense BF16 caches whose pages hold whole
+64-key tiles (page size a multiple of 64).
+
+Same contract, arguments and grid as `gluon_mla_ss._mla_decode_sm90_ss` (64 query rows, one
+key partition a program, two consumer warpgroups splitting O by columns, the seesaw order of
+its products), with the ring fed differently:
+
+- no producer warpgroup: a stage is refilled by the warpgroup that reads a part of it last, as
+  soon as its product on that part is complete, with TMA boxes of [64 keys, 64 columns] into
+  one of three `ready` mbarriers a stage (byte counts): the rope columns (read by the tile's S
+  only), columns 0..255 (read by S and warpgroup 0's P V) and 256..511 (S and warpgroup 1's
+  P V). No `empty` barriers: the refill is issued after the reads it must follow.
+- S = Q K^T waits for each part as it needs it, the part that lands first first: the rope
+  product (Q's rope columns in registers, so its 8 KB hold warpgroup 1's P) starts on the
+  first 8 KB of a refilled stage.
+- P goes into its own buffers (one a warpgroup), not the stage's rope slot.
+- rows of the last tile past the key range (a page's unwritten slots may hold NaN) are zeroed
+  by the tile's S warpgroup before its P is published.
+
+ST_ORDER: warpgroup 1's P V products in a pair of tiles (2 i, 2 i + 1): 0 tile 2 i's (the
+other's P from shared memory) first, as `gluon_mla_ss` order 2; 1 its own first, then tile 2
+i's with that P rescaled to the new max in registers (columns 256..511 of its stage are
+refilled one product earlier); 2 tile 2 i's first, then its own S, softmax and P V (its S
+starts later, so its stage has longer to refill).
+
+Status: NOT SERVED (opt-in, TUNING["ss_tma"]; development only). H100 (bench/gpu_mla_dev.py,
+2026-11-22, b 128 h_q 128 page 64, graph replays, machine copy 3005 GB/s, mm 712 TFLOP/s):
+s_k 8192 0.584 ms (order 0; 1: 0.592, 2: 0.646) against the served cp.async seesaw's 0.617;
+s_k 4096 0.302 against 0.333; with every request's keys in L2 0.489 against 0.534 (about 600
+TFLOP/s: the consumers' schedule is no longer the cap, the refill latency from HBM is). Its
+dev checks (the grid's shapes at 8192 keys, NaN in unwritten slots, P 1-11) pass, but the
+GPU grid test (tests/test_triton_mla.py::test_gpu_grid, dense bf16 h_q 64 and 128, pages of
+64 and 128, with it on) fails: a key range of a single tile gives wrong values in warpgroup
+1's columns (its LSE is right), and a split launch of that test hit an illegal memory
+access. Waiting for each other before the epilogue did not change either; the cause is open."""
+
+from __future__ import annotations
+
+import torch
+
+from ..gluon_imports import (
+    HAS_GLUON,
+    GluonTensorDescriptor,
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from ..pdl import g_pdl_signal
+
+
+def _st_descriptor(rows: torch.Tensor):
+    """Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over BF16 cache rows
+    [rows, 1, 576] (16-byte aligned base and row stride: `triton_mla._use_sm90_path`)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    view = rows[:, 0]
+    return GluonTensorDescriptor(view, list(view.shape), list(view.stride()), [64, 64], layout)
+
+
+if HAS_GLUON:
+    from .gluon_mla import _g_key_range, _g_request, _g_tile_rows
+    from .gluon_mla_ss import _ss_finish, _ss_other, _ss_pv_own, _ss_softmax
+
+    @gluon.jit
+    def _st_row(LUT, b, lut_stride, start, hi, ps, psr, n_pages):
+        """Physical row (int32) of key position `start`, a tile's first (the tile stays in its
+        page); 0 where start >= hi (no tile)."""
+        blk = gl.load(LUT + b * lut_stride + start // ps, mask=start < hi, other=0)
+        blk = gl.minimum(gl.maximum(blk, 0), n_pages - 1)
+        return blk * psr + start % ps
+
+    @gluon.jit
+    def _st_issue(KD, k_lat, k_rope, ready, st: gl.constexpr, g: gl.constexpr, row, pred):
+        """TMA part g of a tile (0: columns 0..255, 1: 256..511, 2: the rope columns) at
+        physical row `row` into stage st, completing on ready[3 st + g]; nothing unless pred."""
+        bar = ready.index(3 * st + g)
+        if g == 2:
+            mbarrier.expect(bar, 64 * 64 * 2, pred=pred)
+            tma.async_copy_global_to_shared(KD, [row, 512], bar, k_rope.index(st), pred=pred)
+        else:
+            mbarrier.expect(bar, 4 * 64 * 64 * 2, pred=pred)
+            for c in gl.static_range(4 * g, 4 * g + 4):
+                tma.async_copy_global_to_shared(
+                    KD, [row, c * 64], bar, k_lat.index(st).slice(c * 64, 64, dim=1), pred=pred
+                )
+
+    @gluon.jit
+    def _st_s(q_lat, q_rope, kl, kr, ready, st: gl.constexpr, ph, zero_s, FIRST: gl.constexpr):
+        """S = Q K^T of the tile in stage st: the rope product once that part has landed, then
+        column halves FIRST and 1 - FIRST, each once landed; complete."""
+        mbarrier.wait(ready.index(3 * st + 2), ph)
+        s = warpgroup_mma(q_rope, kr.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        for h in gl.static_range(2):
+            # part FIRST, then the other: (FIRST + h) % 2
+            mbarrier.wait(ready.index(3 * st + (FIRST + h) % 2), ph)
+            s = warpgroup_mma(
+                q_lat.slice((FIRST + h) % 2 * 256, 256, dim=1),
+                kl.slice((FIRST + h) % 2 * 256, 256, dim=1).permute((1, 0)),
+                s,
+                is_async=True,
+            )
+        return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+
+    @gluon.jit
+    def _st_zero_tail(kl, n_ok):
+        """Rows n_ok.. of a stage's columns 0..511 set to 0 (a tile's rows past the key range:
+        P is 0 there, but 0 * NaN is not)."""
+        z_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, z_l))
+        for c in gl.static_range(4):
+            part = kl.slice(c * 128, 128, dim=1)
+            x = part.load(z_l)
+            part.store(gl.where((r < n_ok)[:, None], x, gl.zeros_like(x)))
+
+    @gluon.jit
+    def _st_other_scaled(acc, m_o, m_x, p_smem, kl, W: gl.constexpr, o_l: gl.constexpr):
+        """O (at max m_o) plus the other warpgroup's P (at its max m_x <= m_o, from shared
+        memory) rescaled to m_o in registers, times the tile's V columns; complete."""
+        orow: gl.constexpr = gl.SliceLayout(1, o_l)
+        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        m_x = gl.convert_layout(m_x, orow)
+        f = gl.exp2(m_x - gl.where(m_o == float("-inf"), 0.0, m_o))
+        p = p_smem.load(dot_l).to(gl.float32)
+        f_d = gl.convert_layout(f, gl.SliceLayout(1, dot_l))
+        p_op = (p * f_d[:, None]).to(gl.bfloat16)
+        acc = warpgroup_mma(p_op, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    @gluon.jit
+    def _st_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
+                    TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
+                    ORDER: gl.constexpr):  # fmt: skip
+        """Consumer warpgroup W (see the module docstring); writes its 256 output columns
+        (and, W = 0, the LSE)."""
+        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, KD, K_LUT,
+         K_lut_stride, K_ps, K_psr, K_npages,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi,
+         q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, bars) = args  # fmt: skip
+        ready, pm, lx, dn = bars
+        BM: gl.constexpr = 64
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
+        )
+        q_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
+        srow: gl.constexpr = gl.SliceLayout(1, s_l)
+        orow: gl.constexpr = gl.SliceLayout(1, o_l)
+        MASK_CAUSAL: gl.constexpr = CAUSAL
+
+        rs = gl.arange(0, BM, layout=srow)
+        rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
+        kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
+        zero_s = gl.zeros([BM, BN], gl.float32, s_l)
+        # Q's rope columns, the A operand of the rope product, in registers (from P's buffer
+        # of warpgroup 1, which writes its first P after warpgroup 0's first P is out)
+        q_rope = p_buf.index(1).load(q_dot)
+
+        acc = gl.zeros([BM, 256], gl.float32, o_l)
+        m_o = gl.full([BM], float("-inf"), gl.float32, orow)  # running max O is scaled to
+        m_w = gl.full([BM], float("-inf"), gl.float32, srow)  # ... l_w is scaled to
+        l_w = gl.zeros([BM], gl.float32, srow)  # row sums of this warpgroup's own tiles
+        m_prev = gl.full([BM], float("-inf"), gl.float32, srow)  # W 0: max after tile 2 i - 1
+        n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
+        n_pairs = gl.cdiv(n_it, 2)
+        for i in range(n_pairs):
+            ph = i & 1
+            # A zero the compiler cannot fold: with constant buffer indices the wgmma
+            # descriptors (64-bit, one a k-step) are hoisted out of the loop and spill.
+            z = i // 2147483647
+            q_l = q_lat.index(z)
+            kl0 = k_lat.index(z)
+            kr0 = k_rope.index(z)
+            kl1 = k_lat.index(1 + z)
+            kr1 = k_rope.index(1 + z)
+            p0 = p_buf.index(z)
+            p1 = p_buf.index(1 + z)
+            s0 = lo + 2 * i * BN
+            s1 = s0 + BN
+            has1 = s1 < hi
+            # the next pair's rows, loaded under this pair's products
+            r0 = _st_row(K_LUT, b, K_lut_stride, s0 + 2 * BN, hi, K_ps, K_psr, K_npages)
+            r1 = _st_row(K_LUT, b, K_lut_stride, s1 + 2 * BN, hi, K_ps, K_psr, K_npages)
+            if W == 0:
+                s = _st_s(q_l, q_rope, kl0, kr0, ready, 0, ph, zero_s, 0)
+                _st_issue(KD, k_lat, k_rope, ready, 0, 2, r0, s0 + 2 * BN < hi)
+                if s1 > hi:
+                    _st_zero_tail(kl0, hi - s0)
+                keep = (s0 + kcol < hi)[None, :]
+                pb, m_new, m_w, l_w = _ss_softmax(
+                    s, m_prev, m_w, l_w, p0, keep, m_buf, pm, s0, kcol, row_lim, 0, MASK_CAUSAL,
+                    qk_scale,
+                )  # fmt: skip
+                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl0, 0, o_l)
+                _st_issue(KD, k_lat, k_rope, ready, 0, 0, r0, s0 + 2 * BN < hi)
+                m_prev = m_new
+                if has1:
+                    mbarrier.wait(pm.index(1), ph)  # P and max of tile 2 i + 1
+                    m_prev = m_buf.index(1).load(srow)
+                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl1, p1, 0)
+                    _st_issue(KD, k_lat, k_rope, ready, 1, 0, r1, s1 + 2 * BN < hi)
+            elif has1 and ORDER == 2:  # tile 2 i's P V first, then S, softmax and P V of 2 i + 1
+                mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
+                m_x = m_buf.index(0).load(srow)
+                acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
+                _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
+                s = _st_s(q_l, q_rope, kl1, kr1, ready, 1, ph, zero_s, 1)
+                _st_issue(KD, k_lat, k_rope, ready, 1, 2, r1, s1 + 2 * BN < hi)
+                if s1 + BN > hi:
+                    _st_zero_tail(kl1, hi - s1)
+                keep = (s1 + kcol < hi)[None, :]
+                pb, m_new, m_w, l_w = _ss_softmax(
+                    s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
+                    qk_scale,
+                )  # fmt: skip
+                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
+                _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
+            elif has1:
+                s = _st_s(q_l, q_rope, kl1, kr1, ready, 1, ph, zero_s, 1)
+                _st_issue(KD, k_lat, k_rope, ready, 1, 2, r1, s1 + 2 * BN < hi)
+                if s1 + BN > hi:
+                    _st_zero_tail(kl1, hi - s1)
+                mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
+                m_x = m_buf.index(0).load(srow)
+                keep = (s1 + kcol < hi)[None, :]
+                pb, m_new, m_w, l_w = _ss_softmax(
+                    s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
+                    qk_scale,
+                )  # fmt: skip
+                if ORDER == 0:
+                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
+                    _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
+                    acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
+                    _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
+                else:
+                    acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
+                    _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
+                    acc = _st_other_scaled(acc, m_o, m_x, p0, kl0, 1, o_l)
+                    _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
+            else:  # warpgroup 1, a last pair of one tile: that tile's P V
+                mbarrier.wait(pm.index(0), ph)
+                m_x = m_buf.index(0).load(srow)
+                acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
+
+        # Neither warpgroup's epilogue (whose layout conversions use scratch shared memory)
+        # starts before the other has finished reading the ring and P.
+        gl.thread_barrier()
+        mbarrier.arrive(dn, count=1)
+        mbarrier.wait(dn, 0)
+        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
+                   LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,
+                   HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+
+    @gluon.jit
+    def _mla_decode_sm90_st(
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
+        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
+        BN: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, PDL: gl.constexpr = False,
+        ST_ORDER: gl.constexpr = 0, KD=None,
+    ):  # fmt: skip
+        """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
+        of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
+        cache rows [rows, 576]. Launch with num_warps=4 (consumer 0); consumer 1 is the
+        worker partition."""
+        gl.static_assert(FMT == 0, "BF16 caches")
+        gl.static_assert(not SPARSE, "dense decode")
+        gl.static_assert(D_QK == 576, "d_qk 576")
+        gl.static_assert(BN == 64, "64 keys a tile")
+        BM: gl.constexpr = 64
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
+
+        q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
+        k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sm_l)
+        p_buf = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BN], sm_l)
+        m_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
+        l_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
+        ready = gl.allocate_shared_memory(gl.int64, [6, 1], bar_l)
+        pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        dn = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        for i in gl.static_range(6):
+            mbarrier.init(ready.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(pm.index(i), count=1)
+        mbarrier.init(lx, count=2)
+        mbarrier.init(dn, count=2)
+        fence_async_shared()
+        gl.thread_barrier()  # the barriers before the first TMA boxes
+
+        # tiles 0 and 1, each part of them
+        r0 = _st_row(K_LUT, b, K_lut_stride, lo, hi, K_ps, K_psr, K_npages)
+        r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, hi, K_ps, K_psr, K_npages)
+        # (in the order its S reads them: `_st_consume`)
+        _st_issue(KD, k_lat, k_rope, ready, 0, 2, r0, lo < hi)
+        _st_issue(KD, k_lat, k_rope, ready, 0, 0, r0, lo < hi)
+        _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, lo < hi)
+        _st_issue(KD, k_lat, k_rope, ready, 1, 2, r1, lo + BN < hi)
+        _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
+        _st_issue(KD, k_lat, k_rope, ready, 1, 0, r1, lo + BN < hi)
+
+        rq = gl.arange(0, BM, layout=row_l)
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        q_lat.index(0).store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        p_buf.index(1).store(  # Q's rope columns until the consumers hold them
+            gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        )
+        fence_async_shared()
+        gl.thread_barrier()
+
+        args = (
+            OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, KD, K_LUT,
+            K_lut_stride, K_ps, K_psr, K_npages,
+            t, hb, b, i0, q_len, part, cache_len, lo, hi,
+            q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, (ready, pm, lx, dn),
+        )  # fmt: skip
+        # fmt: off
+        gl.warp_specialize(
+            [
+                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN,
+                               ST_ORDER)),
+                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN,
+                               ST_ORDER)),
+            ],
+            [4],
+            [REGS],
+        )
+        # fmt: on
+
+else:  # Triton without Gluon: never launched (`triton_mla._use_sm90_path`)
+    _mla_decode_sm90_st = None
