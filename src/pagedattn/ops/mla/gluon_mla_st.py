@@ -105,6 +105,35 @@ if HAS_GLUON:
         return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
     @gluon.jit
+    def _st_own_s(q_l, q_rope, kl, kr, KD, k_lat, k_rope, ready, st: gl.constexpr, ph, zero_s,
+                  start, hi, r_next, BN: gl.constexpr):  # fmt: skip
+        """S of the own tile (`_st_s`, the part its warpgroup refills first first), then the
+        refill of its rope part with the tile two ahead (at row r_next) and, for a tile past
+        the key range's end, its rows past it zeroed (before P is published)."""
+        s = _st_s(q_l, q_rope, kl, kr, ready, st, ph, zero_s, st)
+        _st_issue(KD, k_lat, k_rope, ready, st, 2, r_next, start + 2 * BN < hi)
+        if start + BN > hi:
+            _st_zero_tail(kl, hi - start)
+        return s
+
+    @gluon.jit
+    def _st_own(acc, m_o, m_prev, m_w, l_w, q_l, q_rope, kl, kr, p_own, KD, k_lat, k_rope, ready,
+                pm, m_buf, ph, zero_s, start, hi, r_next, kcol, row_lim, qk_scale,
+                W: gl.constexpr, MASK_CAUSAL: gl.constexpr, BN: gl.constexpr,
+                o_l: gl.constexpr):  # fmt: skip
+        """Warpgroup W's own tile (stage W) whole: S (`_st_own_s`), softmax against m_prev (P
+        into p_own, published on pm[W]), its P V, then the refill of the column half it read
+        last. Returns (O, m_o, new max, m_w, l_w)."""
+        s = _st_own_s(q_l, q_rope, kl, kr, KD, k_lat, k_rope, ready, W, ph, zero_s, start, hi,
+                      r_next, BN)  # fmt: skip
+        keep = (start + kcol < hi)[None, :]
+        pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, p_own, keep, m_buf, pm, start,
+                                          kcol, row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
+        acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
+        _st_issue(KD, k_lat, k_rope, ready, W, W, r_next, start + 2 * BN < hi)
+        return acc, m_o, m_new, m_w, l_w
+
+    @gluon.jit
     def _st_zero_tail(kl, n_ok):
         """Rows n_ok.. of a stage's columns 0..511 set to 0 (a tile's rows past the key range:
         P is 0 there, but 0 * NaN is not)."""
@@ -188,18 +217,11 @@ if HAS_GLUON:
             r0 = _st_row(K_LUT, b, K_lut_stride, s0 + 2 * BN, hi, K_ps, K_psr, K_npages)
             r1 = _st_row(K_LUT, b, K_lut_stride, s1 + 2 * BN, hi, K_ps, K_psr, K_npages)
             if W == 0:
-                s = _st_s(q_l, q_rope, kl0, kr0, ready, 0, ph, zero_s, 0)
-                _st_issue(KD, k_lat, k_rope, ready, 0, 2, r0, s0 + 2 * BN < hi)
-                if s1 > hi:
-                    _st_zero_tail(kl0, hi - s0)
-                keep = (s0 + kcol < hi)[None, :]
-                pb, m_new, m_w, l_w = _ss_softmax(
-                    s, m_prev, m_w, l_w, p0, keep, m_buf, pm, s0, kcol, row_lim, 0, MASK_CAUSAL,
-                    qk_scale,
+                acc, m_o, m_prev, m_w, l_w = _st_own(
+                    acc, m_o, m_prev, m_w, l_w, q_l, q_rope, kl0, kr0, p0, KD, k_lat, k_rope,
+                    ready, pm, m_buf, ph, zero_s, s0, hi, r0, kcol, row_lim, qk_scale, 0,
+                    MASK_CAUSAL, BN, o_l,
                 )  # fmt: skip
-                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl0, 0, o_l)
-                _st_issue(KD, k_lat, k_rope, ready, 0, 0, r0, s0 + 2 * BN < hi)
-                m_prev = m_new
                 if has1:
                     mbarrier.wait(pm.index(1), ph)  # P and max of tile 2 i + 1
                     m_prev = m_buf.index(1).load(srow)
@@ -210,22 +232,14 @@ if HAS_GLUON:
                 m_x = m_buf.index(0).load(srow)
                 acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
                 _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
-                s = _st_s(q_l, q_rope, kl1, kr1, ready, 1, ph, zero_s, 1)
-                _st_issue(KD, k_lat, k_rope, ready, 1, 2, r1, s1 + 2 * BN < hi)
-                if s1 + BN > hi:
-                    _st_zero_tail(kl1, hi - s1)
-                keep = (s1 + kcol < hi)[None, :]
-                pb, m_new, m_w, l_w = _ss_softmax(
-                    s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
-                    qk_scale,
+                acc, m_o, _m, m_w, l_w = _st_own(
+                    acc, m_o, m_x, m_w, l_w, q_l, q_rope, kl1, kr1, p1, KD, k_lat, k_rope,
+                    ready, pm, m_buf, ph, zero_s, s1, hi, r1, kcol, row_lim, qk_scale, 1,
+                    MASK_CAUSAL, BN, o_l,
                 )  # fmt: skip
-                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
-                _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
             elif has1:
-                s = _st_s(q_l, q_rope, kl1, kr1, ready, 1, ph, zero_s, 1)
-                _st_issue(KD, k_lat, k_rope, ready, 1, 2, r1, s1 + 2 * BN < hi)
-                if s1 + BN > hi:
-                    _st_zero_tail(kl1, hi - s1)
+                s = _st_own_s(q_l, q_rope, kl1, kr1, KD, k_lat, k_rope, ready, 1, ph, zero_s, s1,
+                              hi, r1, BN)  # fmt: skip
                 mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
                 m_x = m_buf.index(0).load(srow)
                 keep = (s1 + kcol < hi)[None, :]
