@@ -276,7 +276,6 @@ VARIANTS = {
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
     "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw (cp.async)
-    "ss_cp": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False),  # cp.async seesaw
     "sm90old": dict(gluon=True, sm90_ss=False),  # the key-split 64-row kernel
     "ss0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=False),
     "ss_o1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=False),
@@ -309,9 +308,9 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss_cp", "st0", "st1"], [None]),
+     ["ss", "st0", "st1"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["ss_cp", "st0", "st1"], [None]),
+     ["ss", "st0", "st1"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,

@@ -169,7 +169,7 @@ if HAS_GLUON:
          K_lut_stride, K_ps, K_psr, K_npages,
          t, hb, b, i0, q_len, part, cache_len, lo, hi,
          q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, bars) = args  # fmt: skip
-        ready, pm, lx, dn = bars
+        ready, pm, lx = bars
         BM: gl.constexpr = 64
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
@@ -262,11 +262,6 @@ if HAS_GLUON:
                 m_x = m_buf.index(0).load(srow)
                 acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
 
-        # Neither warpgroup's epilogue (whose layout conversions use scratch shared memory)
-        # starts before the other has finished reading the ring and P.
-        gl.thread_barrier()
-        mbarrier.arrive(dn, count=1)
-        mbarrier.wait(dn, 0)
         _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
                    LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,
                    HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
@@ -322,13 +317,11 @@ if HAS_GLUON:
         ready = gl.allocate_shared_memory(gl.int64, [6, 1], bar_l)
         pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
         lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
-        dn = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
         for i in gl.static_range(6):
             mbarrier.init(ready.index(i), count=1)
         for i in gl.static_range(2):
             mbarrier.init(pm.index(i), count=1)
         mbarrier.init(lx, count=2)
-        mbarrier.init(dn, count=2)
         fence_async_shared()
         gl.thread_barrier()  # the barriers before the first TMA boxes
 
@@ -359,7 +352,7 @@ if HAS_GLUON:
             OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, KD, K_LUT,
             K_lut_stride, K_ps, K_psr, K_npages,
             t, hb, b, i0, q_len, part, cache_len, lo, hi,
-            q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, (ready, pm, lx, dn),
+            q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, (ready, pm, lx),
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(

@@ -987,13 +987,7 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     """Whether the TMA-fed seesaw (`gluon_mla_st`) serves a seesaw launch: asked for with
     TUNING["ss_tma"] (development only: its module docstring has the open defect), dense BF16
     pages of whole 64-key tiles."""
-    return (
-        TUNING.get("ss_tma") is True
-        and K.fmt == FMT_BF16
-        and not sparse
-        and K.ps % 64 == 0
-        and K.psr % 64 == 0
-    )
+    return TUNING.get("ss_tma") is True and K.fmt == FMT_BF16 and not sparse and K.ps % 64 == 0
 
 
 def mla_decode_triton(
@@ -1129,6 +1123,12 @@ def mla_decode_triton(
             extra.update(num_warps=4)
             if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
                 extra.update(TRACE=True, TR=TUNING["trace"])
+        elif cfg["SS"] and _st_eligible(K, sparse):  # the TMA-fed seesaw (gluon_mla_st)
+            kernel = _mla_decode_sm90_st
+            extra = dict(
+                REGS=_tuned("st_regs", 240), ST_ORDER=_tuned("st_order", 0),
+                KD=_st_descriptor(K.data), num_warps=4,
+            )  # fmt: skip
         elif cfg["SS"]:
             kernel = _mla_decode_sm90_ss
             # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
@@ -1143,12 +1143,6 @@ def mla_decode_triton(
                 SS_ORDER=_tuned("ss_order", 2 if K.fmt == FMT_BF16 else 1),
                 SS_HALF=bool(_tuned("ss_half", True)),
             )
-            if _st_eligible(K, sparse):  # the TMA-fed seesaw (gluon_mla_st)
-                kernel = _mla_decode_sm90_st
-                extra = dict(
-                    REGS=_tuned("st_regs", 240), ST_ORDER=_tuned("st_order", 0),
-                    KD=_st_descriptor(K.data), num_warps=4,
-                )  # fmt: skip
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         kernel[grid](
