@@ -275,19 +275,18 @@ VARIANTS = {
     "sm90tw_pre3": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_pre=3),
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
-    "ss": dict(gluon=True, sm90_ss=True, sm90_t=False),  # warp-specialized seesaw (cp.async)
+    # the cp.async seesaw (gluon_mla_ss; for dense BF16 pages of whole tiles the TMA-fed one serves)
+    "ss": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False),
     "sm90old": dict(gluon=True, sm90_ss=False),  # the key-split 64-row kernel
-    "ss0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=False),
-    "ss_o1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=False),
-    "ss_o2": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=2, ss_half=False),
-    "ss_o2h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=2, ss_half=True),
-    "ss_o1h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=1, ss_half=True),
-    "ss_h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_order=0, ss_half=True),
-    "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_regs=(208, 96)),
-    # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles), warpgroup 1's order
-    "st0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_order=0),
-    "st1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_order=1),
-    "st2": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_order=2),
+    "ss0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=0, ss_half=False),
+    "ss_o1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=1, ss_half=False),
+    "ss_o2": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=2, ss_half=False),
+    "ss_o2h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=2, ss_half=True),
+    "ss_o1h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=1, ss_half=True),
+    "ss_h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=0, ss_half=True),
+    "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_regs=(208, 96)),
+    # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
+    "st": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True),
 }
 
 CASES = [
@@ -308,9 +307,9 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss", "st0", "st1"], [None]),
+     ["ss", "st"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["ss", "st0", "st1"], [None]),
+     ["ss", "st"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,

@@ -440,6 +440,29 @@ def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse):
         M.TUNING["sm90_ss"] = saved
 
 
+def test_tma_seesaw_serves_dense_bf16_pages_of_whole_tiles(gen):
+    """The TMA-fed seesaw (gluon_mla_st) takes dense BF16 caches whose pages hold whole 64-key
+    tiles; other pages, sparse decode, other formats and TUNING["ss_tma"] False keep the
+    cp.async seesaw."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    def operand(fmt, ps):
+        return M._Operand(build_cache(fmt, 576, ps, [3], [1], gen).operand(), 576, BF16, "kv")
+
+    for ps in (64, 128, 256):
+        assert M._st_eligible(operand("bf16", ps), sparse=False)
+        assert not M._st_eligible(operand("bf16", ps), sparse=True)
+    for ps in (1, 16, 32, 96):
+        assert not M._st_eligible(operand("bf16", ps), sparse=False)
+    assert not M._st_eligible(operand("v32", 64), sparse=False)
+    saved = M.TUNING["ss_tma"]
+    try:
+        M.TUNING["ss_tma"] = False
+        assert not M._st_eligible(operand("bf16", 64), sparse=False)
+    finally:
+        M.TUNING["ss_tma"] = saved
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse):
     """Rope-aware FP8 with at most 16 query rows a tile goes to the warp-specialized keys-as-M
@@ -540,6 +563,27 @@ def test_gpu_ragged_query_lengths(fmt, h_q, ps):
         for P in (1, 2, None):
             o, lse = run(q, cache.operand(), q_lens, num_partitions=P)
             check(o, lse, *ref, tol_for(fmt, 576))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ps", [64, 128])
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_gpu_seesaw_tile_boundaries(h_q, ps):
+    """The seesaw kernels (TMA-fed for these pages) at key counts around 64-key tiles: key
+    ranges of one tile (a pair's second tile missing), partial tiles past 16 keys (one wgmma
+    k-step), odd tile counts, at 1, 2, 3 and the default partitions. (A miscompiled one-tile
+    branch once summed P V over a tile's first 16 keys only.)"""
+    cache_lens = [0, 14, 15, 16, 47, 62, 63, 64, 126, 127, 128, 191, 699]  # + 1 query token
+    q_lens = [1] * len(cache_lens)
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(("tiles", h_q, ps)).encode()))
+    cache = build_cache("bf16", 576, ps, cache_lens, q_lens, gen, h_q)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, 576, gen)
+    sink = make_sinks(h_q, gen)
+    ref = oracle(q, offs, dense_keys(cache, cache_lens, q_lens), sink=sink)
+    for P in (1, 2, 3, None):
+        o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P)
+        check(o, lse, *ref, TOL)
 
 
 @pytest.mark.gpu

@@ -17,22 +17,17 @@ its products), with the ring fed differently:
 - rows of the last tile past the key range (a page's unwritten slots may hold NaN) are zeroed
   by the tile's S warpgroup before its P is published.
 
-ST_ORDER: warpgroup 1's P V products in a pair of tiles (2 i, 2 i + 1): 0 tile 2 i's (the
-other's P from shared memory) first, as `gluon_mla_ss` order 2; 1 its own first, then tile 2
-i's with that P rescaled to the new max in registers (columns 256..511 of its stage are
-refilled one product earlier); 2 tile 2 i's first, then its own S, softmax and P V (its S
-starts later, so its stage has longer to refill).
+Warpgroup 1's order in a pair of tiles (2 i, 2 i + 1): its own S and softmax, then tile 2 i's
+P V (the other's P from shared memory), then its own P V (`gluon_mla_ss` order 2). Two other
+orders were measured and dropped (H100, bench/gpu_mla_dev.py, 2026-11-22, b 128 h_q 128
+page 64, graph replays, copy 3005 GB/s, mm 712 TFLOP/s): its own P V first, then tile 2 i's
+with that P rescaled in registers (FlashMLA's order), 0.592 ms against this order's 0.584 at
+s_k 8192; tile 2 i's P V before its own S, 0.646.
 
-Status: NOT SERVED (opt-in, TUNING["ss_tma"]; development only). H100 (bench/gpu_mla_dev.py,
-2026-11-22, b 128 h_q 128 page 64, graph replays, machine copy 3005 GB/s, mm 712 TFLOP/s):
-s_k 8192 0.584 ms (order 0; 1: 0.592, 2: 0.646) against the served cp.async seesaw's 0.617;
-s_k 4096 0.302 against 0.333; with every request's keys in L2 0.489 against 0.534 (about 600
-TFLOP/s: the consumers' schedule is no longer the cap, the refill latency from HBM is). Its
-dev checks (the grid's shapes at 8192 keys, NaN in unwritten slots, P 1-11) pass, but the
-GPU grid test (tests/test_triton_mla.py::test_gpu_grid, dense bf16 h_q 64 and 128, pages of
-64 and 128, with it on) fails: a key range of a single tile gives wrong values in warpgroup
-1's columns (its LSE is right), and a split launch of that test hit an illegal memory
-access. Waiting for each other before the epilogue did not change either; the cause is open."""
+Served for every seesaw launch over such caches (`triton_mla._st_eligible`). H100 timings
+(same runs): s_k 8192 0.584 ms against the cp.async seesaw's 0.617; s_k 4096 0.302 against
+0.333; with every request's keys in L2 0.489 against 0.534 (about 600 TFLOP/s: the consumers'
+schedule is no longer the cap, the refill latency from HBM is)."""
 
 from __future__ import annotations
 
@@ -145,24 +140,9 @@ if HAS_GLUON:
             part.store(gl.where((r < n_ok)[:, None], x, gl.zeros_like(x)))
 
     @gluon.jit
-    def _st_other_scaled(acc, m_o, m_x, p_smem, kl, W: gl.constexpr, o_l: gl.constexpr):
-        """O (at max m_o) plus the other warpgroup's P (at its max m_x <= m_o, from shared
-        memory) rescaled to m_o in registers, times the tile's V columns; complete."""
-        orow: gl.constexpr = gl.SliceLayout(1, o_l)
-        dot_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-        m_x = gl.convert_layout(m_x, orow)
-        f = gl.exp2(m_x - gl.where(m_o == float("-inf"), 0.0, m_o))
-        p = p_smem.load(dot_l).to(gl.float32)
-        f_d = gl.convert_layout(f, gl.SliceLayout(1, dot_l))
-        p_op = (p * f_d[:, None]).to(gl.bfloat16)
-        acc = warpgroup_mma(p_op, kl.slice(W * 256, 256, dim=1), acc, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-    @gluon.jit
     def _st_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
-                    ORDER: gl.constexpr):  # fmt: skip
+                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
         (and, W = 0, the LSE)."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, KD, K_LUT,
@@ -227,40 +207,32 @@ if HAS_GLUON:
                     m_prev = m_buf.index(1).load(srow)
                     acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl1, p1, 0)
                     _st_issue(KD, k_lat, k_rope, ready, 1, 0, r1, s1 + 2 * BN < hi)
-            elif has1 and ORDER == 2:  # tile 2 i's P V first, then S, softmax and P V of 2 i + 1
+            else:  # warpgroup 1: S and softmax of tile 2 i + 1, tile 2 i's P V, its own P V
+                s = zero_s
+                if has1:
+                    s = _st_own_s(q_l, q_rope, kl1, kr1, KD, k_lat, k_rope, ready, 1, ph, zero_s,
+                                  s1, hi, r1, BN)  # fmt: skip
                 mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
                 m_x = m_buf.index(0).load(srow)
+                pb = gl.zeros([BM, BN], gl.bfloat16, s_l)
+                m_new = m_x
+                if has1:
+                    keep = (s1 + kcol < hi)[None, :]
+                    pb, m_new, m_w, l_w = _ss_softmax(
+                        s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
+                        qk_scale,
+                    )  # fmt: skip
+                # Tile 2 i's P V has one call site whether or not tile 2 i + 1 exists: with a
+                # second one (for a last pair of one tile) ptxas 12.8 (Triton 3.6) reused, in
+                # that branch, k-step descriptors of P it had computed only in the other one
+                # (SASS: HGMMA gdesc[UR20] with UR20 set on the other path), so a key range of
+                # one tile summed P V over its first 16 keys only, and stale descriptors could
+                # address out of shared memory (an illegal memory access).
                 acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
                 _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
-                acc, m_o, _m, m_w, l_w = _st_own(
-                    acc, m_o, m_x, m_w, l_w, q_l, q_rope, kl1, kr1, p1, KD, k_lat, k_rope,
-                    ready, pm, m_buf, ph, zero_s, s1, hi, r1, kcol, row_lim, qk_scale, 1,
-                    MASK_CAUSAL, BN, o_l,
-                )  # fmt: skip
-            elif has1:
-                s = _st_own_s(q_l, q_rope, kl1, kr1, KD, k_lat, k_rope, ready, 1, ph, zero_s, s1,
-                              hi, r1, BN)  # fmt: skip
-                mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
-                m_x = m_buf.index(0).load(srow)
-                keep = (s1 + kcol < hi)[None, :]
-                pb, m_new, m_w, l_w = _ss_softmax(
-                    s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
-                    qk_scale,
-                )  # fmt: skip
-                if ORDER == 0:
-                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
-                    _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
+                if has1:
                     acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
                     _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
-                else:
-                    acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
-                    _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
-                    acc = _st_other_scaled(acc, m_o, m_x, p0, kl0, 1, o_l)
-                    _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
-            else:  # warpgroup 1, a last pair of one tile: that tile's P V
-                mbarrier.wait(pm.index(0), ph)
-                m_x = m_buf.index(0).load(srow)
-                acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
 
         _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
                    LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,
@@ -277,7 +249,7 @@ if HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, PDL: gl.constexpr = False,
-        ST_ORDER: gl.constexpr = 0, KD=None,
+        KD=None,
     ):  # fmt: skip
         """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
@@ -357,10 +329,8 @@ if HAS_GLUON:
         # fmt: off
         gl.warp_specialize(
             [
-                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN,
-                               ST_ORDER)),
-                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN,
-                               ST_ORDER)),
+                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN)),
+                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN)),
             ],
             [4],
             [REGS],

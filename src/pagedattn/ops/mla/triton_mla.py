@@ -695,7 +695,7 @@ TUNING: dict[str, Any] = {
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
-    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "st_order": None,
+    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None,
 }  # fmt: skip
 
 
@@ -984,10 +984,17 @@ def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool
 
 
 def _st_eligible(K: _Operand, sparse: bool) -> bool:
-    """Whether the TMA-fed seesaw (`gluon_mla_st`) serves a seesaw launch: asked for with
-    TUNING["ss_tma"] (development only: its module docstring has the open defect), dense BF16
-    pages of whole 64-key tiles."""
-    return TUNING.get("ss_tma") is True and K.fmt == FMT_BF16 and not sparse and K.ps % 64 == 0
+    """Whether the TMA-fed seesaw (`gluon_mla_st`) serves a seesaw launch: dense BF16 pages of
+    whole 64-key tiles (TUNING["ss_tma"] False: the cp.async seesaw). H100 (bench/gpu_mla_dev,
+    2026-11-22, b 128 h_q 128 page 64, graph replays): s_k 8192 0.584 vs 0.617 ms, s_k 4096
+    0.302 vs 0.333."""
+    return (
+        TUNING.get("ss_tma") is not False
+        and K.fmt == FMT_BF16
+        and not sparse
+        and K.paged
+        and K.ps % 64 == 0
+    )
 
 
 def mla_decode_triton(
@@ -1126,7 +1133,7 @@ def mla_decode_triton(
         elif cfg["SS"] and _st_eligible(K, sparse):  # the TMA-fed seesaw (gluon_mla_st)
             kernel = _mla_decode_sm90_st
             extra = dict(
-                REGS=_tuned("st_regs", 240), ST_ORDER=_tuned("st_order", 0),
+                REGS=_tuned("st_regs", 240),
                 KD=_st_descriptor(K.data), num_warps=4,
             )  # fmt: skip
         elif cfg["SS"]:
