@@ -27,7 +27,11 @@ s_k 8192; tile 2 i's P V before its own S, 0.646.
 Served for every seesaw launch over such caches (`triton_mla._st_eligible`). H100 timings
 (same runs): s_k 8192 0.584 ms against the cp.async seesaw's 0.617; s_k 4096 0.302 against
 0.333; with every request's keys in L2 0.489 against 0.534 (about 600 TFLOP/s: the consumers'
-schedule is no longer the cap, the refill latency from HBM is)."""
+schedule is no longer the cap, the refill latency from HBM is). After the one-tile fix (in
+`_st_consume`; another H100 lease, two runs, graph replays): s_k 8192 0.589-0.592 ms against
+0.613-0.614, s_k 4096 0.308-0.309 against 0.324-0.330, keys in L2 0.488-0.496 against
+0.536-0.544. One call site for tile 2 i's P V in both branches (no second site, dummies for
+the missing tile) was correct too but 3-4% slower: 0.609-0.613 and 0.318-0.319."""
 
 from __future__ import annotations
 
@@ -207,32 +211,30 @@ if HAS_GLUON:
                     m_prev = m_buf.index(1).load(srow)
                     acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl1, p1, 0)
                     _st_issue(KD, k_lat, k_rope, ready, 1, 0, r1, s1 + 2 * BN < hi)
-            else:  # warpgroup 1: S and softmax of tile 2 i + 1, tile 2 i's P V, its own P V
-                s = zero_s
-                if has1:
-                    s = _st_own_s(q_l, q_rope, kl1, kr1, KD, k_lat, k_rope, ready, 1, ph, zero_s,
-                                  s1, hi, r1, BN)  # fmt: skip
+            elif has1:  # warpgroup 1: S and softmax of tile 2 i + 1, tile 2 i's P V, its P V
+                s = _st_own_s(q_l, q_rope, kl1, kr1, KD, k_lat, k_rope, ready, 1, ph, zero_s,
+                              s1, hi, r1, BN)  # fmt: skip
                 mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
                 m_x = m_buf.index(0).load(srow)
-                pb = gl.zeros([BM, BN], gl.bfloat16, s_l)
-                m_new = m_x
-                if has1:
-                    keep = (s1 + kcol < hi)[None, :]
-                    pb, m_new, m_w, l_w = _ss_softmax(
-                        s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
-                        qk_scale,
-                    )  # fmt: skip
-                # Tile 2 i's P V has one call site whether or not tile 2 i + 1 exists: with a
-                # second one (for a last pair of one tile) ptxas 12.8 (Triton 3.6) reused, in
-                # that branch, k-step descriptors of P it had computed only in the other one
-                # (SASS: HGMMA gdesc[UR20] with UR20 set on the other path), so a key range of
-                # one tile summed P V over its first 16 keys only, and stale descriptors could
-                # address out of shared memory (an illegal memory access).
+                keep = (s1 + kcol < hi)[None, :]
+                pb, m_new, m_w, l_w = _ss_softmax(
+                    s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
+                    qk_scale,
+                )  # fmt: skip
                 acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
                 _st_issue(KD, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
-                if has1:
-                    acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
-                    _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
+                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
+                _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
+            else:  # warpgroup 1, a last pair of one tile: that tile's P V
+                # P from shared memory into registers (the A operand), not `_ss_other` again:
+                # for a second call site of that product ptxas 12.8 (Triton 3.6) took the
+                # k-step 1-3 descriptors of P from a uniform register set only on the path
+                # above (SASS: HGMMA gdesc[UR20], UR20 set on the other path), so a key range
+                # of one tile summed P V over its first 16 keys, and a stale descriptor could
+                # fault (an illegal memory access). Once a request, so its cost is nil.
+                mbarrier.wait(pm.index(0), ph)
+                m_x = m_buf.index(0).load(srow)
+                acc, m_o = _ss_pv_own(acc, m_o, m_x, p0.load(s_l), kl0, 1, o_l)
 
         _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
                    LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,

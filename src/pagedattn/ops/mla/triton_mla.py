@@ -986,8 +986,8 @@ def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool
 def _st_eligible(K: _Operand, sparse: bool) -> bool:
     """Whether the TMA-fed seesaw (`gluon_mla_st`) serves a seesaw launch: dense BF16 pages of
     whole 64-key tiles (TUNING["ss_tma"] False: the cp.async seesaw). H100 (bench/gpu_mla_dev,
-    2026-11-22, b 128 h_q 128 page 64, graph replays): s_k 8192 0.584 vs 0.617 ms, s_k 4096
-    0.302 vs 0.333."""
+    2026-11-22, b 128 h_q 128 page 64, graph replays, two runs): s_k 8192 0.589-0.592 vs
+    0.613-0.614 ms, s_k 4096 0.308-0.309 vs 0.324-0.330."""
     return (
         TUNING.get("ss_tma") is not False
         and K.fmt == FMT_BF16
