@@ -184,6 +184,20 @@ if _HAS_GLUON:
         return ok, tq, tok, gl.where(ok, head, 0).to(gl.int64)
 
     @gluon.jit
+    def _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope, H_Q: gl.constexpr,
+                   HPT: gl.constexpr, TPT: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+        """A 64-row query tile (`_g_tile_rows`; 0 in padded rows) into shared memory: dims
+        0..511 into q_lat [64, 512], the rope dims into q_rope [64, 64] (generic stores, the
+        calling warps' blocked layout ld_l)."""
+        rq = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        qp = Q + q_tok * stride_qt + q_head * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        q_lat.store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
+        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+
+    @gluon.jit
     def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
         """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
         of TPT tokens, and the request's query length (0 unless t leads)."""
@@ -416,13 +430,7 @@ if _HAS_GLUON:
                 k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
 
-        rq = gl.arange(0, BM, layout=row_l)
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
-        qp = Q + q_tok * stride_qt + q_head * stride_qh
-        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        q_lat.store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
-        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+        _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope, H_Q, HPT, TPT, ld_l)
 
         # Key range of this partition.
         cache_len, lo, hi = _g_key_range(

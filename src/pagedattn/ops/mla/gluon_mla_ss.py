@@ -97,6 +97,7 @@ if HAS_GLUON:
         _g_normalize,
         _g_request,
         _g_rows,
+        _g_store_q,
         _g_tile_rows,
     )
 
@@ -436,6 +437,26 @@ if HAS_GLUON:
                    HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
 
     @gluon.jit
+    def _ss_program(QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB: gl.constexpr,
+                    TPT: gl.constexpr, B_P2: gl.constexpr, SPARSE: gl.constexpr,
+                    HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, CAUSAL: gl.constexpr,
+                    BN: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
+        """A seesaw program (grid: token x head block, partition; PDL: the dependent launch
+        signalled first): (t, hb, part, b, i0, q_len, cache_len, lo, hi)."""
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        t = pid // NHB
+        hb = pid % NHB
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        )  # fmt: skip
+        return t, hb, part, b, i0, q_len, cache_len, lo, hi
+
+    @gluon.jit
     def _mla_decode_sm90_ss(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
@@ -458,7 +479,6 @@ if HAS_GLUON:
         gl.static_assert(NBUF == 2, "two ring stages (one a consumer)")
         BM: gl.constexpr = 64
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
@@ -466,15 +486,9 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        g_pdl_signal(PDL)
-        pid = gl.program_id(0)
-        part = gl.program_id(1)
-        t = pid // NHB
-        hb = pid % NHB
-        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
-        cache_len, lo, hi = _g_key_range(
-            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
-            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        t, hb, part, b, i0, q_len, cache_len, lo, hi = _ss_program(
+            QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB, TPT, B_P2, SPARSE, HAS_TOPK,
+            TOPK_TOK, CAUSAL, BN, PDL,
         )  # fmt: skip
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
@@ -507,15 +521,8 @@ if HAS_GLUON:
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
         m_buf.index(1).store(gl.full([BM], float("-inf"), gl.float32, one_l))
 
-        rq = gl.arange(0, BM, layout=row_l)
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
-        qp = Q + q_tok * stride_qt + q_head * stride_qh
-        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        q_lat.index(0).store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
-        q_rope.index(0).store(
-            gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
-        )
+        _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0), q_rope.index(0),
+                   H_Q, HPT, TPT, ld_l)  # fmt: skip
         fence_async_shared()
         gl.thread_barrier()
 

@@ -48,7 +48,6 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from ..pdl import g_pdl_signal
 
 
 def _st_descriptor(rows: torch.Tensor):
@@ -60,8 +59,14 @@ def _st_descriptor(rows: torch.Tensor):
 
 
 if HAS_GLUON:
-    from .gluon_mla import _g_key_range, _g_request, _g_tile_rows
-    from .gluon_mla_ss import _ss_finish, _ss_other, _ss_pv_own, _ss_softmax
+    from .gluon_mla import _g_store_q, _g_tile_rows
+    from .gluon_mla_ss import (
+        _ss_finish,
+        _ss_other,
+        _ss_program,
+        _ss_pv_own,
+        _ss_softmax,
+    )
 
     @gluon.jit
     def _st_row(LUT, b, lut_stride, start, hi, ps, psr, n_pages):
@@ -263,23 +268,15 @@ if HAS_GLUON:
         gl.static_assert(BN == 64, "64 keys a tile")
         BM: gl.constexpr = 64
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
-        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        g_pdl_signal(PDL)
-        pid = gl.program_id(0)
-        part = gl.program_id(1)
-        t = pid // NHB
-        hb = pid % NHB
-        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
-        cache_len, lo, hi = _g_key_range(
-            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
-            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+        t, hb, part, b, i0, q_len, cache_len, lo, hi = _ss_program(
+            QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB, TPT, B_P2, SPARSE, HAS_TOPK,
+            TOPK_TOK, CAUSAL, BN, PDL,
         )  # fmt: skip
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
@@ -310,15 +307,9 @@ if HAS_GLUON:
         _st_issue(KD, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
         _st_issue(KD, k_lat, k_rope, ready, 1, 0, r1, lo + BN < hi)
 
-        rq = gl.arange(0, BM, layout=row_l)
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
-        qp = Q + q_tok * stride_qt + q_head * stride_qh
-        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
-        q_lat.index(0).store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        p_buf.index(1).store(  # Q's rope columns until the consumers hold them
-            gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
-        )
+        # Q's rope columns go to P's buffer of warpgroup 1 until the consumers hold them
+        _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0), p_buf.index(1),
+                   H_Q, HPT, TPT, ld_l)  # fmt: skip
         fence_async_shared()
         gl.thread_barrier()
 
