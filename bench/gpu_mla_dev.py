@@ -207,12 +207,12 @@ def compile_offline(cap, outdir, tag, sm90=False):
             sig[n] = "fp32"
     for n in kw:
         sig[n] = "constexpr"
-        if n == "KD":  # a Gluon TMA descriptor (gluon_mla_st)
+        if n in ("KD", "KD3"):  # Gluon TMA descriptors (gluon_mla_st)
             from triton._C.libtriton import native_specialize_impl
             from triton.backends.compiler import BaseBackend
 
             sig[n] = native_specialize_impl(BaseBackend, kw[n], False, True, True)[0]
-    kw = {n: v for n, v in kw.items() if n != "KD"}
+    kw = {n: v for n, v in kw.items() if n not in ("KD", "KD3")}
     src = (GluonASTSource if sm90 else ASTSource)(fn, sig, kw, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     os.makedirs(outdir, exist_ok=True)
@@ -287,6 +287,7 @@ VARIANTS = {
     "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_regs=(208, 96)),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True),
+    "st_2d": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_box=0),
 }
 
 CASES = [
@@ -307,9 +308,9 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss", "st"], [None]),
+     ["ss", "st", "st_2d"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["ss", "st"], [None]),
+     ["ss", "st", "st_2d"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,

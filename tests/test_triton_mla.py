@@ -37,6 +37,7 @@ from pagedattn import (  # noqa: E402
     store_kv,
 )
 from pagedattn.fp8 import quantize_blockwise  # noqa: E402
+from pagedattn.ops.gluon_imports import HAS_GLUON as HAS_GLUON_ST  # noqa: E402
 from pagedattn.ops.mla.triton_mla import mla_decode_triton  # noqa: E402
 from pagedattn.testing import assert_close, make_paged_cache, poison_, ragged_offsets  # noqa: E402
 
@@ -461,6 +462,21 @@ def test_tma_seesaw_serves_dense_bf16_pages_of_whole_tiles(gen):
         assert not M._st_eligible(operand("bf16", 64), sparse=False)
     finally:
         M.TUNING["ss_tma"] = saved
+
+
+@pytest.mark.skipif(not HAS_GLUON_ST, reason="needs Triton with Gluon")
+def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
+    """The 3D TMA descriptor of the TMA-fed seesaw (one box a column half) views cache rows as
+    [chunk, row, 64]: element (c, r, j) is row r's column 64 c + j, and a [4, 64, 64] box is the
+    four chunks of a column half."""
+    from pagedattn.ops.mla.gluon_mla_st import _st_descriptor3
+
+    rows = build_cache("bf16", 576, 64, [3], [1], gen).operand().kernel_args().rows
+    d = _st_descriptor3(rows)
+    assert d.block_shape == [4, 64, 64] and d.shape == [9, rows.shape[0], 64]
+    seen = torch.as_strided(rows, d.shape, d.strides, rows.storage_offset())
+    want = rows[:, 0].unflatten(1, (9, 64)).permute(1, 0, 2)
+    assert torch.equal(seen.view(torch.int16), want.view(torch.int16))  # NaN-poisoned slots
 
 
 @pytest.mark.parametrize("sparse", [False, True])
