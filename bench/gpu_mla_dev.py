@@ -287,7 +287,6 @@ VARIANTS = {
     "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_regs=(208, 96)),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True),
-    "st_2d": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True, st_box=0),
 }
 
 CASES = [
@@ -308,9 +307,9 @@ CASES = [
      ["sm90t", "sm90_64"], [None]),
     ("dense v32 h16 8k", "dense", "v32", 576, 128, 8192, 16, 1, 64, 0, ["sm90"], [None, 2]),
     ("dense bf16 h128 8k", "dense", "bf16", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss", "st", "st_2d"], [None]),
+     ["ss", "st"], [None]),
     ("dense bf16 h128 4k", "dense", "bf16", 576, 128, 4096, 128, 1, 64, 0,
-     ["ss", "st", "st_2d"], [None]),
+     ["ss", "st"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device session for the TMA-fed seesaw (gluon_mla_st) and its variants (gpu_mla_dev.py
-# VARIANTS; $1 a comma list, default st; each timed beside $2, default st_2d): each
+# VARIANTS; $1 a comma list, default st; each timed beside $2, default ss): each
 # variant's correctness checks and timings in a process of its own (a variant that faults
 # cannot take the others down), the DRAM bytes and L2 hit rate of each (Nsight Compute,
 # s_k 8192), then the GPU tests that reach the kernel. Run from the repo root on the GPU.
@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-}
 vs=${1:-st}
 for v in ${vs//,/ }; do
     timeout 150 python3 bench/gpu_mla_dev.py --checks st --ss-variants "$v" \
-        --cases "dense bf16 h128" --variants "$v|${2:-st_2d}" --shared L2 --out "$OUT/$v" \
+        --cases "dense bf16 h128" --variants "$v|${2:-ss}" --shared L2 --out "$OUT/$v" \
         > "$OUT/$v.log" 2>&1
     echo "== $v (rc $?)"; grep -v "^\[\|^{" "$OUT/$v.log" | tail -14
 done

@@ -469,10 +469,10 @@ def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
     """The 3D TMA descriptor of the TMA-fed seesaw (one box a column half) views cache rows as
     [chunk, row, 64]: element (c, r, j) is row r's column 64 c + j, and a [4, 64, 64] box is the
     four chunks of a column half."""
-    from pagedattn.ops.mla.gluon_mla_st import _st_descriptor3
+    from pagedattn.ops.mla.gluon_mla_st import _st_descriptors
 
     rows = build_cache("bf16", 576, 64, [3], [1], gen).operand().kernel_args().rows
-    d = _st_descriptor3(rows)
+    d = _st_descriptors(rows)[1]
     assert d.block_shape == [4, 64, 64] and d.shape == [9, rows.shape[0], 64]
     seen = torch.as_strided(rows, d.shape, d.strides, rows.storage_offset())
     want = rows[:, 0].unflatten(1, (9, 64)).permute(1, 0, 2)

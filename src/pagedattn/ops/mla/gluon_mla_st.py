@@ -9,10 +9,9 @@ its products), with the ring fed differently:
   soon as its product on that part is complete, by TMA into one of three `ready` mbarriers a
   stage (byte counts): the rope columns (read by the tile's S only; a [64 keys, 64 columns]
   box), columns 0..255 (read by S and warpgroup 0's P V) and 256..511 (S and warpgroup 1's
-  P V; BOX 1: one [4, 64, 64] box of a 3D descriptor that sees a row's 64-column chunks as
-  its outer dimension, so the box lands as the four swizzled chunks the stage holds; BOX 0:
-  four [64, 64] boxes). No `empty` barriers: the refill is issued after the reads it must
-  follow.
+  P V; one [4, 64, 64] box of a 3D descriptor that sees a row's 64-column chunks as its
+  outer dimension, so the box lands as the four swizzled chunks the stage holds). No `empty`
+  barriers: the refill is issued after the reads it must follow.
 - S = Q K^T waits for each part as it needs it, the part that lands first first: the rope
   product (Q's rope columns in registers, so its 8 KB hold warpgroup 1's P) starts on the
   first 8 KB of a refilled stage.
@@ -36,7 +35,7 @@ schedule is no longer the cap, the refill latency from HBM is). After the one-ti
 0.536-0.544. One call site for tile 2 i's P V in both branches (no second site, dummies for
 the missing tile) was correct too but 3-4% slower: 0.609-0.613 and 0.318-0.319.
 
-One box a column half (BOX 1, shipped) against four (BOX 0), same runs, two H100 leases
+One box a column half (shipped) against four [64, 64] boxes, same runs, two H100 leases
 (2026-11-22, `bench/gpu_st_session.sh`, graph replays; copy 3003-3005 GB/s, mm 679-691
 TFLOP/s): s_k 8192 0.586-0.590 ms against 0.592-0.598, s_k 4096 0.308-0.315 against
 0.317-0.319, keys in L2 0.463-0.471 against 0.494-0.497 (0.247-0.251 against 0.261-0.262 at
@@ -66,22 +65,18 @@ from ..gluon_imports import (
 )
 
 
-def _st_descriptor(rows: torch.Tensor):
-    """Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over BF16 cache rows
-    [rows, 1, 576] (16-byte aligned base and row stride: `triton_mla._use_sm90_path`)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+def _st_descriptors(rows: torch.Tensor):
+    """The kernel's two Gluon TMA descriptors (128-byte swizzle) over BF16 cache rows
+    [rows, 1, 576] (16-byte aligned base and row stride: `triton_mla._use_sm90_path`): KD of
+    [64, 64] boxes over [rows, 576] (the rope columns), KD3 of [4, 64, 64] boxes over the rows
+    seen as [chunk, row, 64] (the nine 64-column chunks outermost: a box is the four swizzled
+    chunks of a column half, as the stage holds them)."""
+    l2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    l3 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
     view = rows[:, 0]
-    return GluonTensorDescriptor(view, list(view.shape), list(view.stride()), [64, 64], layout)
-
-
-def _st_descriptor3(rows: torch.Tensor):
-    """Gluon TMA descriptor of [4, 64, 64] boxes over the same rows seen as [chunk, row, 64]
-    (the nine 64-column chunks outermost): a box is four whole [64, 64] swizzled chunks of a
-    tile, as `gluon_mla_st` lays out its stage (BOX 1)."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
-    n, rs = rows.shape[0], rows.stride(0)
-    shape, strides = [9, n, 64], [64, rs, 1]
-    return GluonTensorDescriptor(rows, shape, strides, [4, 64, 64], layout)
+    kd = GluonTensorDescriptor(view, list(view.shape), list(view.stride()), [64, 64], l2)
+    shape, strides = [9, rows.shape[0], 64], [64, rows.stride(0), 1]
+    return kd, GluonTensorDescriptor(rows, shape, strides, [4, 64, 64], l3)
 
 
 if HAS_GLUON:
@@ -103,30 +98,23 @@ if HAS_GLUON:
         return blk * psr + start % ps
 
     @gluon.jit
-    def _st_issue(kd, k_lat, k_rope, ready, st: gl.constexpr, g: gl.constexpr, row, pred,
-                  BOX: gl.constexpr):  # fmt: skip
+    def _st_issue(kd, k_lat, k_rope, ready, st: gl.constexpr, g: gl.constexpr, row, pred):
         """TMA part g of a tile (0: columns 0..255, 1: 256..511, 2: the rope columns) at
         physical row `row` into stage st, completing on ready[3 st + g]; nothing unless pred.
-        kd = (the 2D descriptor of [64, 64] boxes, the 3D one of [4, 64, 64] boxes); BOX 1: a
-        column half is one 3D box, BOX 0: four 2D boxes."""
+        kd = (KD, KD3) of `_st_descriptors`: the rope columns are a KD box, a column half one
+        KD3 box."""
         KD, KD3 = kd
         bar = ready.index(3 * st + g)
         if g == 2:
             mbarrier.expect(bar, 64 * 64 * 2, pred=pred)
             tma.async_copy_global_to_shared(KD, [row, 512], bar, k_rope.index(st), pred=pred)
-        elif BOX == 1:
+        else:
             l3: gl.constexpr = gl.NVMMASharedLayout(
                 swizzle_byte_width=128, element_bitwidth=16, rank=3
             )
             dst = k_lat.index(st)._reinterpret(gl.bfloat16, [8, 64, 64], l3).slice(4 * g, 4, dim=0)
             mbarrier.expect(bar, 4 * 64 * 64 * 2, pred=pred)
             tma.async_copy_global_to_shared(KD3, [4 * g, row, 0], bar, dst, pred=pred)
-        else:
-            mbarrier.expect(bar, 4 * 64 * 64 * 2, pred=pred)
-            for c in gl.static_range(4 * g, 4 * g + 4):
-                tma.async_copy_global_to_shared(
-                    KD, [row, c * 64], bar, k_lat.index(st).slice(c * 64, 64, dim=1), pred=pred
-                )
 
     @gluon.jit
     def _st_s(q_lat, q_rope, kl, kr, ready, st: gl.constexpr, ph, zero_s, FIRST: gl.constexpr):
@@ -147,12 +135,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _st_own_s(q_l, q_rope, kl, kr, kd, k_lat, k_rope, ready, st: gl.constexpr, ph, zero_s,
-                  start, hi, r_next, BN: gl.constexpr, BOX: gl.constexpr):  # fmt: skip
+                  start, hi, r_next, BN: gl.constexpr):  # fmt: skip
         """S of the own tile (`_st_s`, the part its warpgroup refills first first), then the
         refill of its rope part with the tile two ahead (at row r_next) and, for a tile past
         the key range's end, its rows past it zeroed (before P is published)."""
         s = _st_s(q_l, q_rope, kl, kr, ready, st, ph, zero_s, st)
-        _st_issue(kd, k_lat, k_rope, ready, st, 2, r_next, start + 2 * BN < hi, BOX)
+        _st_issue(kd, k_lat, k_rope, ready, st, 2, r_next, start + 2 * BN < hi)
         if start + BN > hi:
             _st_zero_tail(kl, hi - start)
         return s
@@ -161,17 +149,17 @@ if HAS_GLUON:
     def _st_own(acc, m_o, m_prev, m_w, l_w, q_l, q_rope, kl, kr, p_own, kd, k_lat, k_rope, ready,
                 pm, m_buf, ph, zero_s, start, hi, r_next, kcol, row_lim, qk_scale,
                 W: gl.constexpr, MASK_CAUSAL: gl.constexpr, BN: gl.constexpr,
-                o_l: gl.constexpr, BOX: gl.constexpr):  # fmt: skip
+                o_l: gl.constexpr):  # fmt: skip
         """Warpgroup W's own tile (stage W) whole: S (`_st_own_s`), softmax against m_prev (P
         into p_own, published on pm[W]), its P V, then the refill of the column half it read
         last. Returns (O, m_o, new max, m_w, l_w)."""
         s = _st_own_s(q_l, q_rope, kl, kr, kd, k_lat, k_rope, ready, W, ph, zero_s, start, hi,
-                      r_next, BN, BOX)  # fmt: skip
+                      r_next, BN)  # fmt: skip
         keep = (start + kcol < hi)[None, :]
         pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, p_own, keep, m_buf, pm, start,
                                           kcol, row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
         acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
-        _st_issue(kd, k_lat, k_rope, ready, W, W, r_next, start + 2 * BN < hi, BOX)
+        _st_issue(kd, k_lat, k_rope, ready, W, W, r_next, start + 2 * BN < hi)
         return acc, m_o, m_new, m_w, l_w
 
     @gluon.jit
@@ -188,8 +176,7 @@ if HAS_GLUON:
     @gluon.jit
     def _st_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
-                    BOX: gl.constexpr):  # fmt: skip
+                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
         (and, W = 0, the LSE)."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, kd, K_LUT,
@@ -247,16 +234,16 @@ if HAS_GLUON:
                 acc, m_o, m_prev, m_w, l_w = _st_own(
                     acc, m_o, m_prev, m_w, l_w, q_l, q_rope, kl0, kr0, p0, kd, k_lat, k_rope,
                     ready, pm, m_buf, ph, zero_s, s0, hi, r0, kcol, row_lim, qk_scale, 0,
-                    MASK_CAUSAL, BN, o_l, BOX,
+                    MASK_CAUSAL, BN, o_l,
                 )  # fmt: skip
                 if has1:
                     mbarrier.wait(pm.index(1), ph)  # P and max of tile 2 i + 1
                     m_prev = m_buf.index(1).load(srow)
                     acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl1, p1, 0)
-                    _st_issue(kd, k_lat, k_rope, ready, 1, 0, r1, s1 + 2 * BN < hi, BOX)
+                    _st_issue(kd, k_lat, k_rope, ready, 1, 0, r1, s1 + 2 * BN < hi)
             elif has1:  # warpgroup 1: S and softmax of tile 2 i + 1, tile 2 i's P V, its P V
                 s = _st_own_s(q_l, q_rope, kl1, kr1, kd, k_lat, k_rope, ready, 1, ph, zero_s,
-                              s1, hi, r1, BN, BOX)  # fmt: skip
+                              s1, hi, r1, BN)  # fmt: skip
                 mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
                 m_x = m_buf.index(0).load(srow)
                 keep = (s1 + kcol < hi)[None, :]
@@ -265,9 +252,9 @@ if HAS_GLUON:
                     qk_scale,
                 )  # fmt: skip
                 acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
-                _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi, BOX)
+                _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
                 acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
-                _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi, BOX)
+                _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
             else:  # warpgroup 1, a last pair of one tile: that tile's P V
                 # P from shared memory into registers (the A operand), not `_ss_other` again:
                 # for a second call site of that product ptxas 12.8 (Triton 3.6) took the
@@ -294,7 +281,7 @@ if HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, PDL: gl.constexpr = False,
-        KD=None, KD3=None, BOX: gl.constexpr = 1,
+        KD=None, KD3=None,
     ):  # fmt: skip
         """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
@@ -339,12 +326,12 @@ if HAS_GLUON:
         r0 = _st_row(K_LUT, b, K_lut_stride, lo, hi, K_ps, K_psr, K_npages)
         r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, hi, K_ps, K_psr, K_npages)
         # (in the order its S reads them: `_st_consume`)
-        _st_issue(kd, k_lat, k_rope, ready, 0, 2, r0, lo < hi, BOX)
-        _st_issue(kd, k_lat, k_rope, ready, 0, 0, r0, lo < hi, BOX)
-        _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, lo < hi, BOX)
-        _st_issue(kd, k_lat, k_rope, ready, 1, 2, r1, lo + BN < hi, BOX)
-        _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi, BOX)
-        _st_issue(kd, k_lat, k_rope, ready, 1, 0, r1, lo + BN < hi, BOX)
+        _st_issue(kd, k_lat, k_rope, ready, 0, 2, r0, lo < hi)
+        _st_issue(kd, k_lat, k_rope, ready, 0, 0, r0, lo < hi)
+        _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, lo < hi)
+        _st_issue(kd, k_lat, k_rope, ready, 1, 2, r1, lo + BN < hi)
+        _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
+        _st_issue(kd, k_lat, k_rope, ready, 1, 0, r1, lo + BN < hi)
 
         # Q's rope columns go to P's buffer of warpgroup 1 until the consumers hold them
         _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0), p_buf.index(1),
@@ -361,8 +348,8 @@ if HAS_GLUON:
         # fmt: off
         gl.warp_specialize(
             [
-                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, BOX)),
-                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, BOX)),
+                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN)),
+                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN)),
             ],
             [4],
             [REGS],

@@ -63,7 +63,7 @@ from ...errors import Lazy, check
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
-from .gluon_mla_st import _mla_decode_sm90_st, _st_descriptor, _st_descriptor3
+from .gluon_mla_st import _mla_decode_sm90_st, _st_descriptors
 from .gluon_mla_tw import _mla_decode_sm90_tw
 from .triton_mla_combine import LN2, LOG2E, mla_combine_triton
 
@@ -695,7 +695,7 @@ TUNING: dict[str, Any] = {
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
-    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "st_box": None,
+    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None,
 }  # fmt: skip
 
 
@@ -988,7 +988,7 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     whole 64-key tiles (TUNING["ss_tma"] False: the cp.async seesaw). H100 (bench/gpu_mla_dev,
     2026-11-22, b 128 h_q 128 page 64, graph replays, two runs): s_k 8192 0.589-0.592 vs
     0.613-0.614 ms, s_k 4096 0.308-0.309 vs 0.324-0.330 (four TMA boxes a column half; with
-    one, TUNING["st_box"] 1, the default: 0.586-0.590 and 0.308-0.315, `gluon_mla_st`)."""
+    one, as it ships: 0.586-0.590 and 0.308-0.315, `gluon_mla_st`)."""
     return (
         TUNING.get("ss_tma") is not False
         and K.fmt == FMT_BF16
@@ -1133,12 +1133,8 @@ def mla_decode_triton(
                 extra.update(TRACE=True, TR=TUNING["trace"])
         elif cfg["SS"] and _st_eligible(K, sparse):  # the TMA-fed seesaw (gluon_mla_st)
             kernel = _mla_decode_sm90_st
-            box = _tuned("st_box", 1)
-            kd = _st_descriptor(K.data)
-            extra = dict(
-                REGS=_tuned("st_regs", 240), KD=kd,
-                KD3=_st_descriptor3(K.data) if box == 1 else kd, BOX=box, num_warps=4,
-            )  # fmt: skip
+            kd, kd3 = _st_descriptors(K.data)
+            extra = dict(REGS=_tuned("st_regs", 240), KD=kd, KD3=kd3, num_warps=4)
         elif cfg["SS"]:
             kernel = _mla_decode_sm90_ss
             # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
