@@ -40,7 +40,7 @@ import triton
 from ...cache.dispatch import cuda_capability, mha_num_partitions, num_sms
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
-from ..gluon_imports import GluonTensorDescriptor, gl
+from ..gluon_imports import GluonTensorDescriptor, nvmma_128b
 from ..masks import Mask, causal
 from ..pdl import pdl_enabled
 from . import gluon_prefill, gluon_prefill_ws
@@ -652,7 +652,7 @@ def _prefill_sm90(plan, q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, 
     cfg, use_tma = plan
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
     bn = cfg["BLOCK_N"]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    layout = nvmma_128b(2)
     ws = cfg["ws"]
     box_k, box_v = (cfg["K_BOX"], cfg["V_BOX"]) if ws else ((bn, bn) if use_tma else (None, None))
     k_args, kcx = _kv_launch_args(ka, d, box_k, layout)  # the kernel's shared layout

@@ -12,9 +12,16 @@ its products), with the ring fed differently:
   P V; one [4, 64, 64] box of a 3D descriptor that sees a row's 64-column chunks as its
   outer dimension, so the box lands as the four swizzled chunks the stage holds). No `empty`
   barriers: the refill is issued after the reads it must follow.
-- S = Q K^T waits for each part as it needs it, the part that lands first first: the rope
-  product (Q's rope columns in registers, so its 8 KB hold warpgroup 1's P) starts on the
-  first 8 KB of a refilled stage.
+- S = Q K^T waits for each part as it needs it, in the order the parts are refilled: the
+  rope product (Q's rope columns in registers, so its 8 KB hold warpgroup 1's P) on the first
+  8 KB of a refilled stage, then columns 0..255, then 256..511. For warpgroup 1's tile that
+  order matters: columns 0..255 are refilled by warpgroup 0 after its P V of that tile,
+  256..511 by warpgroup 1 after its own last product of the pair. Starting on 256..511
+  instead (the order before 2026-11-22) left warpgroup 1 waiting a whole refill latency
+  before its S began: H100 (2026-11-22, `bench/gpu_mla_dev.py`, b 128 h_q 128 page 64, graph
+  replays, two runs, copy 3004 GB/s): s_k 8192 0.557 / 0.557 ms against 0.586 / 0.588, s_k
+  4096 0.304 / 0.298 against 0.312 / 0.315, and the same with the keys in L2 (0.470 against
+  0.472; `bench/results/h100_2026-11-22_mla_st_order_dev.json`).
 - P goes into its own buffers (one a warpgroup), not the stage's rope slot.
 - rows of the last tile past the key range (a page's unwritten slots may hold NaN) are zeroed
   by the tile's S warpgroup before its P is published.
@@ -46,7 +53,18 @@ box with S waiting box by box (FlashMLA's nine a tile; 131 bar.syncs): 0.589 / 0
 in L2 0.513 (slower); an L2 prefetch (cp.async.bulk.prefetch.L2, one thread of one head
 block) of each warpgroup's tile of the pair after next: 0.657 / 0.359 ms, and Nsight Compute
 counted 1.49 GB of DRAM reads against 1.24 (each row once) - prefetched lines were evicted
-before their TMA load."""
+before their TMA load.
+
+32-key tiles in a 4-stage ring (the same 128 keys of shared memory, so that a pair's stages
+are refilled a whole pair ahead; a barrier for warpgroup 0's P, which the next pair no longer
+orders), measured and dropped (H100 2026-11-22, `bench/gpu_mla_dev.py`, copy 3004 GB/s, eager
+/ graph replays, against the order before the one above): correct (the seesaw checks, the
+dense bf16 grid and tile-boundary tests) but s_k 8192 0.651 / 0.686 ms against 0.537 / 0.575,
+s_k 4096 0.354 / 0.368 against 0.297 / 0.308, and as slow with the keys in L2 (0.636 / 0.628
+against 0.503 / 0.458): S as m64n32k16 steps reads 3 KB of shared memory for half the MACs of
+m64n64k16's 4 KB (the S products at 64 keys already take the shared-memory bandwidth of the
+tensor cores' peak rate), so the consumers' schedule, not the refill latency, caps it near 450
+TFLOP/s (`bench/results/h100_2026-11-22_mla_st_order_dev.json`)."""
 
 from __future__ import annotations
 
@@ -59,6 +77,7 @@ from ..gluon_imports import (
     gl,
     gluon,
     mbarrier,
+    nvmma_128b,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -71,12 +90,10 @@ def _st_descriptors(rows: torch.Tensor):
     [64, 64] boxes over [rows, 576] (the rope columns), KD3 of [4, 64, 64] boxes over the rows
     seen as [chunk, row, 64] (the nine 64-column chunks outermost: a box is the four swizzled
     chunks of a column half, as the stage holds them)."""
-    l2 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    l3 = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
     view = rows[:, 0]
-    kd = GluonTensorDescriptor(view, list(view.shape), list(view.stride()), [64, 64], l2)
+    kd = GluonTensorDescriptor(view, list(view.shape), list(view.stride()), [64, 64], nvmma_128b(2))
     shape, strides = [9, rows.shape[0], 64], [64, rows.stride(0), 1]
-    return kd, GluonTensorDescriptor(rows, shape, strides, [4, 64, 64], l3)
+    return kd, GluonTensorDescriptor(rows, shape, strides, [4, 64, 64], nvmma_128b(3))
 
 
 if HAS_GLUON:
@@ -117,17 +134,17 @@ if HAS_GLUON:
             tma.async_copy_global_to_shared(KD3, [4 * g, row, 0], bar, dst, pred=pred)
 
     @gluon.jit
-    def _st_s(q_lat, q_rope, kl, kr, ready, st: gl.constexpr, ph, zero_s, FIRST: gl.constexpr):
+    def _st_s(q_lat, q_rope, kl, kr, ready, st: gl.constexpr, ph, zero_s):
         """S = Q K^T of the tile in stage st: the rope product once that part has landed, then
-        column halves FIRST and 1 - FIRST, each once landed; complete."""
+        columns 0..255 and 256..511, each once landed (the order the parts are refilled in:
+        module docstring); complete."""
         mbarrier.wait(ready.index(3 * st + 2), ph)
         s = warpgroup_mma(q_rope, kr.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         for h in gl.static_range(2):
-            # part FIRST, then the other: (FIRST + h) % 2
-            mbarrier.wait(ready.index(3 * st + (FIRST + h) % 2), ph)
+            mbarrier.wait(ready.index(3 * st + h), ph)
             s = warpgroup_mma(
-                q_lat.slice((FIRST + h) % 2 * 256, 256, dim=1),
-                kl.slice((FIRST + h) % 2 * 256, 256, dim=1).permute((1, 0)),
+                q_lat.slice(h * 256, 256, dim=1),
+                kl.slice(h * 256, 256, dim=1).permute((1, 0)),
                 s,
                 is_async=True,
             )
@@ -136,10 +153,10 @@ if HAS_GLUON:
     @gluon.jit
     def _st_own_s(q_l, q_rope, kl, kr, kd, k_lat, k_rope, ready, st: gl.constexpr, ph, zero_s,
                   start, hi, r_next, BN: gl.constexpr):  # fmt: skip
-        """S of the own tile (`_st_s`, the part its warpgroup refills first first), then the
-        refill of its rope part with the tile two ahead (at row r_next) and, for a tile past
-        the key range's end, its rows past it zeroed (before P is published)."""
-        s = _st_s(q_l, q_rope, kl, kr, ready, st, ph, zero_s, st)
+        """S of the own tile (`_st_s`), then the refill of its rope part with the tile two
+        ahead (at row r_next) and, for a tile past the key range's end, its rows past it
+        zeroed (before P is published)."""
+        s = _st_s(q_l, q_rope, kl, kr, ready, st, ph, zero_s)
         _st_issue(kd, k_lat, k_rope, ready, st, 2, r_next, start + 2 * BN < hi)
         if start + BN > hi:
             _st_zero_tail(kl, hi - start)
@@ -325,13 +342,13 @@ if HAS_GLUON:
         # tiles 0 and 1, each part of them
         r0 = _st_row(K_LUT, b, K_lut_stride, lo, hi, K_ps, K_psr, K_npages)
         r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, hi, K_ps, K_psr, K_npages)
-        # (in the order its S reads them: `_st_consume`)
+        # (in the order S reads them: `_st_s`)
         _st_issue(kd, k_lat, k_rope, ready, 0, 2, r0, lo < hi)
         _st_issue(kd, k_lat, k_rope, ready, 0, 0, r0, lo < hi)
         _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, lo < hi)
         _st_issue(kd, k_lat, k_rope, ready, 1, 2, r1, lo + BN < hi)
-        _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
         _st_issue(kd, k_lat, k_rope, ready, 1, 0, r1, lo + BN < hi)
+        _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
 
         # Q's rope columns go to P's buffer of warpgroup 1 until the consumers hold them
         _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0), p_buf.index(1),

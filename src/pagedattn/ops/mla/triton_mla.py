@@ -988,7 +988,8 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     whole 64-key tiles (TUNING["ss_tma"] False: the cp.async seesaw). H100 (bench/gpu_mla_dev,
     2026-11-22, b 128 h_q 128 page 64, graph replays, two runs): s_k 8192 0.589-0.592 vs
     0.613-0.614 ms, s_k 4096 0.308-0.309 vs 0.324-0.330 (four TMA boxes a column half; with
-    one, as it ships: 0.586-0.590 and 0.308-0.315, `gluon_mla_st`)."""
+    one: 0.586-0.590 and 0.308-0.315; with warpgroup 1's S starting on columns 0..255, as it
+    ships: 0.557 and 0.298-0.304, `gluon_mla_st`)."""
     return (
         TUNING.get("ss_tma") is not False
         and K.fmt == FMT_BF16
