@@ -1,7 +1,8 @@
 """Shared benchmark machinery: timing, ceilings measured in the same run, peers, records.
 
 - `time_ms`: the faster of eager calls and CUDA-graph replays of one call (both kept in the
-  record's extra), each the lowest of 2 medians of CUDA-event timings with L2 cold before
+  record's extra, with the SM clock where NVML can tell), rounds of the two alternating, each
+  the lowest of 2 medians of CUDA-event timings with L2 cold before
   every call (`_bench`): on the H100 (2026-11-21) one config in a run of ~20 sometimes ran
   1.3-3x slow for a whole 100 ms window (a different one each run), which one median does
   not reject.
@@ -41,6 +42,7 @@ class Record:
                 ms_eager=round(self.ms.eager, 5),
                 ms_graph=round(g, 5) if g is not None else None,
                 timing=self.ms.how,
+                sm_mhz=self.ms.mhz,
             )
         self.ms = float(self.ms)
 
@@ -60,6 +62,7 @@ class Ms(float):
     eager: float
     graph: float | None
     how: str
+    mhz: list[int] | None  # SM clock after each pair of rounds (NVML), if known
 
 
 _FLUSH: dict = {}
@@ -108,28 +111,51 @@ def _bench(fn, warmup: int, rep: int, repeats: int) -> float:
     return best
 
 
+def sm_clock_mhz() -> int | None:
+    """The SM clock now (MHz, NVML through torch), None where NVML is not installed."""
+    try:
+        return int(torch.cuda.clock_rate())
+    except Exception:  # noqa: BLE001 - pynvml missing or no NVML: the record goes without
+        return None
+
+
 def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     """Time of `fn` in ms: the faster of eager calls and replays of one call captured in a
     CUDA graph (a call that cannot be captured is timed eagerly only). Replays leave out the
     host's launch cost (Python argument handling, checks), as a serving engine's captured
     decode step does: eager MLA decode calls were bound by it (H100 2026-11-22, rope-aware FP8
-    h_q 16 s_k 4096: 0.285 ms eager, 0.150 replayed). Eager calls were the faster for long
-    compute-bound calls (prefill, MLA h_q 128: 2-4%)."""
-    eager = _bench(fn, warmup, rep, repeats)
-    graph = None
+    h_q 16 s_k 4096: 0.285 ms eager, 0.150 replayed).
+
+    Eager and graph rounds alternate (eager, graph, eager, ...), each kind keeping its fastest
+    round: a compute-bound kernel's time follows the SM clock, which steps down as the GPU
+    warms (H100 2026-11-22, `bench/mla_timing_probe.py`, MLA h_q 128 s_k 8192, profiler
+    kernel durations of one process: 0.530, 0.520, 0.515, then 0.497 ms in steps; the same
+    graph replays 0.497-0.500 in one window and 0.533-0.546 in a later one), so timing all
+    eager rounds first made eager look 2-8% faster than graph replays for such kernels."""
+    fn()  # compiles and warms before the capture
+    torch.cuda.synchronize()
+    g = None
     try:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             fn()
         g.replay()
         torch.cuda.synchronize()
-        graph = _bench(g.replay, warmup, rep, repeats)
-        del g
     except Exception as e:  # noqa: BLE001 - a peer that cannot be captured keeps eager
         print(f"[bench] graph capture failed ({type(e).__name__}: {str(e)[:120]}): eager time")
-    ms = Ms(min(eager, graph) if graph is not None else eager)
-    ms.eager, ms.graph = eager, graph
-    ms.how = "graph" if graph is not None and graph < eager else "eager"
+        g = None
+    eager = graph = float("inf")
+    clocks = []
+    for _ in range(repeats):
+        eager = min(eager, _bench(fn, warmup, rep, 1))
+        if g is not None:
+            graph = min(graph, _bench(g.replay, warmup, rep, 1))
+        clocks.append(sm_clock_mhz())
+    del g
+    ms = Ms(min(eager, graph))
+    ms.eager, ms.graph = eager, (graph if graph < float("inf") else None)
+    ms.how = "graph" if graph < eager else "eager"
+    ms.mhz = [c for c in clocks if c is not None] or None
     return ms
 
 

@@ -48,10 +48,10 @@ def plot(path: str) -> str:
         fontsize=8,
     )
     ax.invert_yaxis()
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # off the bars
     fig.tight_layout()
     out = path.rsplit(".", 1)[0] + ".png"
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # long labels are not cut off
     return out
 
 

@@ -49,10 +49,14 @@ HIDDEN, HEADS, NOPE, ROPE, V_HEAD, RANK = 64, 4, 32, 64, 32, 512
 F32_TOL = dict(abs_tol=2e-5, rel_tol=1e-4, cos_tol=1e-10)
 # bf16 cache and queries: the attention's inputs are rounded to bf16 (2^-9) too, so the error
 # is noise of ~2^-9 of the output's scale (not of each element), summed over a few hundred terms.
+# Its worst element over a call: at 2^-8 of the output's largest value, 29 random seeds of each
+# bf16 case used a median 0.5 and at most 0.83 of that bound (a ~0.5% chance of failing a run
+# by the fitted tail), so the element bound is 2^-7 of it; the cosine bound (at most 0.24 of
+# 2e-5 used) is what checks the agreement tightly.
 
 
 def bf16_in_tol(ref: torch.Tensor) -> dict:
-    return dict(abs_tol=2**-8 * float(ref.abs().max()), rel_tol=2 / 128, cos_tol=2e-5)
+    return dict(abs_tol=2**-7 * float(ref.abs().max()), rel_tol=2 / 128, cos_tol=2e-5)
 
 
 COMMON = dict(

@@ -47,10 +47,6 @@ E8M0 = torch.float8_e8m0fnu
 LAYER = 1  # of 2 layers: catches layer-stride mistakes
 PREFILL_TOL = dict(abs_tol=6e-3, rel_tol=2 / 128, cos_tol=3e-5)
 LSE_TOL = dict(abs_tol=2e-4, rel_tol=1e-5, cos_tol=1e-9)
-# Float32-scaled blockwise FP8 without kv_lo: K/V dequantized to bf16 (2^-9 relative), which
-# shifts scores (std ~2 here) by ~1e-2 and outputs by ~1e-2 of |v| at worst.
-FP8_BF16_TOL = dict(abs_tol=2e-2, rel_tol=2 / 128, cos_tol=5e-5)
-LSE_BF16_KEYS_TOL = dict(abs_tol=2e-2, rel_tol=4e-3, cos_tol=1e-6)
 ON_GPU = torch.cuda.is_available()
 DEV = "cuda" if ON_GPU else "cpu"
 
@@ -296,11 +292,17 @@ FP8 = [
 ]
 
 
-def fp8_tol(quant):
-    """Blockwise FP8 with float32 scales (G < head_dim) is dequantized to bf16 without a lo
-    part by default (like a bf16 cache): bf16-storage error, hence FP8_BF16_TOL."""
-    exact = quant.format != "blockwise" or quant.granularity is None
-    return BF16_TOL if exact or quant.scale_dtype == E8M0 else FP8_BF16_TOL
+def as_decoded(quant, xs):
+    """What the decode kernel computes with: blockwise FP8 with float32 scales (G < head_dim)
+    is dequantized to bf16 without a lo part by default, like a bf16 cache, so the oracle
+    takes the dequantized values rounded to bf16. That rounding (2^-9 relative) moves an
+    output by up to ~2.2e-2 of |v| against the unrounded values when a request has a few
+    keys and one dominates (seed 1243841026, 9 keys): a bound on the data, not the kernel,
+    so the kernel is held to the bf16 bounds against the rounded values instead."""
+    rounded = quant.format == "blockwise" and quant.granularity is not None
+    if not rounded or quant.scale_dtype == E8M0:
+        return xs
+    return [x.to(BF16).double() for x in xs]
 
 
 @pytest.mark.parametrize("quant", FP8, ids=lambda c: f"{c.format}-{c.granularity}-{c.scale_dtype}")
@@ -308,9 +310,8 @@ def test_fp8_decode(quant, gen):
     cache_lens = [45, 8, 19]
     k, v, ks, vs = build_paged(3, 2, 64, cache_lens, [1] * 3, quant=quant, gen=gen)
     q = rand_q(3, 8, 64, gen)
-    tol = fp8_tol(quant)
-    lse_tol = LSE_TOL if tol is BF16_TOL else LSE_BF16_KEYS_TOL
-    check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3], num_partitions=2, tol=tol, lse_tol=lse_tol)
+    ks, vs = as_decoded(quant, ks), as_decoded(quant, vs)
+    check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3], num_partitions=2)
 
 
 def test_fp8_blockwise_kv_lo(gen):
@@ -338,9 +339,10 @@ def test_fp8_prefill(quant, gen, hi_lo_prefill):
 def test_fp8_blockwise_non_power_of_two_group(gen):
     """G = 48 (not a power of two) takes the per-element scale gather; d 96."""
     cache_lens = [30, 7]
-    k, v, ks, vs = build_paged(3, 1, 96, cache_lens, [1, 1], KVQuantConfig.blockwise(48), gen)
+    quant = KVQuantConfig.blockwise(48)
+    k, v, ks, vs = build_paged(3, 1, 96, cache_lens, [1, 1], quant, gen)
     q = rand_q(2, 4, 96, gen)
-    check(q, k, v, ks, vs, cache_lens, [0, 1, 2], tol=FP8_BF16_TOL, lse_tol=LSE_BF16_KEYS_TOL)
+    check(q, k, v, as_decoded(quant, ks), as_decoded(quant, vs), cache_lens, [0, 1, 2])
 
 
 # --------------------------------------------------------------------------------------------
