@@ -97,18 +97,23 @@ def _bench(fn, warmup: int, rep: int, repeats: int) -> float:
     for _ in range(repeats):
         for _ in range(n_warm):
             fn()
-        ev = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(n_rep)
-        ]
-        for s, e in ev:
-            cold_l2()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        best = min(best, statistics.median(s.elapsed_time(e) for s, e in ev))
+        best = min(best, statistics.median(call_times(fn, n_rep)))
     return best
+
+
+def call_times(fn, n: int, flush: bool = True) -> list[float]:
+    """CUDA-event time (ms) of each of n calls of `fn`, L2 evicted before each (`cold_l2`)
+    unless not flush."""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(n)]  # fmt: skip
+    for s, e in ev:
+        if flush:
+            cold_l2()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in ev]
 
 
 def sm_clock_mhz() -> int | None:

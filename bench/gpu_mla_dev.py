@@ -243,6 +243,7 @@ def compile_offline(cap, outdir, tag, sm90=False):
 
 
 # Launch variants timed (and compiled offline): name -> (TUNING overrides).
+_SS = dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False)  # the seesaw variants' base
 VARIANTS = {
     "auto": {},
     "pfbn32w8": dict(prefetch=True, BN=32, num_warps=8),
@@ -276,17 +277,17 @@ VARIANTS = {
     "sm90_64": dict(gluon=True, sm90_t=False),
     "sm90np": dict(gluon=True, sm90_pipe=False),  # 64-row kernel, P V waited in its iteration
     # the cp.async seesaw (gluon_mla_ss; for dense BF16 pages of whole tiles the TMA-fed one serves)
-    "ss": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False),
+    "ss": _SS,
     "sm90old": dict(gluon=True, sm90_ss=False),  # the key-split 64-row kernel
-    "ss0": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=0, ss_half=False),
-    "ss_o1": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=1, ss_half=False),
-    "ss_o2": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=2, ss_half=False),
-    "ss_o2h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=2, ss_half=True),
-    "ss_o1h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=1, ss_half=True),
-    "ss_h": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_order=0, ss_half=True),
-    "ss_r208": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False, ss_regs=(208, 96)),
+    "ss0": dict(_SS, ss_order=0, ss_half=False),
+    "ss_o1": dict(_SS, ss_order=1, ss_half=False),
+    "ss_o2": dict(_SS, ss_order=2, ss_half=False),
+    "ss_o2h": dict(_SS, ss_order=2, ss_half=True),
+    "ss_o1h": dict(_SS, ss_order=1, ss_half=True),
+    "ss_h": dict(_SS, ss_order=0, ss_half=True),
+    "ss_r208": dict(_SS, ss_regs=(208, 96)),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
-    "st": dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=True),
+    "st": dict(_SS, ss_tma=True),
 }
 
 CASES = [

@@ -18,21 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_mla_dev as D  # noqa: E402
-from common import cold_l2  # noqa: E402
-
-
-def per_call(fn, n: int, flush: bool = True) -> list[float]:
-    """CUDA-event time (ms) of each of n calls, L2 flushed before each unless not flush."""
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(n)]  # fmt: skip
-    for s, e in ev:
-        if flush:
-            cold_l2()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in ev]
+from common import call_times, cold_l2  # noqa: E402
 
 
 def kernel_durations(calls, name: str) -> list[float]:
@@ -69,18 +55,18 @@ def main() -> None:
                 fn()
             torch.cuda.synchronize()
             return
-        per_call(fn, 20)
+        call_times(fn, 20)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             fn()
         g.replay()
         torch.cuda.synchronize()
         r = dict(
-            eager=summary(per_call(fn, 80)),
-            graph=summary(per_call(g.replay, 80)),
-            eager_b2b=summary(per_call(fn, 80, flush=False)),
-            graph_b2b=summary(per_call(g.replay, 80, flush=False)),
-            eager_again=summary(per_call(fn, 80)),
+            eager=summary(call_times(fn, 80)),
+            graph=summary(call_times(g.replay, 80)),
+            eager_b2b=summary(call_times(fn, 80, flush=False)),
+            graph_b2b=summary(call_times(g.replay, 80, flush=False)),
+            eager_again=summary(call_times(fn, 80)),
         )
         try:
             ke = kernel_durations([fn] * 40, "mla_decode")

@@ -11,7 +11,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import inspect  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -23,19 +25,22 @@ def _log_margins(path: str) -> None:
     (worst element's min(err / abs_tol, rel_err / rel_tol), cosine difference / cos_tol;
     1 fails) as a JSON line, to find tests whose random inputs run close to the bounds."""
     inner = _testing.assert_close
+    sig = inspect.signature(inner)
 
-    def logged(out, ref, abs_tol=8e-4, rel_tol=2 / 128, cos_tol=5e-6, name="out"):
+    def logged(*args, **kwargs):
+        a = sig.bind(*args, **kwargs)
+        a.apply_defaults()
         try:
-            inner(out, ref, abs_tol, rel_tol, cos_tol, name)
+            inner(*a.args, **a.kwargs)
         finally:
-            o, r = out.double().cpu(), ref.double().cpu()
-            fin = torch.isfinite(r) & torch.isfinite(o)
-            err = (o - r).abs()[fin]
-            rel = err / r.abs()[fin].clamp_min(1e-30)
-            used = torch.minimum(err / max(abs_tol, 1e-300), rel / max(rel_tol, 1e-300))
-            row = dict(test=os.environ.get("PYTEST_CURRENT_TEST", "?"), name=name,
+            t = a.arguments
+            o, r = t["out"].double().cpu(), t["ref"].double().cpu()
+            err, rel = _testing.element_errors(o, r)
+            used = torch.minimum(err / max(t["abs_tol"], 1e-300), rel / max(t["rel_tol"], 1e-300))
+            used = used.nan_to_num(nan=math.inf)  # NaN where the reference is finite: fails
+            row = dict(test=os.environ.get("PYTEST_CURRENT_TEST", "?"), name=t["name"],
                        elem=float(used.max()) if used.numel() else 0.0,
-                       cos=_testing.cos_diff(o, r) / max(cos_tol, 1e-300))  # fmt: skip
+                       cos=_testing.cos_diff(o, r) / max(t["cos_tol"], 1e-300))  # fmt: skip
             with open(path, "a") as f:
                 f.write(json.dumps(row) + "\n")
 

@@ -31,6 +31,14 @@ def cos_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(1 - 2 * (a * b).sum() / den)
 
 
+def element_errors(o: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(absolute, relative) errors of `o` against reference `r` (float64, same shape) at the
+    elements where r is finite, flattened."""
+    fin = torch.isfinite(r)
+    err = (o - r).abs()[fin]
+    return err, err / r.abs()[fin].clamp_min(1e-30)
+
+
 def assert_close(
     out: torch.Tensor,
     ref: torch.Tensor,
@@ -51,8 +59,7 @@ def assert_close(
         f"{name}: inf positions or signs differ"
     )
     fin = torch.isfinite(r)
-    err = (o - r).abs()[fin]
-    rel = err / r.abs()[fin].clamp_min(1e-30)
+    err, rel = element_errors(o, r)
     bad = (err > abs_tol) & (rel > rel_tol)
     if bad.any():
         i = int(torch.nonzero(bad)[0])

@@ -322,15 +322,14 @@ if HAS_GLUON:
         row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
         smask = row_ok_o[:, None] & (do < D_V)[None, :]
+        o = acc * gl.convert_layout(inv, orow)[:, None]
         if not SPLIT:
-            o = acc * gl.convert_layout(inv, orow)[:, None]
             optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
             gl.store(optr, o.to(gl.bfloat16), mask=smask)
             if W == 0:
                 gl.store(LSE + tok_o * H_Q + head_o, gl.convert_layout(lse, orow),
                          mask=row_ok_o)  # fmt: skip
         else:
-            o = acc * gl.convert_layout(inv, orow)[:, None]
             prow = (part * n_tokens + tok_o) * H_Q + head_o
             gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
             if W == 0:
