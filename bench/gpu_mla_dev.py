@@ -207,12 +207,14 @@ def compile_offline(cap, outdir, tag, sm90=False):
             sig[n] = "fp32"
     for n in kw:
         sig[n] = "constexpr"
+        if isinstance(kw[n], torch.Tensor):  # a keyword pointer (TR of a traced launch)
+            sig[n] = "*" + TY[kw[n].dtype]
         if n in ("KD", "KD3"):  # Gluon TMA descriptors (gluon_mla_st)
             from triton._C.libtriton import native_specialize_impl
             from triton.backends.compiler import BaseBackend
 
             sig[n] = native_specialize_impl(BaseBackend, kw[n], False, True, True)[0]
-    kw = {n: v for n, v in kw.items() if n not in ("KD", "KD3")}
+    kw = {n: v for n, v in kw.items() if sig[n] == "constexpr"}
     src = (GluonASTSource if sm90 else ASTSource)(fn, sig, kw, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     os.makedirs(outdir, exist_ok=True)
@@ -467,28 +469,35 @@ def fixed_cost_probe(copy_bw):
     return rows
 
 
-def trace_probe(copy_bw, outdir):
-    """Per-CTA timeline of the keys-as-M kernels (h_q 16, b 128, page 64): globaltimer at the
-    CTA's start, before its loop (tw: the producer's first tile issued), when its first tile
-    has landed, after the loop and at its end (tw: slot 5, the producer's last tile issued),
-    and its SM. Summaries in microseconds from the first CTA's start."""
+def trace_probe(copy_bw, outdir, only=""):
+    """Per-CTA timeline (globaltimer) of the keys-as-M kernels (h_q 16) and the TMA-fed seesaw
+    (h_q 128), b 128, page 64: the CTA's start, before its loop (tw: the producer's first tile
+    issued; st: after the prologue), when its first tile (st: pair) is done, after the loop
+    and at its end (tw: slot 5, the producer's last tile issued; st: warpgroup 1's loop end),
+    and its SM. Summaries in microseconds from the first CTA's start; `only`: a regex on the
+    run labels."""
     import numpy as np
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
 
     rows = []
-    runs = [("fp8tw", "rope_aware", 4096, 1, "sm90tw"), ("fp8tw", "rope_aware", 8192, 1, "sm90tw"),
-            ("fp8t", "rope_aware", 4096, 2, "sm90t"), ("bf16", "bf16", 4096, 1, "sm90t"),
-            ("bf16", "bf16", 8192, 1, "sm90t")]  # fmt: skip
-    for label, fmt, s_k, P, variant in runs:
-        q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, 16, 1, 64, 0)
+    runs = [("fp8tw", "rope_aware", 4096, 16, 1, "sm90tw"),
+            ("fp8tw", "rope_aware", 8192, 16, 1, "sm90tw"),
+            ("fp8t", "rope_aware", 4096, 16, 2, "sm90t"), ("bf16", "bf16", 4096, 16, 1, "sm90t"),
+            ("bf16", "bf16", 8192, 16, 1, "sm90t"), ("st128", "bf16", 4096, 128, 1, "st"),
+            ("st128", "bf16", 8192, 128, 1, "st")]  # fmt: skip
+    for label, fmt, s_k, h_q, P, variant in runs:
+        if only and not re.search(only, label):
+            continue
+        q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, h_q, 1, 64, 0)
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[variant])
         fn = _launcher(q, kv, offs, kw, P)
         fn()
         t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-        tr = torch.zeros(q.shape[0] * P, 8, dtype=torch.int64, device="cuda")
+        n_cta = q.shape[0] * P * (2 if variant.startswith("st") else 1)
+        tr = torch.zeros(n_cta, 8, dtype=torch.int64, device="cuda")
         M.TUNING["trace"] = tr
         fn()
         for rep in range(3):
@@ -499,26 +508,41 @@ def trace_probe(copy_bw, outdir):
             a = tr.cpu().numpy()
             rel = (a[:, :6] - a[:, 0].min()) / 1e3
             n_it = a[:, 7]
-            per_tile = (rel[:, 3] - rel[:, 2]) / np.maximum(n_it - 1, 1)
+            done = 2 if variant.startswith("st") else 1  # tiles done at slot 2
+            per_tile = (rel[:, 3] - rel[:, 2]) / np.maximum(n_it - done, 1)
             _sm, cnt = np.unique(a[:, 6], return_counts=True)
             end = rel[:, 4]
+            # consecutive CTAs of one SM: the next one's start after the previous one's end
+            gaps, wave2 = [], []
+            for sm in _sm:
+                i = np.where(a[:, 6] == sm)[0]
+                i = i[np.argsort(rel[i, 0])]
+                gaps += (rel[i[1:], 0] - rel[i[:-1], 4]).tolist()
+                wave2 += i[1:].tolist()
+            w2 = np.array(wave2, dtype=np.int64)
             r = dict(
                 case=f"{label} s_k {s_k} P {P}", rep=rep, graph_us=t_graph * 1e3,
                 floor_us=work["bytes"] / copy_bw * 1e6, span_us=float(end.max()),
-                start_spread=float(rel[:, 0].max()),
+                tflops_span=work["flops"] / (float(end.max()) * 1e-6) / 1e12,
+                start_spread=float(np.sort(rel[:, 0])[min(len(rel), 132) - 1]),
                 prologue_med=float(np.median(rel[:, 1] - rel[:, 0])),
                 first_tile_med=float(np.median(rel[:, 2] - rel[:, 1])),
                 first_tile_max=float((rel[:, 2] - rel[:, 1]).max()),
                 tile_us_min=float(per_tile.min()), tile_us_med=float(np.median(per_tile)),
                 tile_us_max=float(per_tile.max()),
                 epilogue_med=float(np.median(rel[:, 4] - rel[:, 3])),
-                slot5_med=float(np.median(rel[:, 5])) if variant == "sm90tw" else 0.0,
+                slot5_med=float(np.median(rel[:, 5] - rel[:, 3])) if variant != "sm90t" else 0.0,
                 end_p0=float(end.min()), end_p10=float(np.percentile(end, 10)),
                 end_p50=float(np.median(end)), end_p90=float(np.percentile(end, 90)),
                 sms=len(cnt), ctas_per_sm=sorted(set(cnt.tolist())),
+                gap_med=float(np.median(gaps)) if gaps else 0.0,
+                gap_max=float(np.max(gaps)) if gaps else 0.0,
+                wave2_start_p0=float(rel[w2, 0].min()) if len(w2) else 0.0,
+                wave2_start_p50=float(np.median(rel[w2, 0])) if len(w2) else 0.0,
+                wave2_first_med=float(np.median(rel[w2, 2] - rel[w2, 0])) if len(w2) else 0.0,
             )  # fmt: skip
             rows.append(r)
-            print("trace", json.dumps({k: (round(v, 1) if isinstance(v, float) else v)
+            print("trace", json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
                                        for k, v in r.items()}), flush=True)  # fmt: skip
             np.save(os.path.join(outdir, f"trace_{label}_{s_k}_P{P}_{rep}.npy"), a)
         M.TUNING.update({k: None for k in M.TUNING})
@@ -575,7 +599,7 @@ def main():
     ap.add_argument("--variants", default="", help="regex: time only these variants (at P 1)")
     ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
-    ap.add_argument("--trace", action="store_true", help="run trace_probe")
+    ap.add_argument("--trace", default="", help="run trace_probe on the runs this regex finds")
     ap.add_argument(
         "--once", default="", help="launch VARIANT 3 times a case, nothing else (under ncu)"
     )
@@ -634,7 +658,7 @@ def main():
     if args.fixed:
         res["fixed"] = fixed_cost_probe(copy_bw)
     if args.trace:
-        res["trace"] = trace_probe(copy_bw, args.out)
+        res["trace"] = trace_probe(copy_bw, args.out, args.trace)
     table = []
     for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, parts in CASES:
         if args.cases and not re.search(args.cases, name):

@@ -184,18 +184,27 @@ if _HAS_GLUON:
         return ok, tq, tok, gl.where(ok, head, 0).to(gl.int64)
 
     @gluon.jit
-    def _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope, H_Q: gl.constexpr,
-                   HPT: gl.constexpr, TPT: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
-        """A 64-row query tile (`_g_tile_rows`; 0 in padded rows) into shared memory: dims
-        0..511 into q_lat [64, 512], the rope dims into q_rope [64, 64] (generic stores, the
-        calling warps' blocked layout ld_l)."""
+    def _g_load_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q: gl.constexpr,
+                  HPT: gl.constexpr, TPT: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+        """A 64-row query tile (`_g_tile_rows`; 0 in padded rows) into registers of the
+        calling warps' blocked layout ld_l: (dims 0..511 [64, 512], the rope dims [64, 64])."""
         rq = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
         row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
         qp = Q + q_tok * stride_qt + q_head * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        q_lat.store(gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0))
-        q_rope.store(gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0))
+        qa = gl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
+        qr = gl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+        return qa, qr
+
+    @gluon.jit
+    def _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope, H_Q: gl.constexpr,
+                   HPT: gl.constexpr, TPT: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+        """`_g_load_q`'s tile into shared memory: dims 0..511 into q_lat [64, 512], the rope
+        dims into q_rope [64, 64] (generic stores)."""
+        qa, qr = _g_load_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, ld_l)
+        q_lat.store(qa)
+        q_rope.store(qr)
 
     @gluon.jit
     def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):

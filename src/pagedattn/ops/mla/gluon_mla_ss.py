@@ -298,13 +298,23 @@ if HAS_GLUON:
         return acc, m_o, m_w, l_w
 
     @gluon.jit
-    def _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
-                   LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W: gl.constexpr,
-                   H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr, D_V: gl.constexpr,
-                   HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, srow: gl.constexpr,
-                   o_l: gl.constexpr):  # fmt: skip
+    def _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, o_stage, OUT, stride_ot,
+                   stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens,
+                   W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
+                   D_V: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
+                   srow: gl.constexpr, o_l: gl.constexpr):  # fmt: skip
         """Epilogue of consumer warpgroup W of a seesaw kernel: O (its 256 columns, scaled to
-        max m_o) normalized and stored (W = 0: with the LSE), or the split's partials."""
+        max m_o) normalized and stored (W = 0: with the LSE), or the split's partials.
+
+        The bf16 O goes through o_stage, ring stage W [BN, 512] (its columns W * 256.. are
+        read by warpgroup W only, and no tile lands after the loop), and leaves it in 16-byte
+        stores, a warp a row, instead of the accumulator layout's 4-byte ones (8 rows of 16
+        bytes a warp store). H100 traces (2026-11-22, `bench/gpu_mla_dev.py --trace`, the st
+        kernel, b 128 h_q 128 page 64): loop end to stored 6.6-6.9 -> 2.1-2.2 us a CTA at s_k
+        4096 (7.5-7.7 -> 2.7-2.8 at 8192), first CTA start to last end 270-271 -> 262-264 us;
+        graph replays 0.290 against 0.301 ms, and the sparse V32 cp.async seesaw (h_q 128
+        s_q 2 top-k 2048) 0.468 against 0.477 ms. The split's float32 partials (twice the
+        bytes; small batches) are stored from the accumulator layout."""
         BM: gl.constexpr = 64
         orow: gl.constexpr = gl.SliceLayout(1, o_l)
         # Row sums: own tiles' sums at the final max, exchanged through shared memory.
@@ -320,17 +330,25 @@ if HAS_GLUON:
         lse, inv = _g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
         ro = gl.arange(0, BM, layout=orow)
         row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
-        do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
-        smask = row_ok_o[:, None] & (do < D_V)[None, :]
         o = acc * gl.convert_layout(inv, orow)[:, None]
         if not SPLIT:
-            optr = OUT + tok_o[:, None] * stride_ot + head_o[:, None] * stride_oh + do[None, :]
-            gl.store(optr, o.to(gl.bfloat16), mask=smask)
+            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+            part_w = o_stage.slice(W * 256, 256, dim=1)
+            part_w.store(o.to(gl.bfloat16))
+            gl.thread_barrier()
+            x = part_w.load(st_l)
+            rx = gl.arange(0, BM, layout=gl.SliceLayout(1, st_l))
+            row_ok_x, _tqx, tok_x, head_x = _g_tile_rows(rx, t, hb, i0, q_len, H_Q, HPT, TPT)
+            dx = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, st_l))
+            xptr = OUT + tok_x[:, None] * stride_ot + head_x[:, None] * stride_oh + dx[None, :]
+            gl.store(xptr, x, mask=row_ok_x[:, None] & (dx < D_V)[None, :])
             if W == 0:
                 gl.store(LSE + tok_o * H_Q + head_o, gl.convert_layout(lse, orow),
                          mask=row_ok_o)  # fmt: skip
         else:
+            do = W * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, o_l))
             prow = (part * n_tokens + tok_o) * H_Q + head_o
+            smask = row_ok_o[:, None] & (do < D_V)[None, :]
             gl.store(PO + prow[:, None] * D_V + do[None, :], o, mask=smask)
             if W == 0:
                 gl.store(PL + prow, gl.convert_layout(lse, orow), mask=row_ok_o)
@@ -431,9 +449,9 @@ if HAS_GLUON:
                     acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
                 mbarrier.arrive(empty.index(1 + HALF + W * HALF), count=1)
 
-        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
-                   LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,
-                   HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
+                   stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
+                   H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
 
     @gluon.jit
     def _ss_program(QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB: gl.constexpr,

@@ -97,11 +97,19 @@ def _st_descriptors(rows: torch.Tensor):
 
 
 if HAS_GLUON:
-    from .gluon_mla import _g_store_q, _g_tile_rows
+    from ..pdl import g_pdl_signal
+    from .gluon_mla import (
+        _g_clock,
+        _g_key_range,
+        _g_load_q,
+        _g_request,
+        _g_smid,
+        _g_store_q,
+        _g_tile_rows,
+    )
     from .gluon_mla_ss import (
         _ss_finish,
         _ss_other,
-        _ss_program,
         _ss_pv_own,
         _ss_softmax,
     )
@@ -111,6 +119,15 @@ if HAS_GLUON:
         """Physical row (int32) of key position `start`, a tile's first (the tile stays in its
         page); 0 where start >= hi (no tile)."""
         blk = gl.load(LUT + b * lut_stride + start // ps, mask=start < hi, other=0)
+        blk = gl.minimum(gl.maximum(blk, 0), n_pages - 1)
+        return blk * psr + start % ps
+
+    @gluon.jit
+    def _st_row_early(LUT, b, live, lut_stride, lut_len, start, ps, psr, n_pages):
+        """`_st_row` of the tiles of an unsplit launch before the key range is known: the
+        look-up-table entry loaded wherever it exists (the caller predicates the copy)."""
+        j = start // ps
+        blk = gl.load(LUT + b * lut_stride + j, mask=live & (j < lut_len), other=0)
         blk = gl.minimum(gl.maximum(blk, 0), n_pages - 1)
         return blk * psr + start % ps
 
@@ -193,11 +210,12 @@ if HAS_GLUON:
     @gluon.jit
     def _st_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
-                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+                    SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
+                    TRACE: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
         (and, W = 0, the LSE)."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, kd, K_LUT,
-         K_lut_stride, K_ps, K_psr, K_npages,
+         K_lut_stride, K_ps, K_psr, K_npages, trp,
          t, hb, b, i0, q_len, part, cache_len, lo, hi,
          q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, bars) = args  # fmt: skip
         ready, pm, lx = bars
@@ -282,10 +300,19 @@ if HAS_GLUON:
                 mbarrier.wait(pm.index(0), ph)
                 m_x = m_buf.index(0).load(srow)
                 acc, m_o = _ss_pv_own(acc, m_o, m_x, p0.load(s_l), kl0, 1, o_l)
+            if TRACE and W == 0:
+                if i == 0:
+                    gl.store(trp + 2, _g_clock())
 
-        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, OUT, stride_ot, stride_oh,
-                   LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W, H_Q, HPT, TPT, D_V,
-                   HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        if TRACE:
+            gl.store(trp + 3 + 2 * W, _g_clock())
+            gl.store(trp + 7, n_it.to(gl.int64))
+        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
+                   stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
+                   H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        if TRACE and W == 0:
+            gl.thread_barrier()
+            gl.store(trp + 4, _g_clock())
 
     @gluon.jit
     def _mla_decode_sm90_st(
@@ -298,28 +325,57 @@ if HAS_GLUON:
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, PDL: gl.constexpr = False,
-        KD=None, KD3=None,
+        KD=None, KD3=None, K_lut_len=1, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
         cache rows [rows, 576]. Launch with num_warps=4 (consumer 0); consumer 1 is the
-        worker partition."""
+        worker partition. TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR
+        [CTAs, 8] gets the globaltimer at the CTA's start (slot 0), after its prologue (1),
+        when warpgroup 0 is done with the first pair (2), after warpgroup 0's loop (3), after
+        its epilogue (4) and after warpgroup 1's loop (5), its SM (6) and tile count (7)."""
         gl.static_assert(FMT == 0, "BF16 caches")
         gl.static_assert(not SPARSE, "dense decode")
         gl.static_assert(D_QK == 576, "d_qk 576")
         gl.static_assert(BN == 64, "64 keys a tile")
         BM: gl.constexpr = 64
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        t, hb, part, b, i0, q_len, cache_len, lo, hi = _ss_program(
-            QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB, TPT, B_P2, SPARSE, HAS_TOPK,
-            TOPK_TOK, CAUSAL, BN, PDL,
+        trp = gl.program_id(0)  # a placeholder (warp_specialize arguments cannot be None)
+        if TRACE:
+            trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 8
+            gl.store(trp, _g_clock())
+            gl.store(trp + 6, _g_smid())
+        # `_ss_program`, with the loads that do not need the key range issued before it: q
+        # (one token a tile: its rows need no request offsets) and, unsplit (lo = 0), the
+        # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that
+        # the first copies wait for two dependent loads, not three. H100 traces (2026-11-22,
+        # `bench/gpu_mla_dev.py --trace`, b 128 h_q 128 s_k 4096 page 64): start to prologue
+        # end 7.7-8.0 -> 4.6-5.0 us a CTA, second-wave start to first pair done 10.2-10.5 ->
+        # 8.4-8.5 us, first CTA start to last end 260-264 -> 256-258 us.
+        g_pdl_signal(PDL)
+        part = gl.program_id(1)
+        t = gl.program_id(0) // NHB
+        hb = gl.program_id(0) % NHB
+        if TPT == 1:
+            qa, qr = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
+        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        if not SPLIT:
+            r0 = _st_row_early(K_LUT, b, live, K_lut_stride, K_lut_len, 0, K_ps, K_psr, K_npages)
+            r1 = _st_row_early(K_LUT, b, live, K_lut_stride, K_lut_len, BN, K_ps, K_psr, K_npages)
+        cache_len, lo, hi = _g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
+            HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
+        if SPLIT:
+            r0 = _st_row(K_LUT, b, K_lut_stride, lo, hi, K_ps, K_psr, K_npages)
+            r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, hi, K_ps, K_psr, K_npages)
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
         k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
@@ -339,10 +395,7 @@ if HAS_GLUON:
         gl.thread_barrier()  # the barriers before the first TMA boxes
 
         kd = (KD, KD3)
-        # tiles 0 and 1, each part of them
-        r0 = _st_row(K_LUT, b, K_lut_stride, lo, hi, K_ps, K_psr, K_npages)
-        r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, hi, K_ps, K_psr, K_npages)
-        # (in the order S reads them: `_st_s`)
+        # tiles 0 and 1, each part of them (in the order S reads them: `_st_s`)
         _st_issue(kd, k_lat, k_rope, ready, 0, 2, r0, lo < hi)
         _st_issue(kd, k_lat, k_rope, ready, 0, 0, r0, lo < hi)
         _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, lo < hi)
@@ -351,22 +404,28 @@ if HAS_GLUON:
         _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
 
         # Q's rope columns go to P's buffer of warpgroup 1 until the consumers hold them
-        _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0), p_buf.index(1),
-                   H_Q, HPT, TPT, ld_l)  # fmt: skip
+        if TPT == 1:
+            q_lat.index(0).store(qa)
+            p_buf.index(1).store(qr)
+        else:
+            _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
+                       p_buf.index(1), H_Q, HPT, TPT, ld_l)  # fmt: skip
         fence_async_shared()
         gl.thread_barrier()
+        if TRACE:
+            gl.store(trp + 1, _g_clock())
 
         args = (
             OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, kd, K_LUT,
-            K_lut_stride, K_ps, K_psr, K_npages,
+            K_lut_stride, K_ps, K_psr, K_npages, trp,
             t, hb, b, i0, q_len, part, cache_len, lo, hi,
             q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, (ready, pm, lx),
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
-                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN)),
-                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN)),
+                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, TRACE)),
+                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, TRACE)),
             ],
             [4],
             [REGS],

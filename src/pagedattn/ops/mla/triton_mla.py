@@ -1130,12 +1130,11 @@ def mla_decode_triton(
             else:
                 kernel = _mla_decode_sm90_t
             extra.update(num_warps=4)
-            if TUNING.get("trace") is not None:  # int64 [>= grid size, 8] (gpu_mla_dev --trace)
-                extra.update(TRACE=True, TR=TUNING["trace"])
         elif cfg["SS"] and _st_eligible(K, sparse):  # the TMA-fed seesaw (gluon_mla_st)
             kernel = _mla_decode_sm90_st
             kd, kd3 = _st_descriptors(K.data)
-            extra = dict(REGS=_tuned("st_regs", 240), KD=kd, KD3=kd3, num_warps=4)
+            extra = dict(REGS=_tuned("st_regs", 240), KD=kd, KD3=kd3, num_warps=4,
+                         K_lut_len=K.lut.shape[1])  # fmt: skip
         elif cfg["SS"]:
             kernel = _mla_decode_sm90_ss
             # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
@@ -1152,6 +1151,9 @@ def mla_decode_triton(
             )
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
+        traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st)
+        if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 8] (gpu_mla_dev --trace)
+            extra.update(TRACE=True, TR=TUNING["trace"])
         kernel[grid](
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
