@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import sys
 
-import torch
 from rich.console import Console
 
 import pagedattn.demo as D
@@ -34,5 +33,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    torch.backends.cuda.matmul.allow_tf32 = False
     main()

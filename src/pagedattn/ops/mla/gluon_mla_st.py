@@ -115,19 +115,11 @@ if HAS_GLUON:
     )
 
     @gluon.jit
-    def _st_row(LUT, b, lut_stride, start, hi, ps, psr, n_pages):
+    def _st_row(LUT, b, lut_stride, start, ok, ps, psr, n_pages):
         """Physical row (int32) of key position `start`, a tile's first (the tile stays in its
-        page); 0 where start >= hi (no tile)."""
-        blk = gl.load(LUT + b * lut_stride + start // ps, mask=start < hi, other=0)
-        blk = gl.minimum(gl.maximum(blk, 0), n_pages - 1)
-        return blk * psr + start % ps
-
-    @gluon.jit
-    def _st_row_early(LUT, b, live, lut_stride, lut_len, start, ps, psr, n_pages):
-        """`_st_row` of the tiles of an unsplit launch before the key range is known: the
-        look-up-table entry loaded wherever it exists (the caller predicates the copy)."""
-        j = start // ps
-        blk = gl.load(LUT + b * lut_stride + j, mask=live & (j < lut_len), other=0)
+        page), its look-up-table entry loaded where `ok` (0 elsewhere: the caller predicates
+        the copy on the tile's existence)."""
+        blk = gl.load(LUT + b * lut_stride + start // ps, mask=ok, other=0)
         blk = gl.minimum(gl.maximum(blk, 0), n_pages - 1)
         return blk * psr + start % ps
 
@@ -263,8 +255,10 @@ if HAS_GLUON:
             s1 = s0 + BN
             has1 = s1 < hi
             # the next pair's rows, loaded under this pair's products
-            r0 = _st_row(K_LUT, b, K_lut_stride, s0 + 2 * BN, hi, K_ps, K_psr, K_npages)
-            r1 = _st_row(K_LUT, b, K_lut_stride, s1 + 2 * BN, hi, K_ps, K_psr, K_npages)
+            r0 = _st_row(K_LUT, b, K_lut_stride, s0 + 2 * BN, s0 + 2 * BN < hi, K_ps, K_psr,
+                         K_npages)  # fmt: skip
+            r1 = _st_row(K_LUT, b, K_lut_stride, s1 + 2 * BN, s1 + 2 * BN < hi, K_ps, K_psr,
+                         K_npages)  # fmt: skip
             if W == 0:
                 acc, m_o, m_prev, m_w, l_w = _st_own(
                     acc, m_o, m_prev, m_w, l_w, q_l, q_rope, kl0, kr0, p0, kd, k_lat, k_rope,
@@ -367,15 +361,17 @@ if HAS_GLUON:
             qa, qr = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
         if not SPLIT:
-            r0 = _st_row_early(K_LUT, b, live, K_lut_stride, K_lut_len, 0, K_ps, K_psr, K_npages)
-            r1 = _st_row_early(K_LUT, b, live, K_lut_stride, K_lut_len, BN, K_ps, K_psr, K_npages)
+            # (an entry is loaded wherever the table has it: the key range is not known yet)
+            r0 = _st_row(K_LUT, b, K_lut_stride, 0, live & (0 < K_lut_len), K_ps, K_psr, K_npages)
+            r1 = _st_row(K_LUT, b, K_lut_stride, BN, live & (BN // K_ps < K_lut_len), K_ps,
+                         K_psr, K_npages)  # fmt: skip
         cache_len, lo, hi = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
             HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
         if SPLIT:
-            r0 = _st_row(K_LUT, b, K_lut_stride, lo, hi, K_ps, K_psr, K_npages)
-            r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, hi, K_ps, K_psr, K_npages)
+            r0 = _st_row(K_LUT, b, K_lut_stride, lo, lo < hi, K_ps, K_psr, K_npages)
+            r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, lo + BN < hi, K_ps, K_psr, K_npages)
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
         k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
