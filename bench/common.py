@@ -136,7 +136,11 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     warms (H100 2026-11-22, `bench/mla_timing_probe.py`, MLA h_q 128 s_k 8192, profiler
     kernel durations of one process: 0.530, 0.520, 0.515, then 0.497 ms in steps; the same
     graph replays 0.497-0.500 in one window and 0.533-0.546 in a later one), so timing all
-    eager rounds first made eager look 2-8% faster than graph replays for such kernels."""
+    eager rounds first made eager look 2-8% faster than graph replays for such kernels. The
+    first round still runs cooler than the rest (`mla_timing_probe.py --order`, same kernel:
+    0.495 ms for the process's first round, eager; 0.516-0.536 for every later one, either
+    kind, graph 0.522 when it went first), so the eager time of a long compute-bound call is
+    its cool-GPU time and the graph time its time under sustained load."""
     fn()  # compiles and warms before the capture
     torch.cuda.synchronize()
     g = None

@@ -152,6 +152,25 @@ if _HAS_GLUON:
         return x.to(gl.int64)
 
     @gluon.jit
+    def _g_trace_open(TR):
+        """A traced CTA's row of int64 TR [CTAs, 8] (grid: program, partition), with the
+        CTA's start time in slot 0 and its SM in slot 6; returns the row's pointer."""
+        trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 8
+        gl.store(trp, _g_clock())
+        gl.store(trp + 6, _g_smid())
+        return trp
+
+    @gluon.jit
+    def _g_program(NHB: gl.constexpr, PDL: gl.constexpr):
+        """A decode program's (t, hb, part) (grid: token x head block, partition), the
+        dependent launch signalled first where PDL (the combine may launch: it waits for this
+        grid)."""
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        part = gl.program_id(1)
+        return pid // NHB, pid % NHB, part
+
+    @gluon.jit
     def _g_issue_rope(
         k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr
     ):
@@ -406,11 +425,7 @@ if _HAS_GLUON:
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         NSC: gl.constexpr = 4 if FMT == 4 else 1
 
-        g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
-        pid = gl.program_id(0)
-        part = gl.program_id(1)
-        t = pid // NHB
-        hb = pid % NHB
+        t, hb, part = _g_program(NHB, PDL)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
 
         # Shared memory: Q, the K ring (+ its validity masks), P.
@@ -834,15 +849,9 @@ if _HAS_GLUON:
         else:
             QT: gl.constexpr = gl.float16
 
-        g_pdl_signal(PDL)  # the combine may launch (it waits for this grid)
-        pid = gl.program_id(0)
-        part = gl.program_id(1)
+        t, hb, part = _g_program(NHB, PDL)
         if TRACE:
-            trp = TR + (part * gl.num_programs(0) + pid) * 8
-            gl.store(trp, _g_clock())
-            gl.store(trp + 6, _g_smid())
-        t = pid // NHB
-        hb = pid % NHB
+            trp = _g_trace_open(TR)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
 
         q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)

@@ -86,7 +86,6 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from ..pdl import g_pdl_signal
 
 if HAS_GLUON:
     from .gluon_mla import (
@@ -95,6 +94,7 @@ if HAS_GLUON:
         _g_key_range,
         _g_keys,
         _g_normalize,
+        _g_program,
         _g_request,
         _g_rows,
         _g_store_q,
@@ -461,11 +461,7 @@ if HAS_GLUON:
         """A seesaw program (grid: token x head block, partition; PDL: the dependent launch
         signalled first): (t, hb, part, b, i0, q_len, cache_len, lo, hi)."""
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        g_pdl_signal(PDL)
-        pid = gl.program_id(0)
-        part = gl.program_id(1)
-        t = pid // NHB
-        hb = pid % NHB
+        t, hb, part = _g_program(NHB, PDL)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
         cache_len, lo, hi = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,

@@ -97,15 +97,15 @@ def _st_descriptors(rows: torch.Tensor):
 
 
 if HAS_GLUON:
-    from ..pdl import g_pdl_signal
     from .gluon_mla import (
         _g_clock,
         _g_key_range,
         _g_load_q,
+        _g_program,
         _g_request,
-        _g_smid,
         _g_store_q,
         _g_tile_rows,
+        _g_trace_open,
     )
     from .gluon_mla_ss import (
         _ss_finish,
@@ -343,9 +343,7 @@ if HAS_GLUON:
 
         trp = gl.program_id(0)  # a placeholder (warp_specialize arguments cannot be None)
         if TRACE:
-            trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 8
-            gl.store(trp, _g_clock())
-            gl.store(trp + 6, _g_smid())
+            trp = _g_trace_open(TR)
         # `_ss_program`, with the loads that do not need the key range issued before it: q
         # (one token a tile: its rows need no request offsets) and, unsplit (lo = 0), the
         # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that
@@ -353,10 +351,7 @@ if HAS_GLUON:
         # `bench/gpu_mla_dev.py --trace`, b 128 h_q 128 s_k 4096 page 64): start to prologue
         # end 7.7-8.0 -> 4.6-5.0 us a CTA, second-wave start to first pair done 10.2-10.5 ->
         # 8.4-8.5 us, first CTA start to last end 260-264 -> 256-258 us.
-        g_pdl_signal(PDL)
-        part = gl.program_id(1)
-        t = gl.program_id(0) // NHB
-        hb = gl.program_id(0) % NHB
+        t, hb, part = _g_program(NHB, PDL)
         if TPT == 1:
             qa, qr = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)

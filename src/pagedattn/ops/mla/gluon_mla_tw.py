@@ -52,7 +52,6 @@ owner merges its state in ~1 us) ends the last CTA 0-1 us earlier at best."""
 from __future__ import annotations
 
 from ..gluon_imports import HAS_GLUON, fence_async_shared, gl, gluon, mbarrier
-from ..pdl import g_pdl_signal
 
 if HAS_GLUON:
     from .gluon_mla import (
@@ -61,9 +60,10 @@ if HAS_GLUON:
         _g_issue_rope,
         _g_key_range,
         _g_keys,
+        _g_program,
         _g_request,
         _g_rows,
-        _g_smid,
+        _g_trace_open,
         _t_q_load,
         _t_q_store,
         _t_raw_layout,
@@ -246,16 +246,10 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        g_pdl_signal(PDL)
-        pid = gl.program_id(0)
-        part = gl.program_id(1)
-        trp = pid  # a placeholder (warp_specialize arguments cannot be None)
+        t, hb, part = _g_program(NHB, PDL)
+        trp = part  # a placeholder (warp_specialize arguments cannot be None)
         if TRACE:
-            trp = TR + (part * gl.num_programs(0) + pid) * 8
-            gl.store(trp, _g_clock())
-            gl.store(trp + 6, _g_smid())
-        t = pid // NHB
-        hb = pid % NHB
+            trp = _g_trace_open(TR)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
         # q's loads are issued before the dependent loads of the key range
         qa, qr = _t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
