@@ -47,7 +47,16 @@ its tile about a third of the time: the kernel streams, it does not compute); wi
 request's keys in L2 no consumer instruction holds more than 2% of all samples (issue slots
 busy ~55% of cycles). Stealing a slow CTA's last tiles cannot pay for itself: a model
 of the traced timeline (a thief starts 2-4 us after it claims, runs 1.5 us a tile, and the
-owner merges its state in ~1 us) ends the last CTA 0-1 us earlier at best."""
+owner merges its state in ~1 us) ends the last CTA 0-1 us earlier at best.
+
+DRAM bounds it, not its SMs (H100 2026-11-22, `bench/mla_batch_probe.py`, graph replays, s_k
+4096): b 120 / 124 / 128 / 132 take 118.0 / 120.8 / 123.1 / 128.3 us, so the four SMs a b 128
+launch leaves idle would add nothing. Added keys stream at 3.05 TB/s against bf16's 3.09 on
+the same ~12.5 us of fixed time; ~1% of the stream is the per-token scale reads (256 bytes a
+tile from the scale buffer, away from the tile's 40 KB): with all of them from one
+L2-resident address the kernel takes 122.9 / 233.3 us against 124.0 / 235.1 (s_k 4096 /
+8192). Prefetching a tile's scale lines into L2 one or two tiles ahead (prefetch.global.L2
+after each issue) made it slower: 125.8 / 125.5 us at s_k 4096, 236.8 / 236.0 at 8192."""
 
 from __future__ import annotations
 
