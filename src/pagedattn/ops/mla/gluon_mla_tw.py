@@ -56,7 +56,9 @@ the same ~12.5 us of fixed time; ~1% of the stream is the per-token scale reads 
 tile from the scale buffer, away from the tile's 40 KB): with all of them from one
 L2-resident address the kernel takes 122.9 / 233.3 us against 124.0 / 235.1 (s_k 4096 /
 8192). Prefetching a tile's scale lines into L2 one or two tiles ahead (prefetch.global.L2
-after each issue) made it slower: 125.8 / 125.5 us at s_k 4096, 236.8 / 236.0 at 8192."""
+after each issue) made it slower: 125.8 / 125.5 us at s_k 4096, 236.8 / 236.0 at 8192; issuing
+a tile's scale copy before its 40 KB changed nothing (another lease: 68.6 / 125.0 / 236.2 us
+at s_k 2048 / 4096 / 8192 against 69.3 / 124.5 / 236.6)."""
 
 from __future__ import annotations
 
