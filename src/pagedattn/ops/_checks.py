@@ -92,7 +92,7 @@ def check_head_vector(t: object, name: str, h_q: int, device: torch.device) -> N
         and tuple(t.shape) == (h_q,)
         and t.device == device,
         name,
-        f"a float32 tensor of shape ({h_q},) on {device}",
+        Lazy(lambda: f"a float32 tensor of shape ({h_q},) on {device}"),
         Described(t),
     )
 
@@ -107,7 +107,7 @@ def check_out(out: object, want: tuple[int, ...], q: torch.Tensor) -> None:
         and out.dtype == q.dtype
         and out.device == q.device,
         "out",
-        f"a {q.dtype} tensor of shape {want} on {q.device}",
+        Lazy(lambda: f"a {q.dtype} tensor of shape {want} on {q.device}"),
         Described(out),
     )
 
@@ -123,4 +123,4 @@ def check_int32(
         and all(s is None or t.shape[i] == s for i, s in enumerate(shape))
         and t.device == device
     )
-    check(ok, name, f"an int32 {what} tensor on {device}", Described(t))
+    check(ok, name, Lazy(lambda: f"an int32 {what} tensor on {device}"), Described(t))

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-from ...errors import check
+from ...errors import Lazy, check
 from ...operands import RowOperand
 from .._checks import Described as _Described
 from .._checks import check_head_vector, check_num_partitions, check_out, check_scale
@@ -35,16 +35,26 @@ def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
         "an MHAOperand (e.g. PagedOperand(inputs, params, layer, 'k') of an MLA cache)",
         type(op).__name__,
     )
-    check(op.num_heads == 1, f"{name}", "one latent KV head", f"{op.num_heads} heads")
+    check(op.num_heads == 1, name, "one latent KV head", Lazy(lambda: f"{op.num_heads} heads"))
     check(
         op.head_dim == q.shape[-1],
-        f"{name}.head_dim",
-        f"d_qk = q.shape[-1] = {q.shape[-1]}",
+        Lazy(lambda: f"{name}.head_dim"),
+        Lazy(lambda: f"d_qk = q.shape[-1] = {q.shape[-1]}"),
         op.head_dim,
     )
     if not op.quantization_enabled:
-        check(op.dtype == q.dtype, f"{name}.dtype", f"q.dtype={q.dtype}", op.dtype)
-    check(op.rows.device == q.device, f"{name}.device", f"q.device={q.device}", op.rows.device)
+        check(
+            op.dtype == q.dtype,
+            Lazy(lambda: f"{name}.dtype"),
+            Lazy(lambda: f"q.dtype={q.dtype}"),
+            op.dtype,
+        )
+    check(
+        op.rows.device == q.device,
+        Lazy(lambda: f"{name}.device"),
+        Lazy(lambda: f"q.device={q.device}"),
+        op.rows.device,
+    )
 
 
 def _validate(
@@ -77,14 +87,19 @@ def _validate(
         "a [tokens, h_q, d_qk] tensor",
         _Described(q),
     )
-    check(q.dtype in Q_DTYPES, "q.dtype", f"one of {Q_DTYPES}", q.dtype)
+    check(q.dtype in Q_DTYPES, "q.dtype", Lazy(lambda: f"one of {Q_DTYPES}"), q.dtype)
     tokens, h_q, d_qk = q.shape
-    check(d_qk in D_QK_VALUES, "q", f"d_qk = q.shape[-1] in {D_QK_VALUES}", tuple(q.shape))
-    check(h_q >= 1, "q", "at least one query head", tuple(q.shape))
+    check(
+        d_qk in D_QK_VALUES,
+        "q",
+        Lazy(lambda: f"d_qk = q.shape[-1] in {D_QK_VALUES}"),
+        Lazy(lambda: tuple(q.shape)),
+    )
+    check(h_q >= 1, "q", "at least one query head", Lazy(lambda: tuple(q.shape)))
     check(
         isinstance(d_v, numbers.Integral) and not isinstance(d_v, bool) and 1 <= d_v <= d_qk,
         "d_v",
-        f"an int in [1, d_qk={d_qk}] (V is the first d_v dims of K)",
+        Lazy(lambda: f"an int in [1, d_qk={d_qk}] (V is the first d_v dims of K)"),
         d_v,
     )
     _check_operand(kv, "kv", q)
@@ -95,8 +110,8 @@ def _validate(
         check(
             kv.batch_size == batch,
             "kv",
-            f"batch size {batch} ({nm('q_row_offsets')} has batch + 1 entries)",
-            f"batch size {kv.batch_size}",
+            Lazy(lambda: f"batch size {batch} ({nm('q_row_offsets')} has batch + 1 entries)"),
+            Lazy(lambda: f"batch size {kv.batch_size}"),
         )
         check(
             topk_lengths is None,
