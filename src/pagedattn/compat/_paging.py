@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import check
+from ..errors import Lazy, check
 
 
 def paged_row_strides(
@@ -27,9 +27,13 @@ def paged_row_strides(
         page_stride = token_stride * page_size
     check(
         token_stride > 0 and page_stride > 0 and page_stride % token_stride == 0,
-        f"{name}.stride()",
-        f"a {page_word} stride that is a positive multiple of the token stride "
-        "(call .contiguous())",
+        Lazy(lambda: f"{name}.stride()"),
+        Lazy(
+            lambda: (
+                f"a {page_word} stride that is a positive multiple of the token stride "
+                "(call .contiguous())"
+            )
+        ),
         shown,
     )
     psr = page_stride // token_stride

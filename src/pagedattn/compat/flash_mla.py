@@ -32,11 +32,11 @@ import numbers
 
 import torch
 
-from ..errors import InvalidArgumentError, check
+from ..errors import InvalidArgumentError, Lazy, check
 from ..fp8.mla_formats import MODEL1_BYTES, MODEL1_D_QK, V32_BYTES, V32_D_QK
 from ..operands import RowOperand
+from ..ops._checks import DescribedValue as _describe
 from ..ops._checks import check_scale
-from ..ops._checks import describe_value as _describe
 from ..ops.mla import MAX_Q_PER_REQUEST, mla_decode
 from . import UnsupportedFeatureError
 from ._paging import paged_row_strides
@@ -111,15 +111,20 @@ def _mla_operand(
         _describe(k_cache),
     )
     P, ps, hk, row = k_cache.shape
-    check(hk == 1, f"{name}.shape[2]", "num_heads_k = 1 (one latent head)", hk)
+    check(hk == 1, Lazy(lambda: f"{name}.shape[2]"), "num_heads_k = 1 (one latent head)", hk)
     check(P >= 1 and ps >= 1, name, "at least one block of at least one token", k_cache.shape)
-    check(k_cache.device == lut.device, f"{name}.device", str(lut.device), k_cache.device)
+    check(
+        k_cache.device == lut.device,
+        Lazy(lambda: f"{name}.device"),
+        Lazy(lambda: str(lut.device)),
+        k_cache.device,
+    )
     fmt, scale_dtype = None, None
     if is_fp8:
         check(
             k_cache.dtype in FP8_CACHE_DTYPES,
-            f"{name}.dtype",
-            f"one of {FP8_CACHE_DTYPES} with is_fp8_kvcache=True",
+            Lazy(lambda: f"{name}.dtype"),
+            Lazy(lambda: f"one of {FP8_CACHE_DTYPES} with is_fp8_kvcache=True"),
             k_cache.dtype,
         )
         raw = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
@@ -135,20 +140,25 @@ def _mla_operand(
         check(
             d_qk == want_d,
             "q.shape[-1]",
-            f"{want_d} for a {row}-byte FP8 cache ({fmt})",
+            Lazy(lambda: f"{want_d} for a {row}-byte FP8 cache ({fmt})"),
             d_qk,
         )
     else:
         check(
             k_cache.dtype == q_dtype,
-            f"{name}.dtype",
-            f"q.dtype={q_dtype} (or pass is_fp8_kvcache=True for an FP8 byte cache)",
+            Lazy(lambda: f"{name}.dtype"),
+            Lazy(lambda: f"q.dtype={q_dtype} (or pass is_fp8_kvcache=True for an FP8 byte cache)"),
             k_cache.dtype,
         )
-        check(row == d_qk, f"{name}.shape[-1]", f"head_dim = q.shape[-1] = {d_qk}", row)
+        check(
+            row == d_qk,
+            Lazy(lambda: f"{name}.shape[-1]"),
+            Lazy(lambda: f"head_dim = q.shape[-1] = {d_qk}"),
+            row,
+        )
         raw = k_cache
     s0, s1, _, s3 = raw.stride()
-    check(s3 == 1 or row == 1, f"{name}.stride(-1)", "1", raw.stride())
+    check(s3 == 1 or row == 1, Lazy(lambda: f"{name}.stride(-1)"), "1", Lazy(raw.stride))
     if fmt == "flashmla_model1" and (s1 != MODEL1_BYTES or s0 % MODEL1_BYTES):
         # A MODEL1 block is page_size * 584 contiguous bytes; FlashMLA's allocator pads the
         # block stride to a multiple of 576 bytes, which pagedattn's row addressing (page
@@ -179,8 +189,9 @@ def _check_int32(t: object, name: str, shape: tuple[int | None, ...], dev: torch
         and all(s is None or t.shape[i] == s for i, s in enumerate(shape))
         and t.device == dev
     )
-    dims = ", ".join("*" if s is None else str(s) for s in shape)
-    check(ok, name, f"an int32 tensor of shape [{dims}] on {dev}", _describe(t))
+    if not ok:
+        dims = ", ".join("*" if s is None else str(s) for s in shape)
+        check(ok, name, f"an int32 tensor of shape [{dims}] on {dev}", _describe(t))
 
 
 def flash_mla_with_kvcache(
@@ -228,16 +239,16 @@ def flash_mla_with_kvcache(
         "a [batch_size, seq_len_q, num_heads_q, head_dim] tensor",
         _describe(q),
     )
-    check(q.dtype in Q_DTYPES, "q.dtype", f"one of {Q_DTYPES}", q.dtype)
+    check(q.dtype in Q_DTYPES, "q.dtype", Lazy(lambda: f"one of {Q_DTYPES}"), q.dtype)
     b, s_q, h_q, d_qk = q.shape
-    check(b >= 1 and s_q >= 1 and h_q >= 1, "q", "non-empty dims", tuple(q.shape))
-    check(d_qk in D_QK_VALUES, "q.shape[-1]", f"one of {D_QK_VALUES}", d_qk)
+    check(b >= 1 and s_q >= 1 and h_q >= 1, "q", "non-empty dims", Lazy(lambda: tuple(q.shape)))
+    check(d_qk in D_QK_VALUES, "q.shape[-1]", Lazy(lambda: f"one of {D_QK_VALUES}"), d_qk)
     check(
         isinstance(head_dim_v, numbers.Integral)
         and not isinstance(head_dim_v, bool)
         and 1 <= head_dim_v <= d_qk,
         "head_dim_v",
-        f"an int in [1, {d_qk}] (512 for DeepSeek)",
+        Lazy(lambda: f"an int in [1, {d_qk}] (512 for DeepSeek)"),
         _describe(head_dim_v),
     )
     head_dim_v = int(head_dim_v)
@@ -343,7 +354,7 @@ def flash_mla_with_kvcache(
             block_table is not None and cache_seqlens is not None,
             "block_table / cache_seqlens",
             "both given in dense mode (indices is None)",
-            f"{_describe(block_table)}, {_describe(cache_seqlens)}",
+            Lazy(lambda: f"{_describe(block_table)}, {_describe(cache_seqlens)}"),
         )
         _check_int32(block_table, "block_table", (b, None), dev)
         _check_int32(cache_seqlens, "cache_seqlens", (b,), dev)

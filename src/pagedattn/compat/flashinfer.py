@@ -39,8 +39,8 @@ import torch
 
 from ..errors import InvalidArgumentError, check
 from ..operands import RowOperand
+from ..ops._checks import DescribedValue as _describe
 from ..ops._checks import check_scale
-from ..ops._checks import describe_value as _describe
 from ..ops.masks import Mask, causal, null, sliding_window_causal, tensor_mask
 from ..ops.mha import mha
 from . import UnsupportedFeatureError

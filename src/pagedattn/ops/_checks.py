@@ -43,6 +43,16 @@ def describe_value(x: object) -> str:
     return describe(x)
 
 
+class DescribedValue(Described):
+    """`describe_value(x)` as a lazy `check` argument (the compat layers': formatted only when
+    the check fails or the object is put in a string)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return describe_value(self.x)
+
+
 def is_positive_finite(x: object) -> bool:
     """A real number (not a bool) that is finite and > 0."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x > 0
