@@ -32,6 +32,16 @@ from common import copy_bandwidth, time_ms  # noqa: E402
 from pagedattn import KVQuantConfig, mla_decode  # noqa: E402
 
 
+def h16_decode(b: int, s_k: int, quant: KVQuantConfig | None):
+    """A bf16 (quant None) or FP8 MLA cache of b requests of s_k keys, page 64, and the default
+    h_q 16 decode call over it (fresh random queries, a preallocated output)."""
+    _p, _inp, op = mla_cache(b, s_k, 64, 16, quant)
+    q = torch.randn(b, 16, 576, device="cuda", dtype=torch.bfloat16)
+    offs = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    out = torch.empty(b, 16, 512, device="cuda", dtype=torch.bfloat16)
+    return lambda: mla_decode(q, op, offs, scale=576**-0.5, out=out)
+
+
 def variant_probe(bw: float, out_dir: str, names: list[str]) -> None:
     """FP8 b 128 h_q 16: graph replays of launch variants in alternating rounds (three each):
     "base" as shipped, "sc0" with every scale read from one address (`_Operand.sc_stride` 0:
@@ -52,17 +62,14 @@ def variant_probe(bw: float, out_dir: str, names: list[str]) -> None:
         raise SystemExit(f"unknown variants {unknown}: base, sc0 or gpu_mla_dev.VARIANTS")
     rows = []
     for s_k in (2048, 4096, 8192):
-        _p, _inp, op = mla_cache(128, s_k, 64, 16, KVQuantConfig.mla_rope_aware())
-        q = torch.randn(128, 16, 576, device="cuda", dtype=torch.bfloat16)
-        offs = torch.arange(129, dtype=torch.int32, device="cuda")
-        out = torch.empty(128, 16, 512, device="cuda", dtype=torch.bfloat16)
+        decode = h16_decode(128, s_k, KVQuantConfig.mla_rope_aware())
         for rnd in range(3):
             for name in names:
                 M._Operand.__init__ = init_sc0 if name == "sc0" else init
                 M.TUNING.update({k: None for k in M.TUNING})
                 M.TUNING.update(D.VARIANTS.get(name, {}))  # base, sc0: as shipped
                 try:
-                    ms = time_ms(lambda: mla_decode(q, op, offs, scale=576**-0.5, out=out))
+                    ms = time_ms(decode)
                 finally:
                     M._Operand.__init__ = init
                     M.TUNING.update({k: None for k in M.TUNING})
@@ -98,11 +105,7 @@ def main() -> None:
         for fmt in ("bf16", "rope_aware"):
             for b in map(int, a.batches.split(",")):
                 quant = KVQuantConfig.mla_rope_aware() if fmt != "bf16" else None
-                _p, _inp, op = mla_cache(b, s_k, 64, 16, quant)
-                q = torch.randn(b, 16, 576, device="cuda", dtype=torch.bfloat16)
-                offs = torch.arange(b + 1, dtype=torch.int32, device="cuda")
-                out = torch.empty(b, 16, 512, device="cuda", dtype=torch.bfloat16)
-                ms = time_ms(lambda: mla_decode(q, op, offs, scale=576**-0.5, out=out))
+                ms = time_ms(h16_decode(b, s_k, quant))
                 row = 1152 if fmt == "bf16" else 644
                 nbytes = b * s_k * row
                 r = dict(fmt=fmt, b=b, s_k=s_k, us=ms * 1e3, us_graph=ms.graph * 1e3,
