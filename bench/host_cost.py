@@ -4,7 +4,11 @@
     python bench/host_cost.py
 
 Each part runs N times back to back on a tiny problem (b 128, s_k 64: a few us of GPU work),
-so the wall time per call is the host's. Prints one line per part, in us.
+so the wall time per call is the host's; parts alternate over ROUNDS rounds, each keeping its
+best (the host's speed drifts). "kernel launch only" is Triton's own `kernel[grid](...)`; the
+indented rows are its argument binder and the compiled kernel's launch, the two steps that
+`pagedattn.ops.launch` keeps. Prints one line per part, in us; --profile also prints a
+cProfile of `mla_decode_triton`.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from pagedattn import mla_decode  # noqa: E402
 from pagedattn.ops.mla import _validate  # noqa: E402
 from pagedattn.ops.mla.triton_mla_combine import mla_combine_triton  # noqa: E402
 
+ROUNDS = 3
 
-def per_call_us(fn, n: int = 2000) -> float:
+
+def per_call_us(fn, n: int = 1000) -> float:
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
@@ -34,6 +40,23 @@ def per_call_us(fn, n: int = 2000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def profile(fn, n: int = 1000) -> None:
+    """cProfile of n calls of fn: the top functions by own time."""
+    import cProfile
+    import pstats
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
@@ -55,6 +78,11 @@ def main() -> None:
             po = torch.randn(P, q.shape[0], 16, 512, device="cuda")
             pl = torch.randn(P, q.shape[0], 16, device="cuda")
             lse = torch.empty(q.shape[0], 16, device="cuda")
+            ck = kern[grid](*args, **kwargs)  # the CompiledKernel of this specialization
+            binder = kern.device_caches[torch.cuda.current_device()][4]
+            vals = tuple(binder(*args, **kwargs)[0].values())
+            g3 = tuple(grid) + (1,) * (3 - len(grid))
+            stream = torch.cuda.current_stream().cuda_stream
             parts = {
                 "mla_decode": full,
                 "mla_decode_triton": direct,
@@ -62,18 +90,28 @@ def main() -> None:
                     q, kv, offs, 512, None, True, None, None, None, None, None, None, P, out
                 ),
                 "kernel launch only": lambda: kern[grid](*args, **kwargs),
+                "  binder only": lambda: binder(*args, **kwargs),
+                "  compiled[grid](*args)": lambda: ck[g3](*vals),
+                "  compiled.run (raw)": lambda: ck.run(
+                    *g3, stream, ck.function, ck.packed_metadata, None, None, None, *vals
+                ),
                 "combine launch only": lambda: mla_combine_triton(po, pl, out, lse),
                 "torch.empty": lambda: torch.empty(P, 2048, 512, device="cuda"),
             }
-            for name, fn in parts.items():
-                if name == "combine launch only" and P == 1:
-                    continue
-                us = per_call_us(fn)
+            if P == 1:
+                del parts["combine launch only"]
+            if "--profile" in sys.argv and fmt == "rope_aware" and P == 1:
+                profile(direct)
+            best = dict.fromkeys(parts, float("inf"))
+            for _ in range(ROUNDS):  # alternating rounds: the host's clock drifts between parts
+                for name, fn in parts.items():
+                    best[name] = min(best[name], per_call_us(fn))
+            for name, us in best.items():
                 rows.append((fmt, P, name, us))
-                print(f"{fmt:10s} P={P} {name:22s} {us:8.1f} us", flush=True)
-    print("\nhost cost per call (us)")
+                print(f"{fmt:10s} P={P} {name:24s} {us:8.1f} us", flush=True)
+    print(f"\nhost cost per call (us, best of {ROUNDS} alternating rounds)")
     for fmt, P, name, us in rows:
-        print(f"{fmt:10s} P={P} {name:22s} {us:8.1f}")
+        print(f"{fmt:10s} P={P} {name:24s} {us:8.1f}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import triton.language as tl
 from ...errors import check
 from .._checks import check_granularities
 from .._triton_interpreter import install_interpreter_shim
+from ..launch import launch
 
 install_interpreter_shim()
 
@@ -379,7 +380,9 @@ def quantize_activation_groups_triton(
         return xq, sx
     block_g = triton.next_power_of_2(min(k_gran, k))
     block_r = max(1, min(16, 4096 // block_g))
-    _quantize_groups_kernel[(triton.cdiv(m, block_r), n_groups, batch)](
+    launch(
+        _quantize_groups_kernel,
+        (triton.cdiv(m, block_r), n_groups, batch),
         x,
         *x.stride(),
         xq,
@@ -468,7 +471,9 @@ def fp8_bmm_triton(
     else:
         x_arg, x_strides, sx = x, x.stride(), ws  # sx unused
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), batch)
-    _fp8_bmm_kernel[grid](
+    launch(
+        _fp8_bmm_kernel,
+        grid,
         x_arg,
         *x_strides,
         sx,

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 
 LOG2E_F = 1.4426950408889634  # host copies
@@ -85,7 +86,9 @@ def combine_triton(
     rows, H, P, DV = partial_out.shape
     if rows == 0:
         return
-    _combine_kernel[(rows * H,)](
+    launch(
+        _combine_kernel,
+        (rows * H,),
         partial_out,
         partial_lse,
         sinks if sinks is not None else partial_lse,

@@ -41,6 +41,7 @@ from ...cache.dispatch import cuda_capability, mha_num_partitions, num_sms
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
 from ..gluon_imports import GluonTensorDescriptor, nvmma_128b
+from ..launch import launch
 from ..masks import Mask, causal
 from ..pdl import pdl_enabled
 from . import gluon_prefill, gluon_prefill_ws
@@ -528,7 +529,7 @@ def mha_triton(
             v_args[0], v_args[1], v_args[2], v_args[3], v_args[4], v_args[5], v_args[6],
             k_args[7], k_args[8], k_args[9], v_args[7], v_args[8], v_args[9],
         ]  # fmt: skip
-        _mha_decode_kernel[(total_q * parts * h_kv,)](
+        launch(_mha_decode_kernel, (total_q * parts * h_kv,),
             q, q.stride(0), q.stride(1),
             *kv_args,
             *common_tail,
@@ -573,7 +574,7 @@ def mha_triton(
             k_args[7], k_args[8], k_args[9], v_args[7], v_args[8], v_args[9],
         ]  # fmt: skip
         n_tiles = min(triton.cdiv(total_q, bm) + batch, total_q)
-        _mha_prefill_kernel[(n_tiles * h_q,)](
+        launch(_mha_prefill_kernel, (n_tiles * h_q,),
             q, q.stride(0), q.stride(1),
             *kv_args,
             *common_tail,
@@ -672,13 +673,13 @@ def _prefill_sm90(plan, q, q_row_offsets, ka, va, d, h_q, group, block_b, mask, 
     rows = 128 if ws else 16 * cfg["num_warps"]
     grid = (min(triton.cdiv(total_q, rows) + batch, total_q) * h_q,)
     if ws:  # TMA descriptors, lookup tables, row offsets, page strides
-        gluon_prefill_ws._mha_prefill_ws[grid](
+        launch(gluon_prefill_ws._mha_prefill_ws, grid,
             q, q.stride(0), q.stride(1), k_args[0], *k_args[3:7], v_args[0], *v_args[3:7],
             *tail, K_BOX=box_k, V_BOX=box_v, CONSUMER_REGS=cfg["consumer_regs"], num_warps=4,
             maxnreg=cfg["maxnreg"], **cx,
         )  # fmt: skip
     else:
-        gluon_prefill._mha_prefill_sm90[grid](
+        launch(gluon_prefill._mha_prefill_sm90, grid,
             q, q.stride(0), q.stride(1), *k_args[:7], *v_args[:7], *tail,
             V_SAME_ROWS=_same_rows(ka, va, use_tma, use_tma), TMA=use_tma,
             num_warps=cfg["num_warps"], **cx,

@@ -37,7 +37,21 @@ is stored spilled at any split tried (1.5-7x slower). Two V32 producer warpgroup
 halves, 16 warps) do not compile: the kernel's .maxnreg becomes 65536 / 512 = 128, and ptxas
 rejects the consumers' m64n256k16 wgmma (it asks for 158) although setmaxnreg gives their
 region 184-200. Integer-op e4m3 decoding (byte permutes, shifts, masks instead of the
-conversion unit) ran 252 TFLOP/s against 322 (2026-11-22). An L2 prefetch of the next tile's
+conversion unit) ran 252 TFLOP/s against 322 (2026-11-22). Fewer conversions do not help either:
+e4m3 -> f16 and one f16x2 product with the scale (5 instructions for 4 elements against 12;
+timing only, the f16 bits read as bf16) took 0.497 ms against 0.469-0.470 from HBM, 0.405-0.406
+against 0.385-0.386 with the keys in L2 and 0.352-0.353 against 0.342 with no key loaded (H100
+2026-11-22, `bench/gpu_mla_dev.py` graph replays, two alternating runs). So the conversion rate
+does not bound the producer, and an f16 stage (exact e4m3 -> f16, scales folded into f16
+products) would not lift V32. Its stores do (same method, timing only): converted but not
+stored, a tile leaves the kernel at 0.263 ms from HBM (537 TFLOP/s; 0.267 with no key loaded);
+stored without conversion (the e4m3 words twice), 0.401 (0.321). The dequantized words meet
+2-way bank conflicts in the stage's 128-byte swizzle (`gl.bank_conflicts` 1; none with the
+loads laid out 4 threads a row and 8 rows a warp): without them the kernel took 0.321 against
+0.341-0.342 ms with no key loaded, but 0.464-0.465 against 0.468 from HBM and 0.389-0.390
+against 0.381 with the keys in L2 (two alternating runs), so that layout was not kept (record:
+`bench/results/h100_2026-11-22_mla_v32_producer.json`). An L2
+prefetch of the next tile's
 rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
 (GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
 V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 of tile j + 2
@@ -46,7 +60,7 @@ V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 o
 
 What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
 order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
-schedule alone) sparse bf16 runs 446 -> 502 and V32 402 -> 401 (the producer's dequant); with
+schedule alone) sparse bf16 runs 446 -> 502 and V32 402 -> 401 (the producer's dequant path); with
 every request's keys in L2 (one shared page list) 448 -> 497 and V32 350 -> 359; from HBM
 457 -> 441 and V32 287 -> 300. So the consumers' schedule caps BF16 near 500 (the S products
 read both operands from shared memory, m64n64k16: 4 KB a k-step, the shared-memory bandwidth

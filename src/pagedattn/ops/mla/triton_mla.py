@@ -60,6 +60,7 @@ import triton.language as tl
 
 from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num_sms
 from ...errors import Lazy, check
+from ..launch import launch
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
@@ -1154,7 +1155,7 @@ def mla_decode_triton(
         traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st)
         if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 8] (gpu_mla_dev --trace)
             extra.update(TRACE=True, TR=TUNING["trace"])
-        kernel[grid](
+        launch(kernel, grid,
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
             attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
@@ -1168,7 +1169,7 @@ def mla_decode_triton(
             NBUF=cfg["NBUF"], PDL=pdl, **extra,
         )  # fmt: skip
     else:
-        _mla_decode_kernel[grid](
+        launch(_mla_decode_kernel, grid,
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
             attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,

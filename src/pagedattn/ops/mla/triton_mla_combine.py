@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -106,7 +107,9 @@ def mla_combine_triton(
         return
     BR = 8
     grid = (triton.cdiv(n_rows, BR),)
-    _mla_combine_kernel[grid](
+    launch(
+        _mla_combine_kernel,
+        grid,
         partial_out,
         partial_lse,
         sinks if sinks is not None else partial_lse,

@@ -34,6 +34,7 @@ from ...cache.params import KVCacheParams
 from ...errors import check
 from ...operands import PagedOperand, RowOperand
 from .._triton_interpreter import install_interpreter_shim
+from ..launch import launch
 from ..linear.triton_fp8_bmm import fp8_bmm_triton, saturate_e4m3
 from ..mla import mla_decode
 from .reference import branch_num_partitions
@@ -344,7 +345,9 @@ def rope_norm_store_triton(
     batch = input_row_offsets.shape[0] - 1
     block_h = min(triton.next_power_of_2(h_q), max(1, 4096 // rope))
     grid = (tokens, triton.cdiv(h_q, block_h))
-    _rope_norm_store_kernel[grid](
+    launch(
+        _rope_norm_store_kernel,
+        grid,
         q,
         q.stride(0),
         q.stride(1),

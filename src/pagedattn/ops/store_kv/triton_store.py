@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ...operands import RowOperand
+from ..launch import launch
 from ..mha.triton_decode import _find_request, install_interpreter_shim
 
 install_interpreter_shim()
@@ -244,7 +245,9 @@ def store_kv_triton(
         v_args, vcx = _op_args(v_cache, v_new)
     else:
         v_args, vcx = k_args, kcx
-    _store_kv_kernel[(total,)](
+    launch(
+        _store_kv_kernel,
+        (total,),
         *k_args,
         *v_args,
         k_cache.cache_lengths,

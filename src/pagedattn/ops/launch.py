@@ -1,0 +1,80 @@
+"""Kernel launches without Triton's per-call bookkeeping.
+
+`launch(kernel, grid, *args, **kwargs)` does what `kernel[grid](*args, **kwargs)` does. Once a
+specialization has compiled, it binds the arguments with Triton's own binder (so the
+specialization is exactly the one Triton would pick: argument types, 16-byte alignment, ints
+equal to 1), finds the compiled kernel in its own cache and calls its launcher directly. What
+it skips of `JITFunction.run` is the cache key's string of the options, the check that no
+global the kernel read has changed since it compiled (the kernels read module constants
+only), and the launch's keyword handling.
+
+H100 hosts (2026-11-22, `bench/host_cost.py`, best of 3 rounds a process; record
+`bench/results/h100_2026-11-22_host_launch.txt`): Triton's own launch took 31-59 us, of which
+its binder 11-22 and the compiled kernel's launcher 9-20. The whole `mla_decode_triton` call,
+best of three processes each: bf16 78.7 -> 72.6 us at P = 1 and 124.4 -> 115.7 with the
+split-K combine (P = 2); rope-aware FP8 76.0 -> 75.9 and 132.3 -> 119.2. The same host ran up
+to 40% slower in some processes than in others.
+
+Anything that is not a compiled JIT function (Triton's interpreter on a CPU, a test's stand-in)
+takes `kernel[grid](...)`, and so does every first launch of a specialization.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from triton import knobs
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - triton is a dependency
+    JITFunction = None
+
+_COMPILED: dict[tuple, Any] = {}
+
+
+def _fast_path(kernel: Any, grid: Any) -> bool:
+    """Whether `kernel` is a compiled-mode Triton (or Gluon) JIT function (under
+    TRITON_INTERPRET=1 kernels are Triton's `InterpretedFunction`) and `grid` a tuple."""
+    return JITFunction is not None and isinstance(kernel, JITFunction) and isinstance(grid, tuple)
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """`kernel[grid](*args, **kwargs)` on the current CUDA device and stream (grid: 1 to 3 ints)."""
+    compiled = key = None
+    if _fast_path(kernel, grid):
+        drv = driver.active
+        device = drv.get_current_device()
+        bound, specialization, options = kernel.device_caches[device][4](*args, **kwargs)
+        key = (
+            kernel,
+            device,
+            tuple(specialization),
+            tuple(options.items()),
+            knobs.runtime.debug,
+            knobs.compilation.instrumentation_mode,
+        )
+        try:
+            compiled = _COMPILED.get(key)
+        except TypeError:  # an unhashable constexpr: Triton's own path, every time
+            key = None
+    if compiled is None:
+        compiled = kernel[grid](*args, **kwargs)  # compiles (or finds) and launches
+        if key is not None and compiled is not None and not hasattr(compiled, "result"):
+            _COMPILED[key] = compiled  # (an async compile's future is not kept)
+        return
+    values = bound.values()
+    g = grid + (1,) * (3 - len(grid))
+    stream = drv.get_current_stream(device)
+    compiled.run(
+        g[0],
+        g[1],
+        g[2],
+        stream,
+        compiled.function,
+        compiled.packed_metadata,
+        compiled.launch_metadata(g, stream, *values),
+        knobs.runtime.launch_enter_hook,
+        knobs.runtime.launch_exit_hook,
+        *values,
+    )

@@ -1,0 +1,100 @@
+"""`ops.launch.launch` against `kernel[grid](...)`: the same results for every specialization.
+
+The direct path reuses a compiled kernel only for the specialization Triton itself would pick,
+so a launch that changes an argument's 16-byte alignment, an int's divisibility by 16 or its
+being 1, or a constexpr, must not reuse an earlier launch's kernel. On a CPU (Triton's
+interpreter) `launch` is `kernel[grid](...)`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU CI: before triton is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from pagedattn.ops import launch as L  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@triton.jit
+def _axpb_kernel(X, Y, n, a, b, BLOCK: tl.constexpr, SQUARE: tl.constexpr):
+    """Y[i] = a * X[i] + b (SQUARE: a * X[i]^2 + b), i < n."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + i, mask=i < n, other=0.0)
+    if SQUARE:
+        x = x * x
+    tl.store(Y + i, a * x + b, mask=i < n)
+
+
+def _run(x: torch.Tensor, n: int, a: float, b: int, square: bool, block: int = 64) -> torch.Tensor:
+    y = torch.full_like(x, float("nan"))  # poisoned: every element i < n is written
+    L.launch(_axpb_kernel, (triton.cdiv(n, block),), x, y, n, a, b, BLOCK=block, SQUARE=square)
+    return y
+
+
+def _expect(x: torch.Tensor, n: int, a: float, b: int, square: bool) -> torch.Tensor:
+    xd = x.double()
+    ref = a * (xd * xd if square else xd) + b
+    out = torch.full_like(xd, float("nan"))
+    out[:n] = ref[:n]
+    return out
+
+
+def test_launch_matches_every_specialization():
+    """Aligned and misaligned views, n and b in {1, 16, 37}, both constexpr values, alternating
+    so that each launch follows one of another specialization."""
+    g = torch.Generator(device="cpu").manual_seed(int(os.environ.get("PAGEDATTN_SEED", "0")))
+    base = torch.randn(400, generator=g).to(DEV)
+    cases = []
+    for off in (0, 1, 4):  # 4 floats = 16 bytes: aligned again
+        for n in (1, 16, 37, 300):
+            for b in (1, 16, 37):
+                for square in (False, True):
+                    cases.append((off, n, b, square))
+    for _ in range(2):  # the second pass runs every specialization from the cache
+        for off, n, b, square in cases:
+            x = base[off : off + 320]
+            y = _run(x, n, 1.5, b, square)
+            ref = _expect(x.cpu(), n, 1.5, b, square)
+            torch.testing.assert_close(y.double().cpu(), ref, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_fallback_for_non_jit_kernels_and_callable_grids():
+    """A stand-in object (as the benchmarks' launch captures use) and a callable grid go
+    through `kernel[grid](...)` unchanged."""
+    seen = []
+
+    class Stand:
+        def __getitem__(self, grid):
+            return lambda *a, **k: seen.append((grid, a, k))
+
+    L.launch(Stand(), (3, 2), 1, 2, X=3)
+    assert seen == [((3, 2), (1, 2), {"X": 3})]
+    assert not L._fast_path(Stand(), (1,))
+    assert not L._fast_path(_axpb_kernel, lambda meta: (1,))
+
+
+@pytest.mark.gpu
+def test_launch_caches_one_compiled_kernel_per_specialization():
+    """On CUDA the direct path is taken: aligned and misaligned inputs get separate entries, and
+    launching through it leaves the results equal to Triton's own launch (BLOCK 128: a
+    specialization no other test launches)."""
+    x = torch.randn(512, device="cuda")
+    before = {k for k in L._COMPILED if k[0] is _axpb_kernel}
+    for off in (0, 1, 0, 1):
+        _run(x[off : off + 256], 256, 2.0, 3, False, block=128)
+    keys = [k for k in L._COMPILED if k[0] is _axpb_kernel and k not in before]
+    assert len(keys) == 2, keys
+    xs = x[1:257]
+    y_fast = _run(xs, 256, 2.0, 3, False, block=128)
+    y_triton = torch.empty_like(xs)
+    _axpb_kernel[(2,)](xs, y_triton, 256, 2.0, 3, BLOCK=128, SQUARE=False)
+    assert torch.equal(y_fast, y_triton)
