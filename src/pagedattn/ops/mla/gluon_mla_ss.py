@@ -50,7 +50,18 @@ stored without conversion (the e4m3 words twice), 0.401 (0.321). The dequantized
 loads laid out 4 threads a row and 8 rows a warp): without them the kernel took 0.321 against
 0.341-0.342 ms with no key loaded, but 0.464-0.465 against 0.468 from HBM and 0.389-0.390
 against 0.381 with the keys in L2 (two alternating runs), so that layout was not kept (record:
-`bench/results/h100_2026-11-22_mla_v32_producer.json`). An L2
+`bench/results/h100_2026-11-22_mla_v32_producer.json`). Nor does dequantizing in the
+consumers, with no bf16 stage (timing-only development kernel, H100 2026-11-22, record
+`bench/results/h100_2026-11-22_mla_v32_headsplit.json`): a producer cp.asyncs the raw rows
+into a 3-stage ring and both consumer warpgroups run every tile with `gluon_mla._t_tile`, each
+for 32 of the block's 64 heads, from float16 register operands (e4m3 times its tile scale over
+the key's largest scale, exact for V32's power-of-two scales). It matched the reference (cos
+2e-7) but took 0.80-0.87 ms from HBM and 0.77-0.82 with no key loaded (16 heads a warpgroup:
+1.22-1.26), against 0.459 / 0.338: every tile is converted once per warpgroup, the 32-head
+accumulators spill (O^T 128 registers a thread plus two P V register operands in flight), and
+each chunk's conversion waits on the product before it. FlashMLA splits the dequantization
+between the two CTAs of a cluster and writes each half into both CTAs' shared memory
+(distributed shared memory, st.async), which Gluon (Triton 3.6) does not expose. An L2
 prefetch of the next tile's
 rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
 (GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
