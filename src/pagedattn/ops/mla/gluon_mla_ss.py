@@ -61,7 +61,8 @@ the key's largest scale, exact for V32's power-of-two scales). It matched the re
 accumulators spill (O^T 128 registers a thread plus two P V register operands in flight), and
 each chunk's conversion waits on the product before it. FlashMLA splits the dequantization
 between the two CTAs of a cluster and writes each half into both CTAs' shared memory
-(distributed shared memory, st.async), which Gluon (Triton 3.6) does not expose. An L2
+(distributed shared memory, st.async), which Gluon (Triton 3.6) exposes only through inline PTX
+(`global_smem` plus a buffer's offset, mapa.shared::cluster; num_ctas 2 launches). An L2
 prefetch of the next tile's
 rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
 (GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
