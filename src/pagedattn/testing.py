@@ -58,11 +58,11 @@ def assert_close(
     assert torch.equal(inf_o, inf_r) and torch.equal(o[inf_o], r[inf_r]), (
         f"{name}: inf positions or signs differ"
     )
-    fin = torch.isfinite(r)
     err, rel = element_errors(o, r)
     bad = (err > abs_tol) & (rel > rel_tol)
     if bad.any():
         i = int(torch.nonzero(bad)[0])
+        fin = torch.isfinite(r)  # the elements err and rel are of
         raise AssertionError(
             f"{name}: {int(bad.sum())}/{bad.numel()} elements out of tolerance; worst abs err "
             f"{float(err.max()):.3e}; first bad: out={float(o[fin][i]):.6g} "

@@ -36,7 +36,7 @@ from ..errors import InvalidArgumentError, Lazy, check
 from ..fp8.mla_formats import MODEL1_BYTES, MODEL1_D_QK, V32_BYTES, V32_D_QK
 from ..operands import RowOperand
 from ..ops._checks import DescribedValue as _describe
-from ..ops._checks import check_scale
+from ..ops._checks import check_int32, check_scale
 from ..ops.mla import MAX_Q_PER_REQUEST, mla_decode
 from . import UnsupportedFeatureError
 from ._paging import paged_row_strides
@@ -182,16 +182,9 @@ def _mla_operand(
 
 
 def _check_int32(t: object, name: str, shape: tuple[int | None, ...], dev: torch.device) -> None:
-    ok = (
-        isinstance(t, torch.Tensor)
-        and t.dtype == torch.int32
-        and t.ndim == len(shape)
-        and all(s is None or t.shape[i] == s for i, s in enumerate(shape))
-        and t.device == dev
-    )
-    if not ok:
-        dims = ", ".join("*" if s is None else str(s) for s in shape)
-        check(ok, name, f"an int32 tensor of shape [{dims}] on {dev}", _describe(t))
+    """`ops._checks.check_int32`, the expected shape ([b, *, ...]) as its description."""
+    dims = Lazy(lambda: "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]")
+    check_int32(t, name, shape, dims, dev)
 
 
 def flash_mla_with_kvcache(
