@@ -166,16 +166,20 @@ def _capture(call, sm90=False):
             return launch
 
     saved_use, saved_comb = M._use_sm90_path, M.mla_combine_triton
+    saved_launch, saved_offs = M.launch, M._cluster_offsets
     try:
         for k in saved:
             setattr(M, _kernel_name(k), _Fake(k))
         M._use_sm90_path = lambda *a: sm90
         M.mla_combine_triton = lambda *a, **k: None
+        M.launch = lambda kernel, grid, *a, cluster=1, **kw: kernel[grid](*a, **kw)
+        M._cluster_offsets = lambda *a: dict(OFF_K=0, OFF_READY=0, OFF_REMPTY=0)
         call()
     finally:
         for k, v in saved.items():
             setattr(M, _kernel_name(k), v)
         M._use_sm90_path, M.mla_combine_triton = saved_use, saved_comb
+        M.launch, M._cluster_offsets = saved_launch, saved_offs
     return caps
 
 
@@ -288,6 +292,8 @@ VARIANTS = {
     "ss_o1h": dict(_SS, ss_order=1, ss_half=True),
     "ss_h": dict(_SS, ss_order=0, ss_half=True),
     "ss_r208": dict(_SS, ss_regs=(208, 96)),
+    # V32, h_q > 64: the 2-CTA cluster kernel (each CTA dequantizes half of every tile)
+    "ss_x": dict(_SS, ss_cross=True),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(_SS, ss_tma=True),
 }
@@ -316,7 +322,7 @@ CASES = [
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss0", "ss"], [None]),
+     ["ss0", "ss", "ss_x"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,

@@ -82,6 +82,20 @@ def test_fallback_for_non_jit_kernels_and_callable_grids():
     assert not L._fast_path(_axpb_kernel, lambda meta: (1,))
 
 
+def test_cluster_launch_needs_a_compiled_kernel():
+    """A cluster launch cannot go through `kernel[grid](...)` (it has no cluster argument), so
+    anything that is not a compiled JIT function is refused with a TypeError."""
+
+    class Stand:
+        def __getitem__(self, grid):
+            raise AssertionError("launched without its cluster")
+
+    with pytest.raises(TypeError, match="cluster launch"):
+        L.launch(Stand(), (1,), 1, cluster=2)
+    with pytest.raises(TypeError, match="compiled-mode"):
+        L.compiled_kernel(Stand(), (1,), 1)
+
+
 @pytest.mark.gpu
 def test_launch_caches_one_compiled_kernel_per_specialization():
     """On CUDA the direct path is taken: aligned and misaligned inputs get separate entries, and

@@ -39,25 +39,59 @@ def _fast_path(kernel: Any, grid: Any) -> bool:
     return JITFunction is not None and isinstance(kernel, JITFunction) and isinstance(grid, tuple)
 
 
-def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
-    """`kernel[grid](*args, **kwargs)` on the current CUDA device and stream (grid: 1 to 3 ints)."""
+def _specialization(kernel: Any, args: tuple, kwargs: dict):
+    """(device, bound arguments, cache key) of a launch, with Triton's own binder."""
+    device = driver.active.get_current_device()
+    bound, specialization, options = kernel.device_caches[device][4](*args, **kwargs)
+    key = (
+        kernel,
+        device,
+        tuple(specialization),
+        tuple(options.items()),
+        knobs.runtime.debug,
+        knobs.compilation.instrumentation_mode,
+    )
+    return device, bound, key
+
+
+def _cached(key: tuple) -> tuple[Any, tuple | None]:
+    """(the compiled kernel of `key` or None, the key or None where a constexpr is unhashable:
+    Triton's own path then, every time)."""
+    try:
+        return _COMPILED.get(key), key
+    except TypeError:
+        return None, None
+
+
+def compiled_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
+    """The compiled kernel (Triton's `CompiledKernel`) a launch with these arguments runs,
+    compiled (not launched) if it has not been yet. CUDA only."""
+    if not _fast_path(kernel, grid):
+        raise TypeError(f"compiled_kernel needs a compiled-mode JIT function, got {kernel!r}")
+    compiled, key = _cached(_specialization(kernel, args, kwargs)[2])
+    if compiled is None:
+        compiled = kernel.warmup(*args, grid=grid, **kwargs)
+        if hasattr(compiled, "result"):  # an async compile's future
+            compiled = compiled.result()
+        if key is not None:
+            _COMPILED[key] = compiled
+    return compiled
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, cluster: int = 1, **kwargs: Any) -> None:
+    """`kernel[grid](*args, **kwargs)` on the current CUDA device and stream (grid: 1 to 3 ints).
+
+    cluster > 1 (CUDA sm_90, compiled kernels only): launch grid[0] clusters of `cluster`
+    CTAs along x (grid[0] * cluster CTAs; program_id(0) counts CTAs, a cluster's CTAs are
+    consecutive) of a kernel compiled as one CTA (`ops.gluon_cluster`)."""
     compiled = key = None
     if _fast_path(kernel, grid):
-        drv = driver.active
-        device = drv.get_current_device()
-        bound, specialization, options = kernel.device_caches[device][4](*args, **kwargs)
-        key = (
-            kernel,
-            device,
-            tuple(specialization),
-            tuple(options.items()),
-            knobs.runtime.debug,
-            knobs.compilation.instrumentation_mode,
-        )
-        try:
-            compiled = _COMPILED.get(key)
-        except TypeError:  # an unhashable constexpr: Triton's own path, every time
-            key = None
+        device, bound, key = _specialization(kernel, args, kwargs)
+        compiled, key = _cached(key)
+        if compiled is None and cluster > 1:
+            compiled = compiled_kernel(kernel, grid, *args, **kwargs)
+    elif cluster > 1:
+        raise TypeError(f"a cluster launch needs a compiled-mode JIT function, got {kernel!r}")
     if compiled is None:
         compiled = kernel[grid](*args, **kwargs)  # compiles (or finds) and launches
         if key is not None and compiled is not None and not hasattr(compiled, "result"):
@@ -65,14 +99,17 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
         return
     values = bound.values()
     g = grid + (1,) * (3 - len(grid))
-    stream = drv.get_current_stream(device)
+    stream = driver.active.get_current_stream(device)
+    meta = compiled.packed_metadata
+    if cluster > 1:  # (num_warps, num_ctas, shared): the launcher sets the cluster from num_ctas
+        meta = (meta[0], cluster) + tuple(meta[2:])
     compiled.run(
         g[0],
         g[1],
         g[2],
         stream,
         compiled.function,
-        compiled.packed_metadata,
+        meta,
         compiled.launch_metadata(g, stream, *values),
         knobs.runtime.launch_enter_hook,
         knobs.runtime.launch_exit_hook,

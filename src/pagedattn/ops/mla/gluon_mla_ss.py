@@ -60,9 +60,19 @@ the key's largest scale, exact for V32's power-of-two scales). It matched the re
 1.22-1.26), against 0.459 / 0.338: every tile is converted once per warpgroup, the 32-head
 accumulators spill (O^T 128 registers a thread plus two P V register operands in flight), and
 each chunk's conversion waits on the product before it. FlashMLA splits the dequantization
-between the two CTAs of a cluster and writes each half into both CTAs' shared memory
-(distributed shared memory, st.async), which Gluon (Triton 3.6) exposes only through inline PTX
-(`global_smem` plus a buffer's offset, mapa.shared::cluster; num_ctas 2 launches). An L2
+between the two CTAs of a cluster and writes each half into both CTAs' shared memory. SS_CROSS
+(`_ss_cross_tile`, a development variant: `triton_mla.TUNING["ss_cross"]`) does that here.
+The kernel is compiled as one CTA and launched in clusters of two. Each producer dequantizes
+column half `rank` of every tile and bulk-copies each 16 KB group into the peer's stage
+(cp.async.bulk shared::cta -> shared::cluster, completing on the peer's `ready`). Consumers
+free a half on the peer's `rempty` too, with relaxed remote arrivals: release ones cost a
+MEMBAR.ALL.GPU each and ran 0.478 ms. H100 graph replays (2026-11-22, record
+`bench/results/h100_2026-11-22_mla_v32_cluster.json`), cluster against shipped in the same
+run: 0.451 / 0.462 ms from HBM, 0.421 / 0.381 with the keys in L2, 0.380 / 0.341 with no key
+loaded. The CTAs wait on each other every tile, which costs more than half the conversions
+save except from HBM. Timing-only bounds: half of each tile converted and all of it stored
+ran 0.403 ms, half stored 0.344. Loading two column groups ahead across tiles in one CTA
+(48 words a thread against 64) spilled (27-53 spill stores) and ran 0.665-0.951 ms. An L2
 prefetch of the next tile's
 rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
 (GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
@@ -114,6 +124,7 @@ from ..gluon_imports import (
 )
 
 if HAS_GLUON:
+    from ..gluon_cluster import cl_arrive, cl_copy_to_peer, cl_fence_init, cl_remote_arrive, cl_wait
     from .gluon_mla import (
         _g_issue_cols,
         _g_issue_rope,
@@ -167,7 +178,7 @@ if HAS_GLUON:
         return roff, sp, v8
 
     @gluon.jit
-    def _ss_fp8_group(K, roff, sp, v8, g: gl.constexpr, FMT: gl.constexpr):
+    def _ss_fp8_group(K, roff, sp, v8, g, FMT: gl.constexpr):
         """Column group g (dims 128 g .. 128 g + 127) of a tile: e4m3 bytes as int32 words
         (0 in invalid rows; 4 registers a thread, where e4m3 elements would take one each)
         and their scale per row."""
@@ -183,9 +194,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_deq_store(dst, x, sc, g: gl.constexpr):
-        """Column group g of a [BN, 512] bf16 stage from its packed e4m3 words and scales
-        (stored as bf16 pairs through an int32 view of the stage: same bytes, same swizzle)."""
+        """Column group g of a [BN, W] bf16 stage (or a column half of one) from its packed
+        e4m3 words and scales (stored as bf16 pairs through an int32 view of the stage: same
+        bytes, same swizzle)."""
         BN: gl.constexpr = x.shape[0]
+        NW: gl.constexpr = dst.shape[1] // 2
         scb = sc[:, None] + gl.zeros_like(x).to(gl.float32)
         lo, hi = gl.inline_asm_elementwise(
             _DEQ4_ASM, "=r,=r,r,f", [x, scb], dtype=(gl.int32, gl.int32), is_pure=True, pack=1
@@ -194,36 +207,94 @@ if HAS_GLUON:
         w_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=32, rank=2
         )
-        words = dst._reinterpret(gl.int32, [BN, 256], w_l)
+        words = dst._reinterpret(gl.int32, [BN, NW], w_l)
         words.slice(g * 64, 64, dim=1).store(y)
 
     @gluon.jit
-    def _ss_release(ready, st, vbuf, valid):
+    def _ss_release(ready, st, vbuf, valid, TX: gl.constexpr = 0):
         """The tile's validity mask, then its ready arrivals: each thread's (when its
-        cp.asyncs land) and one release arrival once every thread has stored its part."""
+        cp.asyncs land) and one release arrival once every thread has stored its part (TX:
+        expecting that many bytes more, the peer CTA's copy)."""
         vbuf.index(st).store(valid.to(gl.int32))
         fence_async_shared()  # generic-proxy stores (mask, dequantized tile) before wgmma reads
         cp.mbarrier_arrive(ready.index(st), increment_count=False)
         gl.thread_barrier()
-        mbarrier.arrive(ready.index(st), count=1)
+        if TX:
+            mbarrier.expect(ready.index(st), TX)
+        else:
+            mbarrier.arrive(ready.index(st), count=1)
 
     @gluon.jit
-    def _ss_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     HALF: gl.constexpr):  # fmt: skip
-        """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
-        stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
-        of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
-        go through registers (64 a thread hold a tile, as int32 words), loaded before the
-        wait for the stage and dequantized into it after. HALF: columns 0..255 are refilled
-        once consumer 0 has freed them, 256..511 and the rope slot (P) once consumer 1 has too."""
+    def _ss_cross_tile(args, cl, halves, st, rows, valid, e_ph, BN: gl.constexpr):
+        """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
+        into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
+        2 rank, 2 rank + 1) into its own stage and bulk-copies each group (16 KB) into the
+        peer's stage (completing on the peer's `ready`), so each CTA converts half of every
+        tile. Half h of stage st is refilled once consumer h of this CTA (`empty` [2 st + h])
+        and of the peer (`rempty` [2 st + h], arrived remotely) have freed it, the rope slot
+        (P) once this CTA's other consumer has too."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
          t, hb, b, i0, q_len, part, cache_len, lo, hi,
          q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
-        ready, empty, pm, lx = bars
+        ready, empty, pm, lx, rempty = bars
+        off_k, off_ready, off_rempty, rank = cl
+        peer = 1 - rank
+        HB: gl.constexpr = BN * 512  # bytes of a column half of a stage
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q, K_sc_stride, 4)
+        x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
+        x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
+        mbarrier.wait(empty.index(2 * st + rank), e_ph)
+        mbarrier.wait(rempty.index(2 * st + rank), e_ph)
+        dst = halves.index(2 * st + rank)
+        src = off_k + (2 * st + rank) * HB
+        _ss_deq_store(dst, x0, s0, 0)
+        fence_async_shared()  # the stores, before the copy (async proxy) reads them
+        gl.thread_barrier()
+        cl_copy_to_peer(src, off_ready + 8 * st, HB // 2, peer)
+        _ss_deq_store(dst, x1, s1, 1)
+        fence_async_shared()
+        gl.thread_barrier()
+        cl_copy_to_peer(src + HB // 2, off_ready + 8 * st, HB // 2, peer)
+        mbarrier.wait(empty.index(2 * st + peer), e_ph)
+        _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, 4, ld_l)
+        _ss_release(ready, st, vbuf, valid, HB)
+
+    @gluon.jit
+    def _ss_free(empty, i, cl, CROSS: gl.constexpr):
+        """A consumer is done with its part of a stage: arrive on empty[i] (CROSS: on the
+        peer CTA's rempty[i] too)."""
+        mbarrier.arrive(empty.index(i), count=1)
+        if CROSS:
+            cl_remote_arrive(cl[2] + 8 * i, 1 - cl[3])
+
+    @gluon.jit
+    def _ss_producer(args, cl, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
+                     HALF: gl.constexpr, CROSS: gl.constexpr):  # fmt: skip
+        """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
+        stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
+        of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
+        go through registers (64 a thread hold a tile, as int32 words), loaded before the
+        wait for the stage and dequantized into it after. HALF: columns 0..255 are refilled
+        once consumer 0 has freed them, 256..511 and the rope slot (P) once consumer 1 has too.
+        CROSS: half of each tile, shared with the peer CTA (`_ss_cross_tile`)."""
+        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
+         K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
+         K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi,
+         q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
+        ready, empty, pm, lx, rempty = bars
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        halves = k_lat._reinterpret(gl.bfloat16, [4, BN, 256], sm_l)  # [2 st + h]: 32 KB each
+        if CROSS:
+            cl_arrive()
+            cl_wait()  # the peer's barriers are initialized and its stages zeroed
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         n_t = gl.cdiv(n_it, 2) * 2
         key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
@@ -235,34 +306,41 @@ if HAS_GLUON:
                                K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
             rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
                                   row_l)  # fmt: skip
-            if FMT != 0:
-                roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
-                                            K_sc_stride, FMT)  # fmt: skip
-                x0, s0 = _ss_fp8_group(K, roff, sp, v8, 0, FMT)
-                x1, s1 = _ss_fp8_group(K, roff, sp, v8, 1, FMT)
-                x2, s2 = _ss_fp8_group(K, roff, sp, v8, 2, FMT)
-                x3, s3 = _ss_fp8_group(K, roff, sp, v8, 3, FMT)
-            e_ph = ((j // 2) & 1) ^ 1  # fresh barriers pass phase 1
-            if HALF:
-                mbarrier.wait(empty.index(2 * st), e_ph)
+            if CROSS:
+                _ss_cross_tile(args, cl, halves, st, rows, valid, ((j // 2) & 1) ^ 1, BN)
             else:
-                mbarrier.wait(empty.index(st), e_ph)
-            if FMT == 0:
-                for h in gl.static_range(2):
-                    if HALF and h == 1:
-                        mbarrier.wait(empty.index(2 * st + 1), e_ph)
-                    _g_issue_cols(k_lat.index(st), rows, valid, K, K_stride, h * 256, 256, ld_l)
-            else:
-                dst = k_lat.index(st)
-                _ss_deq_store(dst, x0, s0, 0)
-                _ss_deq_store(dst, x1, s1, 1)
+                if FMT != 0:
+                    roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
+                                                K_sc_stride, FMT)  # fmt: skip
+                    x0, s0 = _ss_fp8_group(K, roff, sp, v8, 0, FMT)
+                    x1, s1 = _ss_fp8_group(K, roff, sp, v8, 1, FMT)
+                    x2, s2 = _ss_fp8_group(K, roff, sp, v8, 2, FMT)
+                    x3, s3 = _ss_fp8_group(K, roff, sp, v8, 3, FMT)
+                e_ph = ((j // 2) & 1) ^ 1  # fresh barriers pass phase 1
                 if HALF:
-                    mbarrier.wait(empty.index(2 * st + 1), e_ph)
-                _ss_deq_store(dst, x2, s2, 2)
-                _ss_deq_store(dst, x3, s3, 3)
-            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
-            _ss_release(ready, st, vbuf, valid)
+                    mbarrier.wait(empty.index(2 * st), e_ph)
+                else:
+                    mbarrier.wait(empty.index(st), e_ph)
+                if FMT == 0:
+                    for h in gl.static_range(2):
+                        if HALF and h == 1:
+                            mbarrier.wait(empty.index(2 * st + 1), e_ph)
+                        _g_issue_cols(k_lat.index(st), rows, valid, K, K_stride, h * 256, 256,
+                                      ld_l)  # fmt: skip
+                else:
+                    dst = k_lat.index(st)
+                    _ss_deq_store(dst, x0, s0, 0)
+                    _ss_deq_store(dst, x1, s1, 1)
+                    if HALF:
+                        mbarrier.wait(empty.index(2 * st + 1), e_ph)
+                    _ss_deq_store(dst, x2, s2, 2)
+                    _ss_deq_store(dst, x3, s3, 3)
+                _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+                _ss_release(ready, st, vbuf, valid)
             key = key_next
+        if CROSS:  # no CTA exits while the other may still signal it
+            cl_arrive()
+            cl_wait()
 
     @gluon.jit
     def _ss_s(q_l, q_r, kl, kr, zero_s):
@@ -380,8 +458,9 @@ if HAS_GLUON:
                 gl.store(PL + prow, gl.convert_layout(lse, orow), mask=row_ok_o)
 
     @gluon.jit
-    def _ss_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
-                    TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+    def _ss_consume(args, cl, CROSS: gl.constexpr, W: gl.constexpr, H_Q: gl.constexpr,
+                    HPT: gl.constexpr, TPT: gl.constexpr, CAUSAL: gl.constexpr,
+                    HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, ORDER: gl.constexpr,
                     HALF: gl.constexpr):  # fmt: skip
@@ -390,13 +469,18 @@ if HAS_GLUON:
         0 the P V of tile 2 i, then S, softmax and P V of its own tile; 1 its own S first
         (under warpgroup 0's softmax), then tile 2 i's P V, the own softmax and P V; 2 its own
         S, its softmax (P out early), then both P V products. HALF: each warpgroup frees
-        its half of a stage on its own barrier (the producer refills that half first)."""
+        its half of a stage on its own barrier (the producer refills that half first). CROSS
+        (a 2-CTA cluster, `_ss_cross_tile`): it frees it on the peer's barrier too."""
+        if CROSS:
+            if W == 1:  # (warpgroup 0 arrived at the end of the kernel's prologue)
+                cl_arrive()
+            cl_wait()
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
          t, hb, b, i0, q_len, part, cache_len, lo, hi,
          q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
-        ready, empty, pm, lx = bars
+        ready, empty, pm, lx, rempty = bars
         BM: gl.constexpr = 64
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
@@ -447,7 +531,7 @@ if HAS_GLUON:
                         mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
                         acc, m_o = _ss_other(acc, m_o, m_buf.index(k).load(orow), kl, kr, W)
                     # done with stage k (HALF: with its half of it)
-                    mbarrier.arrive(empty.index(k * (1 + HALF) + W * HALF), count=1)
+                    _ss_free(empty, k * (1 + HALF) + W * HALF, cl, CROSS)
             else:  # warpgroup 1, own S first (it needs no running max), then tile 2 i's P V
                 kl0 = k_lat.index(z)
                 kr0 = k_rope.index(z)
@@ -459,7 +543,7 @@ if HAS_GLUON:
                 m_prev = m_buf.index(0).load(srow)
                 if ORDER == 1:  # tile 2 i's P V, then the own softmax
                     acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
-                    mbarrier.arrive(empty.index(W * HALF), count=1)
+                    _ss_free(empty, W * HALF, cl, CROSS)
                     acc, m_o, m_w, l_w = _ss_own(
                         s, m_prev, acc, m_o, m_w, l_w, kl1, kr1, vbuf.index(1), m_buf, pm,
                         lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale, o_l,
@@ -471,13 +555,16 @@ if HAS_GLUON:
                         lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale,
                     )  # fmt: skip
                     acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
-                    mbarrier.arrive(empty.index(W * HALF), count=1)
+                    _ss_free(empty, W * HALF, cl, CROSS)
                     acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
-                mbarrier.arrive(empty.index(1 + HALF + W * HALF), count=1)
+                _ss_free(empty, 1 + HALF + W * HALF, cl, CROSS)
 
         _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
                    stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
                    H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        if CROSS:  # no CTA exits while the other may still signal it
+            cl_arrive()
+            cl_wait()
 
     @gluon.jit
     def _ss_program(QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB: gl.constexpr,
@@ -495,7 +582,7 @@ if HAS_GLUON:
         )  # fmt: skip
         return t, hb, part, b, i0, q_len, cache_len, lo, hi
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["OFF_K", "OFF_READY", "OFF_REMPTY"])
     def _mla_decode_sm90_ss(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
@@ -507,15 +594,22 @@ if HAS_GLUON:
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
-        SS_HALF: gl.constexpr = False,
+        SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
+        OFF_REMPTY=0,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
         the stage; stores after). Launch with num_warps=4 (consumer 0); consumer 1 and the
-        producer are worker partitions."""
+        producer are worker partitions. SS_CROSS (V32, NHB 2, SS_HALF): launched in clusters
+        of two CTAs (head blocks 0 and 1 of a token; `_ss_cross_tile`); OFF_*: the shared
+        offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`)."""
         gl.static_assert(FMT == 0 or FMT == 4, "BF16 or V32 caches")
         gl.static_assert(D_QK == 576, "the seesaw kernel needs d_qk 576")
         gl.static_assert(NBUF == 2, "two ring stages (one a consumer)")
+        gl.static_assert(
+            not SS_CROSS or (FMT == 4 and NHB == 2 and SS_HALF),
+            "the cluster kernel: V32, two head blocks a token, half stages",
+        )
         BM: gl.constexpr = 64
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -541,8 +635,12 @@ if HAS_GLUON:
         empty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)
         pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
         lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        rempty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)  # SS_CROSS: the peer's
         for i in gl.static_range(2):
             mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
+            if SS_CROSS:  # [stage, half]: consumer `half` of the peer
+                mbarrier.init(rempty.index(2 * i), count=1)
+                mbarrier.init(rempty.index(2 * i + 1), count=1)
             if SS_HALF:  # [stage, half]: one consumer each
                 mbarrier.init(empty.index(2 * i), count=1)
                 mbarrier.init(empty.index(2 * i + 1), count=1)
@@ -564,22 +662,26 @@ if HAS_GLUON:
                    H_Q, HPT, TPT, ld_l)  # fmt: skip
         fence_async_shared()
         gl.thread_barrier()
+        if SS_CROSS:  # barriers and zeroed stages, before the peer may touch them
+            cl_fence_init()
+            cl_arrive()
+        cl = (OFF_K, OFF_READY, OFF_REMPTY, hb % 2)  # hb: the CTA's rank in its cluster
 
         args = (
             OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
             K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
             K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
             t, hb, b, i0, q_len, part, cache_len, lo, hi,
-            q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, (ready, empty, pm, lx),
+            q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, (ready, empty, pm, lx, rempty),
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
-                (_ss_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, SS_ORDER, SS_HALF)),
-                (_ss_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, SS_ORDER, SS_HALF)),
-                (_ss_producer, (args, SPARSE, BN, FMT, SS_HALF)),
+                (_ss_consume, (args, cl, SS_CROSS, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT,
+                               SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF)),
+                (_ss_consume, (args, cl, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT,
+                               SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF)),
+                (_ss_producer, (args, cl, SPARSE, BN, FMT, SS_HALF, SS_CROSS)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

@@ -60,7 +60,8 @@ import triton.language as tl
 
 from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num_sms
 from ...errors import Lazy, check
-from ..launch import launch
+from ..gluon_cluster import smem_offsets
+from ..launch import compiled_kernel, launch
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
@@ -696,7 +697,7 @@ TUNING: dict[str, Any] = {
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
-    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None,
+    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
 }  # fmt: skip
 
 
@@ -965,6 +966,25 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr, TW=tw)
 
 
+_CLUSTER_OFFSETS: dict = {}
+
+
+def _cluster_offsets(kernel, grid: tuple, args: tuple, kwargs: dict) -> dict:
+    """OFF_K / OFF_READY / OFF_REMPTY of the cluster seesaw kernel: the shared offsets of its
+    k_lat, ready and rempty allocations, read once from its compiled TTGIR (the offsets are
+    runtime arguments that are not specialized on, so the placeholder compile is the one
+    launched)."""
+    kw = dict(kwargs, OFF_K=0, OFF_READY=0, OFF_REMPTY=0)
+    compiled = compiled_kernel(kernel, grid, *args, **kw)
+    offs = _CLUSTER_OFFSETS.get(compiled)
+    if offs is None:
+        o = smem_offsets(compiled.asm["ttgir"], ("k_lat", "ready", "rempty"))
+        offs = _CLUSTER_OFFSETS[compiled] = dict(
+            OFF_K=o["k_lat"], OFF_READY=o["ready"], OFF_REMPTY=o["rempty"]
+        )
+    return offs
+
+
 def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool:
     """Whether the Gluon sm_90 kernel serves this launch (TUNING["gluon"] forces it off/on)."""
     want = TUNING.get("gluon")
@@ -1121,6 +1141,7 @@ def mla_decode_triton(
     grid = (tokens * cfg["NHB"], P)
     pdl = P > 1 and pdl_enabled(q)  # the split kernel lets its combine launch early (opt-in)
     dummy = q_row_offsets
+    cluster = 1
     if sm90:
         if cfg_t is not None:  # keys-as-M: `_t_tile` PF, `_t_raw_layout` (see `_sm90_t_config`)
             extra = dict(NR=cfg["NR"], PF=_tuned("t_pf", True), KSWZ=_tuned("t_kswz", 1))
@@ -1150,24 +1171,39 @@ def mla_decode_triton(
                 SS_ORDER=_tuned("ss_order", 2 if K.fmt == FMT_BF16 else 1),
                 SS_HALF=bool(_tuned("ss_half", True)),
             )
+            # V32 with two head blocks a token: the 2-CTA cluster kernel (development flag)
+            if (
+                K.fmt == FMT_V32
+                and cfg["NHB"] == 2
+                and extra["SS_HALF"]
+                and _tuned("ss_cross", False)
+            ):
+                extra.update(SS_CROSS=True)
+                cluster = 2
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st)
         if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 8] (gpu_mla_dev --trace)
             extra.update(TRACE=True, TR=TUNING["trace"])
-        launch(kernel, grid,
+        sm90_args = (
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
             attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value, P,
             K.data, K.sc, K.lut, K.cl, idx, topk if topk is not None else dummy,
             K.stride, K.stride // 2, K.stride // 4, K.sc_stride, K.lut.stride(0), K.ps, K.psr,
             K.nenc, K.npages, idx.stride(0), idx.shape[1] if sparse else 0,
+        )  # fmt: skip
+        extra.update(
             H_Q=h_q, D_QK=d_qk, D_V=d_v, HPT=cfg["HPT"], TPT=cfg["TPT"], NHB=cfg["NHB"],
             B_P2=triton.next_power_of_2(batch + 1), CAUSAL=bool(causal),
             HAS_SINK=attn_sink is not None, SPLIT=P > 1, SPARSE=sparse,
             HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, FMT=K.fmt, BN=cfg["BN"],
-            NBUF=cfg["NBUF"], PDL=pdl, **extra,
+            NBUF=cfg["NBUF"], PDL=pdl,
         )  # fmt: skip
+        if cluster > 1:  # shared offsets of the compiled kernel; grid x counts clusters
+            grid = (grid[0] // cluster, grid[1])
+            extra.update(_cluster_offsets(kernel, grid, sm90_args, extra))
+        launch(kernel, grid, *sm90_args, cluster=cluster, **extra)
     else:
         launch(_mla_decode_kernel, grid,
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
