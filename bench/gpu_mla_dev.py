@@ -166,20 +166,23 @@ def _capture(call, sm90=False):
             return launch
 
     saved_use, saved_comb = M._use_sm90_path, M.mla_combine_triton
-    saved_launch, saved_offs = M.launch, M._cluster_offsets
+    saved_launch = M.launch
     try:
         for k in saved:
             setattr(M, _kernel_name(k), _Fake(k))
         M._use_sm90_path = lambda *a: sm90
         M.mla_combine_triton = lambda *a, **k: None
-        M.launch = lambda kernel, grid, *a, cluster=1, **kw: kernel[grid](*a, **kw)
-        M._cluster_offsets = lambda *a: dict(OFF_K=0, OFF_READY=0, OFF_REMPTY=0)
+        M.launch = lambda kernel, grid, *a, cluster=1, smem_args=None, **kw: kernel[grid](
+            *a,
+            **kw,
+            **dict.fromkeys(smem_args or (), 0),  # shared offsets: runtime ints
+        )
         call()
     finally:
         for k, v in saved.items():
             setattr(M, _kernel_name(k), v)
         M._use_sm90_path, M.mla_combine_triton = saved_use, saved_comb
-        M.launch, M._cluster_offsets = saved_launch, saved_offs
+        M.launch = saved_launch
     return caps
 
 

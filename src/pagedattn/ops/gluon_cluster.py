@@ -5,7 +5,7 @@ cluster. These kernels are compiled as ordinary one-CTA programs and launched in
 two (`ops.launch.launch(..., cluster=2)`); the cross-CTA steps are inline PTX on shared
 addresses, which a kernel takes as runtime arguments: the offsets of its allocations from
 `global_smem`, read from its compiled TTGIR by `smem_offsets` (Triton's own shared-memory
-allocation pass, run again on that module).
+allocation pass, run again on that module) and filled in by `launch(..., smem_args=...)`.
 
 Device helpers (every thread calls them; the one-thread steps pick thread 0 of each 128-thread
 warpgroup):
@@ -65,13 +65,6 @@ def smem_offsets(ttgir: str, names: tuple[str, ...], capability: int = 90) -> di
 if HAS_GLUON:
 
     @gluon.jit
-    def cl_rank():
-        """This CTA's rank in its cluster (int32)."""
-        return gl.inline_asm_elementwise(
-            "mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32, is_pure=True, pack=1
-        )
-
-    @gluon.jit
     def _cl_op(ASM: gl.constexpr):
         """Every thread: one PTX statement with no operands."""
         gl.inline_asm_elementwise(
@@ -95,6 +88,19 @@ if HAS_GLUON:
         _cl_op("fence.mbarrier_init.release.cluster;")
 
     @gluon.jit
+    def _cl_peer_addr(off, peer):
+        """The shared::cluster address of shared offset `off` in CTA `peer` (int32)."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .u32 a; mov.u32 a, global_smem; add.u32 a, a, $1;"
+            " mapa.shared::cluster.u32 $0, a, $2; }",
+            "=r,r,r",
+            [off, peer],
+            dtype=gl.int32,
+            is_pure=True,
+            pack=1,
+        )
+
+    @gluon.jit
     def cl_remote_arrive(off, peer):
         """Thread 0 of each warpgroup: one arrival on the mbarrier at shared offset `off` of
         CTA `peer`. Relaxed: it orders none of the thread's memory accesses (a release at
@@ -102,19 +108,16 @@ if HAS_GLUON:
         complete (a wgmma's, waited for) are done."""
         gl.inline_asm_elementwise(
             """{
-            .reg .u32 a, t;
+            .reg .u32 t;
             .reg .pred p;
             mov.u32 t, %tid.x;
             and.b32 t, t, 127;
             setp.eq.u32 p, t, 0;
-            mov.u32 a, global_smem;
-            add.u32 a, a, $1;
-            mapa.shared::cluster.u32 a, a, $2;
-            @p mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [a];
+            @p mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [$1];
             mov.u32 $0, 0;
             }""",
-            "=r,r,r",
-            [off, peer],
+            "=r,r",
+            [_cl_peer_addr(off, peer)],
             dtype=gl.int32,
             is_pure=False,
             pack=1,
@@ -127,22 +130,19 @@ if HAS_GLUON:
         CTA's mbarrier at offset `bar`."""
         gl.inline_asm_elementwise(
             """{
-            .reg .u32 s, d, b, t;
+            .reg .u32 s, t;
             .reg .pred p;
             mov.u32 t, %tid.x;
             and.b32 t, t, 127;
             setp.eq.u32 p, t, 0;
             mov.u32 s, global_smem;
-            add.u32 b, s, $2;
             add.u32 s, s, $1;
-            mapa.shared::cluster.u32 d, s, $4;
-            mapa.shared::cluster.u32 b, b, $4;
             @p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes
-                [d], [s], $3, [b];
+                [$2], [s], $4, [$3];
             mov.u32 $0, 0;
             }""",
             "=r,r,r,r,r",
-            [src, bar, nbytes, peer],
+            [src, _cl_peer_addr(src, peer), _cl_peer_addr(bar, peer), nbytes],
             dtype=gl.int32,
             is_pure=False,
             pack=1,

@@ -78,25 +78,50 @@ def compiled_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     return compiled
 
 
-def launch(kernel: Any, grid: tuple, *args: Any, cluster: int = 1, **kwargs: Any) -> None:
+_SMEM_OFFSETS: dict = {}
+
+
+def launch(
+    kernel: Any,
+    grid: tuple,
+    *args: Any,
+    cluster: int = 1,
+    smem_args: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> None:
     """`kernel[grid](*args, **kwargs)` on the current CUDA device and stream (grid: 1 to 3 ints).
 
-    cluster > 1 (CUDA sm_90, compiled kernels only): launch grid[0] clusters of `cluster`
-    CTAs along x (grid[0] * cluster CTAs; program_id(0) counts CTAs, a cluster's CTAs are
-    consecutive) of a kernel compiled as one CTA (`ops.gluon_cluster`)."""
+    Compiled kernels only (CUDA), for the cross-CTA steps of `ops.gluon_cluster`:
+    - cluster > 1 (sm_90): launch grid[0] clusters of `cluster` CTAs along x (grid[0] *
+      cluster CTAs; program_id(0) counts CTAs, a cluster's CTAs are consecutive) of a kernel
+      compiled as one CTA;
+    - smem_args {argument: allocation}: those runtime arguments (not specialized on, left at
+      their defaults in `args`) get the compiled kernel's shared offsets of the named
+      allocations (`gluon_cluster.smem_offsets`, read once a compiled kernel)."""
     compiled = key = None
+    special = cluster > 1 or bool(smem_args)
     if _fast_path(kernel, grid):
         device, bound, key = _specialization(kernel, args, kwargs)
         compiled, key = _cached(key)
-        if compiled is None and cluster > 1:
+        if compiled is None and special:
             compiled = compiled_kernel(kernel, grid, *args, **kwargs)
-    elif cluster > 1:
+    elif special:
         raise TypeError(f"a cluster launch needs a compiled-mode JIT function, got {kernel!r}")
     if compiled is None:
         compiled = kernel[grid](*args, **kwargs)  # compiles (or finds) and launches
         if key is not None and compiled is not None and not hasattr(compiled, "result"):
             _COMPILED[key] = compiled  # (an async compile's future is not kept)
         return
+    if smem_args:
+        offs = _SMEM_OFFSETS.get(compiled)
+        if offs is None:
+            from .gluon_cluster import smem_offsets
+
+            offs = _SMEM_OFFSETS[compiled] = smem_offsets(
+                compiled.asm["ttgir"], tuple(smem_args.values())
+            )
+        for name, alloc in smem_args.items():
+            bound[name] = offs[alloc]
     values = bound.values()
     g = grid + (1,) * (3 - len(grid))
     stream = driver.active.get_current_stream(device)

@@ -225,7 +225,7 @@ if HAS_GLUON:
             mbarrier.arrive(ready.index(st), count=1)
 
     @gluon.jit
-    def _ss_cross_tile(args, cl, halves, st, rows, valid, e_ph, BN: gl.constexpr):
+    def _ss_cross_tile(args, cl, st, rows, valid, e_ph, BN: gl.constexpr):
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage and bulk-copies each group (16 KB) into the
@@ -243,6 +243,10 @@ if HAS_GLUON:
         peer = 1 - rank
         HB: gl.constexpr = BN * 512  # bytes of a column half of a stage
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        halves = k_lat._reinterpret(gl.bfloat16, [4, BN, 256], sm_l)  # [2 st + h]: 32 KB each
         roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q, K_sc_stride, 4)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
@@ -288,10 +292,6 @@ if HAS_GLUON:
         ready, empty, pm, lx, rempty = bars
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
-        sm_l: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
-        halves = k_lat._reinterpret(gl.bfloat16, [4, BN, 256], sm_l)  # [2 st + h]: 32 KB each
         if CROSS:
             cl_arrive()
             cl_wait()  # the peer's barriers are initialized and its stages zeroed
@@ -307,7 +307,7 @@ if HAS_GLUON:
             rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
                                   row_l)  # fmt: skip
             if CROSS:
-                _ss_cross_tile(args, cl, halves, st, rows, valid, ((j // 2) & 1) ^ 1, BN)
+                _ss_cross_tile(args, cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN)
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,

@@ -60,8 +60,7 @@ import triton.language as tl
 
 from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num_sms
 from ...errors import Lazy, check
-from ..gluon_cluster import smem_offsets
-from ..launch import compiled_kernel, launch
+from ..launch import launch
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ss import _mla_decode_sm90_ss
@@ -966,23 +965,8 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr, TW=tw)
 
 
-_CLUSTER_OFFSETS: dict = {}
-
-
-def _cluster_offsets(kernel, grid: tuple, args: tuple, kwargs: dict) -> dict:
-    """OFF_K / OFF_READY / OFF_REMPTY of the cluster seesaw kernel: the shared offsets of its
-    k_lat, ready and rempty allocations, read once from its compiled TTGIR (the offsets are
-    runtime arguments that are not specialized on, so the placeholder compile is the one
-    launched)."""
-    kw = dict(kwargs, OFF_K=0, OFF_READY=0, OFF_REMPTY=0)
-    compiled = compiled_kernel(kernel, grid, *args, **kw)
-    offs = _CLUSTER_OFFSETS.get(compiled)
-    if offs is None:
-        o = smem_offsets(compiled.asm["ttgir"], ("k_lat", "ready", "rempty"))
-        offs = _CLUSTER_OFFSETS[compiled] = dict(
-            OFF_K=o["k_lat"], OFF_READY=o["ready"], OFF_REMPTY=o["rempty"]
-        )
-    return offs
+# The cluster seesaw's runtime arguments that hold shared offsets (`ops.launch` smem_args).
+_SS_CROSS_SMEM = {"OFF_K": "k_lat", "OFF_READY": "ready", "OFF_REMPTY": "rempty"}
 
 
 def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool:
@@ -1200,10 +1184,10 @@ def mla_decode_triton(
             HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, FMT=K.fmt, BN=cfg["BN"],
             NBUF=cfg["NBUF"], PDL=pdl,
         )  # fmt: skip
-        if cluster > 1:  # shared offsets of the compiled kernel; grid x counts clusters
-            grid = (grid[0] // cluster, grid[1])
-            extra.update(_cluster_offsets(kernel, grid, sm90_args, extra))
-        launch(kernel, grid, *sm90_args, cluster=cluster, **extra)
+        smem = None
+        if cluster > 1:  # grid x counts clusters; the kernel takes its own shared offsets
+            grid, smem = (grid[0] // cluster, grid[1]), _SS_CROSS_SMEM
+        launch(kernel, grid, *sm90_args, cluster=cluster, smem_args=smem, **extra)
     else:
         launch(_mla_decode_kernel, grid,
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
