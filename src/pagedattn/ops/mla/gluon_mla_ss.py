@@ -68,13 +68,13 @@ column half `rank` of every tile and bulk-copies each 16 KB group into the peer'
 free a half on the peer's `rempty` too, with relaxed remote arrivals: release ones cost a
 MEMBAR.ALL.GPU each and ran 0.478 ms. H100 graph replays (2026-11-22, record
 `bench/results/h100_2026-11-22_mla_v32_cluster.json`), cluster against shipped in the same
-run: 0.451 / 0.462 ms from HBM, 0.421 / 0.381 with the keys in L2, 0.380 / 0.341 with no key
-loaded. The CTAs wait on each other every tile, which costs more than half the conversions
-save except from HBM. Timing-only bounds: half of each tile converted and all of it stored
-ran 0.403 ms, half stored 0.344. Loading two column groups ahead across tiles in one CTA
-(48 words a thread against 64) spilled (27-53 spill stores) and ran 0.665-0.951 ms. An L2
-prefetch of the next tile's
-rows by the producer (cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
+run (two runs): 0.448-0.451 / 0.459-0.462 ms from HBM, 0.419-0.421 / 0.378-0.381 with the keys
+in L2, 0.378-0.380 / 0.338-0.341 with no key loaded. The CTAs wait on each other every tile,
+which costs more than half the conversions save except from HBM. Timing-only bounds: half of
+each tile converted and all of it stored ran 0.403 ms, half stored 0.344. Loading two column
+groups ahead across tiles in one CTA (48 words a thread against 64) spilled (27-53 spill
+stores) and ran 0.665-0.951 ms. An L2 prefetch of the next tile's rows by the producer
+(cp.async.bulk.prefetch.L2, one a row or a page) made every case slower
 (GPU time of graph replays, 2026-11-22): dense bf16 h_q 128 s_k 8192 629 -> 695 us, sparse
 V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 of tile j + 2
 (or j + 3) by the producer (8-16 addresses a row, 2026-11-22): 605 -> 697 us, 480 -> 513,
