@@ -296,7 +296,7 @@ VARIANTS = {
     "ss_h": dict(_SS, ss_order=0, ss_half=True),
     "ss_r208": dict(_SS, ss_regs=(208, 96)),
     # V32, h_q > 64: the 2-CTA cluster kernel (each CTA dequantizes half of every tile)
-    "ss_x": dict(_SS, ss_cross=True),
+    "ss_1cta": dict(_SS, ss_cross=False),  # the single-CTA seesaw (before the cluster one)
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(_SS, ss_tma=True),
 }
@@ -324,8 +324,10 @@ CASES = [
      ["ss", "st"], [None]),
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
+    ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
+     ["ss_1cta", "ss"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss0", "ss", "ss_x"], [None]),
+     ["ss0", "ss_1cta", "ss"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,

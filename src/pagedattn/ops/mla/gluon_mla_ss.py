@@ -228,11 +228,11 @@ if HAS_GLUON:
     def _ss_cross_tile(args, cl, st, rows, valid, e_ph, BN: gl.constexpr):
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
-        2 rank, 2 rank + 1) into its own stage and bulk-copies each group (16 KB) into the
-        peer's stage (completing on the peer's `ready`), so each CTA converts half of every
-        tile. Half h of stage st is refilled once consumer h of this CTA (`empty` [2 st + h])
-        and of the peer (`rempty` [2 st + h], arrived remotely) have freed it, the rope slot
-        (P) once this CTA's other consumer has too."""
+        2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
+        (`empty` [2 st + rank]), then bulk-copies the half (32 KB) into the peer's stage once
+        the peer's consumer has (`rempty` [2 st + rank], arrived remotely), completing on the
+        peer's `ready`; so each CTA converts half of every tile. The rope slot (P) is refilled
+        once this CTA's other consumer has freed its half too."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
@@ -251,17 +251,13 @@ if HAS_GLUON:
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
-        mbarrier.wait(rempty.index(2 * st + rank), e_ph)
         dst = halves.index(2 * st + rank)
-        src = off_k + (2 * st + rank) * HB
         _ss_deq_store(dst, x0, s0, 0)
+        _ss_deq_store(dst, x1, s1, 1)
         fence_async_shared()  # the stores, before the copy (async proxy) reads them
         gl.thread_barrier()
-        cl_copy_to_peer(src, off_ready + 8 * st, HB // 2, peer)
-        _ss_deq_store(dst, x1, s1, 1)
-        fence_async_shared()
-        gl.thread_barrier()
-        cl_copy_to_peer(src + HB // 2, off_ready + 8 * st, HB // 2, peer)
+        mbarrier.wait(rempty.index(2 * st + rank), e_ph)
+        cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB, peer)
         mbarrier.wait(empty.index(2 * st + peer), e_ph)
         _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, 4, ld_l)
         _ss_release(ready, st, vbuf, valid, HB)

@@ -1155,12 +1155,16 @@ def mla_decode_triton(
                 SS_ORDER=_tuned("ss_order", 2 if K.fmt == FMT_BF16 else 1),
                 SS_HALF=bool(_tuned("ss_half", True)),
             )
-            # V32 with two head blocks a token: the 2-CTA cluster kernel (development flag)
+            # V32 with two head blocks a token: the 2-CTA cluster kernel (each CTA dequantizes
+            # half of every tile; `gluon_mla_ss._ss_cross_tile`). H100 graph replays
+            # (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 128 s_q 2 top-k 2048, two runs):
+            # 0.445-0.446 ms against 0.468-0.469 from HBM; slower where the keys are in L2
+            # (0.413 / 0.381) or none is loaded (0.365 / 0.342).
             if (
                 K.fmt == FMT_V32
                 and cfg["NHB"] == 2
                 and extra["SS_HALF"]
-                and _tuned("ss_cross", False)
+                and _tuned("ss_cross", True)
             ):
                 extra.update(SS_CROSS=True)
                 cluster = 2
