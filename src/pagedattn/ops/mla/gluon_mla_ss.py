@@ -61,16 +61,26 @@ the key's largest scale, exact for V32's power-of-two scales). It matched the re
 accumulators spill (O^T 128 registers a thread plus two P V register operands in flight), and
 each chunk's conversion waits on the product before it. FlashMLA splits the dequantization
 between the two CTAs of a cluster and writes each half into both CTAs' shared memory. SS_CROSS
-(`_ss_cross_tile`, a development variant: `triton_mla.TUNING["ss_cross"]`) does that here.
-The kernel is compiled as one CTA and launched in clusters of two. Each producer dequantizes
-column half `rank` of every tile and bulk-copies each 16 KB group into the peer's stage
-(cp.async.bulk shared::cta -> shared::cluster, completing on the peer's `ready`). Consumers
-free a half on the peer's `rempty` too, with relaxed remote arrivals: release ones cost a
-MEMBAR.ALL.GPU each and ran 0.478 ms. H100 graph replays (2026-11-22, record
-`bench/results/h100_2026-11-22_mla_v32_cluster.json`), cluster against shipped in the same
-run (two runs): 0.448-0.451 / 0.459-0.462 ms from HBM, 0.419-0.421 / 0.378-0.381 with the keys
-in L2, 0.378-0.380 / 0.338-0.341 with no key loaded. The CTAs wait on each other every tile,
-which costs more than half the conversions save except from HBM. Timing-only bounds: half of
+(`_ss_cross_tile`; the default for V32 with two head blocks a token, `triton_mla.TUNING
+["ss_cross"]`) does that here. The kernel is compiled as one CTA and launched in clusters of
+two. Each producer dequantizes column half `rank` of every tile into its own stage, then
+bulk-copies the 32 KB half into the peer's stage (cp.async.bulk shared::cta -> shared::cluster,
+completing on the peer's `ready`) once the peer's consumer has freed it. Consumers free a half
+on the peer's `rempty` too, with relaxed remote arrivals: release ones cost a MEMBAR.ALL.GPU
+each and ran 0.478 ms. H100 graph replays (2026-11-22, record
+`bench/results/h100_2026-11-22_mla_v32_cluster.json`), cluster against one CTA in the same run:
+0.442-0.446 / 0.464-0.469 ms from HBM, 0.413-0.417 / 0.380-0.381 with the keys in L2,
+0.365-0.368 / 0.341-0.343 with no key loaded; dense V32 s_k 8192 0.855 / 0.916 (L2 0.773 /
+0.769). The first form waited for the peer before its own stores and copied each 16 KB group
+as it was stored: 0.448-0.455 from HBM, 0.417-0.425 in L2, 0.378-0.383 with none loaded. The
+CTAs wait on each other every tile, which costs more than half the conversions save except
+from HBM. Not kept (same record): st.async of each dequantized 16-byte chunk straight from the
+registers into the peer's stage (completing on its `ready`; with the local st.shared from the
+same registers) ran 0.538 ms against the bulk copy's 0.498 on the same producer, 0.457 against
+0.378 with no key loaded: the stores occupy the producer's issue slots where a bulk copy runs
+by itself; loading the next tile's half before the current one is stored spilled (51-62
+spill stores, any register split) and ran 0.58-0.93 ms; 208 / 96 registers (consumers /
+producer) instead of 200 / 112 did not change the time from HBM. Timing-only bounds: half of
 each tile converted and all of it stored ran 0.403 ms, half stored 0.344. Loading two column
 groups ahead across tiles in one CTA (48 words a thread against 64) spilled (27-53 spill
 stores) and ran 0.665-0.951 ms. An L2 prefetch of the next tile's rows by the producer
