@@ -560,13 +560,14 @@ def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [100, 128])
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
-def test_gpu_v32_cluster_kernel(mode, cross):
-    """V32 at h_q 128 with and without the 2-CTA cluster kernel (TUNING["ss_cross"], on by
-    default: each CTA dequantizes half of every tile and copies it into the other's shared
-    memory) on the grid's cases: s_q {1, 2, 4} x pages {1, 16, 64, 128}, odd and even tile
-    counts, partitions 1-4."""
+def test_gpu_v32_cluster_kernel(mode, cross, h_q):
+    """V32 at two head blocks a token (h_q 100: the second block part masked; 128) with and
+    without the 2-CTA cluster kernel (TUNING["ss_cross"], on by default: each CTA dequantizes
+    half of every tile and copies it into the other's shared memory) on the grid's cases: s_q
+    {1, 2, 4} x pages {1, 16, 64, 128}, odd and even tile counts, partitions 1-4."""
     import pagedattn.ops.mla.triton_mla as M
 
     saved = M.TUNING["ss_cross"]
@@ -574,7 +575,7 @@ def test_gpu_v32_cluster_kernel(mode, cross):
         M.TUNING["ss_cross"] = cross
         for s_q in (1, 2, 4):
             for ps in (1, 16, 64, 128):
-                _gpu_case(mode, "v32", 576, 128, s_q, ps)
+                _gpu_case(mode, "v32", 576, h_q, s_q, ps)
     finally:
         M.TUNING["ss_cross"] = saved
 
