@@ -235,19 +235,17 @@ if HAS_GLUON:
             mbarrier.arrive(ready.index(st), count=1)
 
     @gluon.jit
-    def _ss_cross_tile(args, cl, st, rows, valid, e_ph, BN: gl.constexpr):
+    def _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars, cl, st,
+                       rows, valid, e_ph, BN: gl.constexpr):  # fmt: skip
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
         (`empty` [2 st + rank]), then bulk-copies the half (32 KB) into the peer's stage once
         the peer's consumer has (`rempty` [2 st + rank], arrived remotely), completing on the
         peer's `ready`; so each CTA converts half of every tile. The rope slot (P) is refilled
-        once this CTA's other consumer has freed its half too."""
-        (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
-         K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
-         K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
-         t, hb, b, i0, q_len, part, cache_len, lo, hi,
-         q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
+        once this CTA's other consumer has freed its half too. The cache's rows (K: V32
+        bytes, its strides in bytes, halves and words), the ring (k_lat, k_rope, vbuf) and
+        its barriers (bars) as the producer unpacked them."""
         ready, empty, pm, lx, rempty = bars
         off_k, off_ready, off_rempty, rank = cl
         peer = 1 - rank
@@ -257,7 +255,7 @@ if HAS_GLUON:
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
         halves = k_lat._reinterpret(gl.bfloat16, [4, BN, 256], sm_l)  # [2 st + h]: 32 KB each
-        roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q, K_sc_stride, 4)
+        roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K, K_stride, K_stride_q, 0, 4)  # (no SC)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
@@ -313,7 +311,8 @@ if HAS_GLUON:
             rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
                                   row_l)  # fmt: skip
             if CROSS:
-                _ss_cross_tile(args, cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN)
+                _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
+                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
