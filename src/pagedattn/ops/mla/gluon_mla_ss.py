@@ -80,7 +80,10 @@ same registers) ran 0.538 ms against the bulk copy's 0.498 on the same producer,
 0.378 with no key loaded: the stores occupy the producer's issue slots where a bulk copy runs
 by itself; loading the next tile's half before the current one is stored spilled (51-62
 spill stores, any register split) and ran 0.58-0.93 ms; 208 / 96 registers (consumers /
-producer) instead of 200 / 112 did not change the time from HBM. Timing-only bounds: half of
+producer) instead of 200 / 112 did not change the time from HBM; issuing tile j + 1's loads
+right after tile j's local stores, before the waits on the peer and on the other consumer,
+ran 0.468-0.469 ms against 0.443-0.445 from HBM and 0.390 against 0.363-0.364 with no key
+loaded (the producer's path to the copy is the tiles' critical path). Timing-only bounds: half of
 each tile converted and all of it stored ran 0.403 ms, half stored 0.344. Loading two column
 groups ahead across tiles in one CTA (48 words a thread against 64) spilled (27-53 spill
 stores) and ran 0.665-0.951 ms. An L2 prefetch of the next tile's rows by the producer

@@ -58,7 +58,19 @@ L2-resident address the kernel takes 122.9 / 233.3 us against 124.0 / 235.1 (s_k
 8192). Prefetching a tile's scale lines into L2 one or two tiles ahead (prefetch.global.L2
 after each issue) made it slower: 125.8 / 125.5 us at s_k 4096, 236.8 / 236.0 at 8192; issuing
 a tile's scale copy before its 40 KB changed nothing (another lease: 68.6 / 125.0 / 236.2 us
-at s_k 2048 / 4096 / 8192 against 69.3 / 124.5 / 236.6)."""
+at s_k 2048 / 4096 / 8192 against 69.3 / 124.5 / 236.6).
+
+Against a reader of the same pages (H100 2026-11-22, `bench/mla_read_floor.py`, record
+`bench/results/h100_2026-11-22_mla_read_floor.json`; a Triton kernel XORs every word of a
+request's pages and scales, four CTAs a request): 124.6 / 235.3 us against 114.6 / 224.5 at s_k
+4096 / 8192 (bf16: 207.9 / 404.7 against 201.3 / 398.0). The added keys stream at the reader's
+rate (3.05 against 3.07 TB/s); the fixed time is 13.9 us against its 4.7 (bf16 11.1). One CTA a
+request reads slower than this kernel (131.7 us, two pages a step). Consumers made faster for
+timing (wrong values; L2-resident 90.6 -> 65.2 us without the P V products, 79.7 with half the
+latent S chunks) gain 1.6 / 0.9 us from HBM (122.5 / 123.2 against 124.1), so the consumers'
+speed is not what is left either. Trace of the same day: prologue 2.1-2.4 us, first tile 2.1-2.3
+us later, 1.72 us a tile, 1.4 us epilogue, CTA ends 113.9-115.5 (first) / 117.5-118.2
+(median) / 121.5-122.6 (last) us."""
 
 from __future__ import annotations
 
