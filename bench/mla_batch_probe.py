@@ -31,11 +31,18 @@ from common import copy_bandwidth, time_ms  # noqa: E402
 
 from pagedattn import KVQuantConfig, mla_decode  # noqa: E402
 
+ROW_BYTES = {"bf16": 1152, "rope_aware": 644}  # counted bytes a token (FP8: + its scale)
+
 
 def h16_decode(b: int, s_k: int, quant: KVQuantConfig | None):
     """A bf16 (quant None) or FP8 MLA cache of b requests of s_k keys, page 64, and the default
-    h_q 16 decode call over it (fresh random queries, a preallocated output)."""
-    _p, _inp, op = mla_cache(b, s_k, 64, 16, quant)
+    h_q 16 decode call over it (`h16_call`)."""
+    return h16_call(b, mla_cache(b, s_k, 64, 16, quant)[2])
+
+
+def h16_call(b: int, op):
+    """The default h_q 16 decode call over operand `op` of b requests (fresh random queries, a
+    preallocated output)."""
     q = torch.randn(b, 16, 576, device="cuda", dtype=torch.bfloat16)
     offs = torch.arange(b + 1, dtype=torch.int32, device="cuda")
     out = torch.empty(b, 16, 512, device="cuda", dtype=torch.bfloat16)
@@ -106,8 +113,7 @@ def main() -> None:
             for b in map(int, a.batches.split(",")):
                 quant = KVQuantConfig.mla_rope_aware() if fmt != "bf16" else None
                 ms = time_ms(h16_decode(b, s_k, quant))
-                row = 1152 if fmt == "bf16" else 644
-                nbytes = b * s_k * row
+                nbytes = b * s_k * ROW_BYTES[fmt]
                 r = dict(fmt=fmt, b=b, s_k=s_k, us=ms * 1e3, us_graph=ms.graph * 1e3,
                          us_per_128=ms * 1e3 * 128 / b, frac_copy=nbytes / (ms * 1e-3) / bw,
                          floor_us=nbytes / bw * 1e6)  # fmt: skip

@@ -30,8 +30,9 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mla import mla_cache  # noqa: E402
 from common import copy_bandwidth, time_ms  # noqa: E402
+from mla_batch_probe import ROW_BYTES, h16_call  # noqa: E402
 
-from pagedattn import KVQuantConfig, mla_decode  # noqa: E402
+from pagedattn import KVQuantConfig  # noqa: E402
 
 CH = 2048  # words a row of a page's load (8 KB): FP8 pages hold 5, bf16 pages 9
 
@@ -86,16 +87,10 @@ def calls(b: int, s_k: int, quant: KVQuantConfig | None) -> tuple[dict, int]:
     """The timed calls over one fresh cache (the shipped decode, the flat read, the page
     readers) and the cache's counted bytes."""
     _p, inp, op = mla_cache(b, s_k, 64, 16, quant)
-    nbytes = b * s_k * (1152 if quant is None else 644)
-    q = torch.randn(b, 16, 576, device="cuda", dtype=torch.bfloat16)
-    offs = torch.arange(b + 1, dtype=torch.int32, device="cuda")
-    o = torch.empty(b, 16, 512, device="cuda", dtype=torch.bfloat16)
+    nbytes = b * s_k * ROW_BYTES["bf16" if quant is None else "rope_aware"]
     flat = inp.kv_blocks.view(-1).view(torch.int32)[: nbytes // 4]
     res = torch.empty((), dtype=torch.int64, device="cuda")
-    out = {
-        "decode": lambda: mla_decode(q, op, offs, scale=576**-0.5, out=o),
-        "flat": lambda: torch.sum(flat, dim=0, out=res),
-    }
+    out = {"decode": h16_call(b, op), "flat": lambda: torch.sum(flat, dim=0, out=res)}
     for split in (1, 2, 4, 8):
         for unroll in (1, 2):
             out[f"read s{split} u{unroll}"] = page_reader(inp, split, unroll, True)

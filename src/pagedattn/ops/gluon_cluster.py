@@ -10,7 +10,7 @@ allocation pass, run again on that module) and filled in by `launch(..., smem_ar
 Device helpers (every thread calls them; the one-thread steps pick thread 0 of each 128-thread
 warpgroup):
 - `cl_arrive` / `cl_wait`: the cluster barrier's two halves (every thread of both CTAs
-  arrives once a phase, then waits);
+  arrives once a phase, then waits); `cl_sync`: both;
 - `cl_remote_arrive(off, peer)`: one arrival on the mbarrier at `off` in CTA `peer`;
 - `cl_copy_to_peer(src, bar, nbytes, peer)`: a bulk copy of nbytes of this CTA's shared memory
   at `src` to the same offset in CTA `peer`, completing nbytes of transactions on the peer's
@@ -81,6 +81,12 @@ if HAS_GLUON:
     def cl_wait():
         """Every thread: wait until every thread of the cluster has arrived (acquire)."""
         _cl_op("barrier.cluster.wait.acquire;")
+
+    @gluon.jit
+    def cl_sync():
+        """Every thread: `cl_arrive`, then `cl_wait`."""
+        cl_arrive()
+        cl_wait()
 
     @gluon.jit
     def cl_fence_init():

@@ -137,7 +137,14 @@ from ..gluon_imports import (
 )
 
 if HAS_GLUON:
-    from ..gluon_cluster import cl_arrive, cl_copy_to_peer, cl_fence_init, cl_remote_arrive, cl_wait
+    from ..gluon_cluster import (
+        cl_arrive,
+        cl_copy_to_peer,
+        cl_fence_init,
+        cl_remote_arrive,
+        cl_sync,
+        cl_wait,
+    )
     from .gluon_mla import (
         _g_issue_cols,
         _g_issue_rope,
@@ -300,8 +307,7 @@ if HAS_GLUON:
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         if CROSS:
-            cl_arrive()
-            cl_wait()  # the peer's barriers are initialized and its stages zeroed
+            cl_sync()  # the peer's barriers are initialized and its stages zeroed
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         n_t = gl.cdiv(n_it, 2) * 2
         key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
@@ -347,8 +353,7 @@ if HAS_GLUON:
                 _ss_release(ready, st, vbuf, valid)
             key = key_next
         if CROSS:  # no CTA exits while the other may still signal it
-            cl_arrive()
-            cl_wait()
+            cl_sync()
 
     @gluon.jit
     def _ss_s(q_l, q_r, kl, kr, zero_s):
@@ -571,8 +576,7 @@ if HAS_GLUON:
                    stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
                    H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
         if CROSS:  # no CTA exits while the other may still signal it
-            cl_arrive()
-            cl_wait()
+            cl_sync()
 
     @gluon.jit
     def _ss_program(QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB: gl.constexpr,
