@@ -481,33 +481,40 @@ def fixed_cost_probe(copy_bw):
 
 
 def trace_probe(copy_bw, outdir, only=""):
-    """Per-CTA timeline (globaltimer) of the keys-as-M kernels (h_q 16) and the TMA-fed seesaw
-    (h_q 128), b 128, page 64: the CTA's start, before its loop (tw: the producer's first tile
-    issued; st: after the prologue), when its first tile (st: pair) is done, after the loop
-    and at its end (tw: slot 5, the producer's last tile issued; st: warpgroup 1's loop end),
-    and its SM. Summaries in microseconds from the first CTA's start; `only`: a regex on the
-    run labels."""
+    """Per-CTA timeline (globaltimer) of the keys-as-M kernels (h_q 16) and the seesaws (h_q
+    128: the TMA-fed st over dense bf16, the cluster ss over sparse V32 s_q 2 top-k 2048), b
+    128, page 64: the CTA's start, before its loop (tw: the producer's first tile issued;
+    st, ss: after the prologue), when its first tile (st, ss: pair) is done, after the loop and
+    at its end (tw: slot 5, the producer's last tile issued; st: warpgroup 1's loop end; ss:
+    the producer's first tile released), and its SM. Summaries in microseconds from the first
+    CTA's start; `only`: a regex on the run labels."""
     import numpy as np
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
 
     rows = []
+    # label, fmt, s_k, h_q, P, variant (ss: sparse V32, s_q 2, top-k 2048)
     runs = [("fp8tw", "rope_aware", 4096, 16, 1, "sm90tw"),
             ("fp8tw", "rope_aware", 8192, 16, 1, "sm90tw"),
             ("fp8t", "rope_aware", 4096, 16, 2, "sm90t"), ("bf16", "bf16", 4096, 16, 1, "sm90t"),
             ("bf16", "bf16", 8192, 16, 1, "sm90t"), ("st128", "bf16", 4096, 128, 1, "st"),
-            ("st128", "bf16", 8192, 128, 1, "st")]  # fmt: skip
+            ("st128", "bf16", 8192, 128, 1, "st"),
+            ("ss128", "v32", 8192, 128, 1, "ss")]  # fmt: skip
     for label, fmt, s_k, h_q, P, variant in runs:
         if only and not re.search(only, label):
             continue
-        q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, h_q, 1, 64, 0)
+        seesaw = variant.startswith(("st", "ss"))
+        if variant.startswith("ss"):  # sparse V32, s_q 2, top-k 2048
+            q, kv, offs, kw, work = make_case("sparse", fmt, 576, 128, s_k, h_q, 2, 64, 2048)
+        else:
+            q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, h_q, 1, 64, 0)
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[variant])
         fn = _launcher(q, kv, offs, kw, P)
         fn()
         t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-        n_cta = q.shape[0] * P * (2 if variant.startswith("st") else 1)
+        n_cta = q.shape[0] * P * (2 if seesaw else 1)
         tr = torch.zeros(n_cta, 8, dtype=torch.int64, device="cuda")
         M.TUNING["trace"] = tr
         fn()
@@ -519,7 +526,7 @@ def trace_probe(copy_bw, outdir, only=""):
             a = tr.cpu().numpy()
             rel = (a[:, :6] - a[:, 0].min()) / 1e3
             n_it = a[:, 7]
-            done = 2 if variant.startswith("st") else 1  # tiles done at slot 2
+            done = 2 if seesaw else 1  # tiles done at slot 2
             per_tile = (rel[:, 3] - rel[:, 2]) / np.maximum(n_it - done, 1)
             _sm, cnt = np.unique(a[:, 6], return_counts=True)
             end = rel[:, 4]
@@ -543,6 +550,8 @@ def trace_probe(copy_bw, outdir, only=""):
                 tile_us_max=float(per_tile.max()),
                 epilogue_med=float(np.median(rel[:, 4] - rel[:, 3])),
                 slot5_med=float(np.median(rel[:, 5] - rel[:, 3])) if variant != "sm90t" else 0.0,
+                # ss: the producer's first tile released, after the prologue's end
+                p_first_med=float(np.median(rel[:, 5] - rel[:, 1])),
                 end_p0=float(end.min()), end_p10=float(np.percentile(end, 10)),
                 end_p50=float(np.median(end)), end_p90=float(np.percentile(end, 90)),
                 sms=len(cnt), ctas_per_sm=sorted(set(cnt.tolist())),

@@ -116,6 +116,22 @@ stage) 622 / 620 dense s_k 8192, 333 / 336 s_k 4096, 344 / 346 sparse bf16, 478 
 alternating) 617 / 614, 329 / 327, 345 / 344. Dense h_q 128 s_k 8192 with every key in L2
 runs 534-539 us (541-547 TFLOP/s) against 614-620 from HBM in the same runs.
 
+Fixed cost a CTA (H100, 2026-11-23, `bench/mla_v32_waves.py` and `bench/gpu_mla_dev.py --trace
+ss128`, record `bench/results/h100_2026-11-23_mla_v32_fixed.json`; sparse V32 b 128 s_q 2 top-k
+2048): the 512 CTAs run in whole waves of 66 clusters (b 32 / 33 take 116 us, b 34 225, b 128
+444 and b 132 448), and each CTA spends 12-15 us beside its 32 tiles (the top-k sweep's
+intercept: ~60 us from HBM and ~53 with no key loaded over ~4 waves). Its trace: 1.3 us between
+a SM's CTAs, 3.2-3.4 us of prologue (2.5-2.7 with q's loads issued first and V32 stages not
+zeroed, as shipped: graph replays 0.436-0.442 against 0.443-0.445 ms), the first pair done 11.2-
+11.4 us after it (the producer's first tile lands after 4.1), then 3.16-3.21 us a tile and 2.6
+us of epilogue. A persistent variant (one CTA or cluster a SM or pair looping over the work
+items, the ring's phases going on across them, O staged in q's buffer and the next item's q
+cp.async'ed in its place; not kept) was correct but slower from HBM: 0.456 against 0.445 ms
+(0.418 / 0.416 in L2, 0.361 / 0.368 with no key loaded); its first item took 135 us against a
+CTA's 114, with a 6.8 us epilogue, and the next item's first tile landed only as the
+consumers ended the previous item's loop (the producer decodes the next item after issuing the
+last tile, and the two-stage ring gives it no slack).
+
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
 reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a
@@ -146,16 +162,19 @@ if HAS_GLUON:
         cl_wait,
     )
     from .gluon_mla import (
+        _g_clock,
         _g_issue_cols,
         _g_issue_rope,
         _g_key_range,
         _g_keys,
+        _g_load_q,
         _g_normalize,
         _g_program,
         _g_request,
         _g_rows,
         _g_store_q,
         _g_tile_rows,
+        _g_trace_open,
     )
 
     # e4m3 x 4 (one int32) times a float32 scale -> 2 x bf16x2 (exact through float16 and
@@ -289,8 +308,8 @@ if HAS_GLUON:
             cl_remote_arrive(cl[2] + 8 * i, 1 - cl[3])
 
     @gluon.jit
-    def _ss_producer(args, cl, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     HALF: gl.constexpr, CROSS: gl.constexpr):  # fmt: skip
+    def _ss_producer(args, cl, trp, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
+                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
         of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
@@ -351,6 +370,9 @@ if HAS_GLUON:
                     _ss_deq_store(dst, x3, s3, 3)
                 _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
                 _ss_release(ready, st, vbuf, valid)
+            if TRACE:
+                if j == 0:
+                    gl.store(trp + 5, _g_clock())
             key = key_next
         if CROSS:  # no CTA exits while the other may still signal it
             cl_sync()
@@ -471,12 +493,12 @@ if HAS_GLUON:
                 gl.store(PL + prow, gl.convert_layout(lse, orow), mask=row_ok_o)
 
     @gluon.jit
-    def _ss_consume(args, cl, CROSS: gl.constexpr, W: gl.constexpr, H_Q: gl.constexpr,
+    def _ss_consume(args, cl, trp, CROSS: gl.constexpr, W: gl.constexpr, H_Q: gl.constexpr,
                     HPT: gl.constexpr, TPT: gl.constexpr, CAUSAL: gl.constexpr,
                     HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, ORDER: gl.constexpr,
-                    HALF: gl.constexpr):  # fmt: skip
+                    HALF: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
         (and, W = 0, the LSE). ORDER: warpgroup 1's steps in a pair of tiles (2 i, 2 i + 1):
         0 the P V of tile 2 i, then S, softmax and P V of its own tile; 1 its own S first
@@ -571,10 +593,18 @@ if HAS_GLUON:
                     _ss_free(empty, W * HALF, cl, CROSS)
                     acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
                 _ss_free(empty, 1 + HALF + W * HALF, cl, CROSS)
+            if TRACE and W == 0:
+                if i == 0:
+                    gl.store(trp + 2, _g_clock())
 
+        if TRACE and W == 0:
+            gl.store(trp + 3, _g_clock())
+            gl.store(trp + 7, n_it.to(gl.int64))
         _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
                    stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
                    H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        if TRACE and W == 0:
+            gl.store(trp + 4, _g_clock())
         if CROSS:  # no CTA exits while the other may still signal it
             cl_sync()
 
@@ -607,7 +637,7 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
-        OFF_REMPTY=0,
+        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
@@ -631,6 +661,19 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
+        trp = gl.program_id(0)  # a placeholder (warp_specialize arguments cannot be None)
+        if TRACE:
+            trp = _g_trace_open(TR)
+        # One token a tile: q's rows need no request offsets, so its loads are issued before
+        # `_ss_program`'s (as in `gluon_mla_st`), and V32 stages are not zeroed (every row of a
+        # stage's latent part is written: masked rows as zeros). H100 traces (2026-11-23,
+        # `bench/gpu_mla_dev.py --trace ss128`, sparse V32 h_q 128 s_q 2 top-k 2048): start to
+        # prologue end 3.2-3.4 -> 2.5-2.7 us a CTA; graph replays 0.437-0.442 against
+        # 0.443-0.445 ms from HBM, 0.363-0.366 against 0.365-0.368 with no key loaded.
+        if TPT == 1:  # (the token and head block of `_g_program`)
+            pid = gl.program_id(0)
+            qa, qr = _g_load_q(Q, stride_qt, stride_qh, pid // NHB, pid % NHB, 0, 1, H_Q, HPT,
+                               TPT, ld_l)  # fmt: skip
         t, hb, part, b, i0, q_len, cache_len, lo, hi = _ss_program(
             QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB, TPT, B_P2, SPARSE, HAS_TOPK,
             TOPK_TOK, CAUSAL, BN, PDL,
@@ -666,14 +709,21 @@ if HAS_GLUON:
         # earlier finite row, or P values in the rope slot); the V32 producer writes a masked
         # row's latent part as zeros (its bytes and scales load as 0).
         for i in gl.static_range(2):
-            k_lat.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
+            if FMT == 0:
+                k_lat.index(i).store(gl.zeros([BN, 512], gl.bfloat16, ld_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
         m_buf.index(1).store(gl.full([BM], float("-inf"), gl.float32, one_l))
 
-        _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0), q_rope.index(0),
-                   H_Q, HPT, TPT, ld_l)  # fmt: skip
+        if TPT == 1:
+            q_lat.index(0).store(qa)
+            q_rope.index(0).store(qr)
+        else:
+            _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
+                       q_rope.index(0), H_Q, HPT, TPT, ld_l)  # fmt: skip
         fence_async_shared()
         gl.thread_barrier()
+        if TRACE:
+            gl.store(trp + 1, _g_clock())
         if SS_CROSS:  # barriers and zeroed stages, before the peer may touch them
             cl_fence_init()
             cl_arrive()
@@ -689,11 +739,11 @@ if HAS_GLUON:
         # fmt: off
         gl.warp_specialize(
             [
-                (_ss_consume, (args, cl, SS_CROSS, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT,
-                               SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF)),
-                (_ss_consume, (args, cl, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT,
-                               SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF)),
-                (_ss_producer, (args, cl, SPARSE, BN, FMT, SS_HALF, SS_CROSS)),
+                (_ss_consume, (args, cl, trp, SS_CROSS, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
+                               SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
+                (_ss_consume, (args, cl, trp, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
+                               SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
+                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

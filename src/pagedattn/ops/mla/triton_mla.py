@@ -1170,7 +1170,8 @@ def mla_decode_triton(
                 cluster = 2
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
-        traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st)
+        traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st,
+                            _mla_decode_sm90_ss)  # fmt: skip
         if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 8] (gpu_mla_dev --trace)
             extra.update(TRACE=True, TR=TUNING["trace"])
         sm90_args = (
