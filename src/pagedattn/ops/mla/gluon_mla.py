@@ -226,6 +226,22 @@ if _HAS_GLUON:
         q_rope.store(qr)
 
     @gluon.jit
+    def _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope,
+                 H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
+                 ld_l: gl.constexpr):  # fmt: skip
+        """The query tile into q_lat [64, 512] and q_rope [64, 64], visible to wgmma: `early`
+        (the registers of a `_g_load_q` issued before the request's loads; one token a tile)
+        or, TPT > 1 (early None), `_g_store_q`'s."""
+        if TPT == 1:
+            q_lat.store(early[0])
+            q_rope.store(early[1])
+        else:
+            _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope, H_Q, HPT, TPT,
+                       ld_l)  # fmt: skip
+        fence_async_shared()
+        gl.thread_barrier()
+
+    @gluon.jit
     def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
         """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
         of TPT tokens, and the request's query length (0 unless t leads)."""

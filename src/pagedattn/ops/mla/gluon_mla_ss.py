@@ -170,9 +170,9 @@ if HAS_GLUON:
         _g_load_q,
         _g_normalize,
         _g_program,
+        _g_put_q,
         _g_request,
         _g_rows,
-        _g_store_q,
         _g_tile_rows,
         _g_trace_open,
     )
@@ -670,10 +670,11 @@ if HAS_GLUON:
         # `bench/gpu_mla_dev.py --trace ss128`, sparse V32 h_q 128 s_q 2 top-k 2048): start to
         # prologue end 3.2-3.4 -> 2.5-2.7 us a CTA; graph replays 0.437-0.442 against
         # 0.443-0.445 ms from HBM, 0.363-0.366 against 0.365-0.368 with no key loaded.
+        early = None
         if TPT == 1:  # (the token and head block of `_g_program`)
             pid = gl.program_id(0)
-            qa, qr = _g_load_q(Q, stride_qt, stride_qh, pid // NHB, pid % NHB, 0, 1, H_Q, HPT,
-                               TPT, ld_l)  # fmt: skip
+            early = _g_load_q(Q, stride_qt, stride_qh, pid // NHB, pid % NHB, 0, 1, H_Q, HPT,
+                              TPT, ld_l)  # fmt: skip
         t, hb, part, b, i0, q_len, cache_len, lo, hi = _ss_program(
             QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB, TPT, B_P2, SPARSE, HAS_TOPK,
             TOPK_TOK, CAUSAL, BN, PDL,
@@ -714,14 +715,8 @@ if HAS_GLUON:
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
         m_buf.index(1).store(gl.full([BM], float("-inf"), gl.float32, one_l))
 
-        if TPT == 1:
-            q_lat.index(0).store(qa)
-            q_rope.index(0).store(qr)
-        else:
-            _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
-                       q_rope.index(0), H_Q, HPT, TPT, ld_l)  # fmt: skip
-        fence_async_shared()
-        gl.thread_barrier()
+        _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
+                 q_rope.index(0), H_Q, HPT, TPT, ld_l)  # fmt: skip
         if TRACE:
             gl.store(trp + 1, _g_clock())
         if SS_CROSS:  # barriers and zeroed stages, before the peer may touch them

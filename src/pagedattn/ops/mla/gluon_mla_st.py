@@ -102,8 +102,8 @@ if HAS_GLUON:
         _g_key_range,
         _g_load_q,
         _g_program,
+        _g_put_q,
         _g_request,
-        _g_store_q,
         _g_tile_rows,
         _g_trace_open,
     )
@@ -352,8 +352,9 @@ if HAS_GLUON:
         # end 7.7-8.0 -> 4.6-5.0 us a CTA, second-wave start to first pair done 10.2-10.5 ->
         # 8.4-8.5 us, first CTA start to last end 260-264 -> 256-258 us.
         t, hb, part = _g_program(NHB, PDL)
+        early = None
         if TPT == 1:
-            qa, qr = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
+            early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
         if not SPLIT:
             # (an entry is loaded wherever the table has it: the key range is not known yet)
@@ -395,14 +396,8 @@ if HAS_GLUON:
         _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
 
         # Q's rope columns go to P's buffer of warpgroup 1 until the consumers hold them
-        if TPT == 1:
-            q_lat.index(0).store(qa)
-            p_buf.index(1).store(qr)
-        else:
-            _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
-                       p_buf.index(1), H_Q, HPT, TPT, ld_l)  # fmt: skip
-        fence_async_shared()
-        gl.thread_barrier()
+        _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
+                 p_buf.index(1), H_Q, HPT, TPT, ld_l)  # fmt: skip
         if TRACE:
             gl.store(trp + 1, _g_clock())
 
