@@ -609,20 +609,18 @@ if HAS_GLUON:
             cl_sync()
 
     @gluon.jit
-    def _ss_program(QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB: gl.constexpr,
-                    TPT: gl.constexpr, B_P2: gl.constexpr, SPARSE: gl.constexpr,
-                    HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, CAUSAL: gl.constexpr,
-                    BN: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
-        """A seesaw program (grid: token x head block, partition; PDL: the dependent launch
-        signalled first): (t, hb, part, b, i0, q_len, cache_len, lo, hi)."""
+    def _ss_range(t, part, QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, TPT: gl.constexpr,
+                  B_P2: gl.constexpr, SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr,
+                  TOPK_TOK: gl.constexpr, CAUSAL: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+        """A seesaw program's token t's (b, i0, q_len, cache_len, lo, hi): its request and the
+        keys [lo, hi) of partition `part`."""
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        t, hb, part = _g_program(NHB, PDL)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
         cache_len, lo, hi = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
             SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
-        return t, hb, part, b, i0, q_len, cache_len, lo, hi
+        return b, i0, q_len, cache_len, lo, hi
 
     @gluon.jit(do_not_specialize=["OFF_K", "OFF_READY", "OFF_REMPTY"])
     def _mla_decode_sm90_ss(
@@ -665,19 +663,18 @@ if HAS_GLUON:
         if TRACE:
             trp = _g_trace_open(TR)
         # One token a tile: q's rows need no request offsets, so its loads are issued before
-        # `_ss_program`'s (as in `gluon_mla_st`), and V32 stages are not zeroed (every row of a
+        # `_ss_range`'s (as in `gluon_mla_st`), and V32 stages are not zeroed (every row of a
         # stage's latent part is written: masked rows as zeros). H100 traces (2026-11-23,
         # `bench/gpu_mla_dev.py --trace ss128`, sparse V32 h_q 128 s_q 2 top-k 2048): start to
         # prologue end 3.2-3.4 -> 2.5-2.7 us a CTA; graph replays 0.437-0.442 against
         # 0.443-0.445 ms from HBM, 0.363-0.366 against 0.365-0.368 with no key loaded.
+        t, hb, part = _g_program(NHB, PDL)
         early = None
-        if TPT == 1:  # (the token and head block of `_g_program`)
-            pid = gl.program_id(0)
-            early = _g_load_q(Q, stride_qt, stride_qh, pid // NHB, pid % NHB, 0, 1, H_Q, HPT,
-                              TPT, ld_l)  # fmt: skip
-        t, hb, part, b, i0, q_len, cache_len, lo, hi = _ss_program(
-            QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, NHB, TPT, B_P2, SPARSE, HAS_TOPK,
-            TOPK_TOK, CAUSAL, BN, PDL,
+        if TPT == 1:
+            early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
+        b, i0, q_len, cache_len, lo, hi = _ss_range(
+            t, part, QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, TPT, B_P2, SPARSE, HAS_TOPK,
+            TOPK_TOK, CAUSAL, BN,
         )  # fmt: skip
 
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)

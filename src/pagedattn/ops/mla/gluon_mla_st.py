@@ -344,10 +344,11 @@ if HAS_GLUON:
         trp = gl.program_id(0)  # a placeholder (warp_specialize arguments cannot be None)
         if TRACE:
             trp = _g_trace_open(TR)
-        # `_ss_program`, with the loads that do not need the key range issued before it: q
-        # (one token a tile: its rows need no request offsets) and, unsplit (lo = 0), the
-        # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that
-        # the first copies wait for two dependent loads, not three. H100 traces (2026-11-22,
+        # `_g_program`, `_g_request`, `_g_key_range`, with the loads that do not need the key
+        # range issued before them: q (one token a tile: its rows need no request offsets)
+        # and, unsplit (lo = 0), the look-up-table entries of tiles 0 and 1 (next to the cache
+        # length's load), so that the first copies wait for two dependent loads, not three.
+        # H100 traces (2026-11-22,
         # `bench/gpu_mla_dev.py --trace`, b 128 h_q 128 s_k 4096 page 64): start to prologue
         # end 7.7-8.0 -> 4.6-5.0 us a CTA, second-wave start to first pair done 10.2-10.5 ->
         # 8.4-8.5 us, first CTA start to last end 260-264 -> 256-258 us.
