@@ -47,7 +47,14 @@ its tile about a third of the time: the kernel streams, it does not compute); wi
 request's keys in L2 no consumer instruction holds more than 2% of all samples (issue slots
 busy ~55% of cycles). Stealing a slow CTA's last tiles cannot pay for itself: a model
 of the traced timeline (a thief starts 2-4 us after it claims, runs 1.5 us a tile, and the
-owner merges its state in ~1 us) ends the last CTA 0-1 us earlier at best.
+owner merges its state in ~1 us) ends the last CTA 0-1 us earlier at best. Nor can the CTAs pace
+one another (H100 2026-11-23, record `bench/results/h100_2026-11-23_mla_fp8_pace.json`): with a
+device-wide counter of tiles issued (one thread's relaxed atomic add a tile, read back by an L2
+load), a CTA more than one tile ahead of the running CTAs' share waited for an earlier tile's
+consumer. Its CTAs' ends drew closer (first to last 6.6-7.7 -> 4.5-6.6 us), but every variant
+streamed slower, even one that never waits: 1.72 -> 1.92 us a tile (130.5-131.3 us against
+122.8-123.9) with the counter touched every tile, 1.85 (127.1-130.2 us) every fourth. Loading
+the page ids two tiles ahead instead of one changed nothing (122.9 against 122.9 us).
 
 DRAM bounds it, not its SMs (H100 2026-11-22, `bench/mla_batch_probe.py`, graph replays, s_k
 4096): b 120 / 124 / 128 / 132 take 118.0 / 120.8 / 123.1 / 128.3 us, so the four SMs a b 128
