@@ -668,6 +668,9 @@ if HAS_GLUON:
         # `bench/gpu_mla_dev.py --trace ss128`, sparse V32 h_q 128 s_q 2 top-k 2048): start to
         # prologue end 3.2-3.4 -> 2.5-2.7 us a CTA; graph replays 0.437-0.442 against
         # 0.443-0.445 ms from HBM, 0.363-0.366 against 0.365-0.368 with no key loaded.
+        # Loading tile 0's indices here too (sparse, unsplit) did not pay: the producer's first
+        # tile was released 3.8-3.9 us after the prologue against 4.1, graph replays 0.4388
+        # against 0.4371 ms (same lease; `h100_2026-11-23_mla_v32_fixed.json`, "early_key").
         t, hb, part = _g_program(NHB, PDL)
         early = None
         if TPT == 1:
