@@ -69,12 +69,17 @@ def compiled_kernel(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     if not _fast_path(kernel, grid):
         raise TypeError(f"compiled_kernel needs a compiled-mode JIT function, got {kernel!r}")
     compiled, key = _cached(_specialization(kernel, args, kwargs)[2])
-    if compiled is None:
-        compiled = kernel.warmup(*args, grid=grid, **kwargs)
-        if hasattr(compiled, "result"):  # an async compile's future
-            compiled = compiled.result()
-        if key is not None:
-            _COMPILED[key] = compiled
+    return compiled if compiled is not None else _warmup(kernel, grid, key, args, kwargs)
+
+
+def _warmup(kernel: Any, grid: tuple, key: tuple | None, args: tuple, kwargs: dict) -> Any:
+    """Compile (not launch) the kernel of a launch whose cache key (`_cached`) is `key`, kept
+    under it unless None."""
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    if hasattr(compiled, "result"):  # an async compile's future
+        compiled = compiled.result()
+    if key is not None:
+        _COMPILED[key] = compiled
     return compiled
 
 
@@ -104,7 +109,7 @@ def launch(
         device, bound, key = _specialization(kernel, args, kwargs)
         compiled, key = _cached(key)
         if compiled is None and special:
-            compiled = compiled_kernel(kernel, grid, *args, **kwargs)
+            compiled = _warmup(kernel, grid, key, args, kwargs)
     elif special:
         raise TypeError(f"a cluster launch needs a compiled-mode JIT function, got {kernel!r}")
     if compiled is None:

@@ -242,6 +242,24 @@ if _HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
+    def _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q: gl.constexpr, HPT: gl.constexpr,
+                        TPT: gl.constexpr, NHB: gl.constexpr, PDL: gl.constexpr,
+                        TRACE: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+        """A seesaw CTA's first steps: (trp, t, hb, part, early). trp: its trace row
+        (`_g_trace_open`; without TRACE a placeholder, as warp_specialize arguments cannot be
+        None); (t, hb, part): `_g_program`; early: where a tile holds one token, q's loads
+        (`_g_load_q`, for `_g_put_q`), issued before any load of the request's, as its rows
+        need no request offsets; else None."""
+        trp = gl.program_id(0)
+        if TRACE:
+            trp = _g_trace_open(TR)
+        t, hb, part = _g_program(NHB, PDL)
+        early = None
+        if TPT == 1:
+            early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
+        return trp, t, hb, part, early
+
+    @gluon.jit
     def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
         """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
         of TPT tokens, and the request's query length (0 unless t leads)."""

@@ -167,14 +167,12 @@ if HAS_GLUON:
         _g_issue_rope,
         _g_key_range,
         _g_keys,
-        _g_load_q,
         _g_normalize,
-        _g_program,
         _g_put_q,
         _g_request,
         _g_rows,
+        _g_seesaw_start,
         _g_tile_rows,
-        _g_trace_open,
     )
 
     # e4m3 x 4 (one int32) times a float32 scale -> 2 x bf16x2 (exact through float16 and
@@ -659,22 +657,17 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        trp = gl.program_id(0)  # a placeholder (warp_specialize arguments cannot be None)
-        if TRACE:
-            trp = _g_trace_open(TR)
-        # One token a tile: q's rows need no request offsets, so its loads are issued before
-        # `_ss_range`'s (as in `gluon_mla_st`), and V32 stages are not zeroed (every row of a
-        # stage's latent part is written: masked rows as zeros). H100 traces (2026-11-23,
-        # `bench/gpu_mla_dev.py --trace ss128`, sparse V32 h_q 128 s_q 2 top-k 2048): start to
-        # prologue end 3.2-3.4 -> 2.5-2.7 us a CTA; graph replays 0.437-0.442 against
-        # 0.443-0.445 ms from HBM, 0.363-0.366 against 0.365-0.368 with no key loaded.
+        # One token a tile: q's loads are issued before `_ss_range`'s (`_g_seesaw_start`), and
+        # V32 stages are not zeroed (every row of a stage's latent part is written: masked
+        # rows as zeros). H100 traces (2026-11-23, `bench/gpu_mla_dev.py --trace ss128`,
+        # sparse V32 h_q 128 s_q 2 top-k 2048): start to prologue end 3.2-3.4 -> 2.5-2.7 us a
+        # CTA; graph replays 0.437-0.442 against 0.443-0.445 ms from HBM, 0.363-0.366 against
+        # 0.365-0.368 with no key loaded.
         # Loading tile 0's indices here too (sparse, unsplit) did not pay: the producer's first
         # tile was released 3.8-3.9 us after the prologue against 4.1, graph replays 0.4388
         # against 0.4371 ms (same lease; `h100_2026-11-23_mla_v32_fixed.json`, "early_key").
-        t, hb, part = _g_program(NHB, PDL)
-        early = None
-        if TPT == 1:
-            early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
+        trp, t, hb, part, early = _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
+                                                  NHB, PDL, TRACE, ld_l)  # fmt: skip
         b, i0, q_len, cache_len, lo, hi = _ss_range(
             t, part, QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, TPT, B_P2, SPARSE, HAS_TOPK,
             TOPK_TOK, CAUSAL, BN,

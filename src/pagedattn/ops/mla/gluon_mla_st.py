@@ -100,12 +100,10 @@ if HAS_GLUON:
     from .gluon_mla import (
         _g_clock,
         _g_key_range,
-        _g_load_q,
-        _g_program,
         _g_put_q,
         _g_request,
+        _g_seesaw_start,
         _g_tile_rows,
-        _g_trace_open,
     )
     from .gluon_mla_ss import (
         _ss_finish,
@@ -341,21 +339,15 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        trp = gl.program_id(0)  # a placeholder (warp_specialize arguments cannot be None)
-        if TRACE:
-            trp = _g_trace_open(TR)
         # `_g_program`, `_g_request`, `_g_key_range`, with the loads that do not need the key
-        # range issued before them: q (one token a tile: its rows need no request offsets)
-        # and, unsplit (lo = 0), the look-up-table entries of tiles 0 and 1 (next to the cache
-        # length's load), so that the first copies wait for two dependent loads, not three.
-        # H100 traces (2026-11-22,
+        # range issued before them: q (`_g_seesaw_start`) and, unsplit (lo = 0), the
+        # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that the
+        # first copies wait for two dependent loads, not three. H100 traces (2026-11-22,
         # `bench/gpu_mla_dev.py --trace`, b 128 h_q 128 s_k 4096 page 64): start to prologue
         # end 7.7-8.0 -> 4.6-5.0 us a CTA, second-wave start to first pair done 10.2-10.5 ->
         # 8.4-8.5 us, first CTA start to last end 260-264 -> 256-258 us.
-        t, hb, part = _g_program(NHB, PDL)
-        early = None
-        if TPT == 1:
-            early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
+        trp, t, hb, part, early = _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
+                                                  NHB, PDL, TRACE, ld_l)  # fmt: skip
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
         if not SPLIT:
             # (an entry is loaded wherever the table has it: the key range is not known yet)
