@@ -497,6 +497,7 @@ def trace_probe(copy_bw, outdir, only=""):
     # label, fmt, s_k, h_q, P, variant (ss: sparse V32, s_q 2, top-k 2048)
     runs = [("fp8tw", "rope_aware", 4096, 16, 1, "sm90tw"),
             ("fp8tw", "rope_aware", 8192, 16, 1, "sm90tw"),
+            ("fp8tw", "rope_aware", 4096, 16, 2, "sm90tw"),
             ("fp8t", "rope_aware", 4096, 16, 2, "sm90t"), ("bf16", "bf16", 4096, 16, 1, "sm90t"),
             ("bf16", "bf16", 8192, 16, 1, "sm90t"), ("st128", "bf16", 4096, 128, 1, "st"),
             ("st128", "bf16", 8192, 128, 1, "st"),

@@ -587,10 +587,12 @@ def test_gpu_v32_cluster_kernel(mode, cross, h_q):
 def test_gpu_ragged_query_lengths(fmt, h_q, ps):
     """Ragged query lengths (the grid's are uniform) at the head counts of the keys-as-M
     kernels on sm_90 (one token a tile at h_q 16, several at h_q 4): caches shorter than a
-    tile and long ones, at 1, 2 and the default partitions."""
+    tile and long ones, at 1, 2 and the default partitions; the last set has a request with
+    no query token between two that have some."""
     for cache_lens, q_lens in (
         ([3, 0, 20, 9, 1, 17], [1, 3, 2, 1, 4, 2]),
         ([700, 5, 300, 0, 130, 64, 1000], [2, 1, 1, 4, 3, 1, 2]),
+        ([5, 40, 700, 9], [2, 0, 1, 1]),
     ):
         gen = torch.Generator().manual_seed(zlib.crc32(repr((fmt, h_q, ps, q_lens)).encode()))
         cache = build_cache(fmt, 576, ps, cache_lens, q_lens, gen, h_q)

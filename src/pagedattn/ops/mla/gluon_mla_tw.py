@@ -56,6 +56,20 @@ streamed slower, even one that never waits: 1.72 -> 1.92 us a tile (130.5-131.3 
 122.8-123.9) with the counter touched every tile, 1.85 (127.1-130.2 us) every fourth. Loading
 the page ids two tiles ahead instead of one changed nothing (122.9 against 122.9 us).
 
+Nor does a shorter start, although the start is on the critical path (H100 2026-11-23, record
+`bench/results/h100_2026-11-23_mla_fp8_start.json`, graph replays, s_k 4096): every CTA
+spinning 2 / 4 us first made the kernel 2.0 / 3.6-3.9 us slower. Tile 0's copies leave 2.1-2.3
+us after the CTA's start, 1.0-1.3 us after its key range is known: the fence after the
+barriers' init is a MEMBAR (sm_90 SASS of `fence.proxy.async`), which waits for q's loads in
+flight. Loading request t's cache length and first page id beside the offsets (a checked
+guess, for one token a request), the barriers' init before any load and no fence in the
+producer's release ran 122.74 us against 122.99 in the same run; with q's loads after tile 0's
+copies these left at 1.34 us, but both partitions then start after q's loads, which queue
+behind every CTA's first tile (123.85 us). Splitting requests in two with staggered cut points
+(P = 2, the larger second pieces launched first, split kernel alone) ran 126.9-129.2 us
+against 122.7 at P = 1: each piece pays a prologue, first tile and epilogue on its SM, and the
+last pieces start at 114-121 us.
+
 DRAM bounds it, not its SMs (H100 2026-11-22, `bench/mla_batch_probe.py`, graph replays, s_k
 4096): b 120 / 124 / 128 / 132 take 118.0 / 120.8 / 123.1 / 128.3 us, so the four SMs a b 128
 launch leaves idle would add nothing. Added keys stream at 3.05 TB/s against bf16's 3.09 on
