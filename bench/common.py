@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from datetime import date
@@ -246,6 +247,31 @@ def save(path: str, env: dict, ceilings: dict, records: list[Record]) -> None:
         rows.append(d)
     with open(path, "w") as f:
         json.dump({"env": env, "ceilings": ceilings, "records": rows}, f, indent=1)
+
+
+def print_row(row: dict, digits: int = 3) -> None:
+    """A probe's row as one JSON line, floats rounded (progress in a GPU run's log)."""
+    print(json.dumps({k: round(v, digits) if isinstance(v, float) else v
+                      for k, v in row.items()}), flush=True)  # fmt: skip
+
+
+def write_rows(path: str, rows: list[dict], **meta) -> None:
+    """A probe's record at `path`: {"device": the CUDA device's name, **meta, "rows": rows}."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    with open(path, "w") as fh:
+        json.dump(dict(device=device, **meta, rows=rows), fh, indent=1)
+
+
+def print_rows(rows: list[dict], cols: list[tuple]) -> None:
+    """A probe's rows as a plain table, one line a row. cols: (key, format spec[, header]),
+    the spec's width (`8.1f`, `>5`, `<28`) also the header's; booleans print as words."""
+    widths = [int(re.match(r"[<>^]?(\d*)", c[1]).group(1) or 0) for c in cols]
+    align = ["<" if c[1].startswith("<") else ">" for c in cols]
+    print(" ".join(f"{(c[2] if len(c) > 2 else c[0]):{a}{w}}"
+                   for c, a, w in zip(cols, align, widths)))  # fmt: skip
+    for r in rows:
+        print(" ".join(format(str(r[c[0]]) if isinstance(r[c[0]], bool) else r[c[0]], c[1])
+                       for c in cols))  # fmt: skip
 
 
 def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") -> str:

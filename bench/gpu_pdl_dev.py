@@ -8,7 +8,6 @@ and prints the ratio; checks PDL's output equals the serial launch's bit for bit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -18,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from bench_mha import DECODE, paged_cache  # noqa: E402
 from bench_mla import DENSE, mla_cache  # noqa: E402
-from common import copy_bandwidth, time_ms  # noqa: E402
+from common import copy_bandwidth, print_rows, time_ms, write_rows  # noqa: E402
 
 from pagedattn import KVQuantConfig, PagedOperand, mha, mla_decode  # noqa: E402
 
@@ -74,13 +73,11 @@ def main() -> None:
         torch.cuda.empty_cache()
     os.environ.pop("PAGEDATTN_PDL")
     if args.out:
-        with open(os.path.join(args.out, "pdl.json"), "w") as fh:
-            json.dump(dict(copy_gbps=copy, rows=rows), fh, indent=1)
+        write_rows(os.path.join(args.out, "pdl.json"), rows, copy_gbps=copy)
     print(f"copy {copy:.0f} GB/s")
-    print(f"{'config':28s} {'serial us':>10s} {'pdl us':>8s} {'copy':>6s} {'copy':>6s} same")
-    for r in rows:
-        print(f"{r['config']:28s} {r['us_serial']:10.1f} {r['us_pdl']:8.1f} "
-              f"{r['copy_serial']:6.3f} {r['copy_pdl']:6.3f} {r['same']}")  # fmt: skip
+    print_rows(rows, [("config", "<28"), ("us_serial", "10.1f", "serial us"),
+                      ("us_pdl", "8.1f", "pdl us"), ("copy_serial", "6.3f", "copy"),
+                      ("copy_pdl", "6.3f", "copy"), ("same", ">5")])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ place in the scale buffer, costs the stream ~1%.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -27,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mla import mla_cache  # noqa: E402
-from common import copy_bandwidth, time_ms  # noqa: E402
+from common import copy_bandwidth, print_row, print_rows, time_ms, write_rows  # noqa: E402
 
 from pagedattn import KVQuantConfig, mla_decode  # noqa: E402
 
@@ -82,10 +81,9 @@ def variant_probe(bw: float, out_dir: str, names: list[str]) -> None:
                     M.TUNING.update({k: None for k in M.TUNING})
                 r = dict(s_k=s_k, variant=name, rnd=rnd, us_graph=ms.graph * 1e3, us=ms * 1e3)
                 rows.append(r)
-                print(json.dumps(r), flush=True)
+                print_row(r)
         torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "mla_variant_probe.json"), "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_bw=bw, rows=rows), fh, indent=1)
+    write_rows(os.path.join(out_dir, "mla_variant_probe.json"), rows, copy_bw=bw)
     for s_k in (2048, 4096, 8192):
         for name in names:
             g = [r["us_graph"] for r in rows if r["s_k"] == s_k and r["variant"] == name]
@@ -118,16 +116,13 @@ def main() -> None:
                          us_per_128=ms * 1e3 * 128 / b, frac_copy=nbytes / (ms * 1e-3) / bw,
                          floor_us=nbytes / bw * 1e6)  # fmt: skip
                 rows.append(r)
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                  for k, v in r.items()}), flush=True)  # fmt: skip
+                print_row(r)
                 torch.cuda.empty_cache()
-    with open(os.path.join(a.out, "mla_batch_probe.json"), "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_bw=bw, rows=rows), fh, indent=1)
+    write_rows(os.path.join(a.out, "mla_batch_probe.json"), rows, copy_bw=bw)
     print(f"copy {bw / 1e9:.0f} GB/s")
-    print(f"{'fmt':>10} {'s_k':>5} {'b':>4} {'us':>7} {'us/128req':>9} {'copy':>5}")
-    for r in rows:
-        print(f"{r['fmt']:>10} {r['s_k']:>5} {r['b']:>4} {r['us']:7.1f} {r['us_per_128']:9.1f} "
-              f"{r['frac_copy']:5.3f}")  # fmt: skip
+    cols = [("fmt", ">10"), ("s_k", ">5"), ("b", ">4"), ("us", "7.1f"),
+            ("us_per_128", "9.1f", "us/128req"), ("frac_copy", "5.3f", "copy")]  # fmt: skip
+    print_rows(rows, cols)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ torch.sum reads at 0.19 of copy (an int64 accumulation), not a floor.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -29,7 +28,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mla import mla_cache  # noqa: E402
-from common import copy_bandwidth, time_ms  # noqa: E402
+from common import copy_bandwidth, print_row, time_ms, write_rows  # noqa: E402
 from mla_batch_probe import ROW_BYTES, h16_call  # noqa: E402
 
 from pagedattn import KVQuantConfig  # noqa: E402
@@ -116,12 +115,10 @@ def main() -> None:
                          us_graph=(ms.graph or float("nan")) * 1e3,
                          frac_copy=nbytes / (ms * 1e-3) / bw)  # fmt: skip
                 rows.append(r)
-                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
-                                  for k, v in r.items()}), flush=True)  # fmt: skip
+                print_row(r, 2)
             del fns
             torch.cuda.empty_cache()
-    with open(os.path.join(a.out, "mla_read_floor.json"), "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(), copy_bw=bw, rows=rows), fh, indent=1)
+    write_rows(os.path.join(a.out, "mla_read_floor.json"), rows, copy_bw=bw)
     print(f"copy {bw / 1e9:.0f} GB/s")
     for s_k in map(int, a.s_k.split(",")):
         sel = [r for r in rows if r["s_k"] == s_k]

@@ -18,14 +18,13 @@ wave); at b 128 top-k 512 / 1024 / 2048 / 4096 take 158 / 254 / 448 / 837 us fro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import time_ms  # noqa: E402
+from common import print_row, print_rows, time_ms, write_rows  # noqa: E402
 from gpu_mla_dev import _launcher, make_case  # noqa: E402
 
 
@@ -36,8 +35,7 @@ def run(b: int, topk: int, shared: str = "") -> dict:
     r = dict(b=b, topk=topk, shared=shared or "hbm", ctas=4 * b, waves=4 * b / 132,
              us=ms * 1e3, us_graph=(ms.graph or ms) * 1e3,
              tflops=work["flops"] / (ms * 1e-3) / 1e12)  # fmt: skip
-    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}),
-          flush=True)  # fmt: skip
+    print_row(r)
     del q, kv, kw
     torch.cuda.empty_cache()
     return r
@@ -52,12 +50,9 @@ def main() -> None:
     rows = [run(b, 2048) for b in map(int, a.batches.split(","))]
     for shared in ("", "none"):
         rows += [run(128, k, shared) for k in map(int, a.topks.split(","))]
-    with open(os.path.join(a.out, "mla_v32_waves.json"), "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), fh, indent=1)
-    print(f"{'b':>4} {'topk':>5} {'keys':>5} {'waves':>6} {'us':>8} {'TFLOP/s':>8}")
-    for r in rows:
-        print(f"{r['b']:4d} {r['topk']:5d} {r['shared']:>5} {r['waves']:6.2f} {r['us']:8.1f} "
-              f"{r['tflops']:8.1f}")  # fmt: skip
+    write_rows(os.path.join(a.out, "mla_v32_waves.json"), rows)
+    print_rows(rows, [("b", "4d"), ("topk", "5d"), ("shared", ">5", "keys"), ("waves", "6.2f"),
+                      ("us", "8.1f"), ("tflops", "8.1f", "TFLOP/s")])  # fmt: skip
 
 
 if __name__ == "__main__":
