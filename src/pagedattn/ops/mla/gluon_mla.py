@@ -231,7 +231,7 @@ if _HAS_GLUON:
                  ld_l: gl.constexpr):  # fmt: skip
         """The query tile into q_lat [64, 512] and q_rope [64, 64], visible to wgmma: `early`
         (the registers of a `_g_load_q` issued before the request's loads; one token a tile)
-        or, TPT > 1 (early None), `_g_store_q`'s."""
+        or, TPT > 1 (early a placeholder), `_g_store_q`'s."""
         if TPT == 1:
             q_lat.store(early[0])
             q_rope.store(early[1])
@@ -249,12 +249,13 @@ if _HAS_GLUON:
         (`_g_trace_open`; without TRACE a placeholder, as warp_specialize arguments cannot be
         None); (t, hb, part): `_g_program`; early: where a tile holds one token, q's loads
         (`_g_load_q`, for `_g_put_q`), issued before any load of the request's, as its rows
-        need no request offsets; else None."""
+        need no request offsets; else `trp` as a placeholder (a jit function cannot return
+        None)."""
         trp = gl.program_id(0)
         if TRACE:
             trp = _g_trace_open(TR)
         t, hb, part = _g_program(NHB, PDL)
-        early = None
+        early = trp
         if TPT == 1:
             early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
         return trp, t, hb, part, early

@@ -976,6 +976,12 @@ def _use_sm90_path(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool
         return False
     if cuda_capability(q.device) != (9, 0):
         return False
+    return _sm90_serves(q, K, has_x, d_qk)
+
+
+def _sm90_serves(q: torch.Tensor, K: _Operand, has_x: bool, d_qk: int) -> bool:
+    """Whether the Gluon sm_90 kernels take these operands on an sm_90 device (what
+    `_use_sm90_path` asks beside the device; `ops.offline` captures take it alone)."""
     return (
         q.dtype == torch.bfloat16
         and d_qk == 576
