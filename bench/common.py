@@ -297,34 +297,3 @@ def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") 
             f"{fc:>6.2f} {fm:>5.2f}  {peers}"
         )
     return "\n".join(lines)
-
-
-# Offline compile of the dev scripts (gpu_*_dev.py) -----------------------------------------
-# Triton signature types of the kernels' tensor arguments.
-TY = {
-    torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-    torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.int64: "i64",
-}  # fmt: skip
-
-
-def capture_launch(module, name, call, **patches):
-    """Run `call` with `module.name[grid](...)` intercepted and `module`'s attributes named in
-    `patches` replaced meanwhile; returns the launch as {args, kw, grid}."""
-    cap = {}
-
-    class _Fake:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                cap.update(args=args, kw=kw, grid=grid)
-
-            return launch
-
-    saved = {n: getattr(module, n) for n in (name, *patches)}
-    for n, v in {name: _Fake(), **patches}.items():
-        setattr(module, n, v)
-    try:
-        call()
-    finally:
-        for n, v in saved.items():
-            setattr(module, n, v)
-    return cap

@@ -31,7 +31,6 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from common import TY, capture_launch  # noqa: E402
 
 BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
 DEV = "cuda"  # "cpu" with --dry (Triton interpreter, tiny sizes, no timing)
@@ -52,35 +51,15 @@ BMM_VARIANTS = {
 # ------------------------------------------------------------------------------------------
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
-def _compile(fn, cap, outdir, tag):
+def _compile(module, call, outdir, tag):
+    """sm_90 compile of the one launch `call` makes through `module`
+    (`pagedattn.ops.offline`); writes the cubin and returns a resource dict."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    kw = dict(cap["kw"])
-    opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
-    sig, attrs = {}, {}
-    for i, (n, a) in enumerate(zip(fn.arg_names, cap["args"])):
-        if isinstance(a, torch.Tensor):
-            sig[n] = "*" + TY[a.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, bool):
-            sig[n] = "i1"
-        elif isinstance(a, int) and a == 1:  # the JIT specializes 1 as a constant
-            sig[n] = "constexpr"
-            kw[n] = 1
-        elif isinstance(a, int):
-            sig[n] = "i64" if abs(a) >= 2**31 else "i32"
-            if a % 16 == 0 and a != 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[n] = "fp32"
-    for n in kw:
-        sig[n] = "constexpr"
-    sig = {n: sig[n] for n in fn.arg_names}
-    k = triton.compile(
-        ASTSource(fn, sig, kw, attrs), target=GPUTarget("cuda", 90, 32), options=opts
-    )
+    from pagedattn.ops import offline
+
+    (launch,) = offline.capture(module, call)
+    k = offline.compile_sm90(launch)
     os.makedirs(outdir, exist_ok=True)
     base = os.path.join(outdir, tag)
     with open(f"{base}.cubin", "wb") as fh:
@@ -123,11 +102,8 @@ def compile_only(outdir):
                     w = torch.empty(h_q, n, k, dtype=torch.float8_e4m3fn)
                     ws = torch.empty(h_q, n // 128, k // 128, dtype=F32)
                     pre = {"pre": True, "fused": False}.get(var)
-                    cap = capture_launch(
-                        B, "_fp8_bmm_kernel", lambda: B.fp8_bmm_triton(x, w, ws, prequant=pre)
-                    )
                     tag = f"bmm_{which}_h{h_q}_m{tokens}_{var}"
-                    r = _compile(B._fp8_bmm_kernel, cap, outdir, tag)
+                    r = _compile(B, lambda: B.fp8_bmm_triton(x, w, ws, prequant=pre), outdir, tag)
                     rows.append((tag, r))
                     print(tag, r, flush=True)
     B.TUNING.clear()
@@ -156,12 +132,12 @@ def compile_only(outdir):
         fr = torch.empty(4096, 64, dtype=F32)
         gam = torch.empty(d_qk - 64, dtype=BF16)
         offs = torch.tensor([0, 1, 2], dtype=torch.int32)
-        cap = capture_launch(
-            T, "_rope_norm_store_kernel",
-            lambda: T.rope_norm_store_triton(q, qf, nkv, fr, gam, 1e-6, kv, offs, qk_nope_dim=128),
-        )  # fmt: skip
         tag = f"rope_store_{fmt}"
-        r = _compile(T._rope_norm_store_kernel, cap, outdir, tag)
+        r = _compile(
+            T,
+            lambda: T.rope_norm_store_triton(q, qf, nkv, fr, gam, 1e-6, kv, offs, qk_nope_dim=128),
+            outdir, tag,
+        )  # fmt: skip
         rows.append((tag, r))
         print(tag, r, flush=True)
     with open(os.path.join(outdir, "compile.json"), "w") as fh:

@@ -723,36 +723,28 @@ def _sass_loop_stats(cubin) -> dict:
 
 
 def offline():
+    """Offline sm_90 compiles (any machine) of the kernels `mha_triton` launches for the cases
+    below, with the Gluon sm_90 prefill taken where an H100 takes it: one row of resources
+    (ptxas -v, PTX and SASS counts) a launch."""
     import re
     import subprocess
     import tempfile
 
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
+    from pagedattn.ops import offline
 
-    import pagedattn.ops.mha.gluon_prefill as GF
-    import pagedattn.ops.mha.gluon_prefill_ws as GW
-    import pagedattn.ops.mha.triton_combine as C
-    import pagedattn.ops.mha.triton_decode as D
-    import pagedattn.ops.mha.triton_prefill as PF
-
-    target = GPUTarget("cuda", 90, 32)
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
-    found = []
 
-    def patch(kernel):
-        backend = make_backend(target)
-        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    def sm90_prefill(q, ka, va, *r):  # `_use_sm90_prefill` as on an H100
+        if M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(
+            q, ka, va, *r
+        ):
+            return M._sm90_prefill_plan(ka, va)
+        return None
 
-        def run(*args, grid, warmup, **kwargs):
-            bound, spec, options = binder(*args, **kwargs)
-            options, sig, cx, attrs = kernel._pack_args(backend, kwargs, bound, spec, options)
-            gluon_kernel = kernel in (GF._mha_prefill_sm90, GW._mha_prefill_ws)
-            src = (GluonASTSource if gluon_kernel else ASTSource)(kernel, sig, cx, attrs)
-            ck = triton.compile(src, target=target, options=options.__dict__)
+    def compiled(call):
+        rows = []
+        for launch in offline.capture(M, call, _use_sm90_prefill=sm90_prefill):
+            ck = offline.compile_sm90(launch)
             ptx = ck.asm["ptx"]
             with tempfile.TemporaryDirectory() as t:
                 f = os.path.join(t, "k.ptx")
@@ -763,8 +755,8 @@ def offline():
             loop = _sass_loop_stats(ck.asm.get("cubin"))
             regs = re.search(r"Used (\d+) registers", info)
             spills = re.search(r"(\d+) bytes spill stores", info)
-            found.append(dict(
-                kernel=kernel.__name__, shared=ck.metadata.shared,
+            rows.append(dict(
+                kernel=launch.name, shared=ck.metadata.shared,
                 regs=int(regs.group(1)) if regs else None,
                 spill_stores=int(spills.group(1)) if spills else None,
                 ptxas_warnings=re.findall(r"warning.*", info),
@@ -774,17 +766,8 @@ def offline():
                 tma=len(re.findall(r"cp.async.bulk.tensor", ptx)),
                 **loop,
             ))  # fmt: skip
+        return rows
 
-        kernel.run = run
-
-    for k in (D._mha_decode_kernel, PF._mha_prefill_kernel, C._combine_kernel,
-              GF._mha_prefill_sm90, GW._mha_prefill_ws):  # fmt: skip
-        patch(k)
-    M._use_sm90_prefill = lambda q, ka, va, *r: (  # as on an H100
-        M._sm90_prefill_plan(ka, va)
-        if M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(q, ka, va, *r)
-        else None
-    )
     pt = KVQuantConfig.per_token()
     cases = [
         ("decode bf16 p16", dict(page=16, qlen=1, quant=None)),
@@ -824,10 +807,11 @@ def offline():
             kv = torch.empty(b * c["qlen"], 8, d, dtype=torch.bfloat16)
             offs = torch.arange(b + 1, dtype=torch.int32) * c["qlen"]
             M.PREFILL_OVERRIDE.update(c.get("over", {}))
-            n0 = len(found)
-            M.mha_triton(q, RaggedOperand(kv, offs), RaggedOperand(kv, offs), offs)
+            rows = compiled(
+                lambda: M.mha_triton(q, RaggedOperand(kv, offs), RaggedOperand(kv, offs), offs)
+            )
             M.PREFILL_OVERRIDE.clear()
-            for f in found[n0:]:
+            for f in rows:
                 print(f"{name:26s} {f}")
             continue
         p = KVCacheParams(torch.bfloat16, 1, 8, d, c["page"], num_q_heads=32,
@@ -843,15 +827,22 @@ def offline():
         offs = torch.arange(b + 1, dtype=torch.int32) * c["qlen"]
         M.DECODE_OVERRIDE.update(c.get("over", {}))
         M.PREFILL_OVERRIDE.update(c.get("over", {}))
-        n0 = len(found)
         kw = dict(c.get("kw", {}))
         if kw.pop("sinks", False):
             kw["sinks"] = torch.zeros(32)
-        M.mha_triton(q, PagedOperand(inp, p, 0, "k"), PagedOperand(inp, p, 0, "v"), offs,
-                     num_partitions=1, **kw)  # fmt: skip
+        rows = compiled(
+            lambda: M.mha_triton(
+                q,
+                PagedOperand(inp, p, 0, "k"),
+                PagedOperand(inp, p, 0, "v"),
+                offs,
+                num_partitions=1,
+                **kw,
+            )  # fmt: skip
+        )
         M.DECODE_OVERRIDE.clear()
         M.PREFILL_OVERRIDE.clear()
-        for f in found[n0:]:
+        for f in rows:
             print(f"{name:26s} {f}")
 
 

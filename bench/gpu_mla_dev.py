@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from common import TY, cold_l2  # noqa: E402
+from common import cold_l2  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
@@ -133,97 +133,27 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 # ------------------------------------------------------------------------------------------
 # Offline compile (no GPU needed)
 # ------------------------------------------------------------------------------------------
-def _kernel_name(sm90):
-    """sm90: False (tl kernel), True (64-row Gluon kernel), "t" (keys-as-M Gluon kernel), "ss"
-    (the warp-specialized seesaw kernel, module gluon_mla_ss) or "tw" (the warp-specialized
-    keys-as-M kernel, gluon_mla_tw); Gluon kernels live in gluon_mla* and are launched through
-    their names in triton_mla, which is where `_capture` intercepts them and
-    `compile_offline` finds them."""
-    return {
-        False: "_mla_decode_kernel", True: "_mla_decode_sm90", "t": "_mla_decode_sm90_t",
-        "ss": "_mla_decode_sm90_ss", "tw": "_mla_decode_sm90_tw", "st": "_mla_decode_sm90_st",
-    }[sm90]  # fmt: skip
-
-
 def _capture(call, sm90=False):
-    """Run `call` with the kernel launches intercepted: (args, kwargs) of the launch and which
-    kernel it was (cap["sm90"], see `_kernel_name`). sm90=True takes the Gluon sm_90 paths
-    (as on an H100) instead of the tl kernel."""
+    """The decode kernel's launch that `call` makes (`pagedattn.ops.offline.capture`; the
+    split-K combine skipped), with the Gluon sm_90 paths taken where sm90 (as on an H100:
+    TUNING picks among them) and the portable tl kernel elsewhere."""
     import pagedattn.ops.mla.triton_mla as M
+    from pagedattn.ops import offline
 
-    caps = {}
-    kinds = (False, True, "t", "ss", "tw", "st")
-    saved = {k: getattr(M, _kernel_name(k)) for k in kinds}
-
-    class _Fake:
-        def __init__(self, kind):
-            self.kind = kind
-
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                caps.update(args=args, kw=kw, grid=grid, sm90=self.kind)
-
-            return launch
-
-    saved_use, saved_comb = M._use_sm90_path, M.mla_combine_triton
-    saved_launch = M.launch
-    try:
-        for k in saved:
-            setattr(M, _kernel_name(k), _Fake(k))
-        M._use_sm90_path = lambda *a: sm90
-        M.mla_combine_triton = lambda *a, **k: None
-        M.launch = lambda kernel, grid, *a, cluster=1, smem_args=None, **kw: kernel[grid](
-            *a,
-            **kw,
-            **dict.fromkeys(smem_args or (), 0),  # shared offsets: runtime ints
-        )
-        call()
-    finally:
-        for k, v in saved.items():
-            setattr(M, _kernel_name(k), v)
-        M._use_sm90_path, M.mla_combine_triton = saved_use, saved_comb
-        M.launch = saved_launch
-    return caps
+    (launch,) = offline.capture(
+        M, call, _use_sm90_path=lambda *a: sm90, mla_combine_triton=lambda *a, **k: None
+    )
+    return launch
 
 
-def compile_offline(cap, outdir, tag, sm90=False):
-    """sm_90 compile of a captured launch; writes ptx/ttgir/sass and returns a resource dict."""
+def compile_offline(launch, outdir, tag):
+    """sm_90 compile of a captured launch (`pagedattn.ops.offline.compile_sm90`); writes
+    ptx/ttgir/sass and returns a resource dict."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonASTSource
 
-    import pagedattn.ops.mla.triton_mla as M
+    from pagedattn.ops import offline
 
-    fn = getattr(M, _kernel_name(sm90))
-    kw = dict(cap["kw"])
-    opts = dict(num_warps=kw.pop("num_warps"), num_stages=kw.pop("num_stages", 1))
-    sig, attrs = {}, {}
-    for i, (n, a) in enumerate(zip(fn.arg_names, cap["args"])):
-        if isinstance(a, torch.Tensor):
-            sig[n] = "*" + TY[a.dtype]
-            if a.data_ptr() % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, bool):
-            sig[n] = "i1"
-        elif isinstance(a, int):
-            sig[n] = "i64" if abs(a) >= 2**31 else "i32"
-            if a % 16 == 0 and a != 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[n] = "fp32"
-    for n in kw:
-        sig[n] = "constexpr"
-        if isinstance(kw[n], torch.Tensor):  # a keyword pointer (TR of a traced launch)
-            sig[n] = "*" + TY[kw[n].dtype]
-        if n in ("KD", "KD3"):  # Gluon TMA descriptors (gluon_mla_st)
-            from triton._C.libtriton import native_specialize_impl
-            from triton.backends.compiler import BaseBackend
-
-            sig[n] = native_specialize_impl(BaseBackend, kw[n], False, True, True)[0]
-    kw = {n: v for n, v in kw.items() if sig[n] == "constexpr"}
-    src = (GluonASTSource if sm90 else ASTSource)(fn, sig, kw, attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    k = offline.compile_sm90(launch)
     os.makedirs(outdir, exist_ok=True)
     base = os.path.join(outdir, tag)
     for ext in ("ptx", "ttgir"):
@@ -397,12 +327,11 @@ def compile_only(outdir, cases=""):
         for v in variants:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
-            cap = _capture(_launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss", "st")))
-            sm90 = cap["sm90"]
+            launch = _capture(_launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss", "st")))
             tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
             t0 = time.time()
             try:
-                r = compile_offline(cap, outdir, tag, sm90)
+                r = compile_offline(launch, outdir, tag)
             except Exception as e:  # noqa: BLE001 - report and go on
                 r = dict(error=str(e).splitlines()[0][:200])
             r["compile_s"] = round(time.time() - t0, 1)

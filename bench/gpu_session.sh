@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One device call: the GPU test suite, then the benchmark suite. Results under $OUT.
 #   bash bench/gpu_session.sh [extra pytest args]
-# (The full MLA GPU grid, 160 tests of 12 cases each, takes ~20 min: select parts of it with
-# -k, e.g. the formats and h_q of the kernels that changed.)
+# (The full MLA GPU grid, 160 tests of 12 cases each, takes ~18 min at -n 15 on an H100 host,
+# mostly compiles: split it over calls with -k (e.g. "test_gpu_grid and dense", then "... and
+# sparse"), with TRITON_CACHE_DIR in an ignored folder of the repo carried between the calls so
+# that a warm machine keeps its compiled kernels. On any machine, `pytest
+# tests/test_mla_sm90_compile.py` compiles the grid's kernels for sm_90 first, in ~1 min.)
 set -uo pipefail
 . bench/probe_env.sh
 export PYTHONUNBUFFERED=1

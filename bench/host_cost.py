@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from gpu_mla_dev import _capture, _kernel_name, make_case  # noqa: E402
+from gpu_mla_dev import _capture, make_case  # noqa: E402
 
 import pagedattn.ops.mla.triton_mla as M  # noqa: E402
 from pagedattn import mla_decode  # noqa: E402
@@ -73,8 +73,7 @@ def main() -> None:
                 return M.mla_decode_triton(q, kv, offs, out=out, num_partitions=P)
 
             cap = _capture(direct, sm90=True)
-            kern = getattr(M, _kernel_name(cap["sm90"]))
-            grid, args, kwargs = cap["grid"], cap["args"], cap["kw"]
+            kern, grid, args, kwargs = cap.kernel, cap.grid, cap.args, cap.kwargs
             po = torch.randn(P, q.shape[0], 16, 512, device="cuda")
             pl = torch.randn(P, q.shape[0], 16, device="cuda")
             lse = torch.empty(q.shape[0], 16, device="cuda")

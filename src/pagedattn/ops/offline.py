@@ -1,0 +1,104 @@
+"""Offline compiles for sm_90, on any machine (no GPU, no CUDA driver): the specialization that
+a kernel launch would compile on an H100, built from the launch's own arguments.
+
+- `capture(module, call, **patches)`: run `call` with `module.launch` (`ops.launch.launch`)
+  recording instead of launching, and `module`'s attributes named in `patches` replaced
+  meanwhile -> the `Launch`es it made, in order. CPU tensors will do: nothing is launched.
+- `specialize(launch)`: (source, options) from Triton's own binder for a CUDA sm_90 target,
+  as `JITFunction.run` builds them on the GPU: argument types, 16-byte alignment, ints equal
+  to 1 as constants.
+- `front_end(launch)`: the source's TTIR only, the step where a kernel's Python-level errors
+  show (a wrong type, a None result, a shape mismatch); about half a second a kernel.
+- `compile_sm90(launch)`: `triton.compile` of it for sm_90 -> Triton's CompiledKernel (asm:
+  ttgir, ptx, cubin; metadata.shared), ptxas included: seconds a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SM90 = ("cuda", 90, 32)  # GPUTarget(backend, arch, warp size)
+
+
+@dataclass
+class Launch:
+    """One intercepted `launch(kernel, grid, *args, cluster=, smem_args=, **kwargs)`."""
+
+    kernel: Any
+    grid: tuple
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    cluster: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__ if hasattr(self.kernel, "fn") else repr(self.kernel)
+
+
+def capture(module: Any, call: Callable[[], Any], **patches: Any) -> list[Launch]:
+    """The launches `call()` makes through `module.launch`, none of them run; `patches`
+    replace `module`'s attributes of those names while it runs (all are restored after)."""
+    made: list[Launch] = []
+
+    def record(kernel, grid, *args, cluster=1, smem_args=None, **kwargs):
+        # smem_args' arguments keep their defaults in args: the compiled specialization's
+        made.append(Launch(kernel, tuple(grid), args, dict(kwargs), cluster))
+
+    saved = {n: getattr(module, n) for n in ("launch", *patches)}
+    for n, v in {"launch": record, **patches}.items():
+        setattr(module, n, v)
+    try:
+        call()
+    finally:
+        for n, v in saved.items():
+            setattr(module, n, v)
+    return made
+
+
+def _target():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget(*SM90)
+
+
+def specialize(launch: Launch) -> tuple[Any, dict]:
+    """(ASTSource or GluonASTSource, compile options) of `launch` on an sm_90 device."""
+    from triton.compiler import ASTSource, make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    from triton.runtime.jit import create_function_from_signature
+
+    k = launch.kernel
+    backend = make_backend(_target())
+    binder = create_function_from_signature(k.signature, k.params, backend)
+    kwargs = dict(launch.kwargs, debug=bool(getattr(k, "debug", False)), instrumentation_mode="")
+    bound, spec, opts = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = k._pack_args(backend, kwargs, bound, spec, opts)
+    source = GluonASTSource if isinstance(k, GluonJITFunction) else ASTSource
+    return source(k, signature, constexprs, attrs), options.__dict__
+
+
+def front_end(launch: Launch) -> Any:
+    """The TTIR module of `launch`'s kernel for sm_90 (raises the kernel's CompilationError)."""
+    from triton._C.libtriton import ir
+    from triton.compiler import make_backend
+
+    src, options = specialize(launch)
+    backend = make_backend(_target())
+    opts = backend.parse_options(options)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    return src.make_ir(
+        _target(), opts, backend.get_codegen_implementation(opts), backend.get_module_map(),
+        context,
+    )  # fmt: skip
+
+
+def compile_sm90(launch: Launch) -> Any:
+    """Triton's CompiledKernel of `launch` for sm_90 (through Triton's on-disk cache)."""
+    import triton
+
+    src, options = specialize(launch)
+    return triton.compile(src, target=_target(), options=options)
