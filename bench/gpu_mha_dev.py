@@ -734,16 +734,9 @@ def offline():
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
 
-    def sm90_prefill(q, ka, va, *r):  # `_use_sm90_prefill` as on an H100
-        if M.PREFILL_OVERRIDE.get("gluon") is not False and M._sm90_prefill_shapes_ok(
-            q, ka, va, *r
-        ):
-            return M._sm90_prefill_plan(ka, va)
-        return None
-
     def compiled(call):
         rows = []
-        for launch in offline.capture(M, call, _use_sm90_prefill=sm90_prefill):
+        for launch in offline.capture(M, call, _use_sm90_prefill=M._sm90_prefill_serves):
             ck = offline.compile_sm90(launch)
             ptx = ck.asm["ptx"]
             with tempfile.TemporaryDirectory() as t:

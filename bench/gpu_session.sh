@@ -5,7 +5,7 @@
 # mostly compiles: split it over calls with -k (e.g. "test_gpu_grid and dense", then "... and
 # sparse"), with TRITON_CACHE_DIR in an ignored folder of the repo carried between the calls so
 # that a warm machine keeps its compiled kernels. On any machine, `pytest
-# tests/test_mla_sm90_compile.py` compiles the grid's kernels for sm_90 first, in ~1 min.)
+# tests/test_sm90_compile.py` compiles the grid's kernels for sm_90 first, in ~1 min.)
 set -uo pipefail
 . bench/probe_env.sh
 export PYTHONUNBUFFERED=1

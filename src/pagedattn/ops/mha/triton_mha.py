@@ -151,13 +151,20 @@ def _use_sm90_prefill(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, 
     H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d128, bf16,
     TFLOP/s, tl vs Gluon): ragged K/V 422 vs 509-515 (warp-specialized); pages of 16 317 vs 499
     (warp-specialized, a box a page), of 64 354 vs 509, of 128 406 vs 511."""
+    if not q.is_cuda or cuda_capability(q.device) != (9, 0):
+        return None
+    return _sm90_prefill_serves(q, ka, va, dk, dv, mask)
+
+
+def _sm90_prefill_serves(q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int,
+                         mask: Mask) -> tuple[dict, bool] | None:  # fmt: skip
+    """`_use_sm90_prefill` on an sm_90 device (without its device check: `ops.offline`
+    captures take it alone)."""
     want = PREFILL_OVERRIDE.get("gluon")
-    if want is False or not gluon_prefill.HAS_GLUON or not q.is_cuda:
+    if want is False or not gluon_prefill.HAS_GLUON:
         return None
     if PREFILL_OVERRIDE.get("hi_lo") or PREFILL_OVERRIDE.get("kv_lo"):
         return None  # P is rounded to q's dtype (no hi + lo pair)
-    if cuda_capability(q.device) != (9, 0):
-        return None
     if not _sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask):
         return None
     # Ragged / row-offset K/V: the warp-specialized kernel, or else the tl kernel.

@@ -1,0 +1,242 @@
+"""Compile, offline for sm_90, every kernel specialization that the GPU tests launch on an H100.
+
+- dense, sparse: the MLA grid (`test_triton_mla.test_gpu_grid`): every cache format x h_q
+  {1, 16, 20, 64, 128} x s_q {1, 2, 4} x page size {1, 16, 64, 128}, with the grid's batch
+  (cache lengths 700 and two shorter), sinks, sparse index stride and partition count;
+- mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
+  head dims {64, 96, 128} (split-K and its combine too), and the Gluon sm_90 prefills' over
+  paged caches, row offsets and ragged K/V, every range mask, sinks and the LSE, with the
+  launch configurations the tests force.
+
+Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
+this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|mha] [--full]`. Each
+launch is captured as an H100 would make it (`ops.offline.capture`, with
+`triton_mla._sm90_serves` for the device check); each distinct specialization goes through
+the front end (`ops.offline.front_end`), or with --full through ptxas too. Prints one JSON
+line: {"cases", "kernels": {name: specializations}, "errors": [{case, kernel, error, cause}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import torch
+
+from pagedattn import (
+    ContinuousBatchingOperand,
+    KVCacheParams,
+    KVQuantConfig,
+    PagedOperand,
+    RaggedOperand,
+)
+from pagedattn.ops import masks, offline
+from pagedattn.ops.mha import triton_combine as MC
+from pagedattn.ops.mha import triton_mha as TM
+from pagedattn.ops.mla import triton_mla as M
+from pagedattn.testing import make_paged_cache, ragged_offsets
+
+E8M0 = torch.float8_e8m0fnu
+FORMATS = {  # test_triton_mla.FORMATS: name -> (quantization, d_qk values)
+    "bf16": (lambda: None, (576, 512)),
+    "fp8_g64_f32": (lambda: KVQuantConfig.blockwise(64), (576, 512)),
+    "fp8_g64_e8m0": (lambda: KVQuantConfig.blockwise(64, E8M0), (576, 512)),
+    "fp8_g128_e8m0": (lambda: KVQuantConfig.blockwise(128, E8M0), (512,)),
+    "fp8_g192_f32": (lambda: KVQuantConfig.blockwise(192), (576,)),
+    "fp8_token_f32": (lambda: KVQuantConfig.per_token(), (576, 512)),
+    "fp8_per_tensor": (lambda: KVQuantConfig.per_tensor(), (576, 512)),
+    "rope_aware": (lambda: KVQuantConfig.mla_rope_aware(), (576, 512)),
+    "v32": (lambda: KVQuantConfig.flashmla_v32(), (576,)),
+    "model1": (lambda: KVQuantConfig.flashmla_model1(), (512,)),
+}
+
+
+def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
+    """The launches of the grid case (`test_triton_mla._gpu_case`'s shapes; values random)."""
+    params = KVCacheParams(
+        torch.bfloat16, 2, 1, d_qk, ps, is_mla=True, num_q_heads=h_q,
+        quantization=FORMATS[fmt][0](), mla_rope_dim=64,
+    )  # fmt: skip
+    q_lens = [s_q] * 3
+    pc = make_paged_cache(params, [700, 399, 17], q_lens)
+    kv = PagedOperand(pc.inputs, params, 1, "k")
+    q = torch.randn(3 * s_q, h_q, d_qk).to(torch.bfloat16)
+    kw = dict(attn_sink=torch.randn(h_q), num_partitions=1 + (h_q + s_q + ps) % 4)
+    if mode == "sparse":
+        kw.update(
+            indices=torch.randint(-1, 700, (3 * s_q, 160), dtype=torch.int32),
+            topk_lengths=torch.tensor([160, 100, 0], dtype=torch.int32),
+        )
+    offs = ragged_offsets(q_lens)
+    return offline.capture(
+        M,
+        lambda: M.mla_decode_triton(q, kv, offs, **kw),
+        _use_sm90_path=M._sm90_serves,
+        mla_combine_triton=lambda *a, **k: None,
+    )
+
+
+def mla_cases(mode):
+    """(name, launches thunk) of the MLA grid's cases in `mode`."""
+    for fmt, (_, dims) in FORMATS.items():
+        for d_qk in dims:
+            for h_q in (1, 16, 20, 64, 128):
+                for s_q in (1, 2, 4):
+                    for ps in (1, 16, 64, 128):
+                        yield (
+                            f"{mode}-{fmt}-{d_qk} h_q {h_q} s_q {s_q} page {ps}",
+                            lambda a=(mode, fmt, d_qk, h_q, s_q, ps): grid_launches(*a),
+                        )
+
+
+def mha_launches(k, v, q_lens, h_q, d, over=None, **kw):
+    """The launches of `mha_triton` over operands k, v (the split-K combine's too), with
+    TM.PREFILL_OVERRIDE / DECODE_OVERRIDE `over` and the Gluon sm_90 prefill as on an H100."""
+    offs = ragged_offsets(q_lens)
+    q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
+    made = []
+
+    def call():
+        made.extend(
+            offline.capture(
+                TM,
+                lambda: TM.mha_triton(q, k, v, offs, **kw),
+                _use_sm90_prefill=TM._sm90_prefill_serves,
+            )  # fmt: skip
+        )
+
+    for table in (TM.PREFILL_OVERRIDE, TM.DECODE_OVERRIDE):
+        table.clear()
+        table.update(over or {})
+    try:
+        made.extend(offline.capture(MC, call))
+    finally:
+        TM.PREFILL_OVERRIDE.clear()
+        TM.DECODE_OVERRIDE.clear()
+    return made
+
+
+def paged(page, h_kv, d, cache_lens, q_lens, quant=None):
+    params = KVCacheParams(
+        torch.bfloat16, 2, h_kv, d, page, quantization=quant
+    )  # fmt: skip
+    inputs = make_paged_cache(params, cache_lens, q_lens).inputs
+    return PagedOperand(inputs, params, 1, "k"), PagedOperand(inputs, params, 1, "v")
+
+
+MASKS = {
+    "null": masks.null(), "causal": masks.causal(), "swc70": masks.sliding_window_causal(70),
+    "swn33": masks.sliding_window_noncausal(33), "chunk128": masks.chunked_causal(128),
+}  # fmt: skip
+# test_triton_mha's forced Gluon prefill configurations
+PREFILL_CONFIGS = [
+    {}, dict(g_ws=False), dict(g_ws=False, g_BLOCK_N=128, g_NBUF=3),
+    dict(g_ws=False, g_num_warps=4, g_BLOCK_N=64, g_NBUF=3), dict(g_ws=False, g_tma=False),
+    dict(g_ws=False, g_num_warps=4, g_NBUF=3), dict(g_BLOCK_N=128, g_NBUF=3),
+    dict(g_BLOCK_N=64, g_NBUF=4), dict(g_ws=True, g_BLOCK_N=64, g_NBUF=4),
+    dict(g_ws=True, g_BLOCK_N=128, g_NBUF=2),
+]  # fmt: skip
+
+
+def prefill_case(page, h_q, h_kv, d, mask_name, over, lse):
+    """(name, launches thunk) of a paged chunked prefill (test_triton_mha's
+    `_paged_prefill_case` batch) with sinks; `over` forces a Gluon configuration unless it is
+    the tl kernel's (gluon False) or empty (the served choice)."""
+    forced = dict(gluon=True, **over) if over and "gluon" not in over else over
+    return (
+        f"mha prefill page {page} {h_q}/{h_kv} d {d} {mask_name} {over} lse {lse}",
+        lambda: mha_launches(
+            *paged(page, h_kv, d, [0, 300, 23, 5, 129], [277, 6, 1, 0, 140]),
+            [277, 6, 1, 0, 140], h_q, d, forced, mask=MASKS[mask_name],
+            sinks=torch.randn(h_q), return_lse=lse,
+        ),
+    )  # fmt: skip
+
+
+def mha_cases():
+    """(name, launches thunk) of test_triton_mha's GPU cases (see the module docstring)."""
+    quants = {
+        "bf16": None, "token": KVQuantConfig.per_token(), "g32": KVQuantConfig.blockwise(32),
+        "tensor": KVQuantConfig.per_tensor(),
+    }  # fmt: skip
+    for page in (1, 16, 64):
+        for d in (64, 96, 128):
+            for qn, quant in quants.items():
+                for h_q, h_kv in ((32, 8), (8, 1), (4, 4)):
+                    for P in (1, 3):
+                        yield (
+                            f"mha decode {qn} page {page} d {d} {h_q}/{h_kv} P {P}",
+                            lambda a=(page, h_kv, d, quant, h_q, P): mha_launches(
+                                *paged(a[0], a[1], a[2], [4096, 5, 700], [1, 1, 1], a[3]),
+                                [1, 1, 1], a[4], a[2], num_partitions=a[5],
+                            ),
+                        )  # fmt: skip
+    shapes = [(16, 8, 2, 64), (1, 4, 4, 128), (64, 8, 1, 128), (128, 8, 2, 64), (8, 4, 1, 64),
+              (32, 8, 8, 128), (128, 4, 4, 128), (16, 8, 2, 128)]  # fmt: skip
+    tl, ws = dict(gluon=False), PREFILL_CONFIGS[-2:]  # the tl kernel; warp-specialized ones
+    for page, h_q, h_kv, d in shapes:
+        for mn in MASKS:
+            for over in ({}, tl, *ws):  # the served choice, the tl kernel, forced ws configs
+                yield prefill_case(page, h_q, h_kv, d, mn, over, True)
+            if (page, h_q, h_kv, d) in ((16, 8, 2, 128), (64, 8, 1, 128)) and mn in (
+                "null",
+                "causal",
+            ):
+                for over in PREFILL_CONFIGS[1:-2]:  # the other forced configurations
+                    for lse in (False, True):
+                        yield prefill_case(page, h_q, h_kv, d, mn, over, lse)
+    rows = torch.full((5, 640, 2, 128), float("nan")).to(torch.bfloat16)
+    slots, cl = torch.tensor([3, 0, 4, 1, 2], dtype=torch.int32), torch.tensor([0, 300, 23, 129, 5])
+    cb = ContinuousBatchingOperand(rows, slots, cl.to(torch.int32))
+    for mn, mask in MASKS.items():
+        for i, over in enumerate(PREFILL_CONFIGS):
+            yield (
+                f"mha prefill row offsets {mn} config {i}",
+                lambda a=(mask, over): mha_launches(
+                    cb, cb, [277, 6, 1, 140, 0], 8, 128, dict(gluon=True, **a[1]), mask=a[0],
+                    sinks=torch.randn(8),
+                ),
+            )  # fmt: skip
+        for h_q, h_kv, d in ((32, 8, 128), (8, 8, 64)):
+            kv = torch.randn(2 * 640, h_kv, d).to(torch.bfloat16)
+            offs = ragged_offsets([640, 640])
+            yield (
+                f"mha prefill ragged {mn} {h_q}/{h_kv} d {d}",
+                lambda a=(kv, offs, h_q, d, mask): mha_launches(
+                    RaggedOperand(a[0], a[1]), RaggedOperand(a[0], a[1]), [640, 640], a[2], a[3],
+                    mask=a[4],
+                ),
+            )  # fmt: skip
+
+
+def main(suites: list[str], full: bool) -> None:
+    seen, kernels, errors, cases = set(), {}, [], 0
+    for suite in suites:
+        for case, launches in mha_cases() if suite == "mha" else mla_cases(suite):
+            cases += 1
+            for launch in launches():
+                src, opts = offline.specialize(launch)
+                key = (launch.name, src.hash(), json.dumps(opts, default=str))
+                if key in seen:
+                    continue
+                seen.add(key)
+                kernels[launch.name] = kernels.get(launch.name, 0) + 1
+                try:
+                    (offline.compile_sm90 if full else offline.front_end)(launch)
+                except Exception as e:  # noqa: BLE001 - collected, reported
+                    cause = e
+                    while cause.__cause__ is not None:
+                        cause = cause.__cause__
+                    errors.append(dict(
+                        case=case, kernel=launch.name,
+                        error="".join(traceback.format_exception_only(e))[-1500:],
+                        cause=str(cause)[-500:],
+                    ))  # fmt: skip
+    print(json.dumps(dict(cases=cases, kernels=kernels, errors=errors)))
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    suites = [m for m in ("dense", "sparse", "mha") if m in args]
+    main(suites or ["dense", "sparse", "mha"], "--full" in args)
