@@ -8,7 +8,7 @@ a kernel launch would compile on an H100, built from the launch's own arguments.
   as `JITFunction.run` builds them on the GPU: argument types, 16-byte alignment, ints equal
   to 1 as constants.
 - `front_end(launch)`: the source's TTIR only, the step where a kernel's Python-level errors
-  show (a wrong type, a None result, a shape mismatch); about half a second a kernel.
+  show (a wrong type, a None result, a shape mismatch); 0.1-0.5 s a kernel.
 - `compile_sm90(launch)`: `triton.compile` of it for sm_90 -> Triton's CompiledKernel (asm:
   ttgir, ptx, cubin; metadata.shared), ptxas included: seconds a kernel.
 """
@@ -66,16 +66,19 @@ def _target():
 def specialize(launch: Launch) -> tuple[Any, dict]:
     """(ASTSource or GluonASTSource, compile options) of `launch` on an sm_90 device."""
     from triton.compiler import ASTSource, make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
     from triton.runtime.jit import create_function_from_signature
 
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    except ImportError:  # a Triton without Gluon: every kernel is a tl one
+        GluonASTSource = GluonJITFunction = None
     k = launch.kernel
     backend = make_backend(_target())
     binder = create_function_from_signature(k.signature, k.params, backend)
     kwargs = dict(launch.kwargs, debug=bool(getattr(k, "debug", False)), instrumentation_mode="")
     bound, spec, opts = binder(*launch.args, **kwargs)
     options, signature, constexprs, attrs = k._pack_args(backend, kwargs, bound, spec, opts)
-    source = GluonASTSource if isinstance(k, GluonJITFunction) else ASTSource
+    source = GluonASTSource if GluonJITFunction and isinstance(k, GluonJITFunction) else ASTSource
     return source(k, signature, constexprs, attrs), options.__dict__
 
 
