@@ -297,3 +297,33 @@ def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") 
             f"{fc:>6.2f} {fm:>5.2f}  {peers}"
         )
     return "\n".join(lines)
+
+
+def write_compiled(k, outdir: str, tag: str) -> tuple[dict, str]:
+    """Write a Triton CompiledKernel's ptx, ttgir, cubin and SASS as outdir/tag.*; returns
+    ({smem, regs, stack}: shared bytes, registers and stack bytes a thread from cuobjdump, -1
+    where not found) and the SASS text."""
+    import re
+    import subprocess
+
+    import triton
+
+    os.makedirs(outdir, exist_ok=True)
+    base = os.path.join(outdir, tag)
+    for ext in ("ptx", "ttgir"):
+        with open(f"{base}.{ext}", "w") as fh:
+            fh.write(k.asm[ext])
+    with open(f"{base}.cubin", "wb") as fh:
+        fh.write(k.asm["cubin"])
+    tb = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+    def cuobjdump(*flags):
+        cmd = [f"{tb}/cuobjdump", *flags, f"{base}.cubin"]
+        return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+    sass = cuobjdump("-sass")
+    with open(f"{base}.sass", "w") as fh:
+        fh.write(sass)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump("--dump-resource-usage"))
+    regs, stack = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+    return dict(smem=k.metadata.shared, regs=regs, stack=stack), sass

@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
+from common import write_compiled  # noqa: E402
 
 BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
 DEV = "cuda"  # "cpu" with --dry (Triton interpreter, tiny sizes, no timing)
@@ -53,27 +54,15 @@ BMM_VARIANTS = {
 # ------------------------------------------------------------------------------------------
 def _compile(module, call, outdir, tag):
     """sm_90 compile of the one launch `call` makes through `module`
-    (`pagedattn.ops.offline`); writes the cubin and returns a resource dict."""
-    import triton
-
+    (`pagedattn.ops.offline`); writes ptx/ttgir/cubin/sass and returns a resource dict."""
     from pagedattn.ops import offline
 
     (launch,) = offline.capture(module, call)
     k = offline.compile_sm90(launch)
-    os.makedirs(outdir, exist_ok=True)
-    base = os.path.join(outdir, tag)
-    with open(f"{base}.cubin", "wb") as fh:
-        fh.write(k.asm["cubin"])
-    tb = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    usage = subprocess.run(
-        [f"{tb}/cuobjdump", "--dump-resource-usage", f"{base}.cubin"], capture_output=True,
-        text=True,
-    ).stdout  # fmt: skip
-    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    res, _sass = write_compiled(k, outdir, tag)
     ptx = k.asm["ptx"]
     return dict(
-        smem=k.metadata.shared, regs=int(m.group(1)) if m else -1,
-        stack=int(m.group(2)) if m else -1,
+        res,
         wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+\.\w+)", ptx))),
         mma_sync=len(re.findall(r"\bmma\.sync", ptx)),
     )  # fmt: skip

@@ -16,14 +16,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from common import cold_l2  # noqa: E402
+from common import cold_l2, write_compiled  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
@@ -148,34 +147,14 @@ def _capture(call, sm90=False):
 
 def compile_offline(launch, outdir, tag):
     """sm_90 compile of a captured launch (`pagedattn.ops.offline.compile_sm90`); writes
-    ptx/ttgir/sass and returns a resource dict."""
-    import triton
-
+    ptx/ttgir/cubin/sass and returns a resource dict."""
     from pagedattn.ops import offline
 
     k = offline.compile_sm90(launch)
-    os.makedirs(outdir, exist_ok=True)
-    base = os.path.join(outdir, tag)
-    for ext in ("ptx", "ttgir"):
-        with open(f"{base}.{ext}", "w") as fh:
-            fh.write(k.asm[ext])
-    with open(f"{base}.cubin", "wb") as fh:
-        fh.write(k.asm["cubin"])
-    tb = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    usage = subprocess.run(
-        [f"{tb}/cuobjdump", "--dump-resource-usage", f"{base}.cubin"], capture_output=True,
-        text=True,
-    ).stdout  # fmt: skip
-    sass = subprocess.run(
-        [f"{tb}/cuobjdump", "-sass", f"{base}.cubin"], capture_output=True, text=True
-    ).stdout
-    with open(f"{base}.sass", "w") as fh:
-        fh.write(sass)
-    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    res, sass = write_compiled(k, outdir, tag)
     ptx = k.asm["ptx"]
     return dict(
-        smem=k.metadata.shared, regs=int(m.group(1)), stack=int(m.group(2)),
-        HGMMA=sass.count("HGMMA"), HMMA=sass.count("HMMA"), LDGSTS=sass.count("LDGSTS"),
+        res, HGMMA=sass.count("HGMMA"), HMMA=sass.count("HMMA"), LDGSTS=sass.count("LDGSTS"),
         LDG128=sass.count("LDG.E.128"), STL=len(re.findall(r"\bSTL\b", sass)),
         wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
     )  # fmt: skip
