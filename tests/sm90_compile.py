@@ -52,6 +52,17 @@ FORMATS = {  # test_triton_mla.FORMATS: name -> (quantization, d_qk values)
 }
 
 
+# Where the cases' tensors live. "cpu": launches captured as an H100 would make them (the
+# dispatchers' device checks left out); "cuda" (test_sm90_compile's GPU test, under
+# `torch.device("cuda")`): the device's own dispatch.
+DEVICE = "cpu"
+
+
+def as_on_h100(**serves):
+    """The capture patches that stand in for the device checks on the CPU (none on a GPU)."""
+    return serves if DEVICE == "cpu" else {}
+
+
 def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
     """The launches of the grid case (`test_triton_mla._gpu_case`'s shapes; values random)."""
     params = KVCacheParams(
@@ -59,7 +70,7 @@ def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
         quantization=FORMATS[fmt][0](), mla_rope_dim=64,
     )  # fmt: skip
     q_lens = [s_q] * 3
-    pc = make_paged_cache(params, [700, 399, 17], q_lens)
+    pc = make_paged_cache(params, [700, 399, 17], q_lens, device=DEVICE)
     kv = PagedOperand(pc.inputs, params, 1, "k")
     q = torch.randn(3 * s_q, h_q, d_qk).to(torch.bfloat16)
     kw = dict(attn_sink=torch.randn(h_q), num_partitions=1 + (h_q + s_q + ps) % 4)
@@ -68,12 +79,12 @@ def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
             indices=torch.randint(-1, 700, (3 * s_q, 160), dtype=torch.int32),
             topk_lengths=torch.tensor([160, 100, 0], dtype=torch.int32),
         )
-    offs = ragged_offsets(q_lens)
+    offs = ragged_offsets(q_lens, DEVICE)
     return offline.capture(
         M,
         lambda: M.mla_decode_triton(q, kv, offs, **kw),
-        _use_sm90_path=M._sm90_serves,
         mla_combine_triton=lambda *a, **k: None,
+        **as_on_h100(_use_sm90_path=M._sm90_serves),
     )
 
 
@@ -93,7 +104,7 @@ def mla_cases(mode):
 def mha_launches(k, v, q_lens, h_q, d, over=None, **kw):
     """The launches of `mha_triton` over operands k, v (the split-K combine's too), with
     TM.PREFILL_OVERRIDE / DECODE_OVERRIDE `over` and the Gluon sm_90 prefill as on an H100."""
-    offs = ragged_offsets(q_lens)
+    offs = ragged_offsets(q_lens, DEVICE)
     q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
     made = []
 
@@ -121,7 +132,7 @@ def paged(page, h_kv, d, cache_lens, q_lens, quant=None):
     params = KVCacheParams(
         torch.bfloat16, 2, h_kv, d, page, quantization=quant
     )  # fmt: skip
-    inputs = make_paged_cache(params, cache_lens, q_lens).inputs
+    inputs = make_paged_cache(params, cache_lens, q_lens, device=DEVICE).inputs
     return PagedOperand(inputs, params, 1, "k"), PagedOperand(inputs, params, 1, "v")
 
 
@@ -200,7 +211,7 @@ def mha_cases():
             )  # fmt: skip
         for h_q, h_kv, d in ((32, 8, 128), (8, 8, 64)):
             kv = torch.randn(2 * 640, h_kv, d).to(torch.bfloat16)
-            offs = ragged_offsets([640, 640])
+            offs = ragged_offsets([640, 640], DEVICE)
             yield (
                 f"mha prefill ragged {mn} {h_q}/{h_kv} d {d}",
                 lambda a=(kv, offs, h_q, d, mask): mha_launches(

@@ -11,6 +11,9 @@ a kernel launch would compile on an H100, built from the launch's own arguments.
   show (a wrong type, a None result, a shape mismatch); 0.1-0.5 s a kernel.
 - `compile_sm90(launch)`: `triton.compile` of it for sm_90 -> Triton's CompiledKernel (asm:
   ttgir, ptx, cubin; metadata.shared), ptxas included: seconds a kernel.
+- `cache_hash(launch)`: the hash of Triton's cache key of that compile (what the compiled
+  kernel's `.hash` is), without compiling: on an H100 it equals the hash of the kernel the
+  launch runs (a GPU test checks it).
 """
 
 from __future__ import annotations
@@ -105,3 +108,18 @@ def compile_sm90(launch: Launch) -> Any:
 
     src, options = specialize(launch)
     return triton.compile(src, target=_target(), options=options)
+
+
+def cache_hash(launch: Launch) -> str:
+    """sha256 of Triton's cache key of `compile_sm90(launch)` (its CompiledKernel's `.hash`)."""
+    import hashlib
+
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler import make_backend
+    from triton.runtime.cache import get_cache_key
+
+    src, options = specialize(launch)
+    backend = make_backend(_target())
+    opts = backend.parse_options(dict(options, **src.parse_options()))
+    key = get_cache_key(src, backend, opts, get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
