@@ -90,3 +90,15 @@ def test_gpu_runs_the_specializations_compiled_offline(mode):
     finally:
         S.DEVICE = "cpu"
     assert len(picked) >= 10, sorted(seen)
+
+
+def test_the_offline_check_takes_the_gpu_grids_cache_formats():
+    """`tests/sm90_compile.py` keeps its own copy of the MLA grid's formats (it runs where
+    test_triton_mla, which turns the interpreter on, cannot be imported): the same names,
+    quantizations and head dims."""
+    import sm90_compile as S
+    from test_triton_mla import FORMATS
+
+    assert {k: (f(), dims) for k, (f, dims, _) in FORMATS.items()} == {
+        k: (f(), dims) for k, (f, dims) in S.FORMATS.items()
+    }
