@@ -303,7 +303,6 @@ def write_compiled(k, outdir: str, tag: str) -> tuple[dict, str]:
     """Write a Triton CompiledKernel's ptx, ttgir, cubin and SASS as outdir/tag.*; returns
     ({smem, regs, stack}: shared bytes, registers and stack bytes a thread from cuobjdump, -1
     where not found) and the SASS text."""
-    import re
     import subprocess
 
     import triton

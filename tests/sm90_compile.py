@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from functools import partial
 
 import torch
 
@@ -97,7 +98,7 @@ def mla_cases(mode):
                     for ps in (1, 16, 64, 128):
                         yield (
                             f"{mode}-{fmt}-{d_qk} h_q {h_q} s_q {s_q} page {ps}",
-                            lambda a=(mode, fmt, d_qk, h_q, s_q, ps): grid_launches(*a),
+                            partial(grid_launches, mode, fmt, d_qk, h_q, s_q, ps),
                         )
 
 
@@ -113,7 +114,7 @@ def mha_launches(k, v, q_lens, h_q, d, over=None, **kw):
             offline.capture(
                 TM,
                 lambda: TM.mha_triton(q, k, v, offs, **kw),
-                _use_sm90_prefill=TM._sm90_prefill_serves,
+                **as_on_h100(_use_sm90_prefill=TM._sm90_prefill_serves),
             )  # fmt: skip
         )
 
@@ -150,6 +151,12 @@ PREFILL_CONFIGS = [
 ]  # fmt: skip
 
 
+def decode_launches(page, h_q, h_kv, d, quant, P):
+    """A decode step of three requests (cache lengths 4096, 5, 700) at P partitions."""
+    k, v = paged(page, h_kv, d, [4096, 5, 700], [1, 1, 1], quant)
+    return mha_launches(k, v, [1, 1, 1], h_q, d, num_partitions=P)
+
+
 def prefill_case(page, h_q, h_kv, d, mask_name, over, lse):
     """(name, launches thunk) of a paged chunked prefill (test_triton_mha's
     `_paged_prefill_case` batch) with sinks; `over` forces a Gluon configuration unless it is
@@ -178,22 +185,17 @@ def mha_cases():
                     for P in (1, 3):
                         yield (
                             f"mha decode {qn} page {page} d {d} {h_q}/{h_kv} P {P}",
-                            lambda a=(page, h_kv, d, quant, h_q, P): mha_launches(
-                                *paged(a[0], a[1], a[2], [4096, 5, 700], [1, 1, 1], a[3]),
-                                [1, 1, 1], a[4], a[2], num_partitions=a[5],
-                            ),
-                        )  # fmt: skip
+                            partial(decode_launches, page, h_q, h_kv, d, quant, P),
+                        )
     shapes = [(16, 8, 2, 64), (1, 4, 4, 128), (64, 8, 1, 128), (128, 8, 2, 64), (8, 4, 1, 64),
               (32, 8, 8, 128), (128, 4, 4, 128), (16, 8, 2, 128)]  # fmt: skip
     tl, ws = dict(gluon=False), PREFILL_CONFIGS[-2:]  # the tl kernel; warp-specialized ones
+    forced_shapes = ((16, 8, 2, 128), (64, 8, 1, 128))  # also the other forced configurations
     for page, h_q, h_kv, d in shapes:
         for mn in MASKS:
             for over in ({}, tl, *ws):  # the served choice, the tl kernel, forced ws configs
                 yield prefill_case(page, h_q, h_kv, d, mn, over, True)
-            if (page, h_q, h_kv, d) in ((16, 8, 2, 128), (64, 8, 1, 128)) and mn in (
-                "null",
-                "causal",
-            ):
+            if (page, h_q, h_kv, d) in forced_shapes and mn in ("null", "causal"):
                 for over in PREFILL_CONFIGS[1:-2]:  # the other forced configurations
                     for lse in (False, True):
                         yield prefill_case(page, h_q, h_kv, d, mn, over, lse)
@@ -204,21 +206,17 @@ def mha_cases():
         for i, over in enumerate(PREFILL_CONFIGS):
             yield (
                 f"mha prefill row offsets {mn} config {i}",
-                lambda a=(mask, over): mha_launches(
-                    cb, cb, [277, 6, 1, 140, 0], 8, 128, dict(gluon=True, **a[1]), mask=a[0],
-                    sinks=torch.randn(8),
-                ),
+                partial(mha_launches, cb, cb, [277, 6, 1, 140, 0], 8, 128,
+                        dict(gluon=True, **over), mask=mask, sinks=torch.randn(8)),
             )  # fmt: skip
         for h_q, h_kv, d in ((32, 8, 128), (8, 8, 64)):
-            kv = torch.randn(2 * 640, h_kv, d).to(torch.bfloat16)
-            offs = ragged_offsets([640, 640], DEVICE)
+            kv = RaggedOperand(
+                torch.randn(2 * 640, h_kv, d).to(torch.bfloat16), ragged_offsets([640, 640], DEVICE)
+            )
             yield (
                 f"mha prefill ragged {mn} {h_q}/{h_kv} d {d}",
-                lambda a=(kv, offs, h_q, d, mask): mha_launches(
-                    RaggedOperand(a[0], a[1]), RaggedOperand(a[0], a[1]), [640, 640], a[2], a[3],
-                    mask=a[4],
-                ),
-            )  # fmt: skip
+                partial(mha_launches, kv, kv, [640, 640], h_q, d, mask=mask),
+            )
 
 
 def main(suites: list[str], full: bool) -> None:

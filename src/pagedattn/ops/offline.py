@@ -18,6 +18,7 @@ a kernel launch would compile on an H100, built from the launch's own arguments.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,15 +61,24 @@ def capture(module: Any, call: Callable[[], Any], **patches: Any) -> list[Launch
     return made
 
 
-def _target():
+@functools.cache
+def _backend() -> tuple[Any, Any]:
+    """(GPUTarget, Triton's compiler backend) of sm_90, made once."""
     from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
 
-    return GPUTarget(*SM90)
+    target = GPUTarget(*SM90)
+    return target, make_backend(target)
+
+
+def _options(src: Any, options: dict) -> Any:
+    """The backend's parsed options of a compile of `src`, as `triton.compile` makes them."""
+    return _backend()[1].parse_options(dict(options, **src.parse_options()))
 
 
 def specialize(launch: Launch) -> tuple[Any, dict]:
     """(ASTSource or GluonASTSource, compile options) of `launch` on an sm_90 device."""
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import ASTSource
     from triton.runtime.jit import create_function_from_signature
 
     try:
@@ -76,7 +86,7 @@ def specialize(launch: Launch) -> tuple[Any, dict]:
     except ImportError:  # a Triton without Gluon: every kernel is a tl one
         GluonASTSource = GluonJITFunction = None
     k = launch.kernel
-    backend = make_backend(_target())
+    backend = _backend()[1]
     binder = create_function_from_signature(k.signature, k.params, backend)
     kwargs = dict(launch.kwargs, debug=bool(getattr(k, "debug", False)), instrumentation_mode="")
     bound, spec, opts = binder(*launch.args, **kwargs)
@@ -88,18 +98,16 @@ def specialize(launch: Launch) -> tuple[Any, dict]:
 def front_end(launch: Launch) -> Any:
     """The TTIR module of `launch`'s kernel for sm_90 (raises the kernel's CompilationError)."""
     from triton._C.libtriton import ir
-    from triton.compiler import make_backend
 
     src, options = specialize(launch)
-    backend = make_backend(_target())
-    opts = backend.parse_options(options)
+    target, backend = _backend()
+    opts = _options(src, options)
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     return src.make_ir(
-        _target(), opts, backend.get_codegen_implementation(opts), backend.get_module_map(),
-        context,
-    )  # fmt: skip
+        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context
+    )
 
 
 def compile_sm90(launch: Launch) -> Any:
@@ -107,7 +115,7 @@ def compile_sm90(launch: Launch) -> Any:
     import triton
 
     src, options = specialize(launch)
-    return triton.compile(src, target=_target(), options=options)
+    return triton.compile(src, target=_backend()[0], options=options)
 
 
 def cache_hash(launch: Launch) -> str:
@@ -115,11 +123,9 @@ def cache_hash(launch: Launch) -> str:
     import hashlib
 
     from triton._C.libtriton import get_cache_invalidating_env_vars
-    from triton.compiler import make_backend
     from triton.runtime.cache import get_cache_key
 
     src, options = specialize(launch)
-    backend = make_backend(_target())
-    opts = backend.parse_options(dict(options, **src.parse_options()))
-    key = get_cache_key(src, backend, opts, get_cache_invalidating_env_vars())
+    opts = _options(src, options)
+    key = get_cache_key(src, _backend()[1], opts, get_cache_invalidating_env_vars())
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
