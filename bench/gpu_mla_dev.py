@@ -404,6 +404,9 @@ def trace_probe(copy_bw, outdir, only=""):
     rows = []
     # label, fmt, s_k, h_q, P, variant (ss: sparse V32, s_q 2, top-k 2048)
     runs = [("fp8tw", "rope_aware", 4096, 16, 1, "sm90tw"),
+            # the same, each CTA given the pages of the request b / 2 rows away (do the slow
+            # CTAs follow their SMs or their pages?)
+            ("fp8tw_roll", "rope_aware", 4096, 16, 1, "sm90tw"),
             ("fp8tw", "rope_aware", 8192, 16, 1, "sm90tw"),
             ("fp8tw", "rope_aware", 4096, 16, 2, "sm90tw"),
             ("fp8t", "rope_aware", 4096, 16, 2, "sm90t"), ("bf16", "bf16", 4096, 16, 1, "sm90t"),
@@ -418,6 +421,8 @@ def trace_probe(copy_bw, outdir, only=""):
             q, kv, offs, kw, work = make_case("sparse", fmt, 576, 128, s_k, h_q, 2, 64, 2048)
         else:
             q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, h_q, 1, 64, 0)
+            if label.endswith("_roll"):
+                kv.lut.copy_(kv.lut.roll(kv.lut.shape[0] // 2, 0))
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[variant])
         fn = _launcher(q, kv, offs, kw, P)
@@ -477,6 +482,42 @@ def trace_probe(copy_bw, outdir, only=""):
         M.TUNING.update({k: None for k in M.TUNING})
         del q, kv, kw
     return rows
+
+
+def roll_summary(outdir):
+    """Correlations of the FP8 tw CTAs' tile rates (s_k 4096) between trace reps: same SM and
+    pages (two reps of `fp8tw`), same SM only and same pages only (an `fp8tw` rep against an
+    `fp8tw_roll` one, whose CTAs read the pages of the request b / 2 away)."""
+    import glob
+
+    import numpy as np
+
+    def load(label):
+        return [np.load(f) for f in sorted(glob.glob(f"{outdir}/trace_{label}_4096_P1_*.npy"))]
+
+    def rate(a):  # us a tile of consumer 0's loop, by SM id
+        rel = (a[:, :6] - a[:, 0].min()) / 1e3
+        out = np.full(int(a[:, 6].max()) + 1, np.nan)
+        out[a[:, 6]] = (rel[:, 3] - rel[:, 2]) / np.maximum(a[:, 7] - 1, 1)
+        return out, (rel[:, 3] - rel[:, 2]) / np.maximum(a[:, 7] - 1, 1)
+
+    def corr(x, y):
+        n = min(len(x), len(y))
+        m = ~np.isnan(x[:n]) & ~np.isnan(y[:n])
+        return round(float(np.corrcoef(x[:n][m], y[:n][m])[0, 1]), 2)
+
+    base, roll = load("fp8tw"), load("fp8tw_roll")
+    if not base or not roll:
+        return {}
+    h = len(base[0]) // 2
+    r = dict(
+        same_sm_and_pages=[corr(rate(x)[0], rate(y)[0]) for i, x in enumerate(base)
+                           for y in base[i + 1:]],
+        same_sm=[corr(rate(x)[0], rate(y)[0]) for x in base for y in roll],
+        same_pages=[corr(rate(x)[1], np.roll(rate(y)[1], -h)) for x in base for y in roll],
+    )  # fmt: skip
+    print("roll", json.dumps(r), flush=True)
+    return r
 
 
 def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""):
@@ -588,6 +629,7 @@ def main():
         res["fixed"] = fixed_cost_probe(copy_bw)
     if args.trace:
         res["trace"] = trace_probe(copy_bw, args.out, args.trace)
+        res["roll"] = roll_summary(args.out)
     table = []
     for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, variants, parts in CASES:
         if args.cases and not re.search(args.cases, name):

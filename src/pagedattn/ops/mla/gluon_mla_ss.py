@@ -132,6 +132,20 @@ CTA's 114, with a 6.8 us epilogue, and the next item's first tile landed only as
 consumers ended the previous item's loop (the producer decodes the next item after issuing the
 last tile, and the two-stage ring gives it no slack).
 
+FlashMLA's sparse FP8 decode for sm_90 (read 2026-11-23; it reports 410 TFLOP/s on an H800 for
+this case) differs from this kernel in its schedule more than in its tile step: one persistent
+CTA pair a pair of SMs walks a balanced share of all (token, tile) work (host metadata splits
+requests at tile boundaries; a combine kernel merges the split ones), loading the next
+request's q while the current one's epilogue runs, so the ~11.4 us a CTA pays here beside its
+tiles (1.3 us launch gap, 2.6 prologue, ~4.9 of first-pair fill, 2.6 epilogue; 444 us ~ 3.88
+waves x (32 x 3.18 + 11.4)) is paid about once an SM. With this kernel's 3.18 us tiles that
+schedule would take ~124 x 3.18 + ~10 us + the combine, ~410 us (~355 TFLOP/s), if the next
+request's q and first tile hide behind the current one's last tiles; the persistent variant
+above (unbalanced, its next tile late) did not get there. Its tile step splits the warpgroups
+unevenly (warpgroup 0: every tile's S, softmax and V columns 0..255; warpgroup 1: only P V on
+columns 256..511) and each producer thread dequantizes one key's half-row with 16-byte loads
+after its stage is free, writing each 16 bytes locally and to the peer (st.async).
+
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
 reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a

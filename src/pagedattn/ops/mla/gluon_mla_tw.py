@@ -56,6 +56,17 @@ streamed slower, even one that never waits: 1.72 -> 1.92 us a tile (130.5-131.3 
 122.8-123.9) with the counter touched every tile, 1.85 (127.1-130.2 us) every fourth. Loading
 the page ids two tiles ahead instead of one changed nothing (122.9 against 122.9 us).
 
+The CTAs that end last stream slowest all along (H100 2026-11-23, record
+`bench/results/h100_2026-11-23_mla_fp8_tail.json`, s_k 4096): a CTA's end correlates 0.97-0.98
+with its tile rate (the slowest 1.78-1.79 us a tile against a median of 1.72-1.73) and not with
+its start (-0.14 to -0.29) or its first tile. The rate repeats between runs only for the same SM
+reading the same pages (correlation 0.33-0.44); the same SM with other pages, or the same pages
+on another SM, gives -0.18 to 0.22 (`gpu_mla_dev.roll_summary`). So no fixed assignment of
+requests to SMs evens the ends out. An L2 prefetch of each CTA's last tiles (with tile n_t - N
+the producer prefetched the rows and scales of tiles n_t - N + 3 .. n_t - 1) slowed the tail
+instead: 123.0 / 124.8 / 131.0 us at N 4 / 8 / 16 against 123.0 (s_k 8192 233.9 / 236.0 /
+241.6 against 233.9).
+
 Nor does a shorter start, although the start is on the critical path (H100 2026-11-23, record
 `bench/results/h100_2026-11-23_mla_fp8_start.json`, graph replays, s_k 4096): every CTA
 spinning 2 / 4 us first made the kernel 2.0 / 3.6-3.9 us slower. Tile 0's copies leave 2.1-2.3
