@@ -495,11 +495,12 @@ def roll_summary(outdir):
     def load(label):
         return [np.load(f) for f in sorted(glob.glob(f"{outdir}/trace_{label}_4096_P1_*.npy"))]
 
-    def rate(a):  # us a tile of consumer 0's loop, by SM id
+    def rates(a):  # us a tile of consumer 0's loop: (by SM id, by CTA)
         rel = (a[:, :6] - a[:, 0].min()) / 1e3
-        out = np.full(int(a[:, 6].max()) + 1, np.nan)
-        out[a[:, 6]] = (rel[:, 3] - rel[:, 2]) / np.maximum(a[:, 7] - 1, 1)
-        return out, (rel[:, 3] - rel[:, 2]) / np.maximum(a[:, 7] - 1, 1)
+        by_cta = (rel[:, 3] - rel[:, 2]) / np.maximum(a[:, 7] - 1, 1)
+        by_sm = np.full(int(a[:, 6].max()) + 1, np.nan)
+        by_sm[a[:, 6]] = by_cta
+        return by_sm, by_cta
 
     def corr(x, y):
         n = min(len(x), len(y))
@@ -510,12 +511,12 @@ def roll_summary(outdir):
     if not base or not roll:
         return {}
     h = len(base[0]) // 2
+    rb, rr = [rates(a) for a in base], [rates(a) for a in roll]
     r = dict(
-        same_sm_and_pages=[corr(rate(x)[0], rate(y)[0]) for i, x in enumerate(base)
-                           for y in base[i + 1:]],
-        same_sm=[corr(rate(x)[0], rate(y)[0]) for x in base for y in roll],
-        same_pages=[corr(rate(x)[1], np.roll(rate(y)[1], -h)) for x in base for y in roll],
-    )  # fmt: skip
+        same_sm_and_pages=[corr(x[0], y[0]) for i, x in enumerate(rb) for y in rb[i + 1 :]],
+        same_sm=[corr(x[0], y[0]) for x in rb for y in rr],
+        same_pages=[corr(x[1], np.roll(y[1], -h)) for x in rb for y in rr],
+    )
     print("roll", json.dumps(r), flush=True)
     return r
 
