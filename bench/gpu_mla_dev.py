@@ -206,6 +206,12 @@ VARIANTS = {
     "ss_r208": dict(_SS, ss_regs=(208, 96)),
     # V32, h_q > 64: the 2-CTA cluster kernel (each CTA dequantizes half of every tile)
     "ss_1cta": dict(_SS, ss_cross=False),  # the single-CTA seesaw (before the cluster one)
+    "ss_ps": dict(_SS, ss_persist=True),  # sparse: the persistent cluster kernel (gluon_mla_ps)
+    "ss_ps0": dict(_SS, ss_persist=True, ps_epi=0),  # its epilogue in 4-byte stores
+    # consumer / producer registers 200 / 104: the default partition (consumer 0) gets 200
+    # of the 504 a thread of each warpgroup has (maxnreg 168 x 3 warpgroups), not 192
+    "ss_r104": dict(_SS, ss_regs=(200, 104)),
+    "ss_ps_r104": dict(_SS, ss_persist=True, ss_regs=(200, 104)),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(_SS, ss_tma=True),
 }
@@ -236,7 +242,7 @@ CASES = [
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
      ["ss_1cta", "ss"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss0", "ss_1cta", "ss"], [None]),
+     ["ss0", "ss_1cta", "ss", "ss_ps", "ss_ps0", "ss_r104", "ss_ps_r104"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
@@ -484,6 +490,59 @@ def trace_probe(copy_bw, outdir, only=""):
     return rows
 
 
+def ps_trace_probe(variants=("ss_ps",)):
+    """Per-segment timeline of the persistent kernel (`gluon_mla_ps` TRACE slots), sparse V32
+    b 128 s_q 2 top-k 2048: medians over CTAs (us) of each segment's wait for q (from the
+    previous one's store), first pair, tile rate, epilogue; the producer's q issue and first
+    tile release after the consumers' previous loop end; the span."""
+    import numpy as np
+    import triton
+
+    import pagedattn.ops.mla.triton_mla as M
+
+    q, kv, offs, kw, work = make_case("sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048)
+    out = []
+    for v in variants:
+        M.TUNING.update({k: None for k in M.TUNING})
+        M.TUNING.update(VARIANTS[v])
+        fn = _launcher(q, kv, offs, kw, 1)
+        fn()
+        tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+        tr = torch.zeros(2 * 66, 80, dtype=torch.int64, device="cuda")
+        M.TUNING["trace"] = tr
+        for rep in range(2):
+            cold_l2()
+            torch.cuda.synchronize()
+            fn()
+            torch.cuda.synchronize()
+            a = tr.cpu().numpy()
+            t0 = a[:, 0].min()
+            us = lambda x: (x - t0) / 1e3  # noqa: E731
+            nseg = a[:, 79]
+            r = dict(variant=v, rep=rep, graph_us=tg * 1e3, nseg=sorted(set(nseg.tolist())),
+                     start_med=float(np.median(us(a[:, 0]))))  # fmt: skip
+            segs = []
+            for s in range(int(nseg.max())):
+                m = nseg > s
+                qr, p1, le, fin = (us(a[m, 2 + 4 * s + k]) for k in range(4))
+                prev_fin = us(a[m, 1 + 4 * s]) if s else us(a[m, 0])
+                prev_le = us(a[m, 4 * s]) if s else us(a[m, 0])
+                qi, t0r = us(a[m, 50 + 2 * s]), us(a[m, 51 + 2 * s])
+                segs.append({k: round(float(np.median(x)), 2) for k, x in dict(
+                    q_wait=qr - prev_fin, first_pair=p1 - qr, loop=le - qr, epi=fin - le,
+                    q_issue_after_prev_loop=qi - prev_le, tile0_after_prev_loop=t0r - prev_le,
+                    end=fin).items()})  # fmt: skip
+            r["segments"] = segs
+            mhz = (a[:, 76] - a[:, 77]) / (a[:, 78] - a[:, 0]) * 1e3
+            r["sm_mhz_med"] = round(float(np.median(mhz)), 1)
+            ends = [us(a[i, 5 + 4 * (nseg[i] - 1)]) for i in range(len(a))]
+            r["end_p0_p50_max"] = [round(float(x), 1) for x in np.percentile(ends, [0, 50, 100])]
+            out.append(r)
+            print("pstrace", json.dumps(r), flush=True)
+        M.TUNING.update({k: None for k in M.TUNING})
+    return out
+
+
 def roll_summary(outdir):
     """Correlations of the FP8 tw CTAs' tile rates (s_k 4096) between trace reps: same SM and
     pages (two reps of `fp8tw`), same SM only and same pages only (an `fp8tw` rep against an
@@ -571,6 +630,7 @@ def main():
     ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", default="", help="run trace_probe on the runs this regex finds")
+    ap.add_argument("--ps-trace", default="", help="comma list: ps_trace_probe's variants")
     ap.add_argument(
         "--once", default="", help="launch VARIANT 3 times a case, nothing else (under ncu)"
     )
@@ -628,6 +688,8 @@ def main():
         print("check", c, r, flush=True)
     if args.fixed:
         res["fixed"] = fixed_cost_probe(copy_bw)
+    if args.ps_trace:
+        res["ps_trace"] = ps_trace_probe(args.ps_trace.split(","))
     if args.trace:
         res["trace"] = trace_probe(copy_bw, args.out, args.trace)
         res["roll"] = roll_summary(args.out)

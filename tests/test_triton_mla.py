@@ -580,6 +580,49 @@ def test_gpu_v32_cluster_kernel(mode, cross, h_q):
         M.TUNING["ss_cross"] = saved
 
 
+PS_CASES = [(40, 2, 300), (7, 4, 200), (70, 1, 520), (50, 0, 260)]  # batch, s_q (0: 1-3), width
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [100, 128])
+@pytest.mark.parametrize("batch,s_q,stride", PS_CASES, ids=[f"b{c[0]}-sq{c[1]}" for c in PS_CASES])
+def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q):
+    """The persistent cluster kernel (TUNING["ss_persist"]; sparse V32, two head blocks a
+    token): with more tokens than clusters (b 40 s_q 2, b 70) a cluster's pairs cut tokens in
+    two and the combine merges their partials (s_q 0: ragged query lengths 1-3, the work in
+    token order, else by query index); b 7 s_q 4: one token a cluster. Top-k lengths
+    full, a third and 0, invalid indices of every kind, a sink, a poisoned output; against the
+    float64 oracle."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(("ps", batch, s_q, stride, h_q)).encode()))
+    cache_lens = [int(torch.randint(0, 1500, (), generator=gen)) for _ in range(batch)]
+    q_lens = [s_q or 1 + b % 3 for b in range(batch)]
+    cache = build_cache("v32", 576, 64, cache_lens, q_lens, gen, h_q)
+    topk = [(stride, stride // 3, 0)[b % 3] for b in range(batch)]
+    idx, valid = sparse_indices(cache, q_lens, stride, gen, topk)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, 576, gen)
+    sink = make_sinks(h_q, gen)
+
+    def keys_of(b, i):
+        v = valid[offs[b] + i]
+        if not v:
+            return torch.zeros(0, 576, dtype=torch.float64)
+        return torch.stack([cache.at(e) for e in v])
+
+    ref = oracle(q, offs, keys_of, sink=sink)
+    saved = M.TUNING["ss_persist"]
+    try:
+        M.TUNING["ss_persist"] = True
+        topk_t = torch.tensor(topk, dtype=torch.int32, device=DEV)
+        o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=1, indices=idx,
+                     topk_lengths=topk_t)  # fmt: skip
+    finally:
+        M.TUNING["ss_persist"] = saved
+    check(o, lse, *ref, tol_for("v32", 576))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ps", [1, 64])
 @pytest.mark.parametrize("h_q", [4, 16])

@@ -449,6 +449,79 @@ if HAS_GLUON:
         return acc, m_o, m_w, l_w
 
     @gluon.jit
+    def _ss_pair(acc, m_o, m_w, l_w, z, ph, j0, lo, q_lat, q_rope, k_lat, k_rope, vbuf, m_buf,
+                 bars, cl, qf, last, kcol, row_lim, zero_s, qk_scale, CROSS: gl.constexpr,
+                 W: gl.constexpr, MASK_CAUSAL: gl.constexpr, ORDER: gl.constexpr,
+                 HALF: gl.constexpr, QF: gl.constexpr, BN: gl.constexpr,
+                 o_l: gl.constexpr):  # fmt: skip
+        """Consumer warpgroup W's part of tiles (j0, j0 + 1) of a key range from lo (ring
+        stages 0 and 1, barrier phase ph; j0 = 0: no running max before it), `_ss_consume`'s
+        ORDER. z: a zero the compiler cannot fold (buffer indices). QF (persistent kernels):
+        arrive on `qf` once this warpgroup's S is done where `last` (q's last reader), and
+        start from no running max at j0 = 0 (m_buf holds the previous item's). Returns (acc,
+        m_o, m_w, l_w)."""
+        ready, empty, pm, lx, rempty = bars
+        srow: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
+        orow: gl.constexpr = gl.SliceLayout(1, o_l)
+        OW: gl.constexpr = 1 - W  # the other warpgroup
+        q_l = q_lat.index(z)
+        q_r = q_rope.index(z)
+        if W == 0 or ORDER == 0:
+            for k in gl.static_range(2):  # tile j = j0 + k, ring stage k
+                kl = k_lat.index(k + z)
+                kr = k_rope.index(k + z)
+                if k == W:  # own tile: S, softmax, P out, own P V
+                    mbarrier.wait(ready.index(k), ph)
+                    # the running max after tile j - 1 (the other's; none for j = 0)
+                    mbarrier.wait(pm.index(OW), (ph + k + 1) & 1, pred=j0 + k > 0)
+                    s = _ss_s(q_l, q_r, kl, kr, zero_s)
+                    if QF:
+                        if last:  # (a branch: the arrival's warpgroup barrier only here)
+                            mbarrier.arrive(qf, count=1)
+                    m_prev = m_buf.index(OW).load(srow)
+                    if QF and k == 0:  # a new item (the max in m_buf is the last one's)
+                        m_prev = gl.where(j0 > 0, m_prev, float("-inf"))
+                    acc, m_o, m_w, l_w = _ss_own(
+                        s, m_prev, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
+                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l,
+                    )  # fmt: skip
+                else:  # the other's tile: its P V on this warpgroup's columns
+                    mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
+                    acc, m_o = _ss_other(acc, m_o, m_buf.index(k).load(orow), kl, kr, W)
+                # done with stage k (HALF: with its half of it)
+                _ss_free(empty, k * (1 + HALF) + W * HALF, cl, CROSS)
+        else:  # warpgroup 1, own S first (it needs no running max), then tile j0's P V
+            kl0 = k_lat.index(z)
+            kr0 = k_rope.index(z)
+            kl1 = k_lat.index(1 + z)
+            kr1 = k_rope.index(1 + z)
+            mbarrier.wait(ready.index(1), ph)
+            s = _ss_s(q_l, q_r, kl1, kr1, zero_s)
+            if QF:
+                if last:
+                    mbarrier.arrive(qf, count=1)
+            mbarrier.wait(pm.index(0), ph)  # P and max of tile j0
+            m_prev = m_buf.index(0).load(srow)
+            if ORDER == 1:  # tile j0's P V, then the own softmax
+                acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
+                _ss_free(empty, W * HALF, cl, CROSS)
+                acc, m_o, m_w, l_w = _ss_own(
+                    s, m_prev, acc, m_o, m_w, l_w, kl1, kr1, vbuf.index(1), m_buf, pm,
+                    lo + (j0 + 1) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l,
+                )  # fmt: skip
+            else:  # ORDER 2: the own softmax (P out early), then both P V products
+                keep = vbuf.index(1).load(kcol.type.layout)[None, :] != 0
+                pb, m_new, m_w, l_w = _ss_softmax(
+                    s, m_prev, m_w, l_w, kr1, keep, m_buf, pm, lo + (j0 + 1) * BN, kcol, row_lim,
+                    W, MASK_CAUSAL, qk_scale,
+                )  # fmt: skip
+                acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
+                _ss_free(empty, W * HALF, cl, CROSS)
+                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
+            _ss_free(empty, 1 + HALF + W * HALF, cl, CROSS)
+        return acc, m_o, m_w, l_w
+
+    @gluon.jit
     def _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, o_stage, OUT, stride_ot,
                    stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens,
                    W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
@@ -537,7 +610,6 @@ if HAS_GLUON:
         )
         srow: gl.constexpr = gl.SliceLayout(1, s_l)
         orow: gl.constexpr = gl.SliceLayout(1, o_l)
-        OW: gl.constexpr = 1 - W  # the other warpgroup
 
         rs = gl.arange(0, BM, layout=srow)
         rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
@@ -552,59 +624,13 @@ if HAS_GLUON:
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         n_pairs = gl.cdiv(n_it, 2)
         for i in range(n_pairs):
-            ph = i & 1
-            # A zero the compiler cannot fold: with constant buffer indices the wgmma
+            # z: a zero the compiler cannot fold: with constant buffer indices the wgmma
             # descriptors (64-bit, one a k-step) are hoisted out of the loop and spill.
-            z = i // 2147483647
-            q_l = q_lat.index(z)
-            q_r = q_rope.index(z)
-            j0 = 2 * i
-            if W == 0 or ORDER == 0:
-                for k in gl.static_range(2):  # tile j = 2 i + k, ring stage k
-                    kl = k_lat.index(k + z)
-                    kr = k_rope.index(k + z)
-                    if k == W:  # own tile: S, softmax, P out, own P V
-                        mbarrier.wait(ready.index(k), ph)
-                        # the running max after tile j - 1 (the other's; none for j = 0)
-                        mbarrier.wait(pm.index(OW), (ph + k + 1) & 1, pred=j0 + k > 0)
-                        s = _ss_s(q_l, q_r, kl, kr, zero_s)
-                        m_prev = m_buf.index(OW).load(srow)
-                        acc, m_o, m_w, l_w = _ss_own(
-                            s, m_prev, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
-                            lo + (j0 + k) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale,
-                            o_l,
-                        )  # fmt: skip
-                    else:  # the other's tile: its P V on this warpgroup's columns
-                        mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
-                        acc, m_o = _ss_other(acc, m_o, m_buf.index(k).load(orow), kl, kr, W)
-                    # done with stage k (HALF: with its half of it)
-                    _ss_free(empty, k * (1 + HALF) + W * HALF, cl, CROSS)
-            else:  # warpgroup 1, own S first (it needs no running max), then tile 2 i's P V
-                kl0 = k_lat.index(z)
-                kr0 = k_rope.index(z)
-                kl1 = k_lat.index(1 + z)
-                kr1 = k_rope.index(1 + z)
-                mbarrier.wait(ready.index(1), ph)
-                s = _ss_s(q_l, q_r, kl1, kr1, zero_s)
-                mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
-                m_prev = m_buf.index(0).load(srow)
-                if ORDER == 1:  # tile 2 i's P V, then the own softmax
-                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
-                    _ss_free(empty, W * HALF, cl, CROSS)
-                    acc, m_o, m_w, l_w = _ss_own(
-                        s, m_prev, acc, m_o, m_w, l_w, kl1, kr1, vbuf.index(1), m_buf, pm,
-                        lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale, o_l,
-                    )  # fmt: skip
-                else:  # ORDER 2: the own softmax (P out early), then both P V products
-                    keep = vbuf.index(1).load(kcol.type.layout)[None, :] != 0
-                    pb, m_new, m_w, l_w = _ss_softmax(
-                        s, m_prev, m_w, l_w, kr1, keep, m_buf, pm,
-                        lo + (j0 + 1) * BN, kcol, row_lim, W, CAUSAL and not SPARSE, qk_scale,
-                    )  # fmt: skip
-                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl0, kr0, W)
-                    _ss_free(empty, W * HALF, cl, CROSS)
-                    acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, W, o_l)
-                _ss_free(empty, 1 + HALF + W * HALF, cl, CROSS)
+            acc, m_o, m_w, l_w = _ss_pair(
+                acc, m_o, m_w, l_w, i // 2147483647, i & 1, 2 * i, lo, q_lat, q_rope, k_lat,
+                k_rope, vbuf, m_buf, bars, cl, lx, False, kcol, row_lim, zero_s, qk_scale, CROSS,
+                W, CAUSAL and not SPARSE, ORDER, HALF, False, BN, o_l,
+            )  # fmt: skip
             if TRACE and W == 0:
                 if i == 0:
                     gl.store(trp + 2, _g_clock())

@@ -63,6 +63,7 @@ from ...errors import Lazy, check
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_signal
 from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
+from .gluon_mla_ps import _mla_decode_sm90_ps
 from .gluon_mla_ss import _mla_decode_sm90_ss
 from .gluon_mla_st import _mla_decode_sm90_st, _st_descriptors
 from .gluon_mla_tw import _mla_decode_sm90_tw
@@ -697,6 +698,7 @@ TUNING: dict[str, Any] = {
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
     "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
+    "ss_persist": None, "ps_epi": None,
 }  # fmt: skip
 
 
@@ -1010,6 +1012,45 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     )
 
 
+def _ps_plan(tokens: int, n_idx: int, dev: torch.device) -> tuple[int, int, int]:
+    """(G, L, NPR) of the persistent sparse V32 kernel (`gluon_mla_ps`): G clusters of two
+    CTAs (one a pair of SMs, at most one a token), L pairs of 64-key tiles a cluster (>= NPR),
+    NPR pairs a token (its `indices` width)."""
+    npr = max(1, -(-n_idx // 128))
+    g = max(1, min(num_sms(dev) // 2, tokens))
+    return g, -(-tokens * npr // g), npr
+
+
+def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm_scale, d_v,
+               regs):  # fmt: skip
+    """Sparse V32 decode with two head blocks a token on the persistent cluster kernel, then
+    the combine of the tokens cut at cluster boundaries. Returns (out, lse)."""
+    tokens, h_q, _d = q.shape
+    batch = q_row_offsets.numel() - 1
+    g, L, npr = _ps_plan(tokens, idx.shape[1], q.device)
+    tr = TUNING.get("trace")  # int64 [>= 2 G, 80] (gpu_mla_dev --trace ps)
+    trace = dict(TRACE=True, TR=tr) if tr is not None else {}
+    po = torch.empty(2, g, h_q, d_v, dtype=torch.float32, device=q.device)
+    pl = torch.empty(2, g, h_q, dtype=torch.float32, device=q.device)
+    cut_t = torch.empty(g, dtype=torch.int32, device=q.device)
+    launch(
+        _mla_decode_sm90_ps, (g,),
+        q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
+        out, out.stride(0), out.stride(1), lse, po, pl, cut_t,
+        attn_sink if attn_sink is not None else lse, sm_scale * LOG2E.value,
+        K.data, K.cl, idx, topk if topk is not None else q_row_offsets,
+        K.stride, K.stride // 2, K.stride // 4, K.ps, K.psr, K.nenc, K.npages,
+        idx.stride(0), idx.shape[1], L, npr,
+        H_Q=h_q, D_V=d_v, B_P2=triton.next_power_of_2(batch + 1),
+        HAS_SINK=attn_sink is not None, HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, BN=64,
+        CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1), num_warps=4,
+        cluster=2, smem_args=_SS_CROSS_SMEM, **trace,
+    )  # fmt: skip
+    if g > 1:
+        mla_combine_triton(po, pl, out, lse, attn_sink, cut=(L, npr, cut_t))
+    return out, lse
+
+
 def mla_decode_triton(
     q: torch.Tensor,
     kv,
@@ -1174,6 +1215,9 @@ def mla_decode_triton(
             ):
                 extra.update(SS_CROSS=True)
                 cluster = 2
+                if sparse and P == 1 and _tuned("ss_persist", False):
+                    return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
+                                      attn_sink, sm_scale, d_v, regs)  # fmt: skip
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st,
