@@ -61,7 +61,7 @@ if HAS_GLUON:
         _g_rows,
         _g_smid,
     )
-    from .gluon_mla_ss import _ss_cross_tile, _ss_pair
+    from .gluon_mla_ss import _ss_alloc, _ss_cross_tile, _ss_pair
 
     @gluon.jit
     def _g_cycles():
@@ -352,23 +352,11 @@ if HAS_GLUON:
             gl.store(trp + 1, _g_smid())
             gl.store(trp + 77, _g_cycles())
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        sm_l: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-        q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 64], sm_l)
-        k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
-        k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sm_l)
-        vbuf = gl.allocate_shared_memory(gl.int32, [2, BN], v1_l)
-        m_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
-        l_buf = gl.allocate_shared_memory(gl.float32, [4, BM], v1_l)
-        ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-        empty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)
-        pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-        lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
-        rempty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)  # the peer's consumers
+        q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = _ss_alloc(
+            BN, 2
+        )  # l_buf: a set a segment parity; rempty: the peer's consumers' arrivals
         qbar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)  # qready, qfree
         info = gl.allocate_shared_memory(gl.int32, [2, 8], v1_l)  # `_ps_put_info`, by parity
         for i in gl.static_range(2):

@@ -660,6 +660,32 @@ if HAS_GLUON:
         )  # fmt: skip
         return b, i0, q_len, cache_len, lo, hi
 
+    @gluon.jit
+    def _ss_alloc(BN: gl.constexpr, L_SETS: gl.constexpr):
+        """A seesaw kernel's shared memory: (q_lat, q_rope [1, 64, 512 / 64], k_lat, k_rope [2,
+        BN, 512 / 64] (the ring), vbuf [2, BN], m_buf [2, 64], l_buf [2 L_SETS, 64], the
+        barriers ready [2], empty [4], pm [2], lx, rempty [4]). The cluster kernels look
+        k_lat, ready and rempty up by these names (`gluon_cluster.smem_offsets`)."""
+        BM: gl.constexpr = 64
+        sm_l: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+        q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 64], sm_l)
+        k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
+        k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sm_l)
+        vbuf = gl.allocate_shared_memory(gl.int32, [2, BN], v1_l)
+        m_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
+        l_buf = gl.allocate_shared_memory(gl.float32, [2 * L_SETS, BM], v1_l)
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        empty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)
+        pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+        lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
+        rempty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)
+        return q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty
+
     @gluon.jit(do_not_specialize=["OFF_K", "OFF_READY", "OFF_REMPTY"])
     def _mla_decode_sm90_ss(
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
@@ -691,11 +717,6 @@ if HAS_GLUON:
         BM: gl.constexpr = 64
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        sm_l: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
-        v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
         # One token a tile: q's loads are issued before `_ss_range`'s (`_g_seesaw_start`), and
         # V32 stages are not zeroed (every row of a stage's latent part is written: masked
@@ -713,18 +734,9 @@ if HAS_GLUON:
             TOPK_TOK, CAUSAL, BN,
         )  # fmt: skip
 
-        q_lat = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 512], sm_l)
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, BM, 64], sm_l)
-        k_lat = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 512], sm_l)
-        k_rope = gl.allocate_shared_memory(gl.bfloat16, [2, BN, 64], sm_l)
-        vbuf = gl.allocate_shared_memory(gl.int32, [2, BN], v1_l)
-        m_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
-        l_buf = gl.allocate_shared_memory(gl.float32, [2, BM], v1_l)
-        ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-        empty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)
-        pm = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-        lx = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
-        rempty = gl.allocate_shared_memory(gl.int64, [4, 1], bar_l)  # SS_CROSS: the peer's
+        q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = _ss_alloc(
+            BN, 1
+        )  # rempty (SS_CROSS): the peer's consumers' arrivals
         for i in gl.static_range(2):
             mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
             if SS_CROSS:  # [stage, half]: consumer `half` of the peer
