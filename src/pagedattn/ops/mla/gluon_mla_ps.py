@@ -61,7 +61,7 @@ if HAS_GLUON:
         _g_rows,
         _g_smid,
     )
-    from .gluon_mla_ss import _ss_alloc, _ss_cross_tile, _ss_pair
+    from .gluon_mla_ss import SS_O_L, SS_S_L, _ss_alloc, _ss_cross_tile, _ss_pair
 
     @gluon.jit
     def _g_cycles():
@@ -274,12 +274,8 @@ if HAS_GLUON:
          info) = args  # fmt: skip
         ready, empty, pm, lx, rempty = bars
         BM: gl.constexpr = 64
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
-        )
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
-        )
+        s_l: gl.constexpr = SS_S_L
+        o_l: gl.constexpr = SS_O_L
         srow: gl.constexpr = gl.SliceLayout(1, s_l)
         orow: gl.constexpr = gl.SliceLayout(1, o_l)
         hb = gl.program_id(0) % 2

@@ -189,6 +189,14 @@ if HAS_GLUON:
         _g_tile_rows,
     )
 
+    # A consumer warpgroup's S tile [64, 64] and O columns [64, 256] (wgmma accumulators).
+    SS_S_L = gl.constexpr(
+        gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    )
+    SS_O_L = gl.constexpr(
+        gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    )
+
     # e4m3 x 4 (one int32) times a float32 scale -> 2 x bf16x2 (exact through float16 and
     # float32: the same rounding as bf16(float32(x) * scale)).
     _DEQ4_ASM = gl.constexpr("""{
@@ -602,12 +610,9 @@ if HAS_GLUON:
          q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, bars) = args  # fmt: skip
         ready, empty, pm, lx, rempty = bars
         BM: gl.constexpr = 64
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
-        )
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]
-        )
+        gl.static_assert(BN == 64, "64-key tiles (SS_S_L)")
+        s_l: gl.constexpr = SS_S_L
+        o_l: gl.constexpr = SS_O_L
         srow: gl.constexpr = gl.SliceLayout(1, s_l)
         orow: gl.constexpr = gl.SliceLayout(1, o_l)
 
