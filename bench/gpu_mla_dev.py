@@ -394,6 +394,15 @@ def fixed_cost_probe(copy_bw):
     return rows
 
 
+def _cold_trace(fn, tr):
+    """Run `fn` once from a cold L2 with TUNING["trace"] = tr set; tr's rows (numpy)."""
+    cold_l2()
+    torch.cuda.synchronize()
+    fn()
+    torch.cuda.synchronize()
+    return tr.cpu().numpy()
+
+
 def trace_probe(copy_bw, outdir, only=""):
     """Per-CTA timeline (globaltimer) of the keys-as-M kernels (h_q 16) and the seesaws (h_q
     128: the TMA-fed st over dense bf16, the cluster ss over sparse V32 s_q 2 top-k 2048), b
@@ -439,11 +448,7 @@ def trace_probe(copy_bw, outdir, only=""):
         M.TUNING["trace"] = tr
         fn()
         for rep in range(3):
-            cold_l2()
-            torch.cuda.synchronize()
-            fn()
-            torch.cuda.synchronize()
-            a = tr.cpu().numpy()
+            a = _cold_trace(fn, tr)
             rel = (a[:, :6] - a[:, 0].min()) / 1e3
             n_it = a[:, 7]
             done = 2 if seesaw else 1  # tiles done at slot 2
@@ -511,11 +516,7 @@ def ps_trace_probe(variants=("ss_ps",)):
         tr = torch.zeros(2 * 66, 80, dtype=torch.int64, device="cuda")
         M.TUNING["trace"] = tr
         for rep in range(2):
-            cold_l2()
-            torch.cuda.synchronize()
-            fn()
-            torch.cuda.synchronize()
-            a = tr.cpu().numpy()
+            a = _cold_trace(fn, tr)
             t0 = a[:, 0].min()
             us = lambda x: (x - t0) / 1e3  # noqa: E731
             nseg = a[:, 79]

@@ -1046,7 +1046,7 @@ def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm
         CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1), num_warps=4,
         cluster=2, smem_args=_SS_CROSS_SMEM, **trace,
     )  # fmt: skip
-    if g > 1:
+    if L % npr:  # else every cluster boundary falls between tokens: none is cut
         mla_combine_triton(po, pl, out, lse, attn_sink, cut=(L, npr, cut_t))
     return out, lse
 
