@@ -285,7 +285,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars, cl, st,
-                       rows, valid, e_ph, BN: gl.constexpr):  # fmt: skip
+                       rows, valid, e_ph, BN: gl.constexpr,
+                       RREG: gl.constexpr = False):  # fmt: skip
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
@@ -294,7 +295,9 @@ if HAS_GLUON:
         peer's `ready`; so each CTA converts half of every tile. The rope slot (P) is refilled
         once this CTA's other consumer has freed its half too. The cache's rows (K: V32
         bytes, its strides in bytes, halves and words), the ring (k_lat, k_rope, vbuf) and
-        its barriers (bars) as the producer unpacked them."""
+        its barriers (bars) as the producer unpacked them. RREG: the rope part is loaded into
+        registers with the e4m3 bytes (before the waits) and stored after them, instead of
+        cp.async'ed once the stage is free."""
         ready, empty, pm, lx, rempty = bars
         off_k, off_ready, off_rempty, rank = cl
         peer = 1 - rank
@@ -307,6 +310,11 @@ if HAS_GLUON:
         roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K, K_stride, K_stride_q, 0, 4)  # (no SC)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
+        if RREG:
+            dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+            k16 = K.to(gl.pointer_type(gl.bfloat16))
+            rp = k16 + (gl.multiple_of(rows * K_stride_h, 8) + 264)[:, None] + dT[None, :]
+            rope = gl.load(rp, mask=valid[:, None], other=0.0)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
         dst = halves.index(2 * st + rank)
         _ss_deq_store(dst, x0, s0, 0)
@@ -316,7 +324,10 @@ if HAS_GLUON:
         mbarrier.wait(rempty.index(2 * st + rank), e_ph)
         cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB, peer)
         mbarrier.wait(empty.index(2 * st + peer), e_ph)
-        _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, 4, ld_l)
+        if RREG:
+            k_rope.index(st).store(rope)
+        else:
+            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, 4, ld_l)
         _ss_release(ready, st, vbuf, valid, HB)
 
     @gluon.jit
@@ -329,7 +340,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_producer(args, cl, trp, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr,
+                     RREG: gl.constexpr = False):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
         of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
@@ -360,7 +372,7 @@ if HAS_GLUON:
                                   row_l)  # fmt: skip
             if CROSS:
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
-                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN)  # fmt: skip
+                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN, RREG)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
@@ -406,11 +418,12 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_softmax(s, m_prev, m_w, l_w, kr, keep, m_buf, pm, start, kcol, row_lim,
-                    W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale):  # fmt: skip
+                    slot, MASK_CAUSAL: gl.constexpr, qk_scale):  # fmt: skip
         """Softmax of the own tile's S against the running max m_prev left by the other
         warpgroup, keys `keep` ([1, BN], the tile's valid ones; causal rows masked here): P
         (bf16) into `kr` (here the tile's rope slot, read by S only, which is done), the new
-        max into m_buf[W], then the pm[W] arrival. Returns (P, new max, m_w, l_w)."""
+        max into m_buf[slot], then the pm[slot] arrival (slot: the warpgroup's, or in order 3
+        the stage's). Returns (P, new max, m_w, l_w)."""
         if MASK_CAUSAL:
             keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
         s = gl.where(keep, s * qk_scale, float("-inf"))
@@ -420,10 +433,10 @@ if HAS_GLUON:
         l_w = l_w * gl.exp2(m_w - m_use) + gl.sum(p, 1)
         pb = p.to(gl.bfloat16)
         kr.store(pb)
-        m_buf.index(W).store(m_new)
+        m_buf.index(slot).store(m_new)
         fence_async_shared()
         gl.thread_barrier()
-        mbarrier.arrive(pm.index(W), count=1)
+        mbarrier.arrive(pm.index(slot), count=1)
         return pb, m_new, m_new, l_w
 
     @gluon.jit
@@ -448,11 +461,12 @@ if HAS_GLUON:
     @gluon.jit
     def _ss_own(s, m_prev, acc, m_o, m_w, l_w, kl, kr, vb, m_buf, pm, start, kcol, row_lim,
                 W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale,
-                o_l: gl.constexpr):  # fmt: skip
-        """The own tile after its S: softmax and P out, then the own P V."""
+                o_l: gl.constexpr, slot):  # fmt: skip
+        """The own tile after its S: softmax and P out (to `slot`, `_ss_softmax`), then the
+        own P V."""
         keep = vb.load(kcol.type.layout)[None, :] != 0
         pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, kr, keep, m_buf, pm, start, kcol,
-                                          row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
+                                          row_lim, slot, MASK_CAUSAL, qk_scale)  # fmt: skip
         acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
         return acc, m_o, m_w, l_w
 
@@ -474,7 +488,28 @@ if HAS_GLUON:
         OW: gl.constexpr = 1 - W  # the other warpgroup
         q_l = q_lat.index(z)
         q_r = q_rope.index(z)
-        if W == 0 or ORDER == 0:
+        if ORDER == 3:  # sequential: warpgroup 0 owns every tile, warpgroup 1 its P V
+            if QF and W == 1:
+                if last:  # (it reads no q)
+                    mbarrier.arrive(qf, count=1)
+            for k in range(2):  # tile j = j0 + k, ring stage k (a loop: one copy of the step)
+                kl = k_lat.index(k + z)
+                kr = k_rope.index(k + z)
+                if W == 0:
+                    mbarrier.wait(ready.index(k), ph)
+                    s = _ss_s(q_l, q_r, kl, kr, zero_s)
+                    if QF:
+                        if last:
+                            mbarrier.arrive(qf, count=1, pred=k == 1)
+                    acc, m_o, m_w, l_w = _ss_own(
+                        s, m_w, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
+                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l, k,
+                    )  # fmt: skip
+                else:
+                    mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
+                    acc, m_o = _ss_other(acc, m_o, m_buf.index(k).load(orow), kl, kr, W)
+                _ss_free(empty, k * (1 + HALF) + W * HALF, cl, CROSS)
+        elif W == 0 or ORDER == 0:
             for k in gl.static_range(2):  # tile j = j0 + k, ring stage k
                 kl = k_lat.index(k + z)
                 kr = k_rope.index(k + z)
@@ -491,7 +526,7 @@ if HAS_GLUON:
                         m_prev = gl.where(j0 > 0, m_prev, float("-inf"))
                     acc, m_o, m_w, l_w = _ss_own(
                         s, m_prev, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
-                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l,
+                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l, W,
                     )  # fmt: skip
                 else:  # the other's tile: its P V on this warpgroup's columns
                     mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
@@ -515,7 +550,7 @@ if HAS_GLUON:
                 _ss_free(empty, W * HALF, cl, CROSS)
                 acc, m_o, m_w, l_w = _ss_own(
                     s, m_prev, acc, m_o, m_w, l_w, kl1, kr1, vbuf.index(1), m_buf, pm,
-                    lo + (j0 + 1) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l,
+                    lo + (j0 + 1) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l, W,
                 )  # fmt: skip
             else:  # ORDER 2: the own softmax (P out early), then both P V products
                 keep = vbuf.index(1).load(kcol.type.layout)[None, :] != 0
@@ -596,7 +631,10 @@ if HAS_GLUON:
         (and, W = 0, the LSE). ORDER: warpgroup 1's steps in a pair of tiles (2 i, 2 i + 1):
         0 the P V of tile 2 i, then S, softmax and P V of its own tile; 1 its own S first
         (under warpgroup 0's softmax), then tile 2 i's P V, the own softmax and P V; 2 its own
-        S, its softmax (P out early), then both P V products. HALF: each warpgroup frees
+        S, its softmax (P out early), then both P V products; 3 (sequential, FlashMLA's
+        split of the work) none of its own: warpgroup 0 runs every tile's S, softmax and P V
+        on columns 0..255, and warpgroup 1 the P V on 256..511 from P in shared memory, so a
+        stage is refilled a whole tile step before it is read again. HALF: each warpgroup frees
         its half of a stage on its own barrier (the producer refills that half first). CROSS
         (a 2-CTA cluster, `_ss_cross_tile`): it frees it on the peer's barrier too."""
         if CROSS:
@@ -704,7 +742,7 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
-        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None,
+        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None, SS_RREG: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
@@ -788,7 +826,8 @@ if HAS_GLUON:
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
                 (_ss_consume, (args, cl, trp, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
-                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE)),
+                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE,
+                                SS_RREG)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],
