@@ -212,22 +212,6 @@ VARIANTS = {
     # of the 504 a thread of each warpgroup has (maxnreg 168 x 3 warpgroups), not 192
     "ss_r104": dict(_SS, ss_regs=(200, 104)),
     "ss_ps_r104": dict(_SS, ss_persist=True, ss_regs=(200, 104)),
-    # order 3, sequential (FlashMLA's split): warpgroup 0 every tile's S, softmax and P V on
-    # columns 0..255, warpgroup 1 the P V on 256..511; a stage refills a whole tile ahead
-    "ss_seq": dict(_SS, ss_order=3),
-    "ss_ps_seq": dict(_SS, ss_persist=True, ss_order=3),
-    # ... with consumer 1 (P V only) at 160 registers: consumer 0 (the default partition) 232
-    "ss_seq160": dict(_SS, ss_order=3, ss_regs=(160, 112)),
-    "ss_ps_seq160": dict(_SS, ss_persist=True, ss_order=3, ss_regs=(160, 112)),
-    # the rope part loaded into the producer's registers before its waits (not cp.async'ed
-    # once the stage is free)
-    "ss_rr": dict(_SS, ss_rreg=True),
-    "ss_seq_rr": dict(_SS, ss_order=3, ss_regs=(160, 112), ss_rreg=True),
-    "ss_ps_rr": dict(_SS, ss_persist=True, ss_rreg=True),
-    "ss_rr_o2": dict(_SS, ss_rreg=True, ss_order=2),
-    "ss_rr_r104": dict(_SS, ss_rreg=True, ss_regs=(200, 104)),
-    "ss_rr_r120": dict(_SS, ss_rreg=True, ss_regs=(192, 120)),
-    "ss_ps_seq_rr": dict(_SS, ss_persist=True, ss_order=3, ss_regs=(160, 112), ss_rreg=True),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(_SS, ss_tma=True),
 }
@@ -256,9 +240,9 @@ CASES = [
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss", "ss_rr"], [None]),
+     ["ss_1cta", "ss"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss", "ss_rr", "ss_rr_o2", "ss_rr_r104", "ss_rr_r120", "ss_ps_rr"], [None]),
+     ["ss0", "ss_1cta", "ss", "ss_ps", "ss_ps0", "ss_r104", "ss_ps_r104"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,

@@ -154,7 +154,7 @@ if HAS_GLUON:
     @gluon.jit
     def _ps_producer(args, cl, trp, H_Q: gl.constexpr, HAS_TOPK: gl.constexpr,
                      TOPK_TOK: gl.constexpr, B_P2: gl.constexpr, BN: gl.constexpr,
-                     TRACE: gl.constexpr, RREG: gl.constexpr):  # fmt: skip
+                     TRACE: gl.constexpr):  # fmt: skip
         """Four warps: for each segment, its info (`_ps_put_info`) and q once the consumers
         are done with the last one's (`qfree`; q and info complete `qready`), then its tiles
         (`_ss_cross_tile`; an odd last tile all masked) into stage j % 2, the barrier phases
@@ -193,8 +193,7 @@ if HAS_GLUON:
                 rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, True, BN,
                                       row_l)  # fmt: skip
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
-                               cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN,
-                               RREG)  # fmt: skip
+                               cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN)  # fmt: skip
                 if TRACE:
                     gl.store(trp + 51 + 2 * s, _g_clock(), mask=(s < 14) & (j == 0))
                 key = key_next
@@ -264,9 +263,9 @@ if HAS_GLUON:
     @gluon.jit
     def _ps_consume(args, cl, trp, W: gl.constexpr, H_Q: gl.constexpr,
                     HAS_SINK: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
-                    EPI: gl.constexpr, ORDER: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                    EPI: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W: for each segment, wait for its q, run its pairs of tiles
-        (`_ss_pair`, ORDER 1 or 3, half stages, cluster), then `_ps_finish`."""
+        (`_ss_pair`, order 1, half stages, cluster), then `_ps_finish`."""
         if W == 1:  # (warpgroup 0 arrived at the end of the kernel's prologue)
             cl_arrive()
         cl_wait()
@@ -301,7 +300,7 @@ if HAS_GLUON:
                 acc, m_o, m_w, l_w = _ss_pair(
                     acc, m_o, m_w, l_w, (gp + i) // 2147483647, (gp + i) & 1, 2 * i, lo, q_lat,
                     q_rope, k_lat, k_rope, vbuf, m_buf, bars, cl, qfree, i == n_pairs - 1, kcol,
-                    row_lim, zero_s, qk_scale, True, W, False, ORDER, True, True, BN, o_l,
+                    row_lim, zero_s, qk_scale, True, W, False, 1, True, True, BN, o_l,
                 )  # fmt: skip
                 if TRACE and W == 0:
                     gl.store(trp + 3 + 4 * s, _g_clock(), mask=(s < 12) & (i == 0))
@@ -328,8 +327,8 @@ if HAS_GLUON:
         H_Q: gl.constexpr, D_V: gl.constexpr, B_P2: gl.constexpr, HAS_SINK: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, BN: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        EPI: gl.constexpr = 0, SS_ORDER: gl.constexpr = 1, OFF_K=0, OFF_READY=0, OFF_REMPTY=0,
-        TRACE: gl.constexpr = False, TR=None, SS_RREG: gl.constexpr = False,
+        EPI: gl.constexpr = 0, OFF_K=0, OFF_READY=0, OFF_REMPTY=0,
+        TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Grid: G clusters of 2 CTAs (`launch(..., cluster=2)`;
         CTA 2 c + r: head block r of cluster c's tokens); L, NPR: pairs a cluster, pairs a
@@ -396,10 +395,9 @@ if HAS_GLUON:
         # fmt: off
         gl.warp_specialize(
             [
-                (_ps_consume, (c_args, cl, trp, 0, H_Q, HAS_SINK, D_V, BN, EPI, SS_ORDER, TRACE)),
-                (_ps_consume, (c_args, cl, trp, 1, H_Q, HAS_SINK, D_V, BN, EPI, SS_ORDER, TRACE)),
-                (_ps_producer, (p_args, cl, trp, H_Q, HAS_TOPK, TOPK_TOK, B_P2, BN, TRACE,
-                                SS_RREG)),
+                (_ps_consume, (c_args, cl, trp, 0, H_Q, HAS_SINK, D_V, BN, EPI, TRACE)),
+                (_ps_consume, (c_args, cl, trp, 1, H_Q, HAS_SINK, D_V, BN, EPI, TRACE)),
+                (_ps_producer, (p_args, cl, trp, H_Q, HAS_TOPK, TOPK_TOK, B_P2, BN, TRACE)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

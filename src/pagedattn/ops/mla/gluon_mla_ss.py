@@ -93,6 +93,23 @@ V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 o
 (or j + 3) by the producer (8-16 addresses a row, 2026-11-22): 605 -> 697 us, 480 -> 513,
 340 -> 424.
 
+Rope in registers (H100 2026-11-23, `bench/gpu_mla_dev.py` graph replays, sparse V32 b 128 h_q
+128 s_q 2 top-k 2048; record `bench/results/h100_2026-11-23_mla_v32_rope_regs.json`): the
+cluster producer loads a tile's rope part (64 rows x 128 bytes, 16 registers a thread) with
+its e4m3 bytes, before its waits, and stores it once the stage is free. It used to cp.async it
+after the last wait, so every tile's `ready` waited for a global load issued only once both
+consumers had freed the stage. Two leases, against the cp.async form: 0.430 / 0.430 ms against
+0.439 / 0.440 from HBM, 0.397 / 0.397 against 0.414 / 0.413 with the keys in L2, 0.366 against
+0.367 with none loaded; dense V32 h_q 128 s_k 8192 0.829 against 0.854 ms (L2 0.756 / 0.772);
+the persistent kernel 0.468 against 0.485. With it, 200 / 104 and 192 / 120 registers
+(consumers / producer) ran 0.432 and order 2 0.456. A sequential order (FlashMLA's split:
+warpgroup 0 every tile's S, softmax and P V on columns 0..255, warpgroup 1 the P V on 256..511
+from P in shared memory; commit 23d1625, `ss_order` 3) was the fastest with no key loaded
+(0.359 against 0.366) but slower wherever keys load: 0.498 ms from HBM and 0.439 in L2 with the
+rope in registers (consumer 0 at 232 registers, 27 spill stores; at 192, 50 and 0.659 ms); in
+the persistent kernel 0.580. Its one warpgroup's S, softmax and P V in a row leave the
+producer less time per tile than the seesaw's pairs, not more.
+
 What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
 order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
 schedule alone) sparse bf16 runs 446 -> 502 and V32 402 -> 401 (the producer's dequant path); with
@@ -285,8 +302,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars, cl, st,
-                       rows, valid, e_ph, BN: gl.constexpr,
-                       RREG: gl.constexpr = False):  # fmt: skip
+                       rows, valid, e_ph, BN: gl.constexpr):  # fmt: skip
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
@@ -295,9 +311,9 @@ if HAS_GLUON:
         peer's `ready`; so each CTA converts half of every tile. The rope slot (P) is refilled
         once this CTA's other consumer has freed its half too. The cache's rows (K: V32
         bytes, its strides in bytes, halves and words), the ring (k_lat, k_rope, vbuf) and
-        its barriers (bars) as the producer unpacked them. RREG: the rope part is loaded into
-        registers with the e4m3 bytes (before the waits) and stored after them, instead of
-        cp.async'ed once the stage is free."""
+        its barriers (bars) as the producer unpacked them. The rope part (bf16, no
+        conversion) is loaded into registers with the e4m3 bytes, before the waits, and
+        stored once the stage is free (see the module docstring's "rope in registers")."""
         ready, empty, pm, lx, rempty = bars
         off_k, off_ready, off_rempty, rank = cl
         peer = 1 - rank
@@ -310,11 +326,9 @@ if HAS_GLUON:
         roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K, K_stride, K_stride_q, 0, 4)  # (no SC)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
-        if RREG:
-            dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-            k16 = K.to(gl.pointer_type(gl.bfloat16))
-            rp = k16 + (gl.multiple_of(rows * K_stride_h, 8) + 264)[:, None] + dT[None, :]
-            rope = gl.load(rp, mask=valid[:, None], other=0.0)
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        rp = K.to(gl.pointer_type(gl.bfloat16)) + (gl.multiple_of(rows * K_stride_h, 8) + 264)
+        rope = gl.load(rp[:, None] + dT[None, :], mask=valid[:, None], other=0.0)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
         dst = halves.index(2 * st + rank)
         _ss_deq_store(dst, x0, s0, 0)
@@ -324,10 +338,7 @@ if HAS_GLUON:
         mbarrier.wait(rempty.index(2 * st + rank), e_ph)
         cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB, peer)
         mbarrier.wait(empty.index(2 * st + peer), e_ph)
-        if RREG:
-            k_rope.index(st).store(rope)
-        else:
-            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, 4, ld_l)
+        k_rope.index(st).store(rope)  # (a masked row's rope as zeros; its P is masked)
         _ss_release(ready, st, vbuf, valid, HB)
 
     @gluon.jit
@@ -340,8 +351,7 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_producer(args, cl, trp, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr,
-                     RREG: gl.constexpr = False):  # fmt: skip
+                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
         of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
@@ -372,7 +382,7 @@ if HAS_GLUON:
                                   row_l)  # fmt: skip
             if CROSS:
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
-                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN, RREG)  # fmt: skip
+                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
@@ -418,12 +428,11 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_softmax(s, m_prev, m_w, l_w, kr, keep, m_buf, pm, start, kcol, row_lim,
-                    slot, MASK_CAUSAL: gl.constexpr, qk_scale):  # fmt: skip
+                    W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale):  # fmt: skip
         """Softmax of the own tile's S against the running max m_prev left by the other
         warpgroup, keys `keep` ([1, BN], the tile's valid ones; causal rows masked here): P
         (bf16) into `kr` (here the tile's rope slot, read by S only, which is done), the new
-        max into m_buf[slot], then the pm[slot] arrival (slot: the warpgroup's, or in order 3
-        the stage's). Returns (P, new max, m_w, l_w)."""
+        max into m_buf[W], then the pm[W] arrival. Returns (P, new max, m_w, l_w)."""
         if MASK_CAUSAL:
             keep = keep & ((start + kcol)[None, :] < row_lim[:, None])
         s = gl.where(keep, s * qk_scale, float("-inf"))
@@ -433,10 +442,10 @@ if HAS_GLUON:
         l_w = l_w * gl.exp2(m_w - m_use) + gl.sum(p, 1)
         pb = p.to(gl.bfloat16)
         kr.store(pb)
-        m_buf.index(slot).store(m_new)
+        m_buf.index(W).store(m_new)
         fence_async_shared()
         gl.thread_barrier()
-        mbarrier.arrive(pm.index(slot), count=1)
+        mbarrier.arrive(pm.index(W), count=1)
         return pb, m_new, m_new, l_w
 
     @gluon.jit
@@ -461,12 +470,11 @@ if HAS_GLUON:
     @gluon.jit
     def _ss_own(s, m_prev, acc, m_o, m_w, l_w, kl, kr, vb, m_buf, pm, start, kcol, row_lim,
                 W: gl.constexpr, MASK_CAUSAL: gl.constexpr, qk_scale,
-                o_l: gl.constexpr, slot):  # fmt: skip
-        """The own tile after its S: softmax and P out (to `slot`, `_ss_softmax`), then the
-        own P V."""
+                o_l: gl.constexpr):  # fmt: skip
+        """The own tile after its S: softmax and P out, then the own P V."""
         keep = vb.load(kcol.type.layout)[None, :] != 0
         pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, kr, keep, m_buf, pm, start, kcol,
-                                          row_lim, slot, MASK_CAUSAL, qk_scale)  # fmt: skip
+                                          row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
         acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
         return acc, m_o, m_w, l_w
 
@@ -488,28 +496,7 @@ if HAS_GLUON:
         OW: gl.constexpr = 1 - W  # the other warpgroup
         q_l = q_lat.index(z)
         q_r = q_rope.index(z)
-        if ORDER == 3:  # sequential: warpgroup 0 owns every tile, warpgroup 1 its P V
-            if QF and W == 1:
-                if last:  # (it reads no q)
-                    mbarrier.arrive(qf, count=1)
-            for k in range(2):  # tile j = j0 + k, ring stage k (a loop: one copy of the step)
-                kl = k_lat.index(k + z)
-                kr = k_rope.index(k + z)
-                if W == 0:
-                    mbarrier.wait(ready.index(k), ph)
-                    s = _ss_s(q_l, q_r, kl, kr, zero_s)
-                    if QF:
-                        if last:
-                            mbarrier.arrive(qf, count=1, pred=k == 1)
-                    acc, m_o, m_w, l_w = _ss_own(
-                        s, m_w, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
-                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l, k,
-                    )  # fmt: skip
-                else:
-                    mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
-                    acc, m_o = _ss_other(acc, m_o, m_buf.index(k).load(orow), kl, kr, W)
-                _ss_free(empty, k * (1 + HALF) + W * HALF, cl, CROSS)
-        elif W == 0 or ORDER == 0:
+        if W == 0 or ORDER == 0:
             for k in gl.static_range(2):  # tile j = j0 + k, ring stage k
                 kl = k_lat.index(k + z)
                 kr = k_rope.index(k + z)
@@ -526,7 +513,7 @@ if HAS_GLUON:
                         m_prev = gl.where(j0 > 0, m_prev, float("-inf"))
                     acc, m_o, m_w, l_w = _ss_own(
                         s, m_prev, acc, m_o, m_w, l_w, kl, kr, vbuf.index(k), m_buf, pm,
-                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l, W,
+                        lo + (j0 + k) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l,
                     )  # fmt: skip
                 else:  # the other's tile: its P V on this warpgroup's columns
                     mbarrier.wait(pm.index(k), ph)  # P_j and m_j are in shared memory
@@ -550,7 +537,7 @@ if HAS_GLUON:
                 _ss_free(empty, W * HALF, cl, CROSS)
                 acc, m_o, m_w, l_w = _ss_own(
                     s, m_prev, acc, m_o, m_w, l_w, kl1, kr1, vbuf.index(1), m_buf, pm,
-                    lo + (j0 + 1) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l, W,
+                    lo + (j0 + 1) * BN, kcol, row_lim, W, MASK_CAUSAL, qk_scale, o_l,
                 )  # fmt: skip
             else:  # ORDER 2: the own softmax (P out early), then both P V products
                 keep = vbuf.index(1).load(kcol.type.layout)[None, :] != 0
@@ -631,10 +618,7 @@ if HAS_GLUON:
         (and, W = 0, the LSE). ORDER: warpgroup 1's steps in a pair of tiles (2 i, 2 i + 1):
         0 the P V of tile 2 i, then S, softmax and P V of its own tile; 1 its own S first
         (under warpgroup 0's softmax), then tile 2 i's P V, the own softmax and P V; 2 its own
-        S, its softmax (P out early), then both P V products; 3 (sequential, FlashMLA's
-        split of the work) none of its own: warpgroup 0 runs every tile's S, softmax and P V
-        on columns 0..255, and warpgroup 1 the P V on 256..511 from P in shared memory, so a
-        stage is refilled a whole tile step before it is read again. HALF: each warpgroup frees
+        S, its softmax (P out early), then both P V products. HALF: each warpgroup frees
         its half of a stage on its own barrier (the producer refills that half first). CROSS
         (a 2-CTA cluster, `_ss_cross_tile`): it frees it on the peer's barrier too."""
         if CROSS:
@@ -742,7 +726,7 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
-        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None, SS_RREG: gl.constexpr = False,
+        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
@@ -826,8 +810,7 @@ if HAS_GLUON:
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
                 (_ss_consume, (args, cl, trp, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
-                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE,
-                                SS_RREG)),
+                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

@@ -698,7 +698,7 @@ TUNING: dict[str, Any] = {
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
     "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
-    "ss_persist": None, "ps_epi": None, "ss_rreg": None,
+    "ss_persist": None, "ps_epi": None,
 }  # fmt: skip
 
 
@@ -1043,8 +1043,7 @@ def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm
         idx.stride(0), idx.shape[1], L, npr,
         H_Q=h_q, D_V=d_v, B_P2=triton.next_power_of_2(batch + 1),
         HAS_SINK=attn_sink is not None, HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, BN=64,
-        CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1),
-        SS_ORDER=_tuned("ss_order", 1), SS_RREG=bool(_tuned("ss_rreg", False)), num_warps=4,
+        CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1), num_warps=4,
         cluster=2, smem_args=_SS_CROSS_SMEM, **trace,
     )  # fmt: skip
     if L % npr:  # else every cluster boundary falls between tokens: none is cut
@@ -1214,7 +1213,7 @@ def mla_decode_triton(
                 and extra["SS_HALF"]
                 and _tuned("ss_cross", True)
             ):
-                extra.update(SS_CROSS=True, SS_RREG=bool(_tuned("ss_rreg", False)))
+                extra.update(SS_CROSS=True)
                 cluster = 2
                 if sparse and P == 1 and _tuned("ss_persist", False):
                     return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
