@@ -44,6 +44,10 @@ of lookahead hides less of it when every SM streams all the time (here) than whe
 CTAs' time is the gaps between them (`gluon_mla_ss`). Not the cause: the work order (token
 order 0.483 ms, the i-th tokens first 0.484-0.485), the consumer / producer registers (200 /
 104, giving consumer 0 200 instead of 192: 0.479 here, 0.446 against 0.438 for `gluon_mla_ss`).
+With each tile's rope part loaded into the producer's registers (`_ss_cross_tile`, 2026-11-23,
+`bench/results/h100_2026-11-23_mla_v32_rope_regs.json`) it takes 0.468 ms against
+`gluon_mla_ss`'s 0.430 from HBM, 0.414 against 0.397 in L2 and 0.382 against 0.366 with no key
+loaded: 4% slower even where no key loads, so the memory latency is not all of the gap.
 """
 
 from __future__ import annotations
