@@ -107,8 +107,12 @@ warpgroup 0 every tile's S, softmax and P V on columns 0..255, warpgroup 1 the P
 from P in shared memory; commit 23d1625, `ss_order` 3) was the fastest with no key loaded
 (0.359 against 0.366) but slower wherever keys load: 0.498 ms from HBM and 0.439 in L2 with the
 rope in registers (consumer 0 at 232 registers, 27 spill stores; at 192, 50 and 0.659 ms); in
-the persistent kernel 0.580. Its one warpgroup's S, softmax and P V in a row leave the
-producer less time per tile than the seesaw's pairs, not more.
+the persistent kernel 0.580. Nor does issuing tile j + 1's loads earlier, between tile j's copy
+to the peer and its rope store (so two tiles' loads are in flight; one producer spill): 0.520
+against 0.429 ms from HBM, 0.459 against 0.396 in L2, 0.380 against 0.363 with none loaded,
+dense V32 0.972 against 0.829 (same record, run 6): the producer's path from a free stage to
+its release is the tiles' critical path, and the loads' issue (with `_ss_fp8_ptrs`'s layout
+conversion) sits on it.
 
 What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
 order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
