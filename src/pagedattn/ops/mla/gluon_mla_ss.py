@@ -112,7 +112,11 @@ to the peer and its rope store (so two tiles' loads are in flight; one producer 
 against 0.429 ms from HBM, 0.459 against 0.396 in L2, 0.380 against 0.363 with none loaded,
 dense V32 0.972 against 0.829 (same record, run 6): the producer's path from a free stage to
 its release is the tiles' critical path, and the loads' issue (with `_ss_fp8_ptrs`'s layout
-conversion) sits on it.
+conversion) sits on it. Taking the e4m3 -> bf16 conversion off that path, converting before the
+wait, does not survive ptxas: with the conversion's inline asm not pure, the PTX has all 64
+cvt.rn.f16x2.e4m3x2 of a tile ahead of the mbarrier.try_wait, but the sm_90 SASS sinks the
+F2FP conversions past the wait loop to their stores, at 112 or 120 producer registers (offline
+compile, `bench/gpu_mla_dev.py --compile-only`, 2026-11-23).
 
 What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
 order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
