@@ -101,7 +101,10 @@ after the last wait, so every tile's `ready` waited for a global load issued onl
 consumers had freed the stage. Two leases, against the cp.async form: 0.430 / 0.430 ms against
 0.439 / 0.440 from HBM, 0.397 / 0.397 against 0.414 / 0.413 with the keys in L2, 0.366 against
 0.367 with none loaded; dense V32 h_q 128 s_k 8192 0.829 against 0.854 ms (L2 0.756 / 0.772);
-the persistent kernel 0.468 against 0.485. With it, 200 / 104 and 192 / 120 registers
+the persistent kernel 0.468 against 0.485. The one-CTA V32 producer (h_q <= 64; it holds a
+whole tile's e4m3 words) spills with the rope added (5 spill stores) and ran slower that way:
+sparse V32 h_q 64 0.280 against 0.246 ms from HBM, 0.207 against 0.190 in L2, 0.174 against
+0.168 with none loaded (run 7), so it keeps the cp.async. With it, 200 / 104 and 192 / 120 registers
 (consumers / producer) ran 0.432 and order 2 0.456. A sequential order (FlashMLA's split:
 warpgroup 0 every tile's S, softmax and P V on columns 0..255, warpgroup 1 the P V on 256..511
 from P in shared memory; commit 23d1625, `ss_order` 3) was the fastest with no key loaded
