@@ -101,13 +101,14 @@ after the last wait, so every tile's `ready` waited for a global load issued onl
 consumers had freed the stage. Two leases, against the cp.async form: 0.430 / 0.430 ms against
 0.439 / 0.440 from HBM, 0.397 / 0.397 against 0.414 / 0.413 with the keys in L2, 0.366 against
 0.367 with none loaded; dense V32 h_q 128 s_k 8192 0.829 against 0.854 ms (L2 0.756 / 0.772);
-the persistent kernel 0.468 against 0.485. The one-CTA V32 producer (h_q <= 64; it holds a
-whole tile's e4m3 words) spills with the rope added (5 spill stores) and ran slower that way:
-sparse V32 h_q 64 0.280 against 0.246 ms from HBM, 0.207 against 0.190 in L2, 0.174 against
-0.168 with none loaded (run 7), so it keeps the cp.async. With it, 200 / 104 and 192 / 120 registers
-(consumers / producer) ran 0.432 and order 2 0.456. A sequential order (FlashMLA's split:
-warpgroup 0 every tile's S, softmax and P V on columns 0..255, warpgroup 1 the P V on 256..511
-from P in shared memory; commit 23d1625, `ss_order` 3) was the fastest with no key loaded
+the persistent kernel 0.468 against 0.485. With the rope in registers, 200 / 104 and 192 /
+120 registers (consumers / producer) ran 0.432 and order 2 0.456. The one-CTA V32 producer
+(h_q <= 64; it holds a whole tile's e4m3 words) spills with the rope added (5 spill stores)
+and ran slower that way: sparse V32 h_q 64 0.280 against 0.246 ms from HBM, 0.207 against
+0.190 in L2, 0.174 against 0.168 with none loaded (run 7), so it keeps the cp.async.
+A sequential order (FlashMLA's split: warpgroup 0 every tile's S, softmax and P V on columns
+0..255, warpgroup 1 the P V on 256..511 from P in shared memory; commit 23d1625, `ss_order` 3)
+was the fastest with no key loaded
 (0.359 against 0.366) but slower wherever keys load: 0.498 ms from HBM and 0.439 in L2 with the
 rope in registers (consumer 0 at 232 registers, 27 spill stores; at 192, 50 and 0.659 ms); in
 the persistent kernel 0.580. Nor does issuing tile j + 1's loads earlier, between tile j's copy
