@@ -101,7 +101,10 @@ after the last wait, so every tile's `ready` waited for a global load issued onl
 consumers had freed the stage. Two leases, against the cp.async form: 0.430 / 0.430 ms against
 0.439 / 0.440 from HBM, 0.397 / 0.397 against 0.414 / 0.413 with the keys in L2, 0.366 against
 0.367 with none loaded; dense V32 h_q 128 s_k 8192 0.829 against 0.854 ms (L2 0.756 / 0.772);
-the persistent kernel 0.468 against 0.485. With the rope in registers, 200 / 104 and 192 /
+the persistent kernel 0.468 against 0.485. Its trace (`--trace ss128`, same record): 3.07-3.10
+us a tile against 3.16-3.18, the producer's first tile released 3.7-3.8 us after the prologue
+against 4.1, the first pair done 10.9-11.0 us after it against 11.2-11.4; prologue 2.5-2.8 us,
+epilogue 2.7, 1.3 between a SM's CTAs as before. With the rope in registers, 200 / 104 and 192 /
 120 registers (consumers / producer) ran 0.432 and order 2 0.456. The one-CTA V32 producer
 (h_q <= 64; it holds a whole tile's e4m3 words) spills with the rope added (5 spill stores)
 and ran slower that way: sparse V32 h_q 64 0.280 against 0.246 ms from HBM, 0.207 against
