@@ -212,6 +212,9 @@ VARIANTS = {
     # of the 504 a thread of each warpgroup has (maxnreg 168 x 3 warpgroups), not 192
     "ss_r104": dict(_SS, ss_regs=(200, 104)),
     "ss_ps_r104": dict(_SS, ss_persist=True, ss_regs=(200, 104)),
+    # the cluster producer copies each 16 KB group to the peer once stored (default: dense)
+    "ss_scp": dict(_SS, ss_splitcp=True),
+    "ss_scp0": dict(_SS, ss_splitcp=False),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(_SS, ss_tma=True),
 }
@@ -240,9 +243,9 @@ CASES = [
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss_1cta", "ss"], [None]),
+     ["ss", "ss_scp0"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss0", "ss_1cta", "ss", "ss_ps", "ss_ps0", "ss_r104", "ss_ps_r104"], [None]),
+     ["ss", "ss_scp", "ss_ps"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,

@@ -123,7 +123,11 @@ conversion) sits on it. Taking the e4m3 -> bf16 conversion off that path, conver
 wait, does not survive ptxas: with the conversion's inline asm not pure, the PTX has all 64
 cvt.rn.f16x2.e4m3x2 of a tile ahead of the mbarrier.try_wait, but the sm_90 SASS sinks the
 F2FP conversions past the wait loop to their stores, at 112 or 120 producer registers (offline
-compile, `bench/gpu_mla_dev.py --compile-only`, 2026-11-23).
+compile, `bench/gpu_mla_dev.py --compile-only`, 2026-11-23). Copying each 16 KB group to the
+peer once it is stored (SPLITCP, the second group converted under the first one's copy) helps
+dense V32 and not sparse (runs 9-10, two leases): dense h_q 128 s_k 8192 0.797 against 0.820
+ms (L2 0.721-0.731 against 0.752-0.757), sparse 0.435 against 0.428-0.431 (none loaded 0.371
+against 0.361); so it is on for dense only.
 
 What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
 order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
@@ -317,7 +321,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars, cl, st,
-                       rows, valid, e_ph, BN: gl.constexpr):  # fmt: skip
+                       rows, valid, e_ph, BN: gl.constexpr,
+                       SPLITCP: gl.constexpr = False):  # fmt: skip
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
@@ -328,7 +333,9 @@ if HAS_GLUON:
         bytes, its strides in bytes, halves and words), the ring (k_lat, k_rope, vbuf) and
         its barriers (bars) as the producer unpacked them. The rope part (bf16, no
         conversion) is loaded into registers with the e4m3 bytes, before the waits, and
-        stored once the stage is free (see the module docstring's "rope in registers")."""
+        stored once the stage is free (see the module docstring's "rope in registers").
+        SPLITCP: each 16 KB column group of the half is copied once stored, the second
+        converted under the first one's copy (dense V32: `triton_mla`'s SS_SPLITCP)."""
         ready, empty, pm, lx, rempty = bars
         off_k, off_ready, off_rempty, rank = cl
         peer = 1 - rank
@@ -346,12 +353,24 @@ if HAS_GLUON:
         rope = gl.load(rp[:, None] + dT[None, :], mask=valid[:, None], other=0.0)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
         dst = halves.index(2 * st + rank)
-        _ss_deq_store(dst, x0, s0, 0)
-        _ss_deq_store(dst, x1, s1, 1)
-        fence_async_shared()  # the stores, before the copy (async proxy) reads them
-        gl.thread_barrier()
-        mbarrier.wait(rempty.index(2 * st + rank), e_ph)
-        cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB, peer)
+        if SPLITCP:  # each 16 KB group copied once stored (the second stored under the first)
+            _ss_deq_store(dst, x0, s0, 0)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.wait(rempty.index(2 * st + rank), e_ph)
+            cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB // 2, peer)
+            _ss_deq_store(dst, x1, s1, 1)
+            fence_async_shared()
+            gl.thread_barrier()
+            cl_copy_to_peer(off_k + (2 * st + rank) * HB + HB // 2, off_ready + 8 * st, HB // 2,
+                            peer)  # fmt: skip
+        else:
+            _ss_deq_store(dst, x0, s0, 0)
+            _ss_deq_store(dst, x1, s1, 1)
+            fence_async_shared()  # the stores, before the copy (async proxy) reads them
+            gl.thread_barrier()
+            mbarrier.wait(rempty.index(2 * st + rank), e_ph)
+            cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB, peer)
         mbarrier.wait(empty.index(2 * st + peer), e_ph)
         k_rope.index(st).store(rope)  # (a masked row's rope as zeros; its P is masked)
         _ss_release(ready, st, vbuf, valid, HB)
@@ -366,7 +385,8 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ss_producer(args, cl, trp, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                     HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr,
+                     SPLITCP: gl.constexpr = False):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
         of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
@@ -397,7 +417,8 @@ if HAS_GLUON:
                                   row_l)  # fmt: skip
             if CROSS:
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
-                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN)  # fmt: skip
+                               cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN,
+                               SPLITCP)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
@@ -741,7 +762,7 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
-        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None,
+        OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None, SS_SPLITCP: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
@@ -825,7 +846,8 @@ if HAS_GLUON:
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
                 (_ss_consume, (args, cl, trp, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
-                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE)),
+                (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE,
+                                SS_SPLITCP)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

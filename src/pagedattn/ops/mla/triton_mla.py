@@ -698,7 +698,7 @@ TUNING: dict[str, Any] = {
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
     "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
-    "ss_persist": None, "ps_epi": None,
+    "ss_persist": None, "ps_epi": None, "ss_splitcp": None,
 }  # fmt: skip
 
 
@@ -1213,7 +1213,12 @@ def mla_decode_triton(
                 and extra["SS_HALF"]
                 and _tuned("ss_cross", True)
             ):
-                extra.update(SS_CROSS=True)
+                # SS_SPLITCP: each 16 KB group of a half goes to the peer once stored (the
+                # second converted under the first one's copy). H100 graph replays (2026-11-23,
+                # two leases, bench/results/h100_2026-11-23_mla_v32_rope_regs.json runs 9-10):
+                # dense V32 h_q 128 s_k 8192 0.797 against 0.820 ms (L2 0.721-0.731 / 0.752-
+                # 0.757); sparse 0.435 against 0.428-0.431, so dense only.
+                extra.update(SS_CROSS=True, SS_SPLITCP=bool(_tuned("ss_splitcp", not sparse)))
                 cluster = 2
                 if sparse and P == 1 and _tuned("ss_persist", False):
                     return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
