@@ -95,39 +95,38 @@ V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 o
 
 Rope in registers (H100 2026-11-23, `bench/gpu_mla_dev.py` graph replays, sparse V32 b 128 h_q
 128 s_q 2 top-k 2048; record `bench/results/h100_2026-11-23_mla_v32_rope_regs.json`): the
-cluster producer loads a tile's rope part (64 rows x 128 bytes, 16 registers a thread) with
-its e4m3 bytes, before its waits, and stores it once the stage is free. It used to cp.async it
-after the last wait, so every tile's `ready` waited for a global load issued only once both
-consumers had freed the stage. Two leases, against the cp.async form: 0.430 / 0.430 ms against
-0.439 / 0.440 from HBM, 0.397 / 0.397 against 0.414 / 0.413 with the keys in L2, 0.366 against
-0.367 with none loaded; dense V32 h_q 128 s_k 8192 0.829 against 0.854 ms (L2 0.756 / 0.772);
-the persistent kernel 0.468 against 0.485. Its trace (`--trace ss128`, same record): 3.07-3.10
-us a tile against 3.16-3.18, the producer's first tile released 3.7-3.8 us after the prologue
-against 4.1, the first pair done 10.9-11.0 us after it against 11.2-11.4; prologue 2.5-2.8 us,
-epilogue 2.7, 1.3 between a SM's CTAs as before. With the rope in registers, 200 / 104 and 192 /
-120 registers (consumers / producer) ran 0.432 and order 2 0.456. The one-CTA V32 producer
-(h_q <= 64; it holds a whole tile's e4m3 words) spills with the rope added (5 spill stores)
-and ran slower that way: sparse V32 h_q 64 0.280 against 0.246 ms from HBM, 0.207 against
-0.190 in L2, 0.174 against 0.168 with none loaded (run 7), so it keeps the cp.async.
-A sequential order (FlashMLA's split: warpgroup 0 every tile's S, softmax and P V on columns
-0..255, warpgroup 1 the P V on 256..511 from P in shared memory; commit 23d1625, `ss_order` 3)
-was the fastest with no key loaded
-(0.359 against 0.366) but slower wherever keys load: 0.498 ms from HBM and 0.439 in L2 with the
-rope in registers (consumer 0 at 232 registers, 27 spill stores; at 192, 50 and 0.659 ms); in
-the persistent kernel 0.580. Nor does issuing tile j + 1's loads earlier, between tile j's copy
-to the peer and its rope store (so two tiles' loads are in flight; one producer spill): 0.520
-against 0.429 ms from HBM, 0.459 against 0.396 in L2, 0.380 against 0.363 with none loaded,
-dense V32 0.972 against 0.829 (same record, run 6): the producer's path from a free stage to
-its release is the tiles' critical path, and the loads' issue (with `_ss_fp8_ptrs`'s layout
-conversion) sits on it. Taking the e4m3 -> bf16 conversion off that path, converting before the
-wait, does not survive ptxas: with the conversion's inline asm not pure, the PTX has all 64
-cvt.rn.f16x2.e4m3x2 of a tile ahead of the mbarrier.try_wait, but the sm_90 SASS sinks the
-F2FP conversions past the wait loop to their stores, at 112 or 120 producer registers (offline
-compile, `bench/gpu_mla_dev.py --compile-only`, 2026-11-23). Copying each 16 KB group to the
-peer once it is stored (SPLITCP, the second group converted under the first one's copy) helps
-dense V32 and not sparse (runs 9-10, two leases): dense h_q 128 s_k 8192 0.797 against 0.820
-ms (L2 0.721-0.731 against 0.752-0.757), sparse 0.435 against 0.428-0.431 (none loaded 0.371
-against 0.361); so it is on for dense only.
+cluster producer loads a tile's rope part (64 rows x 128 bytes, 16 registers a thread) with its
+e4m3 bytes, before its waits, and stores it once the stage is free. It used to cp.async it after
+the last wait, so every tile's `ready` waited for a global load issued only once both consumers
+had freed the stage. Two leases, against the cp.async form: 0.430 / 0.430 ms against 0.439 /
+0.440 from HBM, 0.397 / 0.397 against 0.414 / 0.413 with the keys in L2, 0.366 against 0.367
+with none loaded; dense V32 h_q 128 s_k 8192 0.829 against 0.854 ms (L2 0.756 / 0.772); the
+persistent kernel 0.468 against 0.485. Its trace (`--trace ss128`, same record): 3.07-3.10 us a
+tile against 3.16-3.18, the producer's first tile released 3.7-3.8 us after the prologue against
+4.1, the first pair done 10.9-11.0 us after it against 11.2-11.4; prologue 2.5-2.8 us, epilogue
+2.7, 1.3 between a SM's CTAs as before. With the rope in registers, 200 / 104 and 192 / 120
+registers (consumers / producer) ran 0.432 and order 2 0.456. The one-CTA V32 producer (h_q <=
+64; it holds a whole tile's e4m3 words) spills with the rope added (5 spill stores) and ran
+slower that way: sparse V32 h_q 64 0.280 against 0.246 ms from HBM, 0.207 against 0.190 in L2,
+0.174 against 0.168 with none loaded (run 7), so it keeps the cp.async. A sequential order
+(FlashMLA's split: warpgroup 0 every tile's S, softmax and P V on columns 0..255, warpgroup 1
+the P V on 256..511 from P in shared memory; commit 23d1625, `ss_order` 3) was the fastest with
+no key loaded (0.359 against 0.366) but slower wherever keys load: 0.498 ms from HBM and 0.439
+in L2 with the rope in registers (consumer 0 at 232 registers, 27 spill stores; at 192, 50 and
+0.659 ms); in the persistent kernel 0.580. Nor does issuing tile j + 1's loads earlier, between
+tile j's copy to the peer and its rope store (so two tiles' loads are in flight; one producer
+spill): 0.520 against 0.429 ms from HBM, 0.459 against 0.396 in L2, 0.380 against 0.363 with
+none loaded, dense V32 0.972 against 0.829 (same record, run 6): the producer's path from a free
+stage to its release is the tiles' critical path, and the loads' issue (with `_ss_fp8_ptrs`'s
+layout conversion) sits on it. Taking the e4m3 -> bf16 conversion off that path, converting
+before the wait, does not survive ptxas: with the conversion's inline asm not pure, the PTX has
+all 64 cvt.rn.f16x2.e4m3x2 of a tile ahead of the mbarrier.try_wait, but the sm_90 SASS sinks
+the F2FP conversions past the wait loop to their stores, at 112 or 120 producer registers
+(offline compile, `bench/gpu_mla_dev.py --compile-only`, 2026-11-23). Copying each 16 KB group
+to the peer once it is stored (SPLITCP, the second group converted under the first one's copy)
+helps dense V32 and not sparse (runs 9-10, two leases): dense h_q 128 s_k 8192 0.797 against
+0.820 ms (L2 0.721-0.731 against 0.752-0.757), sparse 0.435 against 0.428-0.431 (none loaded
+0.371 against 0.361); so it is on for dense only.
 
 What limits it (H100, 2026-11-22, b 128 h_q 128 s_q 2 top-k 2048, TFLOP/s of eager calls,
 order 0 -> the shipped order): with every index invalid (no key loaded: the consumers'
@@ -353,7 +352,7 @@ if HAS_GLUON:
         rope = gl.load(rp[:, None] + dT[None, :], mask=valid[:, None], other=0.0)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
         dst = halves.index(2 * st + rank)
-        if SPLITCP:  # each 16 KB group copied once stored (the second stored under the first)
+        if SPLITCP:  # each 16 KB group copied once stored (the second converted under the first)
             _ss_deq_store(dst, x0, s0, 0)
             fence_async_shared()
             gl.thread_barrier()
