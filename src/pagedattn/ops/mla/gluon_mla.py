@@ -171,10 +171,9 @@ if _HAS_GLUON:
         return pid // NHB, pid % NHB, part
 
     @gluon.jit
-    def _g_issue_rope(
-        k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr
-    ):
-        """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer)."""
+    def _g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr):
+        """Pointers [BN, 64] (bf16, layout ld_l) to dims 512..575 of a tile's rows: BF16 at
+        element 512, rope-aware FP8 at byte 512, V32 at byte 528 (after its 4 scales)."""
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
         if FMT == 0:
             ptr = K + (gl.multiple_of(rows * stride, 8) + 512)[:, None] + dT[None, :]
@@ -182,6 +181,14 @@ if _HAS_GLUON:
             k16 = K.to(gl.pointer_type(gl.bfloat16))
             off = 256 if FMT == 3 else 264
             ptr = k16 + (gl.multiple_of(rows * stride_h, 8) + off)[:, None] + dT[None, :]
+        return ptr
+
+    @gluon.jit
+    def _g_issue_rope(
+        k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr
+    ):
+        """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer)."""
+        ptr = _g_rope_ptrs(rows, K, stride, stride_h, FMT, ld_l)
         cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
 
     @gluon.jit

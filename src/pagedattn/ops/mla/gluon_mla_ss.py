@@ -219,6 +219,7 @@ if HAS_GLUON:
         _g_normalize,
         _g_put_q,
         _g_request,
+        _g_rope_ptrs,
         _g_rows,
         _g_seesaw_start,
         _g_tile_rows,
@@ -347,29 +348,24 @@ if HAS_GLUON:
         roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K, K_stride, K_stride_q, 0, 4)  # (no SC)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        rp = K.to(gl.pointer_type(gl.bfloat16)) + (gl.multiple_of(rows * K_stride_h, 8) + 264)
-        rope = gl.load(rp[:, None] + dT[None, :], mask=valid[:, None], other=0.0)
+        rp = _g_rope_ptrs(rows, K, K_stride, K_stride_h, 4, ld_l)
+        rope = gl.load(rp, mask=valid[:, None], other=0.0)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
         dst = halves.index(2 * st + rank)
-        if SPLITCP:  # each 16 KB group copied once stored (the second converted under the first)
-            _ss_deq_store(dst, x0, s0, 0)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.wait(rempty.index(2 * st + rank), e_ph)
-            cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB // 2, peer)
+        src = off_k + (2 * st + rank) * HB
+        CB: gl.constexpr = HB // 2 if SPLITCP else HB  # bytes a copy
+        _ss_deq_store(dst, x0, s0, 0)
+        if not SPLITCP:
+            _ss_deq_store(dst, x1, s1, 1)
+        fence_async_shared()  # the stores, before the copy (async proxy) reads them
+        gl.thread_barrier()
+        mbarrier.wait(rempty.index(2 * st + rank), e_ph)
+        cl_copy_to_peer(src, off_ready + 8 * st, CB, peer)
+        if SPLITCP:  # the second group, converted under the first one's copy
             _ss_deq_store(dst, x1, s1, 1)
             fence_async_shared()
             gl.thread_barrier()
-            cl_copy_to_peer(off_k + (2 * st + rank) * HB + HB // 2, off_ready + 8 * st, HB // 2,
-                            peer)  # fmt: skip
-        else:
-            _ss_deq_store(dst, x0, s0, 0)
-            _ss_deq_store(dst, x1, s1, 1)
-            fence_async_shared()  # the stores, before the copy (async proxy) reads them
-            gl.thread_barrier()
-            mbarrier.wait(rempty.index(2 * st + rank), e_ph)
-            cl_copy_to_peer(off_k + (2 * st + rank) * HB, off_ready + 8 * st, HB, peer)
+            cl_copy_to_peer(src + CB, off_ready + 8 * st, CB, peer)
         mbarrier.wait(empty.index(2 * st + peer), e_ph)
         k_rope.index(st).store(rope)  # (a masked row's rope as zeros; its P is masked)
         _ss_release(ready, st, vbuf, valid, HB)
