@@ -208,6 +208,13 @@ VARIANTS = {
     "ss_1cta": dict(_SS, ss_cross=False),  # the single-CTA seesaw (before the cluster one)
     "ss_ps": dict(_SS, ss_persist=True),  # sparse: the persistent cluster kernel (gluon_mla_ps)
     "ss_ps0": dict(_SS, ss_persist=True, ps_epi=0),  # its epilogue in 4-byte stores
+    # G clusters of the persistent kernel (default one a pair of SMs): 256 = one token each
+    # (the per-token kernel's work split on the persistent code), 128 = two tokens each
+    "ss_ps_g256": dict(_SS, ss_persist=True, ps_g=256),
+    "ss_ps_g128": dict(_SS, ss_persist=True, ps_g=128),
+    # the persistent kernel's work in token order (default: the i-th tokens of all requests first)
+    "ss_ps_t": dict(_SS, ss_persist=True, ps_order=0),
+    "ss_ps_g256t": dict(_SS, ss_persist=True, ps_g=256, ps_order=0),
     # consumer / producer registers 200 / 104: the default partition (consumer 0) gets 200
     # of the 504 a thread of each warpgroup has (maxnreg 168 x 3 warpgroups), not 192
     "ss_r104": dict(_SS, ss_regs=(200, 104)),
@@ -245,7 +252,7 @@ CASES = [
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
      ["ss", "ss_scp0"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss", "ss_scp", "ss_ps"], [None]),
+     ["ss", "ss_scp", "ss_ps", "ss_ps_g256", "ss_ps_g128", "ss_ps_t", "ss_ps_g256t"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
@@ -447,7 +454,7 @@ def trace_probe(copy_bw, outdir, only=""):
         fn()
         t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
         n_cta = q.shape[0] * P * (2 if seesaw else 1)
-        tr = torch.zeros(n_cta, 8, dtype=torch.int64, device="cuda")
+        tr = torch.zeros(n_cta, 10, dtype=torch.int64, device="cuda")  # `_g_trace_open`
         M.TUNING["trace"] = tr
         fn()
         for rep in range(3):
@@ -488,6 +495,8 @@ def trace_probe(copy_bw, outdir, only=""):
                 wave2_start_p0=float(rel[w2, 0].min()) if len(w2) else 0.0,
                 wave2_start_p50=float(np.median(rel[w2, 0])) if len(w2) else 0.0,
                 wave2_first_med=float(np.median(rel[w2, 2] - rel[w2, 0])) if len(w2) else 0.0,
+                # the SM clock over each CTA's life (cycle counter / globaltimer), MHz
+                sm_mhz_med=float(np.median((a[:, 9] - a[:, 8]) / (a[:, 4] - a[:, 0]) * 1e3)),
             )  # fmt: skip
             rows.append(r)
             print("trace", json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
@@ -516,7 +525,8 @@ def ps_trace_probe(variants=("ss_ps",)):
         fn = _launcher(q, kv, offs, kw, 1)
         fn()
         tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-        tr = torch.zeros(2 * 66, 80, dtype=torch.int64, device="cuda")
+        g = M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0]
+        tr = torch.zeros(2 * g, 80, dtype=torch.int64, device="cuda")
         M.TUNING["trace"] = tr
         for rep in range(2):
             a = _cold_trace(fn, tr)

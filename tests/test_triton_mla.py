@@ -584,13 +584,15 @@ PS_CASES = [(40, 2, 300), (7, 4, 200), (70, 1, 520), (50, 0, 260)]  # batch, s_q
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("order", [1, 0])
 @pytest.mark.parametrize("h_q", [100, 128])
 @pytest.mark.parametrize("batch,s_q,stride", PS_CASES, ids=[f"b{c[0]}-sq{c[1]}" for c in PS_CASES])
-def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q):
+def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q, order):
     """The persistent cluster kernel (TUNING["ss_persist"]; sparse V32, two head blocks a
     token): with more tokens than clusters (b 40 s_q 2, b 70) a cluster's pairs cut tokens in
     two and the combine merges their partials (s_q 0: ragged query lengths 1-3, the work in
-    token order, else by query index); b 7 s_q 4: one token a cluster. Top-k lengths
+    token order, else by query index where order is 1; TUNING["ps_order"] 0: token order
+    always); b 7 s_q 4: one token a cluster. Top-k lengths
     full, a third and 0, invalid indices of every kind, a sink, a poisoned output; against the
     float64 oracle."""
     import pagedattn.ops.mla.triton_mla as M
@@ -612,14 +614,14 @@ def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q):
         return torch.stack([cache.at(e) for e in v])
 
     ref = oracle(q, offs, keys_of, sink=sink)
-    saved = M.TUNING["ss_persist"]
+    saved = M.TUNING["ss_persist"], M.TUNING["ps_order"]
     try:
-        M.TUNING["ss_persist"] = True
+        M.TUNING["ss_persist"], M.TUNING["ps_order"] = True, order
         topk_t = torch.tensor(topk, dtype=torch.int32, device=DEV)
         o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=1, indices=idx,
                      topk_lengths=topk_t)  # fmt: skip
     finally:
-        M.TUNING["ss_persist"] = saved
+        M.TUNING["ss_persist"], M.TUNING["ps_order"] = saved
     check(o, lse, *ref, tol_for("v32", 576))
 
 

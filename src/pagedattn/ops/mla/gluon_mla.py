@@ -144,6 +144,13 @@ if _HAS_GLUON:
         )
 
     @gluon.jit
+    def _g_cycles():
+        """The SM's cycle counter (int64), for development traces (clock rate)."""
+        return gl.inline_asm_elementwise(
+            "mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
+        )
+
+    @gluon.jit
     def _g_smid():
         """The SM the CTA runs on (int64), for development traces."""
         x = gl.inline_asm_elementwise(
@@ -153,12 +160,21 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _g_trace_open(TR):
-        """A traced CTA's row of int64 TR [CTAs, 8] (grid: program, partition), with the
-        CTA's start time in slot 0 and its SM in slot 6; returns the row's pointer."""
-        trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 8
+        """A traced CTA's row of int64 TR [CTAs, 10] (grid: program, partition), with the
+        CTA's start time in slot 0, its SM in slot 6 and the SM's cycle counter in slot 8;
+        returns the row's pointer (`_g_trace_close` ends it)."""
+        trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 10
         gl.store(trp, _g_clock())
         gl.store(trp + 6, _g_smid())
+        gl.store(trp + 8, _g_cycles())
         return trp
+
+    @gluon.jit
+    def _g_trace_close(trp):
+        """A traced CTA's end: its time in slot 4 and the SM's cycle counter in slot 9 (with
+        slot 8's: the SM clock over the CTA's life)."""
+        gl.store(trp + 4, _g_clock())
+        gl.store(trp + 9, _g_cycles())
 
     @gluon.jit
     def _g_program(NHB: gl.constexpr, PDL: gl.constexpr):
@@ -875,9 +891,10 @@ if _HAS_GLUON:
         vectors straight from them: `_t_store`).
         The per-token scales go through a [NBUF, BN] ring read in S's row layout.
 
-        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the
+        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start, before its loop, when its first tile has landed,
-        after the loop and at its end (slots 0-4), its SM (6) and tile count (7)."""
+        after the loop and at its end (slots 0-4), its SM (6), tile count (7) and the SM's cycle
+        counter at the start and end (8, 9)."""
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
@@ -980,7 +997,7 @@ if _HAS_GLUON:
         )  # fmt: skip
         if TRACE:
             gl.thread_barrier()
-            gl.store(trp + 4, _g_clock())
+            _g_trace_close(trp)
 
 else:  # Triton without Gluon: the sm_90 paths are never taken (`triton_mla._use_sm90_path`)
     _mla_decode_sm90 = _mla_decode_sm90_t = None

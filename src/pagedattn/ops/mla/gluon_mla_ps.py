@@ -14,7 +14,8 @@ fill and the epilogue). Here:
   Cluster c takes the pairs [c L, (c + 1) L) of the work order, with L = ceil(tokens NPR /
   G) >= NPR, so that no cluster has more than one pair of work more than another. Where all
   requests have the same query length the work order takes the i-th token of every request,
-  then the (i + 1)-th (`_ps_token`), else the token order;
+  then the (i + 1)-th (`_ps_token`; ORDER 1, the default), else (or with ORDER 0) the token
+  order;
 - a segment is a token's part of that range. A token the range holds whole gets its output
   and LSE stored as `gluon_mla_ss` would. A token cut at a cluster boundary leaves two
   float32 partials (slot c - part, part 0 from the cluster it starts in, 1 from the next) and
@@ -48,6 +49,20 @@ With each tile's rope part loaded into the producer's registers (`_ss_cross_tile
 `bench/results/h100_2026-11-23_mla_v32_rope_regs.json`) it takes 0.468 ms against
 `gluon_mla_ss`'s 0.430 from HBM, 0.414 against 0.397 in L2 and 0.382 against 0.366 with no key
 loaded: 4% slower even where no key loads, so the memory latency is not all of the gap.
+
+Nor is persistence the cause (H100 2026-11-23, record
+`bench/results/h100_2026-11-23_mla_v32_ps_bisect.json`): with G 256 clusters and ORDER 0
+(`triton_mla.TUNING["ps_g"]`, `["ps_order"]`: one token a cluster, in token order, which is
+`gluon_mla_ss`'s work split and order) this kernel takes 0.468-0.472 ms against 0.428-0.430 from
+HBM, 0.406 against 0.394 in L2 and 0.378 against 0.359 with no key loaded. Its start (q loaded by
+the producer: first pair done 16.3 us after the CTA's start against 13.5) and epilogue (3.8
+against 2.7 us) account for the L2 and no-key gaps; from HBM its 32-tile loop also takes 110 us
+against ~103 (3.34 against 3.07 us a tile). Nsight Compute sees the same DRAM bytes (379 against
+376 MB read), L2 hit rate (25%), SM clock (1.78 / 1.79 GHz) and 3% more instructions. Moving the
+consumers' `qfree` arrival out of the pair loop changed nothing (0.470-0.471 ms). The sm_90 SASS
+of the tile loops differs by one warpgroup barrier before the producer's `empty` wait, a spilled
+loop counter in the producer and a few more consumer-0 spills (12 / 5 LDL / STL a pair against 8
+/ 3). G 128 (two tokens a cluster) takes 0.465 ms, token order at G 66 0.463 against 0.464.
 """
 
 from __future__ import annotations
@@ -58,6 +73,7 @@ if HAS_GLUON:
     from ..gluon_cluster import cl_arrive, cl_fence_init, cl_sync, cl_wait
     from .gluon_mla import (
         _g_clock,
+        _g_cycles,
         _g_key_range,
         _g_keys,
         _g_normalize,
@@ -66,13 +82,6 @@ if HAS_GLUON:
         _g_smid,
     )
     from .gluon_mla_ss import SS_O_L, SS_S_L, _ss_alloc, _ss_cross_tile, _ss_pair
-
-    @gluon.jit
-    def _g_cycles():
-        """The SM's cycle counter (int64), for development traces (clock rate)."""
-        return gl.inline_asm_elementwise(
-            "mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
-        )
 
     @gluon.jit
     def _ps_segments(L, NPR, n_tokens):
@@ -84,11 +93,14 @@ if HAS_GLUON:
         return g0, g1, n_seg
 
     @gluon.jit
-    def _ps_token(u, QOFF, batch, n_tokens, B_P2: gl.constexpr):
+    def _ps_token(u, QOFF, batch, n_tokens, B_P2: gl.constexpr, ORDER: gl.constexpr):
         """The token at place u of the work order. Where every request has the same query
         length s, place u holds token s (u % batch) + u // batch: the i-th tokens of all
         requests, then the (i + 1)-th, so that the clusters that run at the same time hold the
-        tokens of a request together (their keys' rows and pages shared in L2); else u."""
+        tokens of a request together (their keys' rows and pages shared in L2); else, or
+        with ORDER 0, u."""
+        if ORDER == 0:
+            return u
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         ob = gl.arange(0, B_P2, layout=one_l)
         sq = n_tokens // batch
@@ -99,7 +111,7 @@ if HAS_GLUON:
     @gluon.jit
     def _ps_segment(s, g0, g1, NPR, QOFF, batch, n_tokens, K_CL, K_TOPK, K_idx_len,
                     HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, B_P2: gl.constexpr,
-                    BN: gl.constexpr):  # fmt: skip
+                    BN: gl.constexpr, ORDER: gl.constexpr):  # fmt: skip
         """Segment s of the pair range [g0, g1): (t, b, lo, hi, whole, part): token t (request
         b), its keys [lo, hi) (top-k positions), whether the range holds all of the token's
         pairs, else which part of it this is (0: its first pairs, 1: its last)."""
@@ -107,7 +119,7 @@ if HAS_GLUON:
         u = g0 // NPR + s  # the token's place in the work order
         p0 = gl.maximum(g0 - u * NPR, 0)
         p1 = gl.minimum(g1 - u * NPR, NPR)
-        t = _ps_token(u, QOFF, batch, n_tokens, B_P2)
+        t = _ps_token(u, QOFF, batch, n_tokens, B_P2, ORDER)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, 1, B_P2, one_l)
         _cl, _lo, n_keys = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len, True, HAS_TOPK,
@@ -158,7 +170,7 @@ if HAS_GLUON:
     @gluon.jit
     def _ps_producer(args, cl, trp, H_Q: gl.constexpr, HAS_TOPK: gl.constexpr,
                      TOPK_TOK: gl.constexpr, B_P2: gl.constexpr, BN: gl.constexpr,
-                     TRACE: gl.constexpr):  # fmt: skip
+                     TRACE: gl.constexpr, ORDER: gl.constexpr):  # fmt: skip
         """Four warps: for each segment, its info (`_ps_put_info`) and q once the consumers
         are done with the last one's (`qfree`; q and info complete `qready`), then its tiles
         (`_ss_cross_tile`; an odd last tile all masked) into stage j % 2, the barrier phases
@@ -175,8 +187,7 @@ if HAS_GLUON:
         for s in range(n_seg):
             t, b, lo, hi, whole, part = _ps_segment(
                 s, g0, g1, NPR, QOFF, batch, n_tokens, K_CL, K_TOPK, K_idx_len, HAS_TOPK, TOPK_TOK,
-                B_P2,
-                BN,
+                B_P2, BN, ORDER,
             )  # fmt: skip
             mbarrier.wait(qfree, (s + 1) & 1, pred=s > 0)  # both consumers' last S of s - 1
             # (after that wait: the consumers read segment s - 2's info in its epilogue)
@@ -331,14 +342,15 @@ if HAS_GLUON:
         H_Q: gl.constexpr, D_V: gl.constexpr, B_P2: gl.constexpr, HAS_SINK: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, BN: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        EPI: gl.constexpr = 0, OFF_K=0, OFF_READY=0, OFF_REMPTY=0,
+        EPI: gl.constexpr = 0, ORDER: gl.constexpr = 1, OFF_K=0, OFF_READY=0, OFF_REMPTY=0,
         TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Grid: G clusters of 2 CTAs (`launch(..., cluster=2)`;
         CTA 2 c + r: head block r of cluster c's tokens); L, NPR: pairs a cluster, pairs a
         token; PO [2, G, h_q, D_V] / PL [2, G, h_q] float32, CUT_T [G] int32: the cut tokens'
-        partials and tokens. OFF_*:
-        shared offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`). Launch
+        partials and tokens. ORDER: the work order (1: the i-th tokens of all requests first
+        where the query lengths are equal, 0: token order; `_ps_token`). OFF_*: shared
+        offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`). Launch
         with num_warps=4 (consumer 0). TRACE: development timestamps into int64 TR [CTAs,
         80] (`bench/gpu_mla_dev.py --trace ps`): 0 start, 1 SM, 2 + 4 s .. 5 + 4 s segment s's
         q ready / first pair done / loop end / stored (consumer 0), 50 + 2 s, 51 + 2 s its q
@@ -401,7 +413,8 @@ if HAS_GLUON:
             [
                 (_ps_consume, (c_args, cl, trp, 0, H_Q, HAS_SINK, D_V, BN, EPI, TRACE)),
                 (_ps_consume, (c_args, cl, trp, 1, H_Q, HAS_SINK, D_V, BN, EPI, TRACE)),
-                (_ps_producer, (p_args, cl, trp, H_Q, HAS_TOPK, TOPK_TOK, B_P2, BN, TRACE)),
+                (_ps_producer, (p_args, cl, trp, H_Q, HAS_TOPK, TOPK_TOK, B_P2, BN, TRACE,
+                                ORDER)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

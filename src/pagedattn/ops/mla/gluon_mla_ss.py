@@ -167,6 +167,12 @@ CTA's 114, with a 6.8 us epilogue, and the next item's first tile landed only as
 consumers ended the previous item's loop (the producer decodes the next item after issuing the
 last tile, and the two-stage ring gives it no slack).
 
+The SMs do not run at the H100's 1.98 GHz under it: clock64 over globaltimer across each CTA's
+life (trace slots 8-9, `--trace ss128`, H100 2026-11-23) gives medians of 1.79-1.81 GHz (Nsight
+Compute 1.79); the TMA-fed dense kernel (`gluon_mla_st`, h_q 128) runs at 1.64 GHz at s_k 4096
+and 1.36 at 8192, the memory-bound h_q 16 kernels at 1.73-1.85 (record
+`bench/results/h100_2026-11-23_mla_v32_ps_bisect.json`).
+
 FlashMLA's sparse FP8 decode for sm_90 (read 2026-11-23; it reports 410 TFLOP/s on an H800 for
 this case) differs from this kernel in its schedule more than in its tile step: one persistent
 CTA pair a pair of SMs walks a balanced share of all (token, tile) work (host metadata splits
@@ -223,6 +229,7 @@ if HAS_GLUON:
         _g_rows,
         _g_seesaw_start,
         _g_tile_rows,
+        _g_trace_close,
     )
 
     # A consumer warpgroup's S tile [64, 64] and O columns [64, 256] (wgmma accumulators).
@@ -700,7 +707,7 @@ if HAS_GLUON:
                    stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
                    H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
         if TRACE and W == 0:
-            gl.store(trp + 4, _g_clock())
+            _g_trace_close(trp)
         if CROSS:  # no CTA exits while the other may still signal it
             cl_sync()
 

@@ -104,6 +104,7 @@ if HAS_GLUON:
         _g_request,
         _g_seesaw_start,
         _g_tile_rows,
+        _g_trace_close,
     )
     from .gluon_mla_ss import (
         _ss_finish,
@@ -304,7 +305,7 @@ if HAS_GLUON:
                    H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
         if TRACE and W == 0:
             gl.thread_barrier()
-            gl.store(trp + 4, _g_clock())
+            _g_trace_close(trp)
 
     @gluon.jit
     def _mla_decode_sm90_st(
@@ -323,9 +324,10 @@ if HAS_GLUON:
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
         cache rows [rows, 576]. Launch with num_warps=4 (consumer 0); consumer 1 is the
         worker partition. TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR
-        [CTAs, 8] gets the globaltimer at the CTA's start (slot 0), after its prologue (1),
+        [CTAs, 10] gets the globaltimer at the CTA's start (slot 0), after its prologue (1),
         when warpgroup 0 is done with the first pair (2), after warpgroup 0's loop (3), after
-        its epilogue (4) and after warpgroup 1's loop (5), its SM (6) and tile count (7)."""
+        its epilogue (4) and after warpgroup 1's loop (5), its SM (6), tile count (7) and the
+        SM's cycle counter at the start and end (8, 9)."""
         gl.static_assert(FMT == 0, "BF16 caches")
         gl.static_assert(not SPARSE, "dense decode")
         gl.static_assert(D_QK == 576, "d_qk 576")

@@ -118,6 +118,7 @@ if HAS_GLUON:
         _g_program,
         _g_request,
         _g_rows,
+        _g_trace_close,
         _g_trace_open,
         _t_q_load,
         _t_q_store,
@@ -264,7 +265,7 @@ if HAS_GLUON:
             )  # fmt: skip
             if TRACE:
                 gl.thread_barrier()
-                gl.store(trp + 4, _g_clock())
+                _g_trace_close(trp)
 
     @gluon.jit
     def _mla_decode_sm90_tw(
@@ -283,11 +284,11 @@ if HAS_GLUON:
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions.
 
-        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 8] gets the
+        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start (slot 0), when the producer has issued its first tile
         (1), when consumer 0's first tile has landed (2), after its loop (3), after consumer
-        1's store (4) and when the producer has issued its last tile (5), the SM (6) and the
-        tile count (7)."""
+        1's store (4) and when the producer has issued its last tile (5), the SM (6), the
+        tile count (7) and the SM's cycle counter at the start and end (8, 9)."""
         gl.static_assert(FMT == 3, "rope-aware FP8 caches")
         gl.static_assert(D_QK == 576, "d_qk 576")
         gl.static_assert(BN == 64, "64 keys a tile")

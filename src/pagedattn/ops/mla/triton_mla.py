@@ -698,7 +698,8 @@ TUNING: dict[str, Any] = {
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
     "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
-    "ss_persist": None, "ps_epi": None, "ss_splitcp": None,
+    "ss_persist": None, "ps_epi": None, "ss_splitcp": None, "ps_g": None,
+    "ps_order": None,
 }  # fmt: skip
 
 
@@ -1017,7 +1018,9 @@ def _ps_plan(tokens: int, n_idx: int, dev: torch.device) -> tuple[int, int, int]
     CTAs (one a pair of SMs, at most one a token), L pairs of 64-key tiles a cluster (>= NPR),
     NPR pairs a token (its `indices` width)."""
     npr = max(1, -(-n_idx // 128))
-    g = max(1, min(num_sms(dev) // 2, tokens))
+    # TUNING["ps_g"] (development): G > num_sms // 2 runs in waves (G = tokens: one token a
+    # cluster, gluon_mla_ps's docstring compares that with gluon_mla_ss)
+    g = max(1, min(_tuned("ps_g", num_sms(dev) // 2), tokens))
     return g, -(-tokens * npr // g), npr
 
 
@@ -1043,7 +1046,8 @@ def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm
         idx.stride(0), idx.shape[1], L, npr,
         H_Q=h_q, D_V=d_v, B_P2=triton.next_power_of_2(batch + 1),
         HAS_SINK=attn_sink is not None, HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, BN=64,
-        CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1), num_warps=4,
+        CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1),
+        ORDER=_tuned("ps_order", 1), num_warps=4,
         cluster=2, smem_args=_SS_CROSS_SMEM, **trace,
     )  # fmt: skip
     if L % npr:  # else every cluster boundary falls between tokens: none is cut
@@ -1227,7 +1231,7 @@ def mla_decode_triton(
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st,
                             _mla_decode_sm90_ss)  # fmt: skip
-        if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 8] (gpu_mla_dev --trace)
+        if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 10] (gpu_mla_dev --trace)
             extra.update(TRACE=True, TR=TUNING["trace"])
         sm90_args = (
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
