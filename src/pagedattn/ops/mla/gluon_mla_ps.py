@@ -14,8 +14,8 @@ fill and the epilogue). Here:
   Cluster c takes the pairs [c L, (c + 1) L) of the work order, with L = ceil(tokens NPR /
   G) >= NPR, so that no cluster has more than one pair of work more than another. Where all
   requests have the same query length the work order takes the i-th token of every request,
-  then the (i + 1)-th (`_ps_token`; ORDER 1, the default), else (or with ORDER 0) the token
-  order;
+  then the (i + 1)-th (`_ps_order`, `_ps_token`; ORDER 1, the default), else (or with ORDER
+  0) the token order;
 - a segment is a token's part of that range. A token the range holds whole gets its output
   and LSE stored as `gluon_mla_ss` would. A token cut at a cluster boundary leaves two
   float32 partials (slot c - part, part 0 from the cluster it starts in, 1 from the next) and
@@ -93,25 +93,31 @@ if HAS_GLUON:
         return g0, g1, n_seg
 
     @gluon.jit
-    def _ps_token(u, QOFF, batch, n_tokens, B_P2: gl.constexpr, ORDER: gl.constexpr):
-        """The token at place u of the work order. Where every request has the same query
-        length s, place u holds token s (u % batch) + u // batch: the i-th tokens of all
-        requests, then the (i + 1)-th, so that the clusters that run at the same time hold the
-        tokens of a request together (their keys' rows and pages shared in L2); else, or
-        with ORDER 0, u."""
+    def _ps_order(QOFF, batch, n_tokens, B_P2: gl.constexpr, ORDER: gl.constexpr):
+        """The work order's query length s (`_ps_token`): every request's where they are all
+        the same and ORDER is 1, else 0 (token order). Loaded once a CTA."""
         if ORDER == 0:
-            return u
+            return n_tokens * 0
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         ob = gl.arange(0, B_P2, layout=one_l)
         sq = n_tokens // batch
         offs = gl.load(QOFF + ob, mask=ob <= batch, other=0)
         uniform = gl.sum(((ob <= batch) & (offs != ob * sq)).to(gl.int32), 0) == 0
-        return gl.where(uniform, (u % batch) * sq + u // batch, u)
+        return gl.where(uniform, sq, 0)
 
     @gluon.jit
-    def _ps_segment(s, g0, g1, NPR, QOFF, batch, n_tokens, K_CL, K_TOPK, K_idx_len,
+    def _ps_token(u, batch, sq):
+        """The token at place u of the work order. Where every request has the same query
+        length sq > 0 (`_ps_order`), place u holds token sq (u % batch) + u // batch: the
+        i-th tokens of all requests, then the (i + 1)-th, so that the clusters that run at the
+        same time hold the tokens of a request together (their keys' rows and pages shared in
+        L2); else u."""
+        return gl.where(sq > 0, (u % batch) * sq + u // batch, u)
+
+    @gluon.jit
+    def _ps_segment(s, g0, g1, NPR, QOFF, batch, sq, K_CL, K_TOPK, K_idx_len,
                     HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, B_P2: gl.constexpr,
-                    BN: gl.constexpr, ORDER: gl.constexpr):  # fmt: skip
+                    BN: gl.constexpr):  # fmt: skip
         """Segment s of the pair range [g0, g1): (t, b, lo, hi, whole, part): token t (request
         b), its keys [lo, hi) (top-k positions), whether the range holds all of the token's
         pairs, else which part of it this is (0: its first pairs, 1: its last)."""
@@ -119,7 +125,7 @@ if HAS_GLUON:
         u = g0 // NPR + s  # the token's place in the work order
         p0 = gl.maximum(g0 - u * NPR, 0)
         p1 = gl.minimum(g1 - u * NPR, NPR)
-        t = _ps_token(u, QOFF, batch, n_tokens, B_P2, ORDER)
+        t = _ps_token(u, batch, sq)
         b, live, i0, leader, q_len = _g_request(QOFF, batch, t, 1, B_P2, one_l)
         _cl, _lo, n_keys = _g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len, True, HAS_TOPK,
@@ -183,11 +189,12 @@ if HAS_GLUON:
         cl_sync()  # the peer's barriers are initialized
         hb = gl.program_id(0) % 2
         g0, g1, n_seg = _ps_segments(L, NPR, n_tokens)
+        sq = _ps_order(QOFF, batch, n_tokens, B_P2, ORDER)
         gp = g0 * 0  # pairs issued so far (the ring's phases)
         for s in range(n_seg):
             t, b, lo, hi, whole, part = _ps_segment(
-                s, g0, g1, NPR, QOFF, batch, n_tokens, K_CL, K_TOPK, K_idx_len, HAS_TOPK, TOPK_TOK,
-                B_P2, BN, ORDER,
+                s, g0, g1, NPR, QOFF, batch, sq, K_CL, K_TOPK, K_idx_len, HAS_TOPK, TOPK_TOK, B_P2,
+                BN,
             )  # fmt: skip
             mbarrier.wait(qfree, (s + 1) & 1, pred=s > 0)  # both consumers' last S of s - 1
             # (after that wait: the consumers read segment s - 2's info in its epilogue)
@@ -349,7 +356,7 @@ if HAS_GLUON:
         CTA 2 c + r: head block r of cluster c's tokens); L, NPR: pairs a cluster, pairs a
         token; PO [2, G, h_q, D_V] / PL [2, G, h_q] float32, CUT_T [G] int32: the cut tokens'
         partials and tokens. ORDER: the work order (1: the i-th tokens of all requests first
-        where the query lengths are equal, 0: token order; `_ps_token`). OFF_*: shared
+        where the query lengths are equal, 0: token order; `_ps_order`). OFF_*: shared
         offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`). Launch
         with num_warps=4 (consumer 0). TRACE: development timestamps into int64 TR [CTAs,
         80] (`bench/gpu_mla_dev.py --trace ps`): 0 start, 1 SM, 2 + 4 s .. 5 + 4 s segment s's
