@@ -63,6 +63,18 @@ consumers' `qfree` arrival out of the pair loop changed nothing (0.470-0.471 ms)
 of the tile loops differs by one warpgroup barrier before the producer's `empty` wait, a spilled
 loop counter in the producer and a few more consumer-0 spills (12 / 5 LDL / STL a pair against 8
 / 3). G 128 (two tokens a cluster) takes 0.465 ms, token order at G 66 0.463 against 0.464.
+
+Nor are the tile loads' cache hints (record `bench/results/h100_2026-11-23_mla_v32_loadhints.json`,
+graph replays, the same hints as `gluon_mla_ss`'s docstring gives): .cg 0.499-0.504 ms, .cg for
+the words and rope only 0.486, L1::evict_last 0.472 against 0.465-0.469. Nsight Compute (one
+launch each, G 256 in token order) finds the consumers' spill loads missing L1 almost always, in
+both kernels, and more of them here: 1.89 M local-load sectors, 1.60 M of them L1 misses, against
+1.11 M / 1.10 M for `gluon_mla_ss`. But `gluon_mla_ss` with consumer 0 nearly spill-free (200 /
+104 registers: 1 LDL and 2 STL in its code, sm_90 SASS) ran no faster (0.432 against 0.430 ms),
+so the spills alone do not explain the gap. No register split tried leaves both of this kernel's
+consumers spill-free (offline sm_90 compiles, LDL / STL in the two consumers' code: 200 / 112
+registers 5 / 5 and 32 / 32; 200 / 104 10 / 10 and 15 / 12; 192 / 112 16 / 14 and 15 / 12;
+184 / 112 74 / 58 and 9 / 7), so that test needs fewer live values in its consumers.
 """
 
 from __future__ import annotations

@@ -93,6 +93,19 @@ V32 449 -> 502, sparse bf16 340 -> 389; so did a per-thread prefetch.global.L2 o
 (or j + 3) by the producer (8-16 addresses a row, 2026-11-22): 605 -> 697 us, 480 -> 513,
 340 -> 424.
 
+Cache hints on the producer's tile loads do not pay either (H100 2026-11-23, record
+`bench/results/h100_2026-11-23_mla_v32_loadhints.json`, graph replays, sparse V32 from HBM, two
+leases each; plain ld.global 0.429-0.433 ms). L2-only loads (.cg) of the words, scales and rope
+ran 0.448-0.450 ms, L1::evict_first 0.454; of the words and rope only (scales through L1) 0.448
+and 0.437. The L1 serves about 12% of the tile loads' sectors (Nsight Compute, one launch: 15.5
+of 17.7 M sectors miss it, 16.5 M with .cg): the 656-byte rows straddle sectors, and a row's
+scales share one with its rope part. L1::evict_last (Triton adds an L2 evict_last policy) ran
+0.424-0.429 against 0.429-0.430 (dense V32 s_k 8192 0.789-0.801 against 0.792-0.803): under 1%,
+and it would leave the cache's rows pinned in L2 for the engine's next kernels, so it was not
+kept. FlashMLA's hints for its rows (ld.global.nc.L1::evict_last.L2::256B, inline asm; one of a
+tile's 8 loads sank past the stage's wait in the sm_90 SASS) ran 0.439 sparse, 0.782-0.783
+dense.
+
 Rope in registers (H100 2026-11-23, `bench/gpu_mla_dev.py` graph replays, sparse V32 b 128 h_q
 128 s_q 2 top-k 2048; record `bench/results/h100_2026-11-23_mla_v32_rope_regs.json`): the
 cluster producer loads a tile's rope part (64 rows x 128 bytes, 16 registers a thread) with its
