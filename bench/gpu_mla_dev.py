@@ -219,6 +219,7 @@ VARIANTS = {
     # of the 504 a thread of each warpgroup has (maxnreg 168 x 3 warpgroups), not 192
     "ss_r104": dict(_SS, ss_regs=(200, 104)),
     "ss_ps_r104": dict(_SS, ss_persist=True, ss_regs=(200, 104)),
+    "ss_ps_g256t_r104": dict(_SS, ss_persist=True, ps_g=256, ps_order=0, ss_regs=(200, 104)),
     # the cluster producer copies each 16 KB group to the peer once stored (default: dense)
     "ss_scp": dict(_SS, ss_splitcp=True),
     "ss_scp0": dict(_SS, ss_splitcp=False),
@@ -252,7 +253,8 @@ CASES = [
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
      ["ss", "ss_scp0"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss", "ss_scp", "ss_ps", "ss_ps_g256", "ss_ps_g128", "ss_ps_t", "ss_ps_g256t"], [None]),
+     ["ss", "ss_scp", "ss_ps", "ss_ps_g256", "ss_ps_g128", "ss_ps_t", "ss_ps_g256t", "ss_ps_r104",
+      "ss_ps_g256t_r104"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
@@ -557,6 +559,93 @@ def ps_trace_probe(variants=("ss_ps",)):
     return out
 
 
+def tile_trace_summary(a, ps):
+    """`tile_trace_probe`'s medians (us) of one TRACE 2 buffer a (int64 [CTAs, 394] from
+    `gluon_mla_ss`, [CTAs, 464] from `gluon_mla_ps` where ps): the producer's steps of tiles
+    2..29 (`_ss_cross_tile`'s ticks e0..e4) and the consumers' of pairs 1..14 (their start,
+    own `ready` passed, end), in SM cycles over the median SM clock of the CTAs' lives."""
+    import numpy as np
+
+    n = a.shape[0]
+    base = 80 if ps else 10
+    c0, c1, g0, g1 = (77, 76, 0, 78) if ps else (8, 9, 0, 4)  # cycles / time: start, end
+    mhz = (a[:, c1] - a[:, c0]) / np.maximum(a[:, g1] - a[:, g0], 1) * 1e3
+    cyc_us = float(np.median(mhz))  # SM cycles a us
+    P = a[:, base : base + 256].reshape(n, 32, 8)[:, :, :5].astype(np.float64)
+    C = a[:, base + 256 : base + 384].reshape(n, 2, 16, 4).astype(np.float64)
+    pj, ci = slice(2, 30), slice(1, 15)
+
+    def us(x, f=np.median):
+        return round(float(f(x)) / cyc_us, 3)
+
+    r = dict(
+        sm_mhz=round(cyc_us, 1),
+        p_wait_own=us(P[:, pj, 1] - P[:, pj, 0]),  # the own half's `empty`
+        p_store=us(P[:, pj, 2] - P[:, pj, 1]),  # dequantized and stored (loads landed)
+        p_wait_peer=us(P[:, pj, 3] - P[:, pj, 2]),  # the peer's `rempty`, copy issued
+        p_wait_other=us(P[:, pj, 4] - P[:, pj, 3]),  # the other half's `empty`
+        p_tile=us(P[:, 3:31, 0] - P[:, 2:30, 0]),
+        p_next=us(P[:, 3:31, 0] - P[:, 2:30, 4]),  # release, next keys, next loads issued
+        p_wait_own_mean=us(P[:, pj, 1] - P[:, pj, 0], np.mean),
+        p_store_mean=us(P[:, pj, 2] - P[:, pj, 1], np.mean),
+    )  # fmt: skip
+    for w in range(2):
+        r[f"c{w}_wait_ready"] = us(C[:, w, ci, 1] - C[:, w, ci, 0])
+        r[f"c{w}_wait_ready_mean"] = us(C[:, w, ci, 1] - C[:, w, ci, 0], np.mean)
+        r[f"c{w}_pair"] = us(C[:, w, ci, 3] - C[:, w, ci, 0])
+    return r
+
+
+def tile_trace_probe(variants, outdir, shared=("",)):
+    """Per-tile timeline (SM cycles, TRACE 2) of the sparse V32 cluster seesaws, b 128 s_q 2
+    h_q 128 top-k 2048: `gluon_mla_ss` (variant "ss") and `gluon_mla_ps` ("ss_ps*"), from a
+    cold L2 (shared "": every key from HBM; "L2": every request's keys in L2). Medians in us
+    over CTAs and steps 2..29 (tiles) / 1..14 (pairs) of: the producer's wait for its own
+    half's `empty`, its dequantize-and-store, its wait for the peer's `rempty`, for the other
+    half's `empty`, and the tile interval (from one tile's first wait to the next one's);
+    each consumer's wait for its own tile's `ready` and the pair (`tile_trace_summary`). Raw
+    rows into outdir/tiletrace_<variant>_<shared>_<rep>.npy."""
+    import numpy as np
+    import triton
+
+    import pagedattn.ops.mla.triton_mla as M
+
+    out = []
+    for sh in shared:
+        q, kv, offs, kw, work = make_case("sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
+                                          shared=sh)  # fmt: skip
+        for v in variants:
+            M.TUNING.update({k: None for k in M.TUNING})
+            M.TUNING.update(VARIANTS[v])
+            ps = bool(VARIANTS[v].get("ss_persist"))
+            fn = _launcher(q, kv, offs, kw, 1)
+            fn()
+            tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+            n = 2 * M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0] if ps else (
+                2 * q.shape[0])  # fmt: skip
+            base, width = (80, 464) if ps else (10, 394)
+            tr = torch.zeros(n, width, dtype=torch.int64, device="cuda")
+            M.TUNING["trace"] = tr
+            fn()
+            tg_tr = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
+            for rep in range(2):
+                a = _cold_trace(fn, tr)
+                np.save(os.path.join(outdir, f"tiletrace_{v}_{sh or 'hbm'}_{rep}.npy"), a)
+                r = dict(
+                    variant=v,
+                    shared=sh or "hbm",
+                    rep=rep,
+                    graph_us=round(tg * 1e3, 2),
+                    graph_traced_us=round(tg_tr * 1e3, 2),
+                    **tile_trace_summary(a, ps),
+                )
+                out.append(r)
+                print("tiletrace", json.dumps(r), flush=True)
+        M.TUNING.update({k: None for k in M.TUNING})
+        del q, kv, kw
+    return out
+
+
 def roll_summary(outdir):
     """Correlations of the FP8 tw CTAs' tile rates (s_k 4096) between trace reps: same SM and
     pages (two reps of `fp8tw`), same SM only and same pages only (an `fp8tw` rep against an
@@ -645,6 +734,8 @@ def main():
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", default="", help="run trace_probe on the runs this regex finds")
     ap.add_argument("--ps-trace", default="", help="comma list: ps_trace_probe's variants")
+    ap.add_argument("--tile-trace", default="", help="comma list: tile_trace_probe's variants")
+    ap.add_argument("--tile-shared", default=",L2", help="comma list: tile_trace_probe's modes")
     ap.add_argument(
         "--once", default="", help="launch VARIANT 3 times a case, nothing else (under ncu)"
     )
@@ -704,6 +795,10 @@ def main():
         res["fixed"] = fixed_cost_probe(copy_bw)
     if args.ps_trace:
         res["ps_trace"] = ps_trace_probe(args.ps_trace.split(","))
+    if args.tile_trace:
+        res["tile_trace"] = tile_trace_probe(
+            args.tile_trace.split(","), args.out, args.tile_shared.split(",")
+        )
     if args.trace:
         res["trace"] = trace_probe(copy_bw, args.out, args.trace)
         res["roll"] = roll_summary(args.out)

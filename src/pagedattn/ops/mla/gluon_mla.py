@@ -159,15 +159,22 @@ if _HAS_GLUON:
         return x.to(gl.int64)
 
     @gluon.jit
-    def _g_trace_open(TR):
-        """A traced CTA's row of int64 TR [CTAs, 10] (grid: program, partition), with the
+    def _g_trace_open(TR, RW: gl.constexpr = 10):
+        """A traced CTA's row of int64 TR [CTAs, RW] (grid: program, partition), with the
         CTA's start time in slot 0, its SM in slot 6 and the SM's cycle counter in slot 8;
-        returns the row's pointer (`_g_trace_close` ends it)."""
-        trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 10
+        returns the row's pointer (`_g_trace_close` ends it). RW > 10: a tile trace's row
+        (`_g_tick` from slot 10)."""
+        trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * RW
         gl.store(trp, _g_clock())
         gl.store(trp + 6, _g_smid())
         gl.store(trp + 8, _g_cycles())
         return trp
+
+    @gluon.jit
+    def _g_tick(tt, e: gl.constexpr):
+        """Development tile trace: the SM's cycle counter into slot e of tt = (pointer,
+        whether this step is traced)."""
+        gl.store(tt[0] + e, _g_cycles(), mask=tt[1])
 
     @gluon.jit
     def _g_trace_close(trp):
@@ -275,8 +282,8 @@ if _HAS_GLUON:
         need no request offsets; else `trp` as a placeholder (a jit function cannot return
         None)."""
         trp = gl.program_id(0)
-        if TRACE:
-            trp = _g_trace_open(TR)
+        if TRACE:  # TRACE 2: `gluon_mla_ss`'s tile trace too
+            trp = _g_trace_open(TR, 394 if TRACE == 2 else 10)
         t, hb, part = _g_program(NHB, PDL)
         early = trp
         if TPT == 1:

@@ -92,6 +92,7 @@ if HAS_GLUON:
         _g_request,
         _g_rows,
         _g_smid,
+        _g_tick,
     )
     from .gluon_mla_ss import SS_O_L, SS_S_L, _ss_alloc, _ss_cross_tile, _ss_pair
 
@@ -227,7 +228,10 @@ if HAS_GLUON:
                 rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, True, BN,
                                       row_l)  # fmt: skip
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
-                               cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN)  # fmt: skip
+                               cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN, False,
+                               TRACE == 2,
+                               (trp + 80 + 8 * (2 * gp + j), 2 * gp + j < 32) if TRACE == 2
+                               else 0)  # fmt: skip (TRACE 2: the first 32 tiles)
                 if TRACE:
                     gl.store(trp + 51 + 2 * s, _g_clock(), mask=(s < 14) & (j == 0))
                 key = key_next
@@ -331,11 +335,18 @@ if HAS_GLUON:
                 gl.store(trp + 2 + 4 * s, _g_clock(), mask=s < 12)
             mbarrier.arrive(qfree, count=1, pred=n_pairs == 0)  # no S reads this q
             for i in range(n_pairs):
+                if TRACE == 2:  # (the own tile's wait, as `_ss_pair` would: it passes there)
+                    tt = (trp + 336 + 64 * W + 4 * (gp + i), gp + i < 16)
+                    _g_tick(tt, 0)
+                    mbarrier.wait(ready.index(W), (gp + i) & 1)
+                    _g_tick(tt, 1)
                 acc, m_o, m_w, l_w = _ss_pair(
                     acc, m_o, m_w, l_w, (gp + i) // 2147483647, (gp + i) & 1, 2 * i, lo, q_lat,
                     q_rope, k_lat, k_rope, vbuf, m_buf, bars, cl, qfree, i == n_pairs - 1, kcol,
                     row_lim, zero_s, qk_scale, True, W, False, 1, True, True, BN, o_l,
                 )  # fmt: skip
+                if TRACE == 2:
+                    _g_tick(tt, 3)
                 if TRACE and W == 0:
                     gl.store(trp + 3 + 4 * s, _g_clock(), mask=(s < 12) & (i == 0))
             gp += n_pairs
@@ -374,11 +385,13 @@ if HAS_GLUON:
         80] (`bench/gpu_mla_dev.py --trace ps`): 0 start, 1 SM, 2 + 4 s .. 5 + 4 s segment s's
         q ready / first pair done / loop end / stored (consumer 0), 50 + 2 s, 51 + 2 s its q
         issued / first tile released (producer), 79 the segment count; 77 / 76 the SM's cycle
-        counter at the start / end, 78 the end's time."""
+        counter at the start / end, 78 the end's time. TRACE 2: TR [CTAs, 464] with the tile
+        trace of the first 32 tiles in slots 80 + 8 j + e (producer) and 336 + 64 W + 4 i + e
+        (consumer W, pair i), as `gluon_mla_ss`'s TRACE 2 lays it out from slot 10."""
         BM: gl.constexpr = 64
         trp = gl.program_id(0)
         if TRACE:
-            trp = TR + gl.program_id(0) * 80
+            trp = TR + gl.program_id(0) * (464 if TRACE == 2 else 80)
             gl.store(trp, _g_clock())
             gl.store(trp + 1, _g_smid())
             gl.store(trp + 77, _g_cycles())

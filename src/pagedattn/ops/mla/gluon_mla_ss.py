@@ -241,6 +241,7 @@ if HAS_GLUON:
         _g_rope_ptrs,
         _g_rows,
         _g_seesaw_start,
+        _g_tick,
         _g_tile_rows,
         _g_trace_close,
     )
@@ -342,7 +343,8 @@ if HAS_GLUON:
     @gluon.jit
     def _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars, cl, st,
                        rows, valid, e_ph, BN: gl.constexpr,
-                       SPLITCP: gl.constexpr = False):  # fmt: skip
+                       SPLITCP: gl.constexpr = False, TT: gl.constexpr = False,
+                       tt=0):  # fmt: skip
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
@@ -355,7 +357,10 @@ if HAS_GLUON:
         conversion) is loaded into registers with the e4m3 bytes, before the waits, and
         stored once the stage is free (see the module docstring's "rope in registers").
         SPLITCP: each 16 KB column group of the half is copied once stored, the second
-        converted under the first one's copy (dense V32: `triton_mla`'s SS_SPLITCP)."""
+        converted under the first one's copy (dense V32: `triton_mla`'s SS_SPLITCP). TT
+        (development): `_g_tick`s into tt's slots 0-4: before and after the own half's wait,
+        once the half is stored, after the peer's wait (its copy issued), after the other
+        half's wait."""
         ready, empty, pm, lx, rempty = bars
         off_k, off_ready, off_rempty, rank = cl
         peer = 1 - rank
@@ -370,7 +375,11 @@ if HAS_GLUON:
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
         rp = _g_rope_ptrs(rows, K, K_stride, K_stride_h, 4, ld_l)
         rope = gl.load(rp, mask=valid[:, None], other=0.0)
+        if TT:
+            _g_tick(tt, 0)
         mbarrier.wait(empty.index(2 * st + rank), e_ph)
+        if TT:
+            _g_tick(tt, 1)
         dst = halves.index(2 * st + rank)
         src = off_k + (2 * st + rank) * HB
         CB: gl.constexpr = HB // 2 if SPLITCP else HB  # bytes a copy
@@ -379,14 +388,20 @@ if HAS_GLUON:
             _ss_deq_store(dst, x1, s1, 1)
         fence_async_shared()  # the stores, before the copy (async proxy) reads them
         gl.thread_barrier()
+        if TT:
+            _g_tick(tt, 2)
         mbarrier.wait(rempty.index(2 * st + rank), e_ph)
         cl_copy_to_peer(src, off_ready + 8 * st, CB, peer)
+        if TT:
+            _g_tick(tt, 3)
         if SPLITCP:  # the second group, converted under the first one's copy
             _ss_deq_store(dst, x1, s1, 1)
             fence_async_shared()
             gl.thread_barrier()
             cl_copy_to_peer(src + CB, off_ready + 8 * st, CB, peer)
         mbarrier.wait(empty.index(2 * st + peer), e_ph)
+        if TT:
+            _g_tick(tt, 4)
         k_rope.index(st).store(rope)  # (a masked row's rope as zeros; its P is masked)
         _ss_release(ready, st, vbuf, valid, HB)
 
@@ -433,7 +448,8 @@ if HAS_GLUON:
             if CROSS:
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
                                cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN,
-                               SPLITCP)  # fmt: skip
+                               SPLITCP, TRACE == 2,
+                               (trp + 10 + 8 * j, j < 32) if TRACE == 2 else 0)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
@@ -702,6 +718,11 @@ if HAS_GLUON:
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         n_pairs = gl.cdiv(n_it, 2)
         for i in range(n_pairs):
+            if TRACE == 2:  # (the own tile's wait, as `_ss_pair` would: it passes there)
+                tt = (trp + 266 + 64 * W + 4 * i, i < 16)  # (the tile trace's slots)
+                _g_tick(tt, 0)
+                mbarrier.wait(ready.index(W), i & 1)
+                _g_tick(tt, 1)
             # z: a zero the compiler cannot fold: with constant buffer indices the wgmma
             # descriptors (64-bit, one a k-step) are hoisted out of the loop and spill.
             acc, m_o, m_w, l_w = _ss_pair(
@@ -709,6 +730,8 @@ if HAS_GLUON:
                 k_rope, vbuf, m_buf, bars, cl, lx, False, kcol, row_lim, zero_s, qk_scale, CROSS,
                 W, CAUSAL and not SPARSE, ORDER, HALF, False, BN, o_l,
             )  # fmt: skip
+            if TRACE == 2:
+                _g_tick(tt, 3)
             if TRACE and W == 0:
                 if i == 0:
                     gl.store(trp + 2, _g_clock())
@@ -779,7 +802,11 @@ if HAS_GLUON:
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
         OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None, SS_SPLITCP: gl.constexpr = False,
     ):  # fmt: skip
-        """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. V32 tiles
+        """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. TRACE
+        (development, `bench/gpu_mla_dev.py`): int64 TR [CTAs, 10] (`_g_trace_open`); TRACE 2
+        (SS_CROSS) [CTAs, 394] with a tile trace in slots 10 + 8 j + e (producer, tile j < 32,
+        `_ss_cross_tile`'s ticks) and 266 + 64 W + 4 i + e (consumer W, pair i < 16: its start,
+        its own tile's `ready` passed, -, its end), SM cycles. V32 tiles
         are dequantized to bf16 by the producer (loads into registers before it waits for
         the stage; stores after). Launch with num_warps=4 (consumer 0); consumer 1 and the
         producer are worker partitions. SS_CROSS (V32, NHB 2, SS_HALF): launched in clusters

@@ -1024,6 +1024,12 @@ def _ps_plan(tokens: int, n_idx: int, dev: torch.device) -> tuple[int, int, int]
     return g, -(-tokens * npr // g), npr
 
 
+def _trace_level(tr: torch.Tensor) -> int:
+    """A development trace buffer's TRACE level: 2 (the seesaws' tile trace) for rows wider
+    than 80 int64 (`gluon_mla_ss` 394, `gluon_mla_ps` 464), else 1."""
+    return 2 if tr.shape[1] > 80 else 1
+
+
 def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm_scale, d_v,
                regs):  # fmt: skip
     """Sparse V32 decode with two head blocks a token on the persistent cluster kernel, then
@@ -1031,8 +1037,8 @@ def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm
     tokens, h_q, _d = q.shape
     batch = q_row_offsets.numel() - 1
     g, L, npr = _ps_plan(tokens, idx.shape[1], q.device)
-    tr = TUNING.get("trace")  # int64 [>= 2 G, 80] (gpu_mla_dev --trace ps)
-    trace = dict(TRACE=True, TR=tr) if tr is not None else {}
+    tr = TUNING.get("trace")  # int64 [>= 2 G, 80] (gpu_mla_dev --ps-trace; 464: --tile-trace)
+    trace = dict(TRACE=_trace_level(tr), TR=tr) if tr is not None else {}
     po = torch.empty(2, g, h_q, d_v, dtype=torch.float32, device=q.device)
     pl = torch.empty(2, g, h_q, dtype=torch.float32, device=q.device)
     cut_t = torch.empty(g, dtype=torch.int32, device=q.device)
@@ -1232,7 +1238,7 @@ def mla_decode_triton(
         traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st,
                             _mla_decode_sm90_ss)  # fmt: skip
         if traced and TUNING.get("trace") is not None:  # int64 [>= grid, 10] (gpu_mla_dev --trace)
-            extra.update(TRACE=True, TR=TUNING["trace"])
+            extra.update(TRACE=_trace_level(TUNING["trace"]), TR=TUNING["trace"])
         sm90_args = (
             q, q.stride(0), q.stride(1), q_row_offsets, batch, tokens,
             out, out.stride(0), out.stride(1), lse, po, pl,
