@@ -227,11 +227,11 @@ if HAS_GLUON:
                                    True, BN, row_l)  # fmt: skip
                 rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, True, BN,
                                       row_l)  # fmt: skip
+                # (TRACE 2: the tile trace's first 32 tiles)
+                tt = (trp + 80 + 8 * (2 * gp + j), 2 * gp + j < 32) if TRACE == 2 else 0
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
                                cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN, False,
-                               TRACE == 2,
-                               (trp + 80 + 8 * (2 * gp + j), 2 * gp + j < 32) if TRACE == 2
-                               else 0)  # fmt: skip (TRACE 2: the first 32 tiles)
+                               TRACE == 2, tt)  # fmt: skip
                 if TRACE:
                     gl.store(trp + 51 + 2 * s, _g_clock(), mask=(s < 14) & (j == 0))
                 key = key_next
