@@ -3,13 +3,16 @@
 - dense, sparse: the MLA grid (`test_triton_mla.test_gpu_grid`): every cache format x h_q
   {1, 16, 20, 64, 128} x s_q {1, 2, 4} x page size {1, 16, 64, 128}, with the grid's batch
   (cache lengths 700 and two shorter), sinks, sparse index stride and partition count;
+- persistent: `test_triton_mla.test_gpu_v32_persistent_kernel`'s cases (the opt-in persistent
+  sparse V32 kernel, `gluon_mla_ps`);
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too), and the Gluon sm_90 prefills' over
   paged caches, row offsets and ragged K/V, every range mask, sinks and the LSE, with the
   launch configurations the tests force.
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
-this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|mha] [--full]`. Each
+this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|persistent|mha]
+[--full]`. Each
 launch is captured as an H100 would make it (`ops.offline.capture`, with
 `triton_mla._sm90_serves` for the device check); each distinct specialization goes through
 the front end (`ops.offline.front_end`), or with --full through ptxas too. Prints one JSON
@@ -89,8 +92,55 @@ def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
     )
 
 
+# test_triton_mla.PS_CASES: batch, s_q (0: ragged 1-3), index width
+PS_CASES = [(40, 2, 300), (7, 4, 200), (70, 1, 520), (50, 0, 260)]
+
+
+def persistent_launches(batch, s_q, stride, h_q, order):
+    """The launches of `test_gpu_v32_persistent_kernel`'s case (values random): V32 pages of
+    64, per-request top-k lengths (the width, a third of it, 0), a sink; the kernel forced
+    (TUNING["ss_persist"]) with work order `order` (TUNING["ps_order"])."""
+    params = KVCacheParams(
+        torch.bfloat16, 2, 1, 576, 64, is_mla=True, num_q_heads=h_q,
+        quantization=FORMATS["v32"][0](), mla_rope_dim=64,
+    )  # fmt: skip
+    q_lens = [s_q or 1 + b % 3 for b in range(batch)]
+    pc = make_paged_cache(params, [(700 + 37 * b) % 1500 for b in range(batch)], q_lens,
+                          device=DEVICE)  # fmt: skip
+    kv = PagedOperand(pc.inputs, params, 1, "k")
+    n = sum(q_lens)
+    q = torch.randn(n, h_q, 576).to(torch.bfloat16)
+    topk = [(stride, stride // 3, 0)[b % 3] for b in range(batch)]
+    kw = dict(
+        attn_sink=torch.randn(h_q), num_partitions=1,
+        indices=torch.randint(-1, 700, (n, stride), dtype=torch.int32),
+        topk_lengths=torch.tensor(topk, dtype=torch.int32),
+    )  # fmt: skip
+    offs = ragged_offsets(q_lens, DEVICE)
+    saved = M.TUNING["ss_persist"], M.TUNING["ps_order"]
+    M.TUNING["ss_persist"], M.TUNING["ps_order"] = True, order
+    try:
+        return offline.capture(
+            M,
+            lambda: M.mla_decode_triton(q, kv, offs, **kw),
+            mla_combine_triton=lambda *a, **k: None,
+            **as_on_h100(_use_sm90_path=M._sm90_serves),
+        )
+    finally:
+        M.TUNING["ss_persist"], M.TUNING["ps_order"] = saved
+
+
 def mla_cases(mode):
-    """(name, launches thunk) of the MLA grid's cases in `mode`."""
+    """(name, launches thunk) of the MLA grid's cases in `mode` (or the persistent kernel's)."""
+    if mode == "persistent":
+        for batch, s_q, stride in PS_CASES:
+            for h_q in (100, 128):
+                for order in (1, 0):
+                    yield (
+                        f"persistent b {batch} s_q {s_q} width {stride} h_q {h_q} order {order}",
+                        partial(persistent_launches, batch, s_q, stride, h_q, order),
+                    )
+        return
     for fmt, (_, dims) in FORMATS.items():
         for d_qk in dims:
             for h_q in (1, 16, 20, 64, 128):
@@ -247,5 +297,5 @@ def main(suites: list[str], full: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    suites = [m for m in ("dense", "sparse", "mha") if m in args]
-    main(suites or ["dense", "sparse", "mha"], "--full" in args)
+    suites = [m for m in ("dense", "sparse", "persistent", "mha") if m in args]
+    main(suites or ["dense", "sparse", "persistent", "mha"], "--full" in args)

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("mode", ["dense", "sparse", "mha"])
+@pytest.mark.parametrize("mode", ["dense", "sparse", "persistent", "mha"])
 def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -39,6 +39,9 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     if mode == "mha":  # decode, its combine, the tl prefill and both Gluon prefills
         served = {"_mha_decode_kernel", "_combine_kernel", "_mha_prefill_kernel",
                   "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip
+    elif mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
+        assert out["cases"] == 4 * 2 * 2
+        served = {"_mla_decode_sm90_ps"}
     else:  # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest
         assert out["cases"] == 16 * 5 * 3 * 4  # formats x h_q x s_q x page sizes
         served = {"_mla_decode_kernel", "_mla_decode_sm90", "_mla_decode_sm90_t",
