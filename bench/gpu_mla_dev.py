@@ -566,11 +566,14 @@ def tile_trace_summary(a, ps):
     own `ready` passed, end), in SM cycles over the median SM clock of the CTAs' lives."""
     import numpy as np
 
+    from pagedattn.ops.mla.gluon_mla import TILE_TRACE_SLOTS
+
     n = a.shape[0]
-    base = 80 if ps else 10
+    base = a.shape[1] - TILE_TRACE_SLOTS  # after the kernel's own trace slots
     c0, c1, g0, g1 = (77, 76, 0, 78) if ps else (8, 9, 0, 4)  # cycles / time: start, end
     mhz = (a[:, c1] - a[:, c0]) / np.maximum(a[:, g1] - a[:, g0], 1) * 1e3
     cyc_us = float(np.median(mhz))  # SM cycles a us
+    # the tile trace's layout (`gluon_mla._g_tile_slots`, `_g_pair_slots`)
     P = a[:, base : base + 256].reshape(n, 32, 8)[:, :, :5].astype(np.float64)
     C = a[:, base + 256 : base + 384].reshape(n, 2, 16, 4).astype(np.float64)
     pj, ci = slice(2, 30), slice(1, 15)
@@ -609,6 +612,7 @@ def tile_trace_probe(variants, outdir, shared=("",)):
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
+    from pagedattn.ops.mla.gluon_mla import TILE_TRACE_SLOTS
 
     out = []
     for sh in shared:
@@ -623,7 +627,8 @@ def tile_trace_probe(variants, outdir, shared=("",)):
             tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
             n = 2 * M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0] if ps else (
                 2 * q.shape[0])  # fmt: skip
-            base, width = (80, 464) if ps else (10, 394)
+            base = 80 if ps else 10  # the kernel's own trace slots, then the tile trace
+            width = base + TILE_TRACE_SLOTS
             tr = torch.zeros(n, width, dtype=torch.int64, device="cuda")
             M.TUNING["trace"] = tr
             fn()

@@ -13,6 +13,9 @@ import torch
 from pagedattn import KVCacheParams, PagedOperand
 
 LAYER = 1  # of 2 layers: catches layer-stride mistakes
+# The persistent V32 kernel's GPU cases (test_triton_mla, tests/sm90_compile.py): batch, s_q
+# (0: ragged 1-3), index width
+PS_CASES = [(40, 2, 300), (7, 4, 200), (70, 1, 520), (50, 0, 260)]
 
 
 @dataclasses.dataclass

@@ -27,6 +27,7 @@ import traceback
 from functools import partial
 
 import torch
+from oracles import PS_CASES  # tests/ (this script's folder) is on sys.path
 
 from pagedattn import (
     ContinuousBatchingOperand,
@@ -67,22 +68,18 @@ def as_on_h100(**serves):
     return serves if DEVICE == "cpu" else {}
 
 
-def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
-    """The launches of the grid case (`test_triton_mla._gpu_case`'s shapes; values random)."""
+def mla_operand(fmt, d_qk, h_q, ps, cache_lens, q_lens):
+    """A paged MLA cache operand (layer 1 of 2) in format `fmt`, pages of ps."""
     params = KVCacheParams(
         torch.bfloat16, 2, 1, d_qk, ps, is_mla=True, num_q_heads=h_q,
         quantization=FORMATS[fmt][0](), mla_rope_dim=64,
     )  # fmt: skip
-    q_lens = [s_q] * 3
-    pc = make_paged_cache(params, [700, 399, 17], q_lens, device=DEVICE)
-    kv = PagedOperand(pc.inputs, params, 1, "k")
-    q = torch.randn(3 * s_q, h_q, d_qk).to(torch.bfloat16)
-    kw = dict(attn_sink=torch.randn(h_q), num_partitions=1 + (h_q + s_q + ps) % 4)
-    if mode == "sparse":
-        kw.update(
-            indices=torch.randint(-1, 700, (3 * s_q, 160), dtype=torch.int32),
-            topk_lengths=torch.tensor([160, 100, 0], dtype=torch.int32),
-        )
+    pc = make_paged_cache(params, cache_lens, q_lens, device=DEVICE)
+    return PagedOperand(pc.inputs, params, 1, "k")
+
+
+def capture_mla(q, kv, q_lens, kw):
+    """The launches of `mla_decode_triton(q, kv, ...)` as an H100 would make them."""
     offs = ragged_offsets(q_lens, DEVICE)
     return offline.capture(
         M,
@@ -92,22 +89,26 @@ def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
     )
 
 
-# test_triton_mla.PS_CASES: batch, s_q (0: ragged 1-3), index width
-PS_CASES = [(40, 2, 300), (7, 4, 200), (70, 1, 520), (50, 0, 260)]
+def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
+    """The launches of the grid case (`test_triton_mla._gpu_case`'s shapes; values random)."""
+    q_lens = [s_q] * 3
+    kv = mla_operand(fmt, d_qk, h_q, ps, [700, 399, 17], q_lens)
+    q = torch.randn(3 * s_q, h_q, d_qk).to(torch.bfloat16)
+    kw = dict(attn_sink=torch.randn(h_q), num_partitions=1 + (h_q + s_q + ps) % 4)
+    if mode == "sparse":
+        kw.update(
+            indices=torch.randint(-1, 700, (3 * s_q, 160), dtype=torch.int32),
+            topk_lengths=torch.tensor([160, 100, 0], dtype=torch.int32),
+        )
+    return capture_mla(q, kv, q_lens, kw)
 
 
 def persistent_launches(batch, s_q, stride, h_q, order):
     """The launches of `test_gpu_v32_persistent_kernel`'s case (values random): V32 pages of
     64, per-request top-k lengths (the width, a third of it, 0), a sink; the kernel forced
     (TUNING["ss_persist"]) with work order `order` (TUNING["ps_order"])."""
-    params = KVCacheParams(
-        torch.bfloat16, 2, 1, 576, 64, is_mla=True, num_q_heads=h_q,
-        quantization=FORMATS["v32"][0](), mla_rope_dim=64,
-    )  # fmt: skip
     q_lens = [s_q or 1 + b % 3 for b in range(batch)]
-    pc = make_paged_cache(params, [(700 + 37 * b) % 1500 for b in range(batch)], q_lens,
-                          device=DEVICE)  # fmt: skip
-    kv = PagedOperand(pc.inputs, params, 1, "k")
+    kv = mla_operand("v32", 576, h_q, 64, [(700 + 37 * b) % 1500 for b in range(batch)], q_lens)
     n = sum(q_lens)
     q = torch.randn(n, h_q, 576).to(torch.bfloat16)
     topk = [(stride, stride // 3, 0)[b % 3] for b in range(batch)]
@@ -116,16 +117,10 @@ def persistent_launches(batch, s_q, stride, h_q, order):
         indices=torch.randint(-1, 700, (n, stride), dtype=torch.int32),
         topk_lengths=torch.tensor(topk, dtype=torch.int32),
     )  # fmt: skip
-    offs = ragged_offsets(q_lens, DEVICE)
     saved = M.TUNING["ss_persist"], M.TUNING["ps_order"]
     M.TUNING["ss_persist"], M.TUNING["ps_order"] = True, order
     try:
-        return offline.capture(
-            M,
-            lambda: M.mla_decode_triton(q, kv, offs, **kw),
-            mla_combine_triton=lambda *a, **k: None,
-            **as_on_h100(_use_sm90_path=M._sm90_serves),
-        )
+        return capture_mla(q, kv, q_lens, kw)
     finally:
         M.TUNING["ss_persist"], M.TUNING["ps_order"] = saved
 

@@ -27,7 +27,15 @@ import zlib  # noqa: E402
 
 import oracles  # noqa: E402
 import pytest  # noqa: E402
-from oracles import LAYER, Cache, decode_pool, dense_keys, invalid_kinds, oracle  # noqa: E402
+from oracles import (  # noqa: E402
+    LAYER,
+    PS_CASES,
+    Cache,
+    decode_pool,
+    dense_keys,
+    invalid_kinds,
+    oracle,
+)
 
 from pagedattn import (  # noqa: E402
     InvalidArgumentError,
@@ -578,9 +586,6 @@ def test_gpu_v32_cluster_kernel(mode, cross, h_q):
                 _gpu_case(mode, "v32", 576, h_q, s_q, ps)
     finally:
         M.TUNING["ss_cross"] = saved
-
-
-PS_CASES = [(40, 2, 300), (7, 4, 200), (70, 1, 520), (50, 0, 260)]  # batch, s_q (0: 1-3), width
 
 
 @pytest.mark.gpu

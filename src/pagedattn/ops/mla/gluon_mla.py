@@ -29,7 +29,13 @@ from ..gluon_imports import (
 from ..pdl import g_pdl_signal
 from .triton_mla_combine import LN2, LOG2E
 
+# A development tile trace (TRACE 2 of the V32 cluster seesaws), after a kernel's own trace
+# slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a
+# consumer) (`_g_tile_slots`, `_g_pair_slots`).
+TILE_TRACE_SLOTS = 32 * 8 + 2 * 16 * 4
+
 if _HAS_GLUON:
+    _TILE_TRACE = gl.constexpr(TILE_TRACE_SLOTS)
 
     @gluon.constexpr_function
     def _t_raw_layout(kswz):
@@ -177,6 +183,16 @@ if _HAS_GLUON:
         gl.store(tt[0] + e, _g_cycles(), mask=tt[1])
 
     @gluon.jit
+    def _g_tile_slots(trp, B: gl.constexpr, j):
+        """`_g_tick`'s (pointer, traced) for producer tile j of a tile trace at slot B."""
+        return trp + B + 8 * j, j < 32
+
+    @gluon.jit
+    def _g_pair_slots(trp, B: gl.constexpr, W: gl.constexpr, i):
+        """`_g_tick`'s (pointer, traced) for consumer W's pair i of a tile trace at slot B."""
+        return trp + (B + 256 + 64 * W) + 4 * i, i < 16  # (the constant folded)
+
+    @gluon.jit
     def _g_trace_close(trp):
         """A traced CTA's end: its time in slot 4 and the SM's cycle counter in slot 9 (with
         slot 8's: the SM clock over the CTA's life)."""
@@ -283,7 +299,7 @@ if _HAS_GLUON:
         None)."""
         trp = gl.program_id(0)
         if TRACE:  # TRACE 2: `gluon_mla_ss`'s tile trace too
-            trp = _g_trace_open(TR, 394 if TRACE == 2 else 10)
+            trp = _g_trace_open(TR, 10 + _TILE_TRACE if TRACE == 2 else 10)
         t, hb, part = _g_program(NHB, PDL)
         early = trp
         if TPT == 1:

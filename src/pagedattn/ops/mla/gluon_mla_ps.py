@@ -84,17 +84,27 @@ from ..gluon_imports import HAS_GLUON, cp, fence_async_shared, gl, gluon, mbarri
 if HAS_GLUON:
     from ..gluon_cluster import cl_arrive, cl_fence_init, cl_sync, cl_wait
     from .gluon_mla import (
+        _TILE_TRACE,
         _g_clock,
         _g_cycles,
         _g_key_range,
         _g_keys,
         _g_normalize,
+        _g_pair_slots,
         _g_request,
         _g_rows,
         _g_smid,
         _g_tick,
+        _g_tile_slots,
     )
-    from .gluon_mla_ss import SS_O_L, SS_S_L, _ss_alloc, _ss_cross_tile, _ss_pair
+    from .gluon_mla_ss import (
+        SS_O_L,
+        SS_S_L,
+        _ss_alloc,
+        _ss_cross_tile,
+        _ss_pair,
+        _ss_tick_ready,
+    )
 
     @gluon.jit
     def _ps_segments(L, NPR, n_tokens):
@@ -228,7 +238,7 @@ if HAS_GLUON:
                 rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, True, BN,
                                       row_l)  # fmt: skip
                 # (TRACE 2: the tile trace's first 32 tiles)
-                tt = (trp + 80 + 8 * (2 * gp + j), 2 * gp + j < 32) if TRACE == 2 else 0
+                tt = _g_tile_slots(trp, 80, 2 * gp + j) if TRACE == 2 else 0
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
                                cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN, False,
                                TRACE == 2, tt)  # fmt: skip
@@ -335,11 +345,9 @@ if HAS_GLUON:
                 gl.store(trp + 2 + 4 * s, _g_clock(), mask=s < 12)
             mbarrier.arrive(qfree, count=1, pred=n_pairs == 0)  # no S reads this q
             for i in range(n_pairs):
-                if TRACE == 2:  # (the own tile's wait, as `_ss_pair` would: it passes there)
-                    tt = (trp + 336 + 64 * W + 4 * (gp + i), gp + i < 16)
-                    _g_tick(tt, 0)
-                    mbarrier.wait(ready.index(W), (gp + i) & 1)
-                    _g_tick(tt, 1)
+                if TRACE == 2:
+                    tt = _g_pair_slots(trp, 80, W, gp + i)
+                    _ss_tick_ready(tt, ready, W, (gp + i) & 1)
                 acc, m_o, m_w, l_w = _ss_pair(
                     acc, m_o, m_w, l_w, (gp + i) // 2147483647, (gp + i) & 1, 2 * i, lo, q_lat,
                     q_rope, k_lat, k_rope, vbuf, m_buf, bars, cl, qfree, i == n_pairs - 1, kcol,
@@ -391,7 +399,7 @@ if HAS_GLUON:
         BM: gl.constexpr = 64
         trp = gl.program_id(0)
         if TRACE:
-            trp = TR + gl.program_id(0) * (464 if TRACE == 2 else 80)
+            trp = TR + gl.program_id(0) * (80 + _TILE_TRACE if TRACE == 2 else 80)
             gl.store(trp, _g_clock())
             gl.store(trp + 1, _g_smid())
             gl.store(trp + 77, _g_cycles())

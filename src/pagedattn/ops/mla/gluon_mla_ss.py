@@ -236,6 +236,7 @@ if HAS_GLUON:
         _g_key_range,
         _g_keys,
         _g_normalize,
+        _g_pair_slots,
         _g_put_q,
         _g_request,
         _g_rope_ptrs,
@@ -243,6 +244,7 @@ if HAS_GLUON:
         _g_seesaw_start,
         _g_tick,
         _g_tile_rows,
+        _g_tile_slots,
         _g_trace_close,
     )
 
@@ -449,7 +451,7 @@ if HAS_GLUON:
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
                                cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN,
                                SPLITCP, TRACE == 2,
-                               (trp + 10 + 8 * j, j < 32) if TRACE == 2 else 0)  # fmt: skip
+                               _g_tile_slots(trp, 10, j) if TRACE == 2 else 0)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
@@ -619,6 +621,14 @@ if HAS_GLUON:
         return acc, m_o, m_w, l_w
 
     @gluon.jit
+    def _ss_tick_ready(tt, ready, W: gl.constexpr, ph):
+        """Tile trace: a pair's start and its own tile's `ready` passed (`_g_tick` slots 0, 1;
+        the wait is `_ss_pair`'s own, which then passes at once)."""
+        _g_tick(tt, 0)
+        mbarrier.wait(ready.index(W), ph)
+        _g_tick(tt, 1)
+
+    @gluon.jit
     def _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, o_stage, OUT, stride_ot,
                    stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens,
                    W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
@@ -718,11 +728,9 @@ if HAS_GLUON:
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         n_pairs = gl.cdiv(n_it, 2)
         for i in range(n_pairs):
-            if TRACE == 2:  # (the own tile's wait, as `_ss_pair` would: it passes there)
-                tt = (trp + 266 + 64 * W + 4 * i, i < 16)  # (the tile trace's slots)
-                _g_tick(tt, 0)
-                mbarrier.wait(ready.index(W), i & 1)
-                _g_tick(tt, 1)
+            if TRACE == 2:
+                tt = _g_pair_slots(trp, 10, W, i)
+                _ss_tick_ready(tt, ready, W, i & 1)
             # z: a zero the compiler cannot fold: with constant buffer indices the wgmma
             # descriptors (64-bit, one a k-step) are hoisted out of the loop and spill.
             acc, m_o, m_w, l_w = _ss_pair(

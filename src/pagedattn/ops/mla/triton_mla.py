@@ -62,7 +62,7 @@ from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num
 from ...errors import Lazy, check
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_signal
-from .gluon_mla import _HAS_GLUON, _mla_decode_sm90, _mla_decode_sm90_t
+from .gluon_mla import _HAS_GLUON, TILE_TRACE_SLOTS, _mla_decode_sm90, _mla_decode_sm90_t
 from .gluon_mla_ps import _mla_decode_sm90_ps
 from .gluon_mla_ss import _mla_decode_sm90_ss
 from .gluon_mla_st import _mla_decode_sm90_st, _st_descriptors
@@ -1025,9 +1025,9 @@ def _ps_plan(tokens: int, n_idx: int, dev: torch.device) -> tuple[int, int, int]
 
 
 def _trace_level(tr: torch.Tensor) -> int:
-    """A development trace buffer's TRACE level: 2 (the seesaws' tile trace) for rows wider
-    than 80 int64 (`gluon_mla_ss` 394, `gluon_mla_ps` 464), else 1."""
-    return 2 if tr.shape[1] > 80 else 1
+    """A development trace buffer's TRACE level: 2 (the seesaws' tile trace) for rows that
+    hold one (`gluon_mla.TILE_TRACE_SLOTS` after the kernel's own slots), else 1."""
+    return 2 if tr.shape[1] > TILE_TRACE_SLOTS else 1
 
 
 def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm_scale, d_v,
