@@ -215,11 +215,20 @@ VARIANTS = {
     # the persistent kernel's work in token order (default: the i-th tokens of all requests first)
     "ss_ps_t": dict(_SS, ss_persist=True, ps_order=0),
     "ss_ps_g256t": dict(_SS, ss_persist=True, ps_g=256, ps_order=0),
-    # consumer / producer registers 200 / 104: the default partition (consumer 0) gets 200
-    # of the 504 a thread of each warpgroup has (maxnreg 168 x 3 warpgroups), not 192
-    "ss_r104": dict(_SS, ss_regs=(200, 104)),
-    "ss_ps_r104": dict(_SS, ss_persist=True, ss_regs=(200, 104)),
-    "ss_ps_g256t_r104": dict(_SS, ss_persist=True, ps_g=256, ps_order=0, ss_regs=(200, 104)),
+    # the V32 cluster producer's tile step (defaults since 2026-11-28, record
+    # bench/results/h100_2026-11-28_mla_v32_producer.json): one store of a half's two
+    # dequantized groups (ss_deq1), the page size a compile-time constant (ps_const), int32 row
+    # numbers with one offset product a row (ss_addr), consumer / producer registers 200 / 104
+    # (the default partition, consumer 0, gets 504 - 200 - 104 = 200). Each one undone:
+    "ss_deq0": dict(_SS, ss_deq1=False),
+    "ss_pc0": dict(_SS, ps_const=False),
+    "ss_a0": dict(_SS, ss_addr=False),
+    "ss_r112": dict(_SS, ss_regs=(200, 112)),
+    "ss_old": dict(_SS, ss_deq1=False, ps_const=False, ss_addr=False, ss_regs=(200, 112)),
+    # the persistent kernel as it was before 2026-11-28
+    "ss_ps_old": dict(
+        _SS, ss_persist=True, ss_deq1=False, ps_const=False, ss_addr=False, ss_regs=(200, 112)
+    ),
     # the cluster producer copies each 16 KB group to the peer once stored (default: dense)
     "ss_scp": dict(_SS, ss_splitcp=True),
     "ss_scp0": dict(_SS, ss_splitcp=False),
@@ -251,10 +260,10 @@ CASES = [
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss", "ss_scp0"], [None]),
+     ["ss", "ss_scp0", "ss_old", "ss_r112"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss", "ss_scp", "ss_ps", "ss_ps_g256", "ss_ps_g128", "ss_ps_t", "ss_ps_g256t", "ss_ps_r104",
-      "ss_ps_g256t_r104"], [None]),
+     ["ss", "ss_old", "ss_deq0", "ss_pc0", "ss_a0", "ss_r112", "ss_r208", "ss_scp", "ss_ps",
+      "ss_ps_old", "ss_ps_g256t"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
      ["ss0", "ss"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,

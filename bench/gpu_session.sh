@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: the GPU test suite, then the benchmark suite. Results under $OUT.
-#   bash bench/gpu_session.sh [extra pytest args]
+#   [TEST_S=290] [BENCH_S=300] bash bench/gpu_session.sh [extra pytest args]
 # (The full MLA GPU grid, 160 tests of 12 cases each, takes ~18 min at -n 15 on an H100 host,
 # mostly compiles: split it over calls with -k (e.g. "test_gpu_grid and dense", then "... and
 # sparse"), with TRITON_CACHE_DIR in an ignored folder of the repo carried between the calls so
@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-timeout 290 python3 -m pytest -q -m gpu --maxfail=30 -p no:cacheprovider tests "$@" 2>&1 \
-    | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|FAILED|Error" | tail -25
-timeout 300 python3 bench/run_all.py --out "$OUT/results.json" 2>&1 | tee "$OUT/bench.log" \
-    | grep -v "^\[bench\] {" | tail -45
+timeout "${TEST_S:-290}" python3 -m pytest -q -m gpu --maxfail=30 -p no:cacheprovider tests "$@" \
+    2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|FAILED|Error" | tail -25
+timeout "${BENCH_S:-300}" python3 bench/run_all.py --out "$OUT/results.json" 2>&1 \
+    | tee "$OUT/bench.log" | grep -v "^\[bench\] {" | tail -45

@@ -75,6 +75,20 @@ so the spills alone do not explain the gap. No register split tried leaves both 
 consumers spill-free (offline sm_90 compiles, LDL / STL in the two consumers' code: 200 / 112
 registers 5 / 5 and 32 / 32; 200 / 104 10 / 10 and 15 / 12; 192 / 112 16 / 14 and 15 / 12;
 184 / 112 74 / 58 and 9 / 7), so that test needs fewer live values in its consumers.
+
+With `gluon_mla_ss`'s new tile step (2026-11-28: the single store, the constant page size,
+int32 rows, 200 / 104 registers, which leaves its consumers with 2 LDL a pair in consumer 1 and
+none elsewhere) it takes 0.453 ms against 0.415-0.417 for `gluon_mla_ss` (H100, record
+`bench/results/h100_2026-11-28_mla_v32_producer.json`). Two warpgroup barriers that Triton's
+barrier pass put into its tile loops (after the producer's `qready` and the consumers' `qfree`
+arrivals it took an arrival for a pending write: the producer's loop 4 BAR.SYNC a tile against
+3) were removed by a `gl.thread_barrier()` after each arrival, with no change in time (0.469
+against 0.468-0.469 ms), so they are not kept. Its tile trace (G 256, token order, the same
+split as `gluon_mla_ss`) shows where its tiles lose: the producer waits 1.0-1.1 us a tile for
+its own half of a stage to be freed (0.13-0.30 in `gluon_mla_ss`) and its stores take 0.76-0.87
+us (the data is in by then; 1.3-1.4 with the wait for it), while the consumers' pairs take
+6.5-7.0 us against 5.7-6.4: here the consumers are the slower side, on the same SASS but for
+a few spills.
 """
 
 from __future__ import annotations
@@ -199,16 +213,18 @@ if HAS_GLUON:
     @gluon.jit
     def _ps_producer(args, cl, trp, H_Q: gl.constexpr, HAS_TOPK: gl.constexpr,
                      TOPK_TOK: gl.constexpr, B_P2: gl.constexpr, BN: gl.constexpr,
-                     TRACE: gl.constexpr, ORDER: gl.constexpr):  # fmt: skip
+                     TRACE: gl.constexpr, ORDER: gl.constexpr, DEQ1: gl.constexpr,
+                     PS_C: gl.constexpr, ADDR: gl.constexpr):  # fmt: skip
         """Four warps: for each segment, its info (`_ps_put_info`) and q once the consumers
         are done with the last one's (`qfree`; q and info complete `qready`), then its tiles
         (`_ss_cross_tile`; an odd last tile all masked) into stage j % 2, the barrier phases
-        counted over all pairs so far."""
+        counted over all pairs so far. PS_C, ADDR: as `gluon_mla_ss._ss_producer`'s."""
         (Q, stride_qt, stride_qh, QOFF, batch, n_tokens, K, K_IDX, K_CL, K_TOPK, K_stride,
          K_stride_h, K_stride_q, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len, L,
          NPR, q_lat, q_rope, k_lat, k_rope, vbuf, bars, qready, qfree, info) = args  # fmt: skip
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        K_ps = PS_C if PS_C else K_ps
         cl_sync()  # the peer's barriers are initialized
         hb = gl.program_id(0) % 2
         g0, g1, n_seg = _ps_segments(L, NPR, n_tokens)
@@ -241,7 +257,7 @@ if HAS_GLUON:
                 tt = _g_tile_slots(trp, 80, 2 * gp + j) if TRACE == 2 else 0
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
                                cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN, False,
-                               TRACE == 2, tt)  # fmt: skip
+                               TRACE == 2, tt, DEQ1, ADDR)  # fmt: skip
                 if TRACE:
                     gl.store(trp + 51 + 2 * s, _g_clock(), mask=(s < 14) & (j == 0))
                 key = key_next
@@ -381,7 +397,8 @@ if HAS_GLUON:
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, BN: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
         EPI: gl.constexpr = 0, ORDER: gl.constexpr = 1, OFF_K=0, OFF_READY=0, OFF_REMPTY=0,
-        TRACE: gl.constexpr = False, TR=None,
+        TRACE: gl.constexpr = False, TR=None, DEQ1: gl.constexpr = False,
+        PS_C: gl.constexpr = 0, ADDR: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. Grid: G clusters of 2 CTAs (`launch(..., cluster=2)`;
         CTA 2 c + r: head block r of cluster c's tokens); L, NPR: pairs a cluster, pairs a
@@ -454,7 +471,7 @@ if HAS_GLUON:
                 (_ps_consume, (c_args, cl, trp, 0, H_Q, HAS_SINK, D_V, BN, EPI, TRACE)),
                 (_ps_consume, (c_args, cl, trp, 1, H_Q, HAS_SINK, D_V, BN, EPI, TRACE)),
                 (_ps_producer, (p_args, cl, trp, H_Q, HAS_TOPK, TOPK_TOK, B_P2, BN, TRACE,
-                                ORDER)),
+                                ORDER, DEQ1, PS_C, ADDR)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

@@ -32,7 +32,8 @@ H100 (bench/gpu_mla_dev.py, 2026-11-22, b 128, page 64, TFLOP/s) against the key
 `gluon_mla._mla_decode_sm90`: dense bf16 h_q 128 s_k 8192 484 vs 387, s_k 4096 460 vs 360;
 sparse s_q 2 top-k 2048 bf16 426 vs 348, V32 322 vs 248. Registers (setmaxnreg): BF16 232 a
 consumer thread and 48 for the producer; V32 200 and 112 (the tile in flight; at 208 / 96 the
-producer spilled and ran 225). Loading the next V32 tile group by group while the current one
+producer spilled and ran 225), the cluster kernel 200 and 104 (below, "The cluster producer's
+tile step"). Loading the next V32 tile group by group while the current one
 is stored spilled at any split tried (1.5-7x slower). Two V32 producer warpgroups (column
 halves, 16 warps) do not compile: the kernel's .maxnreg becomes 65536 / 512 = 128, and ptxas
 rejects the consumers' m64n256k16 wgmma (it asks for 158) although setmaxnreg gives their
@@ -200,6 +201,28 @@ unevenly (warpgroup 0: every tile's S, softmax and V columns 0..255; warpgroup 1
 columns 256..511) and each producer thread dequantizes one key's half-row with 16-byte loads
 after its stage is free, writing each 16 bytes locally and to the peer (st.async).
 
+The cluster producer's tile step (H100 2026-11-28, sparse V32 b 128 s_q 2 h_q 128 top-k 2048,
+`bench/gpu_mla_dev.py` graph replays, three leases of two passes each; record
+`bench/results/h100_2026-11-28_mla_v32_producer.json`). Its tile loop is the tiles' critical
+path, and the offline sm_90 SASS showed three costs in it that change no result:
+- a warpgroup barrier between the two column groups' stores, put there by Triton's
+  shared-memory barrier pass, which takes two stores into column slices of one buffer for a
+  hazard (`_ss_deq_store2` stores both in one: the same 16 STS.128, 2 BAR.SYNC a tile against
+  3): 0.419-0.424 ms against 0.428-0.434;
+- a run-time integer division by the page size for every row of a tile (a reciprocal and ~15
+  instructions a row): a power-of-two page size is a compile-time constant (PS_C), 57 fewer
+  of the loop's 770 instructions;
+- int64 row numbers and a second row product for the rope pointers (ADDR: int32 numbers, one
+  int64 offset a row): 711 -> 671 instructions, the first tile load at the loop's 41st
+  instruction against its 78th.
+With all three and 200 / 104 registers (every tile loop spill-free; at 200 / 112 consumer 1
+spills 8 LDL a pair) it runs 0.415-0.417 ms against 0.428-0.429 for the kernel before, in the
+same leases (dense V32 s_k 8192: 0.777-0.778 against 0.795-0.796); the constant page size or
+the registers alone moved it by less than the passes' spread (0.419-0.426 ms), 208 / 96 ran
+0.435-0.445. The tile trace (`--tile-trace`, medians a tile): the producer's path from one
+release to its next tile's loads 1.29 -> 1.07 us, 3.25 -> 3.11-3.14 us a tile. In the benchmark
+suite (cold L2 before every call) it took 0.4225 ms, 346 TFLOP/s, against 0.4322 before.
+
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
 reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a
@@ -288,7 +311,7 @@ if HAS_GLUON:
         c_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
         r8 = gl.convert_layout(rows, gl.SliceLayout(1, c_l))
         v8 = gl.convert_layout(valid, gl.SliceLayout(1, c_l))
-        roff = gl.multiple_of(r8 * stride_q, 4)
+        roff = gl.multiple_of(r8.to(gl.int64) * stride_q, 4)
         if FMT == 4:
             sp = K.to(gl.pointer_type(gl.float32)) + roff + 128
         else:
@@ -311,22 +334,42 @@ if HAS_GLUON:
         return x, sc
 
     @gluon.jit
-    def _ss_deq_store(dst, x, sc, g: gl.constexpr):
-        """Column group g of a [BN, W] bf16 stage (or a column half of one) from its packed
-        e4m3 words and scales (stored as bf16 pairs through an int32 view of the stage: same
-        bytes, same swizzle)."""
+    def _ss_deq(x, sc):
+        """Column group of a tile [BN, 128 dims] from its packed e4m3 words and scales, as
+        [BN, 64] int32 words (bf16 pairs)."""
         BN: gl.constexpr = x.shape[0]
-        NW: gl.constexpr = dst.shape[1] // 2
         scb = sc[:, None] + gl.zeros_like(x).to(gl.float32)
         lo, hi = gl.inline_asm_elementwise(
             _DEQ4_ASM, "=r,=r,r,f", [x, scb], dtype=(gl.int32, gl.int32), is_pure=True, pack=1
         )
-        y = gl.reshape(gl.join(lo, hi), [BN, 64])
+        return gl.reshape(gl.join(lo, hi), [BN, 64])
+
+    @gluon.jit
+    def _ss_words(dst):
+        """An int32 view of a [BN, W] bf16 stage (or a column half of one): same bytes, same
+        swizzle."""
         w_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=32, rank=2
         )
-        words = dst._reinterpret(gl.int32, [BN, NW], w_l)
-        words.slice(g * 64, 64, dim=1).store(y)
+        return dst._reinterpret(gl.int32, [dst.shape[0], dst.shape[1] // 2], w_l)
+
+    @gluon.jit
+    def _ss_deq_store(dst, x, sc, g: gl.constexpr):
+        """Column group g of a [BN, W] bf16 stage (or a column half of one) from its packed
+        e4m3 words and scales (stored as bf16 pairs through `_ss_words`)."""
+        y = _ss_deq(x, sc)
+        _ss_words(dst).slice(g * 64, 64, dim=1).store(y)
+
+    @gluon.jit
+    def _ss_deq_store2(dst, x0, s0, x1, s1):
+        """Column groups 0 and 1 of a [BN, 256] bf16 half stage in one store. Two stores into
+        column slices of one buffer get a warpgroup barrier between them from Triton's
+        shared-memory barrier pass, which cannot tell the slices apart (sm_90 SASS: a BAR.SYNC
+        between the 8th and 9th STS.128 of the cluster producer's tile); one store of the
+        joined groups is the same 16 STS.128 a thread with none."""
+        BN: gl.constexpr = x0.shape[0]
+        y = gl.join(_ss_deq(x0, s0), _ss_deq(x1, s1))  # [BN, 64, 2]
+        _ss_words(dst).store(gl.reshape(gl.permute(y, (0, 2, 1)), [BN, 128]))
 
     @gluon.jit
     def _ss_release(ready, st, vbuf, valid, TX: gl.constexpr = 0):
@@ -346,7 +389,8 @@ if HAS_GLUON:
     def _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars, cl, st,
                        rows, valid, e_ph, BN: gl.constexpr,
                        SPLITCP: gl.constexpr = False, TT: gl.constexpr = False,
-                       tt=0):  # fmt: skip
+                       tt=0, DEQ1: gl.constexpr = False,
+                       ADDR: gl.constexpr = False):  # fmt: skip
         """V32 in a 2-CTA cluster (head blocks 0 and 1 of one token, the same keys), one tile
         into stage st: this CTA's producer loads and dequantizes column half `rank` (groups
         2 rank, 2 rank + 1) into its own stage once consumer `rank` of this CTA has freed it
@@ -359,7 +403,10 @@ if HAS_GLUON:
         conversion) is loaded into registers with the e4m3 bytes, before the waits, and
         stored once the stage is free (see the module docstring's "rope in registers").
         SPLITCP: each 16 KB column group of the half is copied once stored, the second
-        converted under the first one's copy (dense V32: `triton_mla`'s SS_SPLITCP). TT
+        converted under the first one's copy (dense V32: `triton_mla`'s SS_SPLITCP); else
+        DEQ1: both groups in one store (`_ss_deq_store2`), else one store each. ADDR: the
+        rows' int32 numbers and one int64 offset product a row for the words, scales and rope
+        (else int64 numbers and a second product for the rope). TT
         (development): `_g_tick`s into tt's slots 0-4: before and after the own half's wait,
         once the half is stored, after the peer's wait (its copy issued), after the other
         half's wait."""
@@ -372,10 +419,17 @@ if HAS_GLUON:
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
         halves = k_lat._reinterpret(gl.bfloat16, [4, BN, 256], sm_l)  # [2 st + h]: 32 KB each
+        if ADDR:  # row numbers in int32 (the launcher checks that they fit), offsets in int64
+            rows = rows.to(gl.int32)
         roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K, K_stride, K_stride_q, 0, 4)  # (no SC)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
-        rp = _g_rope_ptrs(rows, K, K_stride, K_stride_h, 4, ld_l)
+        if ADDR:  # the rope pointers from the words' row offsets (no second row product)
+            ro = gl.convert_layout(roff, gl.SliceLayout(1, ld_l)) * 2 + 264
+            dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+            rp = K.to(gl.pointer_type(gl.bfloat16)) + ro[:, None] + dT[None, :]
+        else:
+            rp = _g_rope_ptrs(rows, K, K_stride, K_stride_h, 4, ld_l)
         rope = gl.load(rp, mask=valid[:, None], other=0.0)
         if TT:
             _g_tick(tt, 0)
@@ -385,9 +439,12 @@ if HAS_GLUON:
         dst = halves.index(2 * st + rank)
         src = off_k + (2 * st + rank) * HB
         CB: gl.constexpr = HB // 2 if SPLITCP else HB  # bytes a copy
-        _ss_deq_store(dst, x0, s0, 0)
-        if not SPLITCP:
-            _ss_deq_store(dst, x1, s1, 1)
+        if DEQ1 and not SPLITCP:
+            _ss_deq_store2(dst, x0, s0, x1, s1)
+        else:
+            _ss_deq_store(dst, x0, s0, 0)
+            if not SPLITCP:
+                _ss_deq_store(dst, x1, s1, 1)
         fence_async_shared()  # the stores, before the copy (async proxy) reads them
         gl.thread_barrier()
         if TT:
@@ -418,14 +475,16 @@ if HAS_GLUON:
     @gluon.jit
     def _ss_producer(args, cl, trp, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
                      HALF: gl.constexpr, CROSS: gl.constexpr, TRACE: gl.constexpr,
-                     SPLITCP: gl.constexpr = False):  # fmt: skip
+                     SPLITCP: gl.constexpr = False, DEQ1: gl.constexpr = False,
+                     PS_C: gl.constexpr = 0, ADDR: gl.constexpr = False):  # fmt: skip
         """Four warps: tiles 0 .. 2 * ceil(n_it / 2) - 1 (a last odd tile is all masked) into
         stage j % 2 once both consumers have freed it; the key (look-up-table or index) load
         of tile j + 1 is issued before tile j is filled. BF16: cp.async. V32: the e4m3 bytes
         go through registers (64 a thread hold a tile, as int32 words), loaded before the
         wait for the stage and dequantized into it after. HALF: columns 0..255 are refilled
         once consumer 0 has freed them, 256..511 and the rope slot (P) once consumer 1 has too.
-        CROSS: half of each tile, shared with the peer CTA (`_ss_cross_tile`)."""
+        CROSS: half of each tile, shared with the peer CTA (`_ss_cross_tile`). PS_C: the page
+        size where it is a compile-time constant (`triton_mla._page_size_constexpr`), else 0."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
@@ -434,6 +493,7 @@ if HAS_GLUON:
         ready, empty, pm, lx, rempty = bars
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        K_ps = PS_C if PS_C else K_ps
         if CROSS:
             cl_sync()  # the peer's barriers are initialized and its stages zeroed
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
@@ -451,7 +511,8 @@ if HAS_GLUON:
                 _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
                                cl, st, rows, valid, ((j // 2) & 1) ^ 1, BN,
                                SPLITCP, TRACE == 2,
-                               _g_tile_slots(trp, 10, j) if TRACE == 2 else 0)  # fmt: skip
+                               _g_tile_slots(trp, 10, j) if TRACE == 2 else 0,
+                               DEQ1, ADDR)  # fmt: skip
             else:
                 if FMT != 0:
                     roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K_SC, K_stride, K_stride_q,
@@ -809,6 +870,7 @@ if HAS_GLUON:
         PRODUCER_REGS: gl.constexpr, PDL: gl.constexpr = False, SS_ORDER: gl.constexpr = 0,
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
         OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None, SS_SPLITCP: gl.constexpr = False,
+        SS_DEQ1: gl.constexpr = False, PS_C: gl.constexpr = 0, SS_ADDR: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. TRACE
         (development, `bench/gpu_mla_dev.py`): int64 TR [CTAs, 10] (`_g_trace_open`); TRACE 2
@@ -819,7 +881,9 @@ if HAS_GLUON:
         the stage; stores after). Launch with num_warps=4 (consumer 0); consumer 1 and the
         producer are worker partitions. SS_CROSS (V32, NHB 2, SS_HALF): launched in clusters
         of two CTAs (head blocks 0 and 1 of a token; `_ss_cross_tile`); OFF_*: the shared
-        offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`)."""
+        offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`). SS_DEQ1 (SS_CROSS
+        without SS_SPLITCP): a half's two column groups in one store (`_ss_deq_store2`).
+        SS_ADDR (SS_CROSS): `_ss_cross_tile`'s ADDR; PS_C: `_ss_producer`'s."""
         gl.static_assert(FMT == 0 or FMT == 4, "BF16 or V32 caches")
         gl.static_assert(D_QK == 576, "the seesaw kernel needs d_qk 576")
         gl.static_assert(NBUF == 2, "two ring stages (one a consumer)")
@@ -897,7 +961,7 @@ if HAS_GLUON:
                 (_ss_consume, (args, cl, trp, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
                                SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
                 (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE,
-                                SS_SPLITCP)),
+                                SS_SPLITCP, SS_DEQ1, PS_C, SS_ADDR)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

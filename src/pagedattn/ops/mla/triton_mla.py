@@ -699,7 +699,7 @@ TUNING: dict[str, Any] = {
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
     "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
     "ss_persist": None, "ps_epi": None, "ss_splitcp": None, "ps_g": None,
-    "ps_order": None,
+    "ps_order": None, "ss_deq1": None, "ps_const": None, "ss_addr": None,
 }  # fmt: skip
 
 
@@ -707,6 +707,15 @@ def _tuned(key: str, default: Any) -> Any:
     """TUNING[key] where set (development sweeps), else the shipped default."""
     v = TUNING.get(key)
     return default if v is None else v
+
+
+def _page_size_constexpr(ps: int) -> int:
+    """The page size as a compile-time constant of the V32 cluster producers (PS_C), or 0 (a
+    run-time value): powers of two, which then split an index into page and offset with a
+    shift and a mask instead of a run-time integer division (a reciprocal and ~15
+    instructions a row, on the producer's path to its next tile's loads: 57 of its tile
+    loop's 770 sm_90 instructions). TUNING["ps_const"] False: always 0."""
+    return ps if _tuned("ps_const", True) and ps & (ps - 1) == 0 else 0
 
 
 class _Operand:
@@ -1013,6 +1022,14 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     )
 
 
+def _ss_addr(K: _Operand) -> bool:
+    """Whether the V32 cluster producer (`gluon_mla_ss._ss_cross_tile` ADDR) numbers a tile's
+    rows in int32 and derives every pointer of a row from one int64 offset product (its tile
+    loop 711 -> 671 sm_90 instructions): where the cache has fewer than 2^31 rows, unless
+    TUNING["ss_addr"] is False."""
+    return bool(_tuned("ss_addr", True)) and K.data.shape[0] < 2**31
+
+
 def _ps_plan(tokens: int, n_idx: int, dev: torch.device) -> tuple[int, int, int]:
     """(G, L, NPR) of the persistent sparse V32 kernel (`gluon_mla_ps`): G clusters of two
     CTAs (one a pair of SMs, at most one a token), L pairs of 64-key tiles a cluster (>= NPR),
@@ -1053,7 +1070,9 @@ def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm
         H_Q=h_q, D_V=d_v, B_P2=triton.next_power_of_2(batch + 1),
         HAS_SINK=attn_sink is not None, HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, BN=64,
         CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1),
-        ORDER=_tuned("ps_order", 1), num_warps=4,
+        ORDER=_tuned("ps_order", 1), DEQ1=bool(_tuned("ss_deq1", True)),
+        PS_C=_page_size_constexpr(K.ps),
+        ADDR=_ss_addr(K), num_warps=4,
         cluster=2, smem_args=_SS_CROSS_SMEM, **trace,
     )  # fmt: skip
     if L % npr:  # else every cluster boundary falls between tokens: none is cut
@@ -1200,35 +1219,49 @@ def mla_decode_triton(
                          K_lut_len=K.lut.shape[1])  # fmt: skip
         elif cfg["SS"]:
             kernel = _mla_decode_sm90_ss
-            # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep
-            regs = _tuned("ss_regs", (232, 48) if K.fmt == FMT_BF16 else (200, 112))
-            extra = dict(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], num_warps=4)
             # Warpgroup 1's order in a pair of tiles and half-stage release (gluon_mla_ss):
             # H100 graph replays, 3 runs 2026-11-22 (bench/gpu_mla_dev.py), against order 0
             # with whole-stage release: dense bf16 h_q 128 s_k 8192 0.626-0.641 -> 0.605-0.615
             # ms with order 2 (order 1: 0.618-0.631); sparse V32 0.492-0.497 -> 0.472-0.477
             # with order 1 (order 2: 0.480-0.485); sparse bf16 0.337-0.344 either way.
-            extra.update(
+            extra = dict(
                 SS_ORDER=_tuned("ss_order", 2 if K.fmt == FMT_BF16 else 1),
                 SS_HALF=bool(_tuned("ss_half", True)),
+                num_warps=4,
             )
             # V32 with two head blocks a token: the 2-CTA cluster kernel (each CTA dequantizes
             # half of every tile; `gluon_mla_ss._ss_cross_tile`). H100 graph replays
             # (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 128 s_q 2 top-k 2048, two runs):
             # 0.445-0.446 ms against 0.468-0.469 from HBM; slower where the keys are in L2
             # (0.413 / 0.381) or none is loaded (0.365 / 0.342).
-            if (
+            cross = (
                 K.fmt == FMT_V32
                 and cfg["NHB"] == 2
                 and extra["SS_HALF"]
                 and _tuned("ss_cross", True)
-            ):
+            )
+            # setmaxnreg per thread (consumer, producer): gluon_mla_ss's docstring has the sweep.
+            # The cluster kernel: 200 / 104, where every tile loop is spill-free (offline sm_90
+            # SASS; 200 / 112 left 8 LDL a pair in consumer 1) and its producer's tile step is
+            # shortest (H100 2026-11-28, bench/results/h100_2026-11-28_mla_v32_producer.json:
+            # with the single store, constant page size and one offset product a row, sparse V32
+            # 0.415-0.417 ms against 0.424-0.426 at 200 / 112, dense s_k 8192 0.777-0.778).
+            regs = _tuned(
+                "ss_regs", (232, 48) if K.fmt == FMT_BF16 else (200, 104) if cross else (200, 112)
+            )
+            extra.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1])
+            if cross:
                 # SS_SPLITCP: each 16 KB group of a half goes to the peer once stored (the
                 # second converted under the first one's copy). H100 graph replays (2026-11-23,
                 # two leases, bench/results/h100_2026-11-23_mla_v32_rope_regs.json runs 9-10):
                 # dense V32 h_q 128 s_k 8192 0.797 against 0.820 ms (L2 0.721-0.731 / 0.752-
-                # 0.757); sparse 0.435 against 0.428-0.431, so dense only.
-                extra.update(SS_CROSS=True, SS_SPLITCP=bool(_tuned("ss_splitcp", not sparse)))
+                # 0.757); sparse 0.435 against 0.428-0.431, so dense only. SS_DEQ1 (sparse: the
+                # half's two groups in one store, no warpgroup barrier between them), PS_C and
+                # SS_ADDR: see `_page_size_constexpr` and `_ss_addr`; H100 2026-11-28 (same
+                # record) sparse V32 0.422-0.424 ms with SS_DEQ1 against 0.428-0.434 without.
+                extra.update(SS_CROSS=True, SS_SPLITCP=bool(_tuned("ss_splitcp", not sparse)),
+                             SS_DEQ1=bool(_tuned("ss_deq1", True)),
+                             PS_C=_page_size_constexpr(K.ps), SS_ADDR=_ss_addr(K))  # fmt: skip
                 cluster = 2
                 if sparse and P == 1 and _tuned("ss_persist", False):
                     return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
