@@ -1258,7 +1258,7 @@ def mla_decode_triton(
                 # 0.757); sparse 0.435 against 0.428-0.431, so dense only. SS_DEQ1 (sparse: the
                 # half's two groups in one store, no warpgroup barrier between them), PS_C and
                 # SS_ADDR: see `_page_size_constexpr` and `_ss_addr`; H100 2026-11-28 (same
-                # record) sparse V32 0.422-0.424 ms with SS_DEQ1 against 0.428-0.434 without.
+                # record) sparse V32 0.419-0.424 ms with SS_DEQ1 against 0.428-0.434 without.
                 extra.update(SS_CROSS=True, SS_SPLITCP=bool(_tuned("ss_splitcp", not sparse)),
                              SS_DEQ1=bool(_tuned("ss_deq1", True)),
                              PS_C=_page_size_constexpr(K.ps), SS_ADDR=_ss_addr(K))  # fmt: skip
