@@ -5,13 +5,16 @@
   (cache lengths 700 and two shorter), sinks, sparse index stride and partition count;
 - persistent: `test_triton_mla.test_gpu_v32_persistent_kernel`'s cases (the opt-in persistent
   sparse V32 kernel, `gluon_mla_ps`);
+- pages: the V32 cluster kernel (h_q 128, dense and sparse) at page sizes that are not powers
+  of two, which its producer takes as a run-time value (`triton_mla._page_size_constexpr`;
+  the grid's page sizes are all powers of two);
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too), and the Gluon sm_90 prefills' over
   paged caches, row offsets and ragged K/V, every range mask, sinks and the LSE, with the
   launch configurations the tests force.
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
-this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|persistent|mha]
+this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|persistent|pages|mha]
 [--full]`. Each
 launch is captured as an H100 would make it (`ops.offline.capture`, with
 `triton_mla._sm90_serves` for the device check); each distinct specialization goes through
@@ -125,6 +128,9 @@ def persistent_launches(batch, s_q, stride, h_q, order):
         M.TUNING["ss_persist"], M.TUNING["ps_order"] = saved
 
 
+PAGES_NOT_POW2 = (3, 48, 200)  # the "pages" suite's page sizes
+
+
 def mla_cases(mode):
     """(name, launches thunk) of the MLA grid's cases in `mode` (or the persistent kernel's)."""
     if mode == "persistent":
@@ -134,6 +140,15 @@ def mla_cases(mode):
                     yield (
                         f"persistent b {batch} s_q {s_q} width {stride} h_q {h_q} order {order}",
                         partial(persistent_launches, batch, s_q, stride, h_q, order),
+                    )
+        return
+    if mode == "pages":
+        for m in ("dense", "sparse"):
+            for ps in PAGES_NOT_POW2:
+                for s_q in (1, 2):
+                    yield (
+                        f"{m}-v32-576 h_q 128 s_q {s_q} page {ps}",
+                        partial(grid_launches, m, "v32", 576, 128, s_q, ps),
                     )
         return
     for fmt, (_, dims) in FORMATS.items():
@@ -292,5 +307,5 @@ def main(suites: list[str], full: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    suites = [m for m in ("dense", "sparse", "persistent", "mha") if m in args]
-    main(suites or ["dense", "sparse", "persistent", "mha"], "--full" in args)
+    suites = [m for m in ("dense", "sparse", "persistent", "pages", "mha") if m in args]
+    main(suites or ["dense", "sparse", "persistent", "pages", "mha"], "--full" in args)

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("mode", ["dense", "sparse", "persistent", "mha"])
+@pytest.mark.parametrize("mode", ["dense", "sparse", "persistent", "pages", "mha"])
 def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -42,6 +42,9 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     elif mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
         assert out["cases"] == 4 * 2 * 2
         served = {"_mla_decode_sm90_ps"}
+    elif mode == "pages":  # V32 h_q 128, dense / sparse x 3 page sizes x s_q {1, 2}
+        assert out["cases"] == 2 * 3 * 2
+        served = {"_mla_decode_sm90_ss"}  # (no split-K combine: capture_mla drops it)
     else:  # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest
         assert out["cases"] == 16 * 5 * 3 * 4  # formats x h_q x s_q x page sizes
         served = {"_mla_decode_kernel", "_mla_decode_sm90", "_mla_decode_sm90_t",
@@ -105,3 +108,22 @@ def test_the_offline_check_takes_the_gpu_grids_cache_formats():
     assert {k: (f(), dims) for k, (f, dims, _) in FORMATS.items()} == {
         k: (f(), dims) for k, (f, dims) in S.FORMATS.items()
     }
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("ps,ps_c", [(1, 1), (16, 16), (64, 64), (128, 128), (3, 0), (48, 0)])
+def test_v32_cluster_launch_constants(mode, ps, ps_c):
+    """A V32 launch at h_q 128 takes the 2-CTA cluster kernel with its producer's tile step as
+    measured (`triton_mla`: one store a half, int32 rows, 200 / 104 registers) and the page
+    size as a compile-time constant where it is a power of two, else a run-time value (PS_C 0;
+    the "pages" suite above compiles those)."""
+    sys.path.insert(0, HERE)
+    import sm90_compile as S
+
+    (launch,) = S.grid_launches(mode, "v32", 576, 128, 2, ps)
+    kw = launch.kwargs
+    assert (launch.name, launch.cluster) == ("_mla_decode_sm90_ss", 2)
+    assert kw["PS_C"] == ps_c and kw["SS_ADDR"] and kw["SS_CROSS"]
+    assert kw["SS_DEQ1"] and kw["SS_SPLITCP"] == (mode == "dense")
+    assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"]) == (200, 104)
