@@ -118,7 +118,6 @@ def test_v32_cluster_launch_constants(mode, ps, ps_c):
     measured (`triton_mla`: one store a half, int32 rows, 200 / 104 registers) and the page
     size as a compile-time constant where it is a power of two, else a run-time value (PS_C 0;
     the "pages" suite above compiles those)."""
-    sys.path.insert(0, HERE)
     import sm90_compile as S
 
     (launch,) = S.grid_launches(mode, "v32", 576, 128, 2, ps)

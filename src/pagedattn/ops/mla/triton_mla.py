@@ -1048,9 +1048,10 @@ def _trace_level(tr: torch.Tensor) -> int:
 
 
 def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm_scale, d_v,
-               regs):  # fmt: skip
+               regs, step):  # fmt: skip
     """Sparse V32 decode with two head blocks a token on the persistent cluster kernel, then
-    the combine of the tokens cut at cluster boundaries. Returns (out, lse)."""
+    the combine of the tokens cut at cluster boundaries; regs and step (DEQ1, PS_C, ADDR: the
+    producer's tile step) as the per-token cluster kernel takes them. Returns (out, lse)."""
     tokens, h_q, _d = q.shape
     batch = q_row_offsets.numel() - 1
     g, L, npr = _ps_plan(tokens, idx.shape[1], q.device)
@@ -1070,10 +1071,8 @@ def _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse, attn_sink, sm
         H_Q=h_q, D_V=d_v, B_P2=triton.next_power_of_2(batch + 1),
         HAS_SINK=attn_sink is not None, HAS_TOPK=topk is not None, TOPK_TOK=topk_tok, BN=64,
         CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], EPI=_tuned("ps_epi", 1),
-        ORDER=_tuned("ps_order", 1), DEQ1=bool(_tuned("ss_deq1", True)),
-        PS_C=_page_size_constexpr(K.ps),
-        ADDR=_ss_addr(K), num_warps=4,
-        cluster=2, smem_args=_SS_CROSS_SMEM, **trace,
+        ORDER=_tuned("ps_order", 1), num_warps=4,
+        cluster=2, smem_args=_SS_CROSS_SMEM, **step, **trace,
     )  # fmt: skip
     if L % npr:  # else every cluster boundary falls between tokens: none is cut
         mla_combine_triton(po, pl, out, lse, attn_sink, cut=(L, npr, cut_t))
@@ -1259,13 +1258,15 @@ def mla_decode_triton(
                 # half's two groups in one store, no warpgroup barrier between them), PS_C and
                 # SS_ADDR: see `_page_size_constexpr` and `_ss_addr`; H100 2026-11-28 (same
                 # record) sparse V32 0.419-0.424 ms with SS_DEQ1 against 0.428-0.434 without.
+                step = dict(DEQ1=bool(_tuned("ss_deq1", True)), PS_C=_page_size_constexpr(K.ps),
+                            ADDR=_ss_addr(K))  # fmt: skip
                 extra.update(SS_CROSS=True, SS_SPLITCP=bool(_tuned("ss_splitcp", not sparse)),
-                             SS_DEQ1=bool(_tuned("ss_deq1", True)),
-                             PS_C=_page_size_constexpr(K.ps), SS_ADDR=_ss_addr(K))  # fmt: skip
+                             SS_DEQ1=step["DEQ1"], PS_C=step["PS_C"],
+                             SS_ADDR=step["ADDR"])  # fmt: skip
                 cluster = 2
                 if sparse and P == 1 and _tuned("ss_persist", False):
                     return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
-                                      attn_sink, sm_scale, d_v, regs)  # fmt: skip
+                                      attn_sink, sm_scale, d_v, regs, step)  # fmt: skip
         else:
             kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
         traced = kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw, _mla_decode_sm90_st,
