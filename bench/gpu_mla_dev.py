@@ -232,6 +232,10 @@ VARIANTS = {
     # the cluster producer copies each 16 KB group to the peer once stored (default: dense)
     "ss_scp": dict(_SS, ss_splitcp=True),
     "ss_scp0": dict(_SS, ss_splitcp=False),
+    # q cp.async'ed, the consumers waiting for it on a barrier (gluon_mla_ss SS_QASYNC; the
+    # default for sparse V32 with two head blocks a token)
+    "ss_qa": dict(_SS, ss_qasync=True),
+    "ss_qa0": dict(_SS, ss_qasync=False),
     # the TMA-fed seesaw (gluon_mla_st; dense BF16, pages of whole tiles)
     "st": dict(_SS, ss_tma=True),
 }
@@ -260,12 +264,12 @@ CASES = [
     ("dense rope-fp8 h128 8k", "dense", "rope_aware", 576, 128, 8192, 128, 1, 64, 0,
      ["sm90"], [None]),
     ("dense v32 h128 8k", "dense", "v32", 576, 128, 8192, 128, 1, 64, 0,
-     ["ss", "ss_scp0", "ss_old", "ss_r112"], [None]),
+     ["ss", "ss_qa", "ss_scp0", "ss_old", "ss_r112"], [None]),
     ("sparse v32 h128 sq2 2k", "sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss", "ss_old", "ss_deq0", "ss_pc0", "ss_a0", "ss_r112", "ss_r208", "ss_scp", "ss_ps",
-      "ss_ps_old", "ss_ps_g256t"], [None]),
+     ["ss", "ss_qa0", "ss_old", "ss_deq0", "ss_pc0", "ss_a0", "ss_r112", "ss_r208", "ss_scp",
+      "ss_ps", "ss_ps_old", "ss_ps_g256t"], [None]),
     ("sparse bf16 h128 sq2 2k", "sparse", "bf16", 576, 128, 8192, 128, 2, 64, 2048,
-     ["ss0", "ss"], [None]),
+     ["ss0", "ss", "ss_qa"], [None]),
     ("sparse model1 h128 sq2 2k", "sparse", "model1", 512, 128, 8192, 128, 2, 64, 2048,
      ["auto"], [None]),
 ]  # fmt: skip
@@ -697,9 +701,10 @@ def roll_summary(outdir):
     return r
 
 
-def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""):
+def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only="", cold=False):
     """Eager (twice) and graph-replay times of each launch variant and partition count
-    (`only`: a regex the variant names must match, and P 1 only)."""
+    (`only`: a regex the variant names must match, and P 1 only). cold: also the benchmark
+    suite's time (`common.time_ms`: L2 evicted before every call, CUDA events around each)."""
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
@@ -722,8 +727,15 @@ def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""
             except Exception as e:  # noqa: BLE001
                 print("FAIL", case, v, P, str(e)[:300], flush=True)
                 continue
+            if cold:
+                from common import time_ms
+
+                tc = time_ms(fn)
+                row_cold = dict(ms_cold=tc, ms_cold_eager=tc.eager, ms_cold_graph=tc.graph)
+            else:
+                row_cold = {}
             row = dict(
-                case=case, variant=v, P=P, ms=t, ms_repeat=t2, ms_graph=tg,
+                case=case, variant=v, P=P, ms=t, ms_repeat=t2, ms_graph=tg, **row_cold,
                 frac_copy_graph=work["bytes"] / (tg * 1e-3) / copy_bw,
                 tflops=work["flops"] / (t * 1e-3) / 1e12,
                 gbs=work["bytes"] / (t * 1e-3) / 1e9,
@@ -745,6 +757,7 @@ def main():
     ap.add_argument("--t-variants", default="sm90t", help="comma list: variants --checks t runs")
     ap.add_argument("--variants", default="", help="regex: time only these variants (at P 1)")
     ap.add_argument("--shared", default="", help="also time 'L2' and/or 'none' (make_case)")
+    ap.add_argument("--cold", action="store_true", help="also the suite's cold-L2 call time")
     ap.add_argument("--fixed", action="store_true", help="run fixed_cost_probe")
     ap.add_argument("--trace", default="", help="run trace_probe on the runs this regex finds")
     ap.add_argument("--ps-trace", default="", help="comma list: ps_trace_probe's variants")
@@ -827,7 +840,8 @@ def main():
                 mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, shared=shared
             )
             table += time_variants(f"{name} {shared}".strip(), q, kv, offs, kw, work,
-                                   variants, parts, copy_bw, args.variants)  # fmt: skip
+                                   variants, parts, copy_bw, args.variants,
+                                   args.cold)  # fmt: skip
         del q, kv, kw
         torch.cuda.empty_cache()
     M.TUNING.update({k: None for k in M.TUNING})
@@ -843,7 +857,7 @@ def main():
         print(
             f"{r['case']:28s} {r['variant']:7s} {str(r['P']):>4s} {r['ms']:8.3f} "
             f"{r['tflops']:8.1f} {r['gbs']:7.0f} {r['frac_copy']:5.2f} {r['ms_graph']:8.3f} "
-            f"{r['frac_copy_graph']:5.2f}"
+            f"{r['frac_copy_graph']:5.2f}" + (f" cold {r['ms_cold']:.4f}" if "ms_cold" in r else "")
         )
     for c in res["checks"]:
         print("check", c["case"], f"cos {c['cos']:.2e} max_abs {c['max_abs']:.2e}", c["nan"])

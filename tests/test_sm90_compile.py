@@ -117,7 +117,8 @@ def test_v32_cluster_launch_constants(mode, ps, ps_c):
     """A V32 launch at h_q 128 takes the 2-CTA cluster kernel with its producer's tile step as
     measured (`triton_mla`: one store a half, int32 rows, 200 / 104 registers) and the page
     size as a compile-time constant where it is a power of two, else a run-time value (PS_C 0;
-    the "pages" suite above compiles those)."""
+    the "pages" suite above compiles those); sparse launches cp.async q (SS_QASYNC), dense
+    ones do not (measured slower there)."""
     import sm90_compile as S
 
     (launch,) = S.grid_launches(mode, "v32", 576, 128, 2, ps)
@@ -126,3 +127,4 @@ def test_v32_cluster_launch_constants(mode, ps, ps_c):
     assert kw["PS_C"] == ps_c and kw["SS_ADDR"] and kw["SS_CROSS"]
     assert kw["SS_DEQ1"] and kw["SS_SPLITCP"] == (mode == "dense")
     assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"]) == (200, 104)
+    assert kw["SS_QASYNC"] == (mode == "sparse")

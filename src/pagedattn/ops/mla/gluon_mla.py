@@ -288,6 +288,16 @@ if _HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
+    def _g_seesaw_ids(TR, NHB: gl.constexpr, PDL: gl.constexpr, TRACE: gl.constexpr):
+        """A seesaw CTA's trace row and program ids: (trp, t, hb, part); see
+        `_g_seesaw_start`."""
+        trp = gl.program_id(0)
+        if TRACE:  # TRACE 2: `gluon_mla_ss`'s tile trace too
+            trp = _g_trace_open(TR, 10 + _TILE_TRACE if TRACE == 2 else 10)
+        t, hb, part = _g_program(NHB, PDL)
+        return trp, t, hb, part
+
+    @gluon.jit
     def _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q: gl.constexpr, HPT: gl.constexpr,
                         TPT: gl.constexpr, NHB: gl.constexpr, PDL: gl.constexpr,
                         TRACE: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
@@ -297,10 +307,7 @@ if _HAS_GLUON:
         (`_g_load_q`, for `_g_put_q`), issued before any load of the request's, as its rows
         need no request offsets; else `trp` as a placeholder (a jit function cannot return
         None)."""
-        trp = gl.program_id(0)
-        if TRACE:  # TRACE 2: `gluon_mla_ss`'s tile trace too
-            trp = _g_trace_open(TR, 10 + _TILE_TRACE if TRACE == 2 else 10)
-        t, hb, part = _g_program(NHB, PDL)
+        trp, t, hb, part = _g_seesaw_ids(TR, NHB, PDL, TRACE)
         early = trp
         if TPT == 1:
             early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)

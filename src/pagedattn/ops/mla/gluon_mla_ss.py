@@ -222,6 +222,19 @@ the registers alone moved it by less than the passes' spread (0.419-0.426 ms), 2
 release to its next tile's loads 1.29 -> 1.07 us, 3.25 -> 3.11-3.14 us a tile. In the benchmark
 suite (cold L2 before every call) it took 0.4225 ms, 346 TFLOP/s, against 0.4322 before.
 
+The prologue and the first tiles (H200 2026-11-28, the same case, `bench/gpu_mla_dev.py --cold`,
+two leases of two passes; record `bench/results/h200_2026-11-28_mla_v32_prologue.json`). With q
+cp.async'ed before the request's loads and a barrier of its own for the consumers (SS_QASYNC;
+no warp waits for q, nor the peer's producer through the cluster barrier) sparse V32 takes
+0.414-0.415 ms in graph replays against 0.416-0.418, and 0.4168-0.4196 against 0.4186-0.4195
+as the benchmark suite times it (L2 evicted before each call); it is on for sparse V32 only
+(dense V32 s_k 8192: 0.782-0.787 against 0.776-0.780; sparse bf16 within the spread). Not kept
+(same record, each against the kernel of its lease): issuing tile 1's loads once tile 0's own
+half is stored, before tile 0's exchange (the ring is empty then; tiles 0 and 1 peeled out of
+the producer's loop), 0.422-0.423 ms against 0.416-0.418 (dense 0.814 against 0.776-0.780); a
+row's two scales in one 8-byte load (4 fewer loads, 14 fewer instructions a tile) 0.416;
+`ready` counting the release alone, no cp.async arrivals, 0.415; both 0.416.
+
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
 reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a
@@ -263,6 +276,7 @@ if HAS_GLUON:
         _g_request,
         _g_rope_ptrs,
         _g_rows,
+        _g_seesaw_ids,
         _g_seesaw_start,
         _g_tick,
         _g_tile_rows,
@@ -750,18 +764,21 @@ if HAS_GLUON:
                     HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, ORDER: gl.constexpr,
-                    HALF: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                    HALF: gl.constexpr, TRACE: gl.constexpr, qb, QASYNC: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
         (and, W = 0, the LSE). ORDER: warpgroup 1's steps in a pair of tiles (2 i, 2 i + 1):
         0 the P V of tile 2 i, then S, softmax and P V of its own tile; 1 its own S first
         (under warpgroup 0's softmax), then tile 2 i's P V, the own softmax and P V; 2 its own
         S, its softmax (P out early), then both P V products. HALF: each warpgroup frees
         its half of a stage on its own barrier (the producer refills that half first). CROSS
-        (a 2-CTA cluster, `_ss_cross_tile`): it frees it on the peer's barrier too."""
+        (a 2-CTA cluster, `_ss_cross_tile`): it frees it on the peer's barrier too. QASYNC:
+        it waits for q's copies on barrier qb first (`_ss_issue_q`)."""
         if CROSS:
             if W == 1:  # (warpgroup 0 arrived at the end of the kernel's prologue)
                 cl_arrive()
             cl_wait()
+        if QASYNC:  # q's cp.asyncs (`_ss_issue_q`) have landed
+            mbarrier.wait(qb, 0)
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens,
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
@@ -830,6 +847,20 @@ if HAS_GLUON:
         return b, i0, q_len, cache_len, lo, hi
 
     @gluon.jit
+    def _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, HPT: gl.constexpr,
+                    ld_l: gl.constexpr):  # fmt: skip
+        """cp.async the 64 heads hb * 64 .. hb * 64 + 63 of token t (all of them real heads:
+        HPT 64 and h_q = 64 NHB) into q_lat [64, 512] and q_rope [64, 64]: no registers hold
+        q and no thread waits for it (the consumers wait on its barrier)."""
+        gl.static_assert(HPT == 64, "whole 64-head blocks")
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
+        qp = Q + t.to(gl.int64) * stride_qt + (hb * 64 + r).to(gl.int64) * stride_qh
+        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
+        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :])
+        cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :])
+
+    @gluon.jit
     def _ss_alloc(BN: gl.constexpr, L_SETS: gl.constexpr):
         """A seesaw kernel's shared memory: (q_lat, q_rope [1, 64, 512 / 64], k_lat, k_rope [2,
         BN, 512 / 64] (the ring), vbuf [2, BN], m_buf [2, 64], l_buf [2 L_SETS, 64], the
@@ -870,6 +901,7 @@ if HAS_GLUON:
         SS_HALF: gl.constexpr = False, SS_CROSS: gl.constexpr = False, OFF_K=0, OFF_READY=0,
         OFF_REMPTY=0, TRACE: gl.constexpr = False, TR=None, SS_SPLITCP: gl.constexpr = False,
         SS_DEQ1: gl.constexpr = False, PS_C: gl.constexpr = 0, SS_ADDR: gl.constexpr = False,
+        SS_QASYNC: gl.constexpr = False,
     ):  # fmt: skip
         """See the module docstring. BF16 or V32 cache, d_qk 576, BN 64, NBUF 2. TRACE
         (development, `bench/gpu_mla_dev.py`): int64 TR [CTAs, 10] (`_g_trace_open`); TRACE 2
@@ -882,7 +914,15 @@ if HAS_GLUON:
         of two CTAs (head blocks 0 and 1 of a token; `_ss_cross_tile`); OFF_*: the shared
         offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`). SS_DEQ1 (SS_CROSS
         without SS_SPLITCP): a half's two column groups in one store (`_ss_deq_store2`).
-        SS_ADDR (SS_CROSS): `_ss_cross_tile`'s ADDR; PS_C: `_ss_producer`'s."""
+        SS_ADDR (SS_CROSS): `_ss_cross_tile`'s ADDR; PS_C: `_ss_producer`'s. SS_QASYNC (one
+        token a tile, HPT 64, h_q 64 NHB): q is cp.async'ed (`_ss_issue_q`) before the
+        request's loads and the consumers wait for it on a barrier of its own, so that no
+        warp of the CTA (nor the peer's producer, through the cluster barrier) waits for q's
+        loads before the producer's first tile."""
+        gl.static_assert(
+            not SS_QASYNC or (TPT == 1 and HPT == 64 and H_Q == 64 * NHB),
+            "SS_QASYNC: one token a tile, whole 64-head blocks",
+        )
         gl.static_assert(FMT == 0 or FMT == 4, "BF16 or V32 caches")
         gl.static_assert(D_QK == 576, "the seesaw kernel needs d_qk 576")
         gl.static_assert(NBUF == 2, "two ring stages (one a consumer)")
@@ -903,16 +943,26 @@ if HAS_GLUON:
         # Loading tile 0's indices here too (sparse, unsplit) did not pay: the producer's first
         # tile was released 3.8-3.9 us after the prologue against 4.1, graph replays 0.4388
         # against 0.4371 ms (same lease; `h100_2026-11-23_mla_v32_fixed.json`, "early_key").
-        trp, t, hb, part, early = _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
-                                                  NHB, PDL, TRACE, ld_l)  # fmt: skip
+        if SS_QASYNC:
+            q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = (
+                _ss_alloc(BN, 1)
+            )
+            qb = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
+            trp, t, hb, part = _g_seesaw_ids(TR, NHB, PDL, TRACE)
+            _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, HPT, ld_l)
+            early = trp
+        else:
+            trp, t, hb, part, early = _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT,
+                                                      TPT, NHB, PDL, TRACE, ld_l)  # fmt: skip
         b, i0, q_len, cache_len, lo, hi = _ss_range(
             t, part, QOFF, batch, K_CL, K_TOPK, NUM_P, K_idx_len, TPT, B_P2, SPARSE, HAS_TOPK,
             TOPK_TOK, CAUSAL, BN,
         )  # fmt: skip
-
-        q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = _ss_alloc(
-            BN, 1
-        )  # rempty (SS_CROSS): the peer's consumers' arrivals
+        if not SS_QASYNC:
+            q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = (
+                _ss_alloc(BN, 1)
+            )  # rempty (SS_CROSS): the peer's consumers' arrivals
+            qb = lx  # a placeholder (q is not cp.async'ed)
         for i in gl.static_range(2):
             mbarrier.init(ready.index(i), count=129)  # 128 cp.async arrivals + the release
             if SS_CROSS:  # [stage, half]: consumer `half` of the peer
@@ -925,6 +975,8 @@ if HAS_GLUON:
                 mbarrier.init(empty.index(i), count=2)
             mbarrier.init(pm.index(i), count=1)
         mbarrier.init(lx, count=2)
+        if SS_QASYNC:
+            mbarrier.init(qb, count=128)  # each thread's q copies
 
         # Never a NaN from an unwritten cache slot in a stage: a masked row's cp.async (BF16
         # latent part, rope part) is skipped, so it keeps what the stage held (these zeros, an
@@ -936,8 +988,13 @@ if HAS_GLUON:
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
         m_buf.index(1).store(gl.full([BM], float("-inf"), gl.float32, one_l))
 
-        _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
-                 q_rope.index(0), H_Q, HPT, TPT, ld_l)  # fmt: skip
+        if SS_QASYNC:
+            fence_async_shared()  # the zeroed stages (and the barriers' init) before wgmma
+            gl.thread_barrier()  # every barrier initialized before any thread's arrival
+            cp.mbarrier_arrive(qb, increment_count=False)
+        else:
+            _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
+                     q_rope.index(0), H_Q, HPT, TPT, ld_l)  # fmt: skip
         if TRACE:
             gl.store(trp + 1, _g_clock())
         if SS_CROSS:  # barriers and zeroed stages, before the peer may touch them
@@ -956,9 +1013,11 @@ if HAS_GLUON:
         gl.warp_specialize(
             [
                 (_ss_consume, (args, cl, trp, SS_CROSS, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
-                               SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
+                               SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE, qb,
+                               SS_QASYNC)),
                 (_ss_consume, (args, cl, trp, SS_CROSS, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK,
-                               SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE)),
+                               SPLIT, SPARSE, D_V, BN, FMT, SS_ORDER, SS_HALF, TRACE, qb,
+                               SS_QASYNC)),
                 (_ss_producer, (args, cl, trp, SPARSE, BN, FMT, SS_HALF, SS_CROSS, TRACE,
                                 SS_SPLITCP, SS_DEQ1, PS_C, SS_ADDR)),
             ],

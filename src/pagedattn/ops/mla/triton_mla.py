@@ -699,7 +699,7 @@ TUNING: dict[str, Any] = {
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
     "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
     "ss_persist": None, "ps_epi": None, "ss_splitcp": None, "ps_g": None,
-    "ps_order": None, "ss_deq1": None, "ps_const": None, "ss_addr": None,
+    "ps_order": None, "ss_deq1": None, "ps_const": None, "ss_addr": None, "ss_qasync": None,
 }  # fmt: skip
 
 
@@ -707,6 +707,18 @@ def _tuned(key: str, default: Any) -> Any:
     """TUNING[key] where set (development sweeps), else the shipped default."""
     v = TUNING.get(key)
     return default if v is None else v
+
+
+def _ss_qasync(cfg: dict, h_q: int, default: bool) -> bool:
+    """Whether the seesaw kernel cp.asyncs q (`gluon_mla_ss` SS_QASYNC; TUNING["ss_qasync"],
+    else `default`): one token a tile and whole 64-head blocks (h_q 64 or 128) only. The
+    default is the sparse V32 cluster kernel: H200 (2026-11-28, `bench/gpu_mla_dev.py`, b 128
+    s_q 2 h_q 128 top-k 2048, two leases of two passes) graph replays 0.414-0.415 ms against
+    0.416-0.418, the suite's cold-L2 call 0.4168-0.4196 against 0.4186-0.4195; dense V32 h_q
+    128 s_k 8192 0.782-0.787 against 0.776-0.780 (slower), sparse bf16 within the passes'
+    spread (record `bench/results/h200_2026-11-28_mla_v32_prologue.json`)."""
+    eligible = cfg["TPT"] == 1 and cfg["HPT"] == 64 and h_q == 64 * cfg["NHB"]
+    return eligible and bool(_tuned("ss_qasync", default))
 
 
 def _page_size_constexpr(ps: int) -> int:
@@ -1264,6 +1276,8 @@ def mla_decode_triton(
                              SS_DEQ1=step["DEQ1"], PS_C=step["PS_C"],
                              SS_ADDR=step["ADDR"])  # fmt: skip
                 cluster = 2
+            extra.update(SS_QASYNC=_ss_qasync(cfg, h_q, cross and sparse))
+            if cross:
                 if sparse and P == 1 and _tuned("ss_persist", False):
                     return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
                                       attn_sink, sm_scale, d_v, regs, step)  # fmt: skip
