@@ -6,6 +6,7 @@ go to $OUT/gpu_mha_dev.json).
     python bench/gpu_mha_dev.py --fast     # the same, fewer variants, no base checks (~2 min)
     python bench/gpu_mha_dev.py --prefill  # only the prefill variants (~1 min)
     python bench/gpu_mha_dev.py --legacy   # also the rounds 1-3 sweeps (other formats, d96)
+    python bench/gpu_mha_dev.py --stages   # only the decode stages / partitions sweep
     python bench/gpu_mha_dev.py --offline  # any machine: compile for sm_90, print resources
                                            # and the hot loop's SASS instruction mix
     python bench/gpu_mha_dev.py --smoke    # CPU: the same code paths at toy sizes (interpreter)
@@ -52,6 +53,7 @@ PREFILL_ONLY = "--prefill" in sys.argv  # only the prefill variants (no checks, 
 # FAST_RUN: skip the slow parts (base checks, rare variants, diagnostics)
 FAST_RUN = "--fast" in sys.argv or PREFILL_ONLY
 LEGACY = "--legacy" in sys.argv  # also the rounds 1-3 sweeps (other formats, d96, paged prefill)
+STAGES = "--stages" in sys.argv  # only the decode stage / partition sweep (`stage_sweep`)
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -840,9 +842,31 @@ def offline():
 
 
 # ---------------------------------------------------------------------------------------------
+def stage_sweep():
+    """bf16 and FP8 per-token decode at the README shapes (and page 1): pipeline stages 3-5
+    and, where the grid is under 3 CTAs a SM, the partition count around the heuristic's."""
+    pt = KVQuantConfig.per_token()
+    shapes = [(t, b, k, p) for t, b, k, p in DECODE_CONFIGS] + [("b64 ctx4096 p1", 64, 4096, 1)]
+    for tag, b, keys, page in shapes:
+        parts = (None, 1, 3, 4) if b <= 16 else (None,)
+        for quant, stages in ((None, (4, 5)), (pt, (3, 4, 5))):
+            if quant is not None and page == 1:
+                continue
+            name = f"{tag} {'fp8' if quant is not None else 'bf16'}"
+            run_decode(name, b, keys, page, 32, 8, 128, quant,
+                       [dict(num_stages=n) for n in stages], parts)  # fmt: skip
+    save()
+    for line in TABLE:
+        print(line)
+
+
 def main():
     if OFFLINE:
         offline()
+        return
+    if STAGES:
+        LOG["env"]["copy_gbps"] = copy_gbps()
+        stage_sweep()
         return
     if not SMOKE:
         props = torch.cuda.get_device_properties(0)

@@ -27,6 +27,10 @@ import torch
 
 DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device is visible (CPU, graph planning)
 MHA_CTAS_PER_SM = 2  # MHA decode CTAs a SM the split aims at (measured: module docstring)
+# The same on an H200 (`fast_hbm`): b16 ctx16384 p64 32/8 heads bf16, graph replays
+# (2026-11-28, bench/gpu_mha_dev.py --stages, record bench/results/h200_2026-11-28_mha_decode.json):
+# P 2 / 3 / 4 283 / 258 / 257 us (5 stages); the H100's split P 2 ran 368.5 us there.
+MHA_CTAS_PER_SM_FAST_HBM = 4
 MHA_FP8_CTAS_PER_SM = 4  # the same for 1-byte (FP8) K/V
 MLA_CTAS_PER_SM = 1  # resident MLA decode CTAs a SM (shared memory bound)
 MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than it saves
@@ -41,9 +45,9 @@ MLA_FP8_SMALL_ROWS = 16  # query rows of one tile of that kernel
 
 
 @functools.cache
-def _cuda_properties(index: int) -> tuple[tuple[int, int], int]:
+def _cuda_properties(index: int) -> tuple[tuple[int, int], int, int]:
     p = torch.cuda.get_device_properties(index)
-    return (p.major, p.minor), p.multi_processor_count
+    return (p.major, p.minor), p.multi_processor_count, p.total_memory
 
 
 def _cuda_index(device: torch.device | str | None) -> int | None:
@@ -67,6 +71,19 @@ def num_sms(device: torch.device | str | None = None) -> int:
     return DEFAULT_NUM_SMS if i is None else _cuda_properties(i)[1]
 
 
+def fast_hbm(device: torch.device | str | None) -> bool:
+    """Whether `device` is an sm_90 part with more than 100 GiB of HBM3e (H200 141 GB, GH200 144
+    GB: ~4.8 TB/s against the H100's 3.35 over the same 132 SMs), where memory-bound decode
+    keeps more bytes in flight a SM: `mha_num_partitions` aims at more CTAs and
+    `triton_mha.decode_config` at more pipeline stages (measurements there). False on any
+    other device (cached)."""
+    i = _cuda_index(device)
+    if i is None:
+        return False
+    cap, _sms, mem = _cuda_properties(i)
+    return cap == (9, 0) and mem > 100 * 2**30
+
+
 def choose_num_partitions(
     units: int, max_cache_len: int, sms: int = DEFAULT_NUM_SMS, ctas_per_sm: int = 1
 ) -> int:
@@ -87,12 +104,16 @@ def mha_num_partitions(
     max_cache_len: int,
     sms: int,
     kv_bytes: int = 2,
+    hbm3e: bool = False,
 ) -> int:
     """MHA: one tile per (request, KV head); prefill (prompt > 1) is not split. kv_bytes: bytes
-    an element of the K/V storage (1 for FP8 caches)."""
+    an element of the K/V storage (1 for FP8 caches); hbm3e: the device is `fast_hbm`."""
     if max_prompt_len > 1:
         return 1
-    ctas = MHA_CTAS_PER_SM if kv_bytes >= 2 else MHA_FP8_CTAS_PER_SM
+    if kv_bytes < 2:
+        ctas = MHA_FP8_CTAS_PER_SM
+    else:
+        ctas = MHA_CTAS_PER_SM_FAST_HBM if hbm3e else MHA_CTAS_PER_SM
     return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms, ctas)
 
 

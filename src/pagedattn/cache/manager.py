@@ -37,7 +37,7 @@ from ..errors import (
 )
 from .block_pool import BlockPool, page_hash
 from .buffers import DeviceBuffers, allocate_buffers
-from .dispatch import mha_num_partitions, mla_num_partitions, mla_tile, num_sms
+from .dispatch import fast_hbm, mha_num_partitions, mla_num_partitions, mla_tile, num_sms
 from .inputs import KVCacheInputsPerDevice
 from .params import KVCacheParams
 
@@ -167,6 +167,7 @@ class PagedKVCacheManager:
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
         self._sms = num_sms(params.devices[0])
+        self._hbm3e = fast_hbm(params.devices[0])
         rope_fp8 = params.quant_format == "mla_rope_aware"
         self._mla_tile = mla_tile(params.num_q_heads, params.head_dim, rope_fp8, params.devices[0])
 
@@ -435,7 +436,9 @@ class PagedKVCacheManager:
             else:
                 heads = p.n_kv_heads_per_device
                 kv_bytes = p.storage_dtype.itemsize
-                parts = mha_num_partitions(b, heads, max_prompt, valid, self._sms, kv_bytes)
+                parts = mha_num_partitions(
+                    b, heads, max_prompt, valid, self._sms, kv_bytes, self._hbm3e
+                )
                 host["attention_dispatch_metadata"] = np.array(
                     [b, max_prompt, parts, valid], np.int64
                 )
@@ -448,7 +451,9 @@ class PagedKVCacheManager:
                     host["draft_attention_dispatch_metadata"] = np.array([b, dq, dparts], np.int64)
                     host["draft_mla_num_partitions"] = np.array([dparts], np.int64)
                 else:
-                    dparts = mha_num_partitions(b, heads, dq, valid + dq, self._sms, kv_bytes)
+                    dparts = mha_num_partitions(
+                        b, heads, dq, valid + dq, self._sms, kv_bytes, self._hbm3e
+                    )
                     host["draft_attention_dispatch_metadata"] = np.array(
                         [b, dq, dparts, valid + dq], np.int64
                     )

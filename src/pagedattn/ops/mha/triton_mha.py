@@ -37,7 +37,7 @@ import os
 import torch
 import triton
 
-from ...cache.dispatch import cuda_capability, mha_num_partitions, num_sms
+from ...cache.dispatch import cuda_capability, fast_hbm, mha_num_partitions, num_sms
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs, RowOperand
 from ..gluon_imports import GluonTensorDescriptor, nvmma_128b
@@ -72,10 +72,20 @@ def decode_config(
     kv_kind: str = "plain",
     ctas_per_sm: float = 0.0,
     page_size: int = 0,
+    hbm3e: bool = False,
 ) -> dict:
     """Decode launch for K/V of `kv_kind`: "plain" (bf16/fp16/fp32), "fp8_cols" (FP8 with
     per-token or per-tensor scales: fp16 MMAs) or "fp8_block" (FP8 with G < head_dim scales).
-    ctas_per_sm: the launch's programs over the SM count; page_size: the K cache's (0: rows).
+    ctas_per_sm: the launch's programs over the SM count; page_size: the K cache's (0: rows);
+    hbm3e: an H200-class device (`cache.dispatch.fast_hbm`).
+
+    Stages on an H200 (2026-11-28, bench/gpu_mha_dev.py --stages, graph replays, 32/8 heads
+    d128, record bench/results/h200_2026-11-28_mha_decode.json), 4 / 5: plain b64 ctx4096 p16
+    269.2 / 250.2 us, p64 269.7 / 249.5, b128 ctx2048 276.9 / 256.1, b64 p1 276.9 / 256.8, b16
+    ctx16384 (P 4) 277.6 / 257.0, so plain takes 5 there, whatever the grid (the H100's 4 at a
+    full grid cost it 7-8%); fp8_cols 3 / 4 / 5: b64 p16 160.2 / 160.3 / 145.1, p64 158.8 /
+    158.9 / 145.0, b16 (P 4) 168.7 / 168.8 / 149.7, b128 145.1 / 144.7 / 163.7, so 5 where
+    the grid holds at most 4 CTAs a SM (3.9 there; 7.8 at b128).
 
     H200 measurements (bench/gpu_mha_dev.py, b64 x 4096 keys, 32/8 heads):
     - plain: BLOCK_N = ~16 KB of K+V per stage (32 keys at d128), 4 warps, 5 stages (the
@@ -99,15 +109,17 @@ def decode_config(
     not serve fall back to the general one): fast, addr, clamp, v_delta, k_cvt, v_cvt, v_sel,
     v_perm, trans, and gp_min (the padded query-head tile, 16 by default)."""
     if kv_kind == "fp8_cols":
-        cfg = dict(BLOCK_N=64, num_warps=2, num_stages=4, tma=False, hi_lo=True, kv_lo=False,
-                   **FP8_FAST_LOOP)  # fmt: skip
+        stages = 5 if hbm3e and ctas_per_sm <= 4 else 4
+        cfg = dict(BLOCK_N=64, num_warps=2, num_stages=stages, tma=False, hi_lo=True,
+                   kv_lo=False, **FP8_FAST_LOOP)  # fmt: skip
     elif kv_kind == "fp8_block":
         cfg = dict(BLOCK_N=64, num_warps=4, num_stages=5, tma=False, hi_lo=True, kv_lo=False)
     else:
         block_n = max(16, min(128, _pow2_floor(16 * 1024 // ((dk + dv) * kv_bytes))))
         padded = dk != triton.next_power_of_2(dk) or dv != triton.next_power_of_2(dv)
         full_grid = ctas_per_sm >= 3 and (page_size == 0 or page_size >= 16)
-        cfg = dict(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=4 if full_grid else 5,
+        stages = 4 if full_grid and not hbm3e else 5
+        cfg = dict(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=stages,
                    tma=False, hi_lo=True, kv_lo=False)  # fmt: skip
     cfg.update(DECODE_OVERRIDE)
     return cfg
@@ -509,15 +521,16 @@ def mha_triton(
         else:
             kv_kind = "plain"
         sms = num_sms(q.device)
+        hbm3e = fast_hbm(q.device)
         if num_partitions is None:
             bound = ka.lut.shape[1] * ka.page_size if ka.page_size > 0 else ka.rows.shape[0]
-            parts = mha_num_partitions(total_q, h_kv, 1, bound, sms, kv_bytes)
+            parts = mha_num_partitions(total_q, h_kv, 1, bound, sms, kv_bytes, hbm3e)
         else:
             parts = int(num_partitions)
         check(parts >= 1, "num_partitions", "an int >= 1", parts)
         cfg = decode_config(
             dk, dv, kv_bytes, kv_kind, ctas_per_sm=total_q * parts * h_kv / sms,
-            page_size=ka.page_size,
+            page_size=ka.page_size, hbm3e=hbm3e,
         )  # fmt: skip
         bn = cfg["BLOCK_N"]
         k_tma = cfg["tma"] and _tma_ok(ka, bn)
