@@ -1,4 +1,5 @@
-"""Compile, offline for sm_90, every kernel specialization that the GPU tests launch on an H100.
+"""Compile, offline for sm_90, every kernel specialization that the GPU tests launch on an H100
+(and the MHA decode's on an H200).
 
 - dense, sparse: the MLA grid (`test_triton_mla.test_gpu_grid`): every cache format x h_q
   {1, 16, 20, 64, 128} x s_q {1, 2, 4} x page size {1, 16, 64, 128}, with the grid's batch
@@ -9,9 +10,9 @@
   of two, which its producer takes as a run-time value (`triton_mla._page_size_constexpr`;
   the grid's page sizes are all powers of two);
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
-  head dims {64, 96, 128} (split-K and its combine too), and the Gluon sm_90 prefills' over
-  paged caches, row offsets and ragged K/V, every range mask, sinks and the LSE, with the
-  launch configurations the tests force.
+  head dims {64, 96, 128} (split-K and its combine too; also with an H200's stages and
+  split), and the Gluon sm_90 prefills' over paged caches, row offsets and ragged K/V, every
+  range mask, sinks and the LSE, with the launch configurations the tests force.
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
 this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|persistent|pages|mha]
@@ -64,6 +65,11 @@ FORMATS = {  # test_triton_mla.FORMATS: name -> (quantization, d_qk values)
 # dispatchers' device checks left out); "cuda" (test_sm90_compile's GPU test, under
 # `torch.device("cuda")`): the device's own dispatch.
 DEVICE = "cpu"
+
+
+# The chip the MHA cases are captured as: False an H100, True an H200 (whose decode takes other
+# stages and splits, `cache.dispatch.fast_hbm`); test_sm90_compile's GPU test sets the device's.
+CHIP_H200 = False
 
 
 def as_on_h100(**serves):
@@ -162,19 +168,22 @@ def mla_cases(mode):
                         )
 
 
-def mha_launches(k, v, q_lens, h_q, d, over=None, **kw):
+def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, **kw):
     """The launches of `mha_triton` over operands k, v (the split-K combine's too), with
-    TM.PREFILL_OVERRIDE / DECODE_OVERRIDE `over` and the Gluon sm_90 prefill as on an H100."""
+    TM.PREFILL_OVERRIDE / DECODE_OVERRIDE `over` and the Gluon sm_90 prefill as on an H100,
+    or as on an H200 (h200 True; None: CHIP_H200)."""
     offs = ragged_offsets(q_lens, DEVICE)
     q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
     made = []
+    h200 = CHIP_H200 if h200 is None else h200
+    chip = dict(fast_hbm=lambda device: h200)
 
     def call():
         made.extend(
             offline.capture(
                 TM,
                 lambda: TM.mha_triton(q, k, v, offs, **kw),
-                **as_on_h100(_use_sm90_prefill=TM._sm90_prefill_serves),
+                **as_on_h100(_use_sm90_prefill=TM._sm90_prefill_serves, **chip),
             )  # fmt: skip
         )
 
@@ -211,10 +220,11 @@ PREFILL_CONFIGS = [
 ]  # fmt: skip
 
 
-def decode_launches(page, h_q, h_kv, d, quant, P):
-    """A decode step of three requests (cache lengths 4096, 5, 700) at P partitions."""
+def decode_launches(page, h_q, h_kv, d, quant, P, h200=None):
+    """A decode step of three requests (cache lengths 4096, 5, 700) at P partitions (None:
+    the split the device's heuristic picks), as on an H100 or (h200) an H200."""
     k, v = paged(page, h_kv, d, [4096, 5, 700], [1, 1, 1], quant)
-    return mha_launches(k, v, [1, 1, 1], h_q, d, num_partitions=P)
+    return mha_launches(k, v, [1, 1, 1], h_q, d, h200=h200, num_partitions=P)
 
 
 def prefill_case(page, h_q, h_kv, d, mask_name, over, lse):
@@ -247,6 +257,11 @@ def mha_cases():
                             f"mha decode {qn} page {page} d {d} {h_q}/{h_kv} P {P}",
                             partial(decode_launches, page, h_q, h_kv, d, quant, P),
                         )
+                    # on an H200: other pipeline stages (the heuristic's split)
+                    yield (
+                        f"mha decode {qn} page {page} d {d} {h_q}/{h_kv} H200",
+                        partial(decode_launches, page, h_q, h_kv, d, quant, None, True),
+                    )
     shapes = [(16, 8, 2, 64), (1, 4, 4, 128), (64, 8, 1, 128), (128, 8, 2, 64), (8, 4, 1, 64),
               (32, 8, 8, 128), (128, 4, 4, 128), (16, 8, 2, 128)]  # fmt: skip
     tl, ws = dict(gluon=False), PREFILL_CONFIGS[-2:]  # the tl kernel; warp-specialized ones
