@@ -102,7 +102,21 @@ timing (wrong values; L2-resident 90.6 -> 65.2 us without the P V products, 79.7
 latent S chunks) gain 1.6 / 0.9 us from HBM (122.5 / 123.2 against 124.1), so the consumers'
 speed is not what is left either. Trace of the same day: prologue 2.1-2.4 us, first tile 2.1-2.3
 us later, 1.72 us a tile, 1.4 us epilogue, CTA ends 113.9-115.5 (first) / 117.5-118.2
-(median) / 121.5-122.6 (last) us."""
+(median) / 121.5-122.6 (last) us.
+
+On an H200 (4.8 TB/s against the H100's 3.35, the same SMs) the consumers bound it, not memory
+(2026-11-28, `bench/gpu_mla_dev.py --shared L2`, graph replays, b 128 h_q 16 page 64): s_k 4096
+0.103 ms from HBM against 0.092 with every request's keys in L2, s_k 8192 0.200 against 0.177;
+bf16's `_mla_decode_sm90_t` 0.141 / 0.273, so the suite gives 1.42x / 1.44x bf16 there
+(`bench/results/h200_2026-11-28_08e609e.json`). A consumer converts each e4m3 byte of its tile
+twice, as K for S (`_t_tile`'s kraw_l chunks) and as V for P V (vraw_l chunks): 32 K
+conversions of two elements a tile and warpgroup. At 16 a clock and SM (the CUDA guide's rate
+for conversions to narrower types on sm_90; not measured for this one) a pair of tiles' 64 K
+would take ~2.2 of the ~2.8 us the pair takes in L2, an estimate that the integer-op upcasts
+above (slower on the H100) do not bear out. The two operands hold different elements in a
+thread (S: keys as M, a warp 16 keys; P V: dims as M, a warp 16 dims of each 64), so one
+conversion a byte needs the converted tile moved between warps (shared memory) or another split
+of the work."""
 
 from __future__ import annotations
 
