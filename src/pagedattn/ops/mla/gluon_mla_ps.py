@@ -117,6 +117,7 @@ if HAS_GLUON:
         SS_S_L,
         _ss_alloc,
         _ss_cross_tile,
+        _ss_issue_q,
         _ss_pair,
         _ss_tick_ready,
     )
@@ -198,20 +199,6 @@ if HAS_GLUON:
         return t, lo, hi, whole, part
 
     @gluon.jit
-    def _ps_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q: gl.constexpr,
-                    ld_l: gl.constexpr):  # fmt: skip
-        """cp.async the heads of head block hb of token t into q_lat [64, 512] and q_rope
-        [64, 64] (rows past h_q are skipped: they keep the prologue's zeros)."""
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        head = hb * 64 + r
-        qp = Q + t.to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
-        dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
-        dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        ok = (head < H_Q)[:, None]
-        cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :], mask=ok)
-        cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :], mask=ok)
-
-    @gluon.jit
     def _ps_producer(args, cl, trp, H_Q: gl.constexpr, HAS_TOPK: gl.constexpr,
                      TOPK_TOK: gl.constexpr, B_P2: gl.constexpr, BN: gl.constexpr,
                      TRACE: gl.constexpr, ORDER: gl.constexpr, DEQ1: gl.constexpr,
@@ -239,7 +226,7 @@ if HAS_GLUON:
             mbarrier.wait(qfree, (s + 1) & 1, pred=s > 0)  # both consumers' last S of s - 1
             # (after that wait: the consumers read segment s - 2's info in its epilogue)
             _ps_put_info(info.index(s % 2), t, lo, hi, whole, part)
-            _ps_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q, ld_l)
+            _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q, ld_l)
             cp.mbarrier_arrive(qready, increment_count=False)
             gl.thread_barrier()
             mbarrier.arrive(qready, count=1)  # (release: the info)
@@ -443,7 +430,7 @@ if HAS_GLUON:
         # every row is written (masked rows as zeros).
         for i in gl.static_range(2):
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
-        if H_Q < 2 * BM:  # padded query rows: zeros (`_ps_issue_q` skips them)
+        if H_Q < 2 * BM:  # padded query rows: zeros (`_ss_issue_q` skips them)
             q_lat.index(0).store(gl.zeros([BM, 512], gl.bfloat16, ld_l))
             q_rope.index(0).store(gl.zeros([BM, 64], gl.bfloat16, ld_l))
         fence_async_shared()

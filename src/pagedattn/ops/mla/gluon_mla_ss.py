@@ -847,18 +847,26 @@ if HAS_GLUON:
         return b, i0, q_len, cache_len, lo, hi
 
     @gluon.jit
-    def _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, HPT: gl.constexpr,
-                    ld_l: gl.constexpr):  # fmt: skip
-        """cp.async the 64 heads hb * 64 .. hb * 64 + 63 of token t (all of them real heads:
-        HPT 64 and h_q = 64 NHB) into q_lat [64, 512] and q_rope [64, 64]: no registers hold
-        q and no thread waits for it (the consumers wait on its barrier)."""
-        gl.static_assert(HPT == 64, "whole 64-head blocks")
+    def _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q: gl.constexpr,
+                    ld_l: gl.constexpr, MASK: gl.constexpr = True):  # fmt: skip
+        """cp.async the heads hb * 64 .. hb * 64 + 63 of token t into q_lat [64, 512] and
+        q_rope [64, 64]: no registers hold q and no thread waits for it (the consumers wait on
+        its barrier). MASK: rows past h_q are skipped (they keep what the buffer held); without
+        it every row is a real head (h_q a multiple of 64)."""
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        qp = Q + t.to(gl.int64) * stride_qt + (hb * 64 + r).to(gl.int64) * stride_qh
+        head = hb * 64 + r
+        qp = Q + t.to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-        cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :])
-        cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :])
+        if MASK:
+            ok = (head < H_Q)[:, None]
+            cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :], mask=ok)
+            cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :],
+                                           mask=ok)  # fmt: skip
+        else:
+            gl.static_assert(H_Q % 64 == 0, "whole 64-head blocks")
+            cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :])
+            cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :])
 
     @gluon.jit
     def _ss_alloc(BN: gl.constexpr, L_SETS: gl.constexpr):
@@ -949,7 +957,7 @@ if HAS_GLUON:
             )
             qb = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
             trp, t, hb, part = _g_seesaw_ids(TR, NHB, PDL, TRACE)
-            _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, HPT, ld_l)
+            _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q, ld_l, False)
             early = trp
         else:
             trp, t, hb, part, early = _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT,

@@ -1260,7 +1260,8 @@ def mla_decode_triton(
             regs = _tuned(
                 "ss_regs", (232, 48) if K.fmt == FMT_BF16 else (200, 104) if cross else (200, 112)
             )
-            extra.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1])
+            extra.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1],
+                         SS_QASYNC=_ss_qasync(cfg, h_q, cross and sparse))  # fmt: skip
             if cross:
                 # SS_SPLITCP: each 16 KB group of a half goes to the peer once stored (the
                 # second converted under the first one's copy). H100 graph replays (2026-11-23,
@@ -1276,8 +1277,6 @@ def mla_decode_triton(
                              SS_DEQ1=step["DEQ1"], PS_C=step["PS_C"],
                              SS_ADDR=step["ADDR"])  # fmt: skip
                 cluster = 2
-            extra.update(SS_QASYNC=_ss_qasync(cfg, h_q, cross and sparse))
-            if cross:
                 if sparse and P == 1 and _tuned("ss_persist", False):
                     return _launch_ps(q, q_row_offsets, K, idx, topk, topk_tok, out, lse,
                                       attn_sink, sm_scale, d_v, regs, step)  # fmt: skip
