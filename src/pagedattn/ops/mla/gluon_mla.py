@@ -468,8 +468,27 @@ if _HAS_GLUON:
         permuted rows: logical row 64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane
         g = lane // 4) holds cache column 128 w + 16 g + 2 mb + h, so that a thread's values
         are 16 contiguous bytes (the kernel's epilogue undoes the permutation); raw is loaded
-        in `_t_tile`'s vraw_l."""
-        x = gl.permute(raw.to(gl.float16), (1, 0))
+        in `_t_tile`'s vraw_l. Keys k and k + 1 (a register bit of vraw_l) have their bytes
+        interleaved first (one PRMT a 4 bytes), so that each two-element upcast gives an A
+        operand pair (k, k + 1) of one dim; upcast in cache order, the float16 pairs took two
+        PRMT a 4 elements. H200 (2026-11-28, `bench/mla_fp8_cvt_probe.py`, graph replays, b 128
+        h_q 16, s_k 4096 from HBM / L2-resident): `gluon_mla_tw` 0.1036 / 0.0898 ms against
+        0.1061 / 0.0931 (s_k 8192 0.2038 / 0.1719 against 0.2088 / 0.1784)."""
+        a, b = gl.split(
+            gl.permute(gl.reshape(raw.to(gl.int8, bitcast=True), [8, 2, 512]), (0, 2, 1))
+        )
+        lo, hi = gl.inline_asm_elementwise(
+            "prmt.b32 $0, $2, $3, 0x5140;\n\tprmt.b32 $1, $2, $3, 0x7362;",
+            "=r,=r,r,r",
+            [a, b],
+            dtype=(gl.int8, gl.int8),
+            is_pure=True,
+            pack=4,
+        )
+        # byte j of lo's (kp, dim 4 m + j) holds key 2 kp + j % 2, dim 4 m + j // 2 (hi: + 2)
+        x = gl.reshape(gl.join(lo, hi), [8, 128, 2, 2, 2])  # kp, m, j // 2, j % 2, lo/hi
+        x = gl.reshape(gl.permute(x, (0, 3, 1, 4, 2)), [16, 512])
+        x = gl.permute(x.to(gl.float8e4nv, bitcast=True).to(gl.float16), (1, 0))
         x = gl.permute(gl.reshape(x, [4, 8, 8, 2, 16]), (2, 0, 3, 1, 4))
         return gl.convert_layout(gl.reshape(x, [512, 16]), dot_l)
 

@@ -107,16 +107,20 @@ us later, 1.72 us a tile, 1.4 us epilogue, CTA ends 113.9-115.5 (first) / 117.5-
 On an H200 (4.8 TB/s against the H100's 3.35, the same SMs) the consumers bound it, not memory
 (2026-11-28, `bench/gpu_mla_dev.py --shared L2`, graph replays, b 128 h_q 16 page 64): s_k 4096
 0.103 ms from HBM against 0.092 with every request's keys in L2, s_k 8192 0.200 against 0.177;
-bf16's `_mla_decode_sm90_t` 0.141 / 0.273, so the suite gives 1.42x / 1.44x bf16 there
-(`bench/results/h200_2026-11-28_08e609e.json`). A consumer converts each e4m3 byte of its tile
-twice, as K for S (`_t_tile`'s kraw_l chunks) and as V for P V (vraw_l chunks): 32 K
-conversions of two elements a tile and warpgroup. At 16 a clock and SM (the CUDA guide's rate
-for conversions to narrower types on sm_90; not measured for this one) a pair of tiles' 64 K
-would take ~2.2 of the ~2.8 us the pair takes in L2, an estimate that the integer-op upcasts
-above (slower on the H100) do not bear out. The two operands hold different elements in a
-thread (S: keys as M, a warp 16 keys; P V: dims as M, a warp 16 dims of each 64), so one
-conversion a byte needs the converted tile moved between warps (shared memory) or another split
-of the work."""
+bf16's `_mla_decode_sm90_t` 0.141 / 0.273, so the suite gave 1.42x / 1.44x bf16 there
+(`bench/results/h200_2026-11-28_08e609e.json`). The e4m3 upcasts do not bound them, although a
+consumer converts each byte of its tile twice (K for S, V for P V): with every upcast swapped for
+one PRMT a byte pair (wrong values, the same instruction count off the conversion unit) the
+kernel took 0.0938 ms in L2 against 0.0924 (record `bench/results/h200_2026-11-28_mla_fp8_cvt.json`,
+`bench/mla_fp8_cvt_probe.py`), so converting once would not pay for moving the tile between warps.
+Fewer instructions in the P V step did pay: V's bytes interleaved before the upcast
+(`_g_deq_v`; 64 fewer PRMT a tile and warp) took s_k 4096 to 0.1036 / 0.0898 ms (HBM / L2) from
+0.1061 / 0.0931, 8192 to 0.2038 / 0.1719 from 0.2088 / 0.1784, and the suite to 1.45x / 1.47x
+bf16. In the same record: consumer 1's loop count made warp-uniform (a REDUX), which moved its
+wgmma descriptors to uniform registers (its tile step 1120 -> 971 sm_90 SASS instructions, 144
+R2UR fewer), changed nothing (0.1035 / 0.0903 ms without it against 0.1036-0.1037 / 0.0898-0.0904
+with), and ring stages 2 / 3 / 4 / 5 took 0.113 / 0.104 / 0.103 / 0.104 ms (s_k 4096, HBM;
+8192: 0.220 / 0.203 / 0.203 / 0.202), so three stay."""
 
 from __future__ import annotations
 
