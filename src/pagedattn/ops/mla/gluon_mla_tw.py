@@ -120,7 +120,17 @@ bf16. In the same record: consumer 1's loop count made warp-uniform (a REDUX), w
 wgmma descriptors to uniform registers (its tile step 1120 -> 971 sm_90 SASS instructions, 144
 R2UR fewer), changed nothing (0.1035 / 0.0903 ms without it against 0.1036-0.1037 / 0.0898-0.0904
 with), and ring stages 2 / 3 / 4 / 5 took 0.113 / 0.104 / 0.103 / 0.104 ms (s_k 4096, HBM;
-8192: 0.220 / 0.203 / 0.203 / 0.202), so three stay."""
+8192: 0.220 / 0.203 / 0.203 / 0.202), so three stay.
+
+Where the consumers' time goes on the H200 (Nsight Compute, L2-resident s_k 4096, one launch,
+record `bench/results/h200_2026-11-28_mla_fp8_ncu.json`): issue slots busy 53% of cycles, the
+tensor pipe 22%, ALU 42%, FMA 13%. Each consumer's tile loop holds 31% of the warp samples, the
+producer's 30% (a quarter of them polling `empty`). A consumer warp issues or is ready to in a
+third of its samples (selected 20%, not selected 13%) and waits on fixed-latency dependencies
+(21%), shared-memory and shuffle results (11%) and its warpgroup barriers (6%); the F2FP upcasts
+hold 26% of its samples (pipe throttle 14% of those), HGMMA 7%, the wgmma waits 6%. No single
+unit is saturated: the consumers are bound by their instruction chains' latency with two warps a
+scheduler, which is why fewer instructions in a tile step pay."""
 
 from __future__ import annotations
 
