@@ -130,7 +130,10 @@ third of its samples (selected 20%, not selected 13%) and waits on fixed-latency
 (21%), shared-memory and shuffle results (11%) and its warpgroup barriers (6%); the F2FP upcasts
 hold 26% of its samples (pipe throttle 14% of those), HGMMA 7%, the wgmma waits 6%. No single
 unit is saturated: the consumers are bound by their instruction chains' latency with two warps a
-scheduler, which is why fewer instructions in a tile step pay."""
+scheduler, which is why fewer instructions in a tile step pay. Not every barrier fewer does:
+the tile's column maxima with one warpgroup barrier instead of Triton's two (each warp's maxima
+stored, every thread reading and reducing the 4 warps' for its columns) took 0.0961 ms in L2
+against 0.0897, 0.1087 from HBM against 0.1062 (same record, lease 3)."""
 
 from __future__ import annotations
 
