@@ -485,7 +485,9 @@ if _HAS_GLUON:
             is_pure=True,
             pack=4,
         )
-        # byte j of lo's (kp, dim 4 m + j) holds key 2 kp + j % 2, dim 4 m + j // 2 (hi: + 2)
+        # pack 4: a thread's dims 4 m .. 4 m + 3 of one key (vraw_l's first register bits) are
+        # one word; byte j of lo's (kp, dim 4 m + j) holds key 2 kp + j % 2, dim 4 m + j // 2
+        # (hi: + 2)
         x = gl.reshape(gl.join(lo, hi), [8, 128, 2, 2, 2])  # kp, m, j // 2, j % 2, lo/hi
         x = gl.reshape(gl.permute(x, (0, 3, 1, 4, 2)), [16, 512])
         x = gl.permute(x.to(gl.float8e4nv, bitcast=True).to(gl.float16), (1, 0))

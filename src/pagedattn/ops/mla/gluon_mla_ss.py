@@ -858,15 +858,13 @@ if HAS_GLUON:
         qp = Q + t.to(gl.int64) * stride_qt + head.to(gl.int64) * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+        ok = None
         if MASK:
             ok = (head < H_Q)[:, None]
-            cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :], mask=ok)
-            cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :],
-                                           mask=ok)  # fmt: skip
         else:
             gl.static_assert(H_Q % 64 == 0, "whole 64-head blocks")
-            cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :])
-            cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :])
+        cp.async_copy_global_to_shared(q_lat.index(0), qp[:, None] + dA[None, :], mask=ok)
+        cp.async_copy_global_to_shared(q_rope.index(0), qp[:, None] + 512 + dT[None, :], mask=ok)
 
     @gluon.jit
     def _ss_alloc(BN: gl.constexpr, L_SETS: gl.constexpr):
