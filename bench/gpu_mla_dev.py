@@ -47,8 +47,10 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
     """A one-layer MLA cache with b requests of s_k cached keys (random values, quantized into
     `fmt`), s_q new query tokens each; shuffled pages. Sparse: topk random valid indices per
     token (-1 padded where fewer keys). shared "L2": every request reads request 0's pages (an
-    L2-resident working set); "none" (sparse): every index invalid, so no key is loaded and
-    the time is the kernel's compute schedule alone (the FLOPs counted are those of topk keys).
+    L2-resident working set, every CTA on the same lines); "L2own": each request cycles over its
+    own first 4 pages (L2-resident, the CTAs on distinct lines); "none" (sparse): every index
+    invalid, so no key is loaded and the time is the kernel's compute schedule alone (the FLOPs
+    counted are those of topk keys).
     poison (BF16): NaN in every cache slot no request references. Returns (q, kv,
     q_row_offsets, kwargs, work)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -93,6 +95,8 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
     lut = perm[: b * pages_per].view(b, pages_per).contiguous()
     if shared == "L2":
         lut[:] = lut[0].clone()
+    if shared == "L2own":  # each request cycles over its own first 4 pages (~21 MB at b 128)
+        lut[:] = lut[:, torch.arange(pages_per, device=device) % min(4, pages_per)].clone()
     if poison and f is None:
         pos = torch.arange(seq, pages_per * ps, device=device)
         flat[(lut.long()[:, pos // ps] * ps + pos % ps).flatten()] = float("nan")
@@ -182,6 +186,11 @@ VARIANTS = {
     "sm90tw3": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=3),
     "sm90tw4": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=4),
     "sm90tw5": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_nbuf=5),
+    # tw's producer (defaults since 2026-11-28: a power-of-two page size a compile-time constant,
+    # PS_C; int32 rows with one int64 offset a row, ADDR): as before, and each one alone
+    "sm90tw_old": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_psc=False, tw_addr=False),
+    "sm90tw_psc": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_addr=False),
+    "sm90tw_a": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_psc=False),
     # the FP8 stages' plain swizzle (2-way bank conflicts on the S loads), `_t_raw_layout`
     "sm90tw_k0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_kswz=0),
     "sm90t_k0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_kswz=0),
@@ -245,10 +254,11 @@ CASES = [
     ("dense bf16 h16 8k", "dense", "bf16", 576, 128, 8192, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
-     ["sm90tw", "sm90tw_pre0", "sm90tw_p0", "sm90tw2", "sm90tw4", "sm90tw5"], [1]),
+     ["sm90tw", "sm90tw_pre0", "sm90tw_p0", "sm90tw2", "sm90tw4", "sm90tw5", "sm90tw_old",
+      "sm90tw_psc", "sm90tw_a"], [1]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
      ["sm90tw", "sm90tw_pre0", "sm90tw_pre2", "sm90tw_p0", "sm90tw_k0", "sm90tw2", "sm90tw4",
-      "sm90tw5"], [1, 2]),
+      "sm90tw5", "sm90tw_old", "sm90tw_psc", "sm90tw_a"], [1, 2]),
     ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
      ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,

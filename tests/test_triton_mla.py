@@ -654,6 +654,57 @@ def test_gpu_ragged_query_lengths(fmt, h_q, ps):
             check(o, lse, *ref, tol_for(fmt, 576))
 
 
+# `gluon_mla_tw` launch variants (TUNING overrides): the default, its producer's row
+# addressing as before 2026-11-28 (run-time page size, int64 row products), 4 and 5 stages.
+TW_VARIANTS = [{}, {"tw_psc": False, "tw_addr": False}, {"tw_nbuf": 4}, {"tw_nbuf": 5}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", TW_VARIANTS, ids=["default", "rows64", "nbuf4", "nbuf5"])
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_gpu_rope_aware_tile_boundaries(mode, tuning):
+    """`gluon_mla_tw` (two consumer warpgroups on alternate tiles) and its launch variants at
+    key counts around 64-key tiles: none, one tile (consumer 1 owns only the extra tile of an
+    odd count), two, odd and even counts, partial tiles; h_q 16 (one token a tile) and h_q 4
+    s_q 2-3 (causal multi-token tiles); pages 1, 48 and 64; partitions 1, 2, 3 and the default;
+    a sink. Sparse: top-k lengths of 0, one tile and more, over invalid indices of every kind."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    cache_lens = [0, 14, 63, 64, 65, 127, 128, 129, 191, 256, 699]
+    saved = dict(M.TUNING)
+    try:
+        M.TUNING.update(tuning)
+        for h_q, s_q, ps in ((16, 1, 64), (4, 2, 1), (4, 3, 48)):
+            q_lens = [s_q] * len(cache_lens)
+            gen = torch.Generator().manual_seed(zlib.crc32(repr(("tw", mode, h_q, ps)).encode()))
+            cache = build_cache("rope_aware", 576, ps, cache_lens, q_lens, gen, h_q)
+            offs = ragged_offsets(q_lens).tolist()
+            q = make_q(offs[-1], h_q, 576, gen)
+            sink = make_sinks(h_q, gen)
+            kw = {}
+            if mode == "dense":
+                keys_of = dense_keys(cache, cache_lens, q_lens)
+            else:
+                topk = [(0, 40, 64, 130, 200)[b % 5] for b in range(len(cache_lens))]
+                idx, valid = sparse_indices(cache, q_lens, 200, gen, topk)
+                kw = dict(indices=idx, topk_lengths=torch.tensor(topk, dtype=torch.int32,
+                                                                 device=DEV))  # fmt: skip
+
+                def keys_of(b, i, valid=valid, offs=offs, cache=cache):
+                    v = valid[offs[b] + i]
+                    if not v:
+                        return torch.zeros(0, 576, dtype=torch.float64)
+                    return torch.stack([cache.at(e) for e in v])
+
+            ref = oracle(q, offs, keys_of, sink=sink)
+            for P in (1, 2, 3, None):
+                o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P, **kw)
+                check(o, lse, *ref, tol_for("rope_aware", 576))
+    finally:
+        M.TUNING.clear()
+        M.TUNING.update(saved)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ps", [64, 128])
 @pytest.mark.parametrize("h_q", [64, 128])

@@ -139,7 +139,7 @@ every thread reading and reducing the 4 warps' for its columns) took 0.0961 ms i
 
 from __future__ import annotations
 
-from ..gluon_imports import HAS_GLUON, fence_async_shared, gl, gluon, mbarrier
+from ..gluon_imports import HAS_GLUON, cp, fence_async_shared, gl, gluon, mbarrier
 
 if HAS_GLUON:
     from .gluon_mla import (
@@ -171,17 +171,38 @@ if HAS_GLUON:
     @gluon.jit
     def _tw_issue(k_main, k_sc, k_rope, vbuf, ready, st, rows, valid, K, K_SC, K_stride,
                   K_stride_h, K_stride_q, K_sc_stride, FMT: gl.constexpr,
-                  ld_l: gl.constexpr):  # fmt: skip
+                  ld_l: gl.constexpr, ADDR: gl.constexpr):  # fmt: skip
         """cp.async a tile's rows (`_g_rows`) into stage st: dims 0..511 and scales, the rope
-        dims; then its validity and the ready arrivals (`_ss_release`). Four warps."""
-        _g_issue_main(k_main, k_sc, st, rows, valid, K, K_SC, K_stride, K_stride_q,
-                      K_sc_stride, FMT, ld_l, 4)  # fmt: skip
-        _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+        dims; then its validity and the ready arrivals (`_ss_release`). Four warps. ADDR: row
+        numbers in int32 (the launcher checks that they fit) and one int64 byte offset a row
+        for both the e4m3 bytes and the rope part."""
+        if ADDR:
+            ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+            r32 = rows.to(gl.int32)
+            roff = gl.multiple_of(r32.to(gl.int64) * K_stride, 16)  # bytes
+            ro8 = gl.convert_layout(roff, gl.SliceLayout(1, ld8_l))
+            v8 = gl.convert_layout(valid, gl.SliceLayout(1, ld8_l))
+            d8 = gl.arange(0, 512, layout=gl.SliceLayout(0, ld8_l))
+            k8 = K.to(gl.pointer_type(gl.float8e4nv))
+            cp.async_copy_global_to_shared(
+                k_main.index(st), k8 + ro8[:, None] + d8[None, :], mask=v8[:, None]
+            )
+            dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
+            rp = K.to(gl.pointer_type(gl.bfloat16)) + ((roff >> 1) + 256)[:, None] + dT[None, :]
+            cp.async_copy_global_to_shared(k_rope.index(st), rp, mask=valid[:, None])
+            cp.async_copy_global_to_shared(
+                k_sc.index(st), K_SC + r32.to(gl.int64) * K_sc_stride, mask=valid
+            )
+        else:
+            _g_issue_main(k_main, k_sc, st, rows, valid, K, K_SC, K_stride, K_stride_q,
+                          K_sc_stride, FMT, ld_l, 4)  # fmt: skip
+            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
         _ss_release(ready, st, vbuf, valid)
 
     @gluon.jit
     def _tw_producer(args, SPARSE: gl.constexpr, BN: gl.constexpr, FMT: gl.constexpr,
-                     NBUF: gl.constexpr, PRE: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                     NBUF: gl.constexpr, PRE: gl.constexpr, PS_C: gl.constexpr,
+                     ADDR: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
         """Four warps: tiles min(PRE, n_t) .. n_t - 1 (n_t = 2 `_tw_n_pairs`; the first PRE
         were issued before the partitions started) into stage j % NBUF once its previous
         tile's consumer has freed it; the key (look-up-table or index) load of tile j + 1 is
@@ -192,6 +213,7 @@ if HAS_GLUON:
          t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp,
          q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, bars) = args  # fmt: skip
         ready, empty, xb = bars
+        K_ps = PS_C if PS_C else K_ps  # a power-of-two page size: shifts, not divisions
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         n_t = _tw_n_pairs(lo, hi, BN) * 2
@@ -207,7 +229,7 @@ if HAS_GLUON:
                                   row_l)  # fmt: skip
             mbarrier.wait(empty.index(st), ((j // NBUF) & 1) ^ 1)  # fresh barriers pass phase 1
             _tw_issue(k_main, k_sc, k_rope, vbuf, ready, st, rows, valid, K, K_SC, K_stride,
-                      K_stride_h, K_stride_q, K_sc_stride, FMT, ld_l)  # fmt: skip
+                      K_stride_h, K_stride_q, K_sc_stride, FMT, ld_l, ADDR)  # fmt: skip
             key = key_next
             if TRACE:
                 if j == 0:
@@ -312,7 +334,9 @@ if HAS_GLUON:
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True, KSWZ: gl.constexpr = 1,
-        PRE: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
+        PRE: gl.constexpr = 1, PS_C: gl.constexpr = 0, ADDR: gl.constexpr = False,
+        PDL: gl.constexpr = False,
+        TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions.
@@ -365,18 +389,20 @@ if HAS_GLUON:
             fence_async_shared()
             gl.thread_barrier()  # the barriers before any thread's arrivals
             n_t = _tw_n_pairs(lo, hi, BN) * 2
-            key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
+            ps = PS_C if PS_C else K_ps
+            key = _g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, ps, K_idx_stride, SPARSE,
                           BN, row_l)  # fmt: skip
             for j in gl.static_range(PRE):
                 start = lo + j * BN
                 if j + 1 < PRE:
-                    key_next = _g_keys(start + BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps,
+                    key_next = _g_keys(start + BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, ps,
                                        K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
                 if j < n_t:
-                    rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE,
+                    rows, valid = _g_rows(start, hi, key, ps, K_psr, K_nenc, K_npages, SPARSE,
                                           BN, row_l)  # fmt: skip
                     _tw_issue(k_main, k_sc, k_rope, vbuf, ready, j, rows, valid, K, K_SC,
-                              K_stride, K_stride_h, K_stride_q, K_sc_stride, FMT, ld_l)  # fmt: skip
+                              K_stride, K_stride_h, K_stride_q, K_sc_stride, FMT, ld_l,
+                              ADDR)  # fmt: skip
                     if TRACE:
                         if j == 0:
                             gl.store(trp + 1, _g_clock())
@@ -400,7 +426,7 @@ if HAS_GLUON:
                                FMT, NBUF, NR, PF, TRACE)),
                 (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
                                FMT, NBUF, NR, PF, TRACE)),
-                (_tw_producer, (args, SPARSE, BN, FMT, NBUF, PRE, TRACE)),
+                (_tw_producer, (args, SPARSE, BN, FMT, NBUF, PRE, PS_C, ADDR, TRACE)),
             ],
             [4, 4],
             [CONSUMER_REGS, PRODUCER_REGS],

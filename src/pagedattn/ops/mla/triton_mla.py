@@ -696,8 +696,9 @@ TUNING: dict[str, Any] = {
     "BN": None, "num_stages": None, "num_warps": None, "BM": None, "prefetch": None,
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
-    "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "t_pf": None,
-    "t_kswz": None, "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
+    "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "tw_psc": None,
+    "tw_addr": None, "t_pf": None, "t_kswz": None, "tw_pre": None, "ss_tma": None,
+    "st_regs": None, "ss_cross": None,
     "ss_persist": None, "ps_epi": None, "ss_splitcp": None, "ps_g": None,
     "ps_order": None, "ss_deq1": None, "ps_const": None, "ss_addr": None, "ss_qasync": None,
 }  # fmt: skip
@@ -721,13 +722,14 @@ def _ss_qasync(cfg: dict, h_q: int, default: bool) -> bool:
     return eligible and bool(_tuned("ss_qasync", default))
 
 
-def _page_size_constexpr(ps: int) -> int:
-    """The page size as a compile-time constant of the V32 cluster producers (PS_C), or 0 (a
+def _page_size_constexpr(ps: int, key: str = "ps_const") -> int:
+    """The page size as a compile-time constant of a producer's tile loop (PS_C), or 0 (a
     run-time value): powers of two, which then split an index into page and offset with a
     shift and a mask instead of a run-time integer division (a reciprocal and ~15
-    instructions a row, on the producer's path to its next tile's loads: 57 of its tile
-    loop's 770 sm_90 instructions). TUNING["ps_const"] False: always 0."""
-    return ps if _tuned("ps_const", True) and ps & (ps - 1) == 0 else 0
+    instructions a row, on the producer's path to its next tile's loads: 57 of the V32
+    cluster producer's 770 sm_90 instructions a tile, 97 of `gluon_mla_tw`'s 330).
+    TUNING[key] False: always 0."""
+    return ps if _tuned(key, True) and ps & (ps - 1) == 0 else 0
 
 
 class _Operand:
@@ -1034,12 +1036,12 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     )
 
 
-def _ss_addr(K: _Operand) -> bool:
-    """Whether the V32 cluster producer (`gluon_mla_ss._ss_cross_tile` ADDR) numbers a tile's
-    rows in int32 and derives every pointer of a row from one int64 offset product (its tile
-    loop 711 -> 671 sm_90 instructions): where the cache has fewer than 2^31 rows, unless
-    TUNING["ss_addr"] is False."""
-    return bool(_tuned("ss_addr", True)) and K.data.shape[0] < 2**31
+def _ss_addr(K: _Operand, key: str = "ss_addr") -> bool:
+    """Whether a producer numbers a tile's rows in int32 and derives every pointer of a row
+    from one int64 offset product (ADDR: the V32 cluster producer's tile loop 711 -> 671 sm_90
+    instructions, `gluon_mla_tw`'s 233 -> 206): where the cache has fewer than 2^31 rows,
+    unless TUNING[key] is False."""
+    return bool(_tuned(key, True)) and K.data.shape[0] < 2**31
 
 
 def _ps_plan(tokens: int, n_idx: int, dev: torch.device) -> tuple[int, int, int]:
@@ -1219,7 +1221,18 @@ def mla_decode_triton(
             if cfg["TW"]:
                 kernel = _mla_decode_sm90_tw
                 regs = _tuned("tw_regs", (232, 48))
-                extra.update(CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], PRE=_tuned("tw_pre", 1))
+                extra.update(
+                    CONSUMER_REGS=regs[0],
+                    PRODUCER_REGS=regs[1],
+                    PRE=_tuned("tw_pre", 1),
+                    # The producer's tile loop is on the tiles' critical path: a constant page
+                    # size and int32 rows (330 -> 206 sm_90 instructions a tile) took the
+                    # H200's graph replays (b 128 h_q 16 page 64, s_k 4096 / 8192) from 0.100
+                    # / 0.193 ms to 0.095 / 0.186 from HBM, 0.090 / 0.172 to 0.085 / 0.162 in
+                    # L2 (2026-11-28, bench/results/h200_2026-11-28_mla_fp8_producer.json).
+                    PS_C=_page_size_constexpr(K.ps, "tw_psc"),
+                    ADDR=_ss_addr(K, "tw_addr"),
+                )
             else:
                 kernel = _mla_decode_sm90_t
             extra.update(num_warps=4)
