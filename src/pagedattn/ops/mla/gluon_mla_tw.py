@@ -135,7 +135,34 @@ fewer in the P V step's upcasts paid (the V interleave); 144 R2UR fewer for the 
 descriptors did not (the uniform loop count), and neither did one barrier fewer: the tile's
 column maxima with one warpgroup barrier instead of Triton's two (each warp's maxima stored,
 every thread reading and reducing the 4 warps' for its columns) took 0.0961 ms in L2 against
-0.0897, 0.1087 from HBM against 0.1062 (same record, lease 3)."""
+0.0897, 0.1087 from HBM against 0.1062 (same record, lease 3).
+
+The producer is on the critical path too (H200 2026-11-28, `bench/gpu_mla_dev.py` graph replays,
+b 128 h_q 16 page 64, record `bench/results/h200_2026-11-28_mla_fp8_producer.json`): a
+power-of-two page size as a compile-time constant (PS_C: shifts for the page split, not a
+run-time division a row) and int32 rows with one int64 byte offset a row for the e4m3 bytes and
+the rope part (ADDR) take its tile loop from 330 to 206 sm_90 instructions, and the kernel from
+0.0996 / 0.1932 ms to 0.0954 / 0.1861 (s_k 4096 / 8192 from HBM), from 0.0897 / 0.1720 to
+0.0848 / 0.1624 in L2; each alone gives about half (s_k 4096, HBM / L2: PS_C 0.0975 / 0.0871,
+ADDR 0.0972 / 0.0873). With both, the suite gave 1.51x / 1.55x bf16
+(`bench/results/h200_2026-11-28_37f8270.json`).
+Measured and not kept (record `bench/results/h200_2026-11-28_mla_fp8_xt.json`): cross-tile
+consumers, each issuing its tile i's S beside its tile i - 1's P V (two S chunks a P V chunk;
+independent accumulators, each chain's upcasts beside the other's), then tile i's softmax, took
+0.1011 / 0.0896 ms at 5 stages against 0.1011 / 0.0898 (s_k 4096, HBM / L2), 0.1127 / 0.0972
+at 4 and 0.185 / 0.151 at 3 (each consumer then holds two stages). Their loop body had to peel
+the first S and the last P V: a branch on whether a P V runs made ptxas serialize every wgmma
+of the kernel ("insufficient register resources" at any register split). Nor did the producer's
+release without its proxy fence (a MEMBAR.ALL.CTA) change anything (0.1067 / 0.0893 against
+0.1064 / 0.0903), and every request reading its own 4 pages (L2-resident, no two CTAs on one
+line) took the 0.0898 ms of every request reading request 0's, so the L2 case is not an L2 hot
+spot. A stream of m64n16k16 wgmma with A in registers (`bench/wgmma_probe.py`, record
+`bench/results/h200_2026-11-28_wgmma_probe.json`) issues at 13 cycles a step for one warpgroup
+and 26 each for two (n32 16, n64 32, n128 64; independent accumulators do not overlap; waiting
+for each 4-step group costs 23 a step): a tile's 68 steps take ~880 of the ~2600 cycles a tile
+takes in L2, so the tensor cores do not bound it either. What is left: the producer's
+remaining instructions (TMA for pages of whole tiles would take its address arithmetic and
+per-thread copies off the critical path) and the consumers' chains."""
 
 from __future__ import annotations
 
