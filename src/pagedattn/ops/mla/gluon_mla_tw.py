@@ -362,11 +362,11 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True, KSWZ: gl.constexpr = 1,
         PRE: gl.constexpr = 1, PS_C: gl.constexpr = 0, ADDR: gl.constexpr = False,
-        PDL: gl.constexpr = False,
-        TRACE: gl.constexpr = False, TR=None,
+        PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
-        num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions.
+        num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions. PS_C: the
+        page size if a power of two, else 0 (run-time K_ps); ADDR: `_tw_issue`'s.
 
         TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start (slot 0), when the producer has issued its first tile
