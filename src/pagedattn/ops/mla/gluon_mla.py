@@ -112,35 +112,56 @@ if _HAS_GLUON:
     ):
         """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`
         (NW: the kernel's warps)."""
+        _g_issue_lat(k_main, stage, rows, valid, K, stride, FMT, ld_l, NW)
+        if FMT != 0:
+            _g_issue_scales(k_sc, stage, rows, valid, K, SC, stride_q, sc_stride, FMT, NW)
+
+    @gluon.jit
+    def _g_issue_lat(k_main, stage, rows, valid, K, stride, FMT: gl.constexpr,
+                     ld_l: gl.constexpr, NW: gl.constexpr = 8, roff=None):  # fmt: skip
+        """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) into `stage`. roff (FP8): the
+        rows' byte offsets (rows * stride, int64, layout of rows), where a caller shares them
+        with `_g_issue_rope` (one row product)."""
         if FMT == 0:
             _g_issue_cols(k_main.index(stage), rows, valid, K, stride, 0, 512, ld_l)
         else:
             # 16 e4m3 (16 B) a thread and copy.
             ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
-            r8 = gl.convert_layout(rows, gl.SliceLayout(1, ld8_l))
+            if roff is None:
+                r8 = gl.convert_layout(rows, gl.SliceLayout(1, ld8_l))
+                ro8 = gl.multiple_of(r8 * stride, 16)
+            else:
+                ro8 = gl.convert_layout(roff, gl.SliceLayout(1, ld8_l))
             v8 = gl.convert_layout(valid, gl.SliceLayout(1, ld8_l))
             d8 = gl.arange(0, 512, layout=gl.SliceLayout(0, ld8_l))
             k8 = K.to(gl.pointer_type(gl.float8e4nv))
-            ptr = k8 + gl.multiple_of(r8 * stride, 16)[:, None] + d8[None, :]
+            ptr = k8 + ro8[:, None] + d8[None, :]
             cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=v8[:, None])
-            if FMT == 4:  # V32: 4 f32 scales at byte 512 of the row
-                s4_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [NW, 1], [1, 0])
-                rs = gl.convert_layout(rows, gl.SliceLayout(1, s4_l))
-                vs = gl.convert_layout(valid, gl.SliceLayout(1, s4_l))
-                c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, s4_l))
-                k32 = K.to(gl.pointer_type(gl.float32))
-                ptr = k32 + (gl.multiple_of(rs * stride_q, 4) + 128)[:, None] + c4[None, :]
-                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
-            elif len(k_sc.shape) == 2:  # rope-aware into a [NBUF, BN] ring: rows as they are
-                ptr = SC + rows * sc_stride
-                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=valid)
-            else:  # rope-aware: one f32 scale per token in the scale buffer
-                s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, NW // 2], [1, 0])
-                rs = gl.convert_layout(rows, gl.SliceLayout(1, s1_l))
-                vs = gl.convert_layout(valid, gl.SliceLayout(1, s1_l))
-                c1 = gl.arange(0, 1, layout=gl.SliceLayout(0, s1_l))
-                ptr = SC + (rs * sc_stride)[:, None] + c1[None, :]
-                cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+
+    @gluon.jit
+    def _g_issue_scales(k_sc, stage, rows, valid, K, SC, stride_q, sc_stride,
+                        FMT: gl.constexpr, NW: gl.constexpr = 8):  # fmt: skip
+        """cp.async an FP8 tile's scales into `stage` of k_sc: V32's 4 f32 at byte 512 of the
+        row, rope-aware's one f32 a token from the scale buffer (into a [NBUF, BN] ring: rows
+        as they are)."""
+        if FMT == 4:  # V32: 4 f32 scales at byte 512 of the row
+            s4_l: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [NW, 1], [1, 0])
+            rs = gl.convert_layout(rows, gl.SliceLayout(1, s4_l))
+            vs = gl.convert_layout(valid, gl.SliceLayout(1, s4_l))
+            c4 = gl.arange(0, 4, layout=gl.SliceLayout(0, s4_l))
+            k32 = K.to(gl.pointer_type(gl.float32))
+            ptr = k32 + (gl.multiple_of(rs * stride_q, 4) + 128)[:, None] + c4[None, :]
+            cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
+        elif len(k_sc.shape) == 2:  # rope-aware into a [NBUF, BN] ring: rows as they are
+            ptr = SC + rows * sc_stride
+            cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=valid)
+        else:  # rope-aware: one f32 scale per token in the scale buffer
+            s1_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [2, NW // 2], [1, 0])
+            rs = gl.convert_layout(rows, gl.SliceLayout(1, s1_l))
+            vs = gl.convert_layout(valid, gl.SliceLayout(1, s1_l))
+            c1 = gl.arange(0, 1, layout=gl.SliceLayout(0, s1_l))
+            ptr = SC + (rs * sc_stride)[:, None] + c1[None, :]
+            cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
 
     @gluon.jit
     def _g_clock():
@@ -210,24 +231,31 @@ if _HAS_GLUON:
         return pid // NHB, pid % NHB, part
 
     @gluon.jit
-    def _g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr):
+    def _g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
+                     h_off=None):  # fmt: skip
         """Pointers [BN, 64] (bf16, layout ld_l) to dims 512..575 of a tile's rows: BF16 at
-        element 512, rope-aware FP8 at byte 512, V32 at byte 528 (after its 4 scales)."""
+        element 512, rope-aware FP8 at byte 512, V32 at byte 528 (after its 4 scales). h_off
+        (FP8): the rows' offsets in bf16 elements (rows * stride_h), where a caller has them
+        from its other pointers (no second row product)."""
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
         if FMT == 0:
             ptr = K + (gl.multiple_of(rows * stride, 8) + 512)[:, None] + dT[None, :]
         else:
             k16 = K.to(gl.pointer_type(gl.bfloat16))
             off = 256 if FMT == 3 else 264
-            ptr = k16 + (gl.multiple_of(rows * stride_h, 8) + off)[:, None] + dT[None, :]
+            if h_off is None:
+                h_off = gl.multiple_of(rows * stride_h, 8)
+            ptr = k16 + (h_off + off)[:, None] + dT[None, :]
         return ptr
 
     @gluon.jit
     def _g_issue_rope(
-        k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr
-    ):
-        """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer)."""
-        ptr = _g_rope_ptrs(rows, K, stride, stride_h, FMT, ld_l)
+        k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
+        h_off=None,
+    ):  # fmt: skip
+        """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer); h_off:
+        `_g_rope_ptrs`'."""
+        ptr = _g_rope_ptrs(rows, K, stride, stride_h, FMT, ld_l, h_off)
         cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
 
     @gluon.jit

@@ -437,12 +437,10 @@ if HAS_GLUON:
         roff, sp, v8 = _ss_fp8_ptrs(rows, valid, K, K, K_stride, K_stride_q, 0, 4)  # (no SC)
         x0, s0 = _ss_fp8_group(K, roff, sp, v8, 2 * rank, 4)
         x1, s1 = _ss_fp8_group(K, roff, sp, v8, 2 * rank + 1, 4)
+        h_off = None
         if ADDR:  # the rope pointers from the words' row offsets (no second row product)
-            ro = gl.convert_layout(roff, gl.SliceLayout(1, ld_l)) * 2 + 264
-            dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-            rp = K.to(gl.pointer_type(gl.bfloat16)) + ro[:, None] + dT[None, :]
-        else:
-            rp = _g_rope_ptrs(rows, K, K_stride, K_stride_h, 4, ld_l)
+            h_off = gl.convert_layout(roff, gl.SliceLayout(1, ld_l)) * 2
+        rp = _g_rope_ptrs(rows, K, K_stride, K_stride_h, 4, ld_l, h_off)
         rope = gl.load(rp, mask=valid[:, None], other=0.0)
         if TT:
             _g_tick(tt, 0)

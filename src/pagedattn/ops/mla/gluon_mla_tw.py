@@ -166,13 +166,15 @@ per-thread copies off the critical path) and the consumers' chains."""
 
 from __future__ import annotations
 
-from ..gluon_imports import HAS_GLUON, cp, fence_async_shared, gl, gluon, mbarrier
+from ..gluon_imports import HAS_GLUON, fence_async_shared, gl, gluon, mbarrier
 
 if HAS_GLUON:
     from .gluon_mla import (
         _g_clock,
+        _g_issue_lat,
         _g_issue_main,
         _g_issue_rope,
+        _g_issue_scales,
         _g_key_range,
         _g_keys,
         _g_program,
@@ -203,23 +205,13 @@ if HAS_GLUON:
         dims; then its validity and the ready arrivals (`_ss_release`). Four warps. ADDR: row
         numbers in int32 (the launcher checks that they fit) and one int64 byte offset a row
         for both the e4m3 bytes and the rope part."""
-        if ADDR:
-            ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-            r32 = rows.to(gl.int32)
-            roff = gl.multiple_of(r32.to(gl.int64) * K_stride, 16)  # bytes
-            ro8 = gl.convert_layout(roff, gl.SliceLayout(1, ld8_l))
-            v8 = gl.convert_layout(valid, gl.SliceLayout(1, ld8_l))
-            d8 = gl.arange(0, 512, layout=gl.SliceLayout(0, ld8_l))
-            k8 = K.to(gl.pointer_type(gl.float8e4nv))
-            cp.async_copy_global_to_shared(
-                k_main.index(st), k8 + ro8[:, None] + d8[None, :], mask=v8[:, None]
-            )
-            dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
-            rp = K.to(gl.pointer_type(gl.bfloat16)) + ((roff >> 1) + 256)[:, None] + dT[None, :]
-            cp.async_copy_global_to_shared(k_rope.index(st), rp, mask=valid[:, None])
-            cp.async_copy_global_to_shared(
-                k_sc.index(st), K_SC + r32.to(gl.int64) * K_sc_stride, mask=valid
-            )
+        if ADDR:  # (in the order measured: e4m3 bytes, rope part, scales)
+            rows = rows.to(gl.int32).to(gl.int64)
+            roff = gl.multiple_of(rows * K_stride, 16)  # bytes
+            _g_issue_lat(k_main, st, rows, valid, K, K_stride, FMT, ld_l, 4, roff)
+            _g_issue_rope(k_rope.index(st), rows, valid, K, K_stride, K_stride_h, FMT, ld_l,
+                          roff >> 1)  # fmt: skip
+            _g_issue_scales(k_sc, st, rows, valid, K, K_SC, K_stride_q, K_sc_stride, FMT, 4)
         else:
             _g_issue_main(k_main, k_sc, st, rows, valid, K, K_SC, K_stride, K_stride_q,
                           K_sc_stride, FMT, ld_l, 4)  # fmt: skip

@@ -1036,7 +1036,7 @@ def _st_eligible(K: _Operand, sparse: bool) -> bool:
     )
 
 
-def _ss_addr(K: _Operand, key: str = "ss_addr") -> bool:
+def _int32_rows(K: _Operand, key: str = "ss_addr") -> bool:
     """Whether a producer numbers a tile's rows in int32 and derives every pointer of a row
     from one int64 offset product (ADDR: the V32 cluster producer's tile loop 711 -> 671 sm_90
     instructions, `gluon_mla_tw`'s 233 -> 206): where the cache has fewer than 2^31 rows,
@@ -1231,7 +1231,7 @@ def mla_decode_triton(
                     # / 0.193 ms to 0.095 / 0.186 from HBM, 0.090 / 0.172 to 0.085 / 0.162 in
                     # L2 (2026-11-28, bench/results/h200_2026-11-28_mla_fp8_producer.json).
                     PS_C=_page_size_constexpr(K.ps, "tw_psc"),
-                    ADDR=_ss_addr(K, "tw_addr"),
+                    ADDR=_int32_rows(K, "tw_addr"),
                 )
             else:
                 kernel = _mla_decode_sm90_t
@@ -1282,10 +1282,10 @@ def mla_decode_triton(
                 # dense V32 h_q 128 s_k 8192 0.797 against 0.820 ms (L2 0.721-0.731 / 0.752-
                 # 0.757); sparse 0.435 against 0.428-0.431, so dense only. SS_DEQ1 (sparse: the
                 # half's two groups in one store, no warpgroup barrier between them), PS_C and
-                # SS_ADDR: see `_page_size_constexpr` and `_ss_addr`; H100 2026-11-28 (same
+                # SS_ADDR: see `_page_size_constexpr` and `_int32_rows`; H100 2026-11-28 (same
                 # record) sparse V32 0.419-0.424 ms with SS_DEQ1 against 0.428-0.434 without.
                 step = dict(DEQ1=bool(_tuned("ss_deq1", True)), PS_C=_page_size_constexpr(K.ps),
-                            ADDR=_ss_addr(K))  # fmt: skip
+                            ADDR=_int32_rows(K))  # fmt: skip
                 extra.update(SS_CROSS=True, SS_SPLITCP=bool(_tuned("ss_splitcp", not sparse)),
                              SS_DEQ1=step["DEQ1"], PS_C=step["PS_C"],
                              SS_ADDR=step["ADDR"])  # fmt: skip
