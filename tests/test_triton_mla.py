@@ -655,12 +655,17 @@ def test_gpu_ragged_query_lengths(fmt, h_q, ps):
 
 
 # `gluon_mla_tw` launch variants (TUNING overrides): the default, its producer's row
-# addressing as before 2026-11-28 (run-time page size, int64 row products), 4 and 5 stages.
-TW_VARIANTS = [{}, {"tw_psc": False, "tw_addr": False}, {"tw_nbuf": 4}, {"tw_nbuf": 5}]
+# addressing as before 2026-11-28 (run-time page size, int64 row products), 4 and 5 stages,
+# the softmax's reduction of the pair (max, largest scale) as before 2026-11-28 (FOLD off).
+TW_VARIANTS = [
+    {}, {"tw_psc": False, "tw_addr": False}, {"tw_nbuf": 4}, {"tw_nbuf": 5}, {"tw_fold": False}
+]  # fmt: skip
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", TW_VARIANTS, ids=["default", "rows64", "nbuf4", "nbuf5"])
+@pytest.mark.parametrize(
+    "tuning", TW_VARIANTS, ids=["default", "rows64", "nbuf4", "nbuf5", "pairmax"]
+)
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
 def test_gpu_rope_aware_tile_boundaries(mode, tuning):
     """`gluon_mla_tw` (two consumer warpgroups on alternate tiles) and its launch variants at

@@ -776,14 +776,20 @@ if _HAS_GLUON:
     @gluon.jit
     def _t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
                 tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
-                MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True):  # fmt: skip
+                MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True,
+                FOLD: gl.constexpr = False):  # fmt: skip
         """One keys-as-M tile (`_mla_decode_sm90_t`): S^T = K Q^T [BN, NR] from stage views kl
         (dims 0..511), kr (rope), ksc (FP8 per-token scales) and vb (validity), the online
         softmax, O^T += V^T P^T (P through p_smem). Returns (acc, m_i, l_acc, tau); every MMA
         is complete, but other threads may still read the stage or P (the caller syncs).
         PF (FP8): each chunk's e4m3 bytes are loaded from shared memory one chunk ahead (the
         first V chunk's before the softmax), so a load's latency is not waited for right
-        before its upcast."""
+        before its upcast.
+        FOLD (FP8): one cross-warp reduction a tile, of s + log2(scale) (the per-token scale,
+        floored at 2^-20 there): that maximum is the reference m, so P = 2^(s + log2(scale) -
+        m) <= 1 carries the scale (O in the units of m alone: tau is returned unchanged) and
+        the row sums' 2^(s - m) <= 2^20. Without it, the reduction is of the pair (s, scale)
+        and P is rescaled by the tile's largest scale (tau, a division an element)."""
         key_l: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
         BN: gl.constexpr = zero_s.shape[0]
         dot_l: gl.constexpr = gl.DotOperandLayout(
@@ -840,22 +846,31 @@ if _HAS_GLUON:
         if MASK_CAUSAL:
             keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
         s = gl.where(keep, s * qk_scale, float("-inf"))
-        if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
-            s_b = gl.zeros_like(s) + s_tok[:, None]
-            s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
+        if FOLD and FMT != 0:
+            lt = gl.log2(s_tok)  # -inf for invalid keys (scale 0)
+            m_new = gl.maximum(m_i, gl.max(s + gl.maximum(lt, -20.0)[:, None], 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            l_acc = l_acc * alpha[None, :] + gl.exp2(s - m_use[None, :])
+            p = gl.exp2(s + lt[:, None] - m_use[None, :])
+            m_i = m_new
         else:
-            s_max = gl.max(s, 0)
-        m_new = gl.maximum(m_i, s_max)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
-        if FMT != 0:
-            sig = gl.where(sig > 0.0, sig, tau)
-            p = p * s_tok[:, None] / sig[None, :]
-            alpha = alpha * (tau / sig)
-            tau = sig
+            if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
+                s_b = gl.zeros_like(s) + s_tok[:, None]
+                s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
+            else:
+                s_max = gl.max(s, 0)
+            m_new = gl.maximum(m_i, s_max)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            if FMT != 0:
+                sig = gl.where(sig > 0.0, sig, tau)
+                p = p * s_tok[:, None] / sig[None, :]
+                alpha = alpha * (tau / sig)
+                tau = sig
         acc = acc * alpha[None, :]
         p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
         fence_async_shared()

@@ -262,7 +262,8 @@ if HAS_GLUON:
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, NBUF: gl.constexpr,
-                    NR: gl.constexpr, PF: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
+                    NR: gl.constexpr, PF: gl.constexpr, FOLD: gl.constexpr,
+                    TRACE: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W: tiles W, W + 2, ... of the key range; warpgroup 0 hands its
         state to warpgroup 1 (whose last tile lands last), which merges and stores the output
         (and the LSE)."""
@@ -307,7 +308,7 @@ if HAS_GLUON:
                     k_main.index(st), kr, k_sc.index(st), vbuf.index(st),
                     q_lat_buf.index(zero), q_rope_buf.index(zero), p_smem, lo + j * BN, kpos,
                     row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale, FMT,
-                    CAUSAL and not SPARSE, PF,
+                    CAUSAL and not SPARSE, PF, FOLD,
                 )  # fmt: skip
             gl.thread_barrier()  # every thread is done with the stage
             mbarrier.arrive(empty.index(st), count=1)
@@ -354,11 +355,13 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True, KSWZ: gl.constexpr = 1,
         PRE: gl.constexpr = 1, PS_C: gl.constexpr = 0, ADDR: gl.constexpr = False,
-        PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
+        FOLD: gl.constexpr = True, PDL: gl.constexpr = False, TRACE: gl.constexpr = False,
+        TR=None,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions. PS_C: the
-        page size if a power of two, else 0 (run-time K_ps); ADDR: `_tw_issue`'s.
+        page size if a power of two, else 0 (run-time K_ps); ADDR: `_tw_issue`'s; FOLD: `_t_tile`'s
+        (the softmax's one reduction a tile).
 
         TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start (slot 0), when the producer has issued its first tile
@@ -442,9 +445,9 @@ if HAS_GLUON:
         gl.warp_specialize(
             [
                 (_tw_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, PF, TRACE)),
+                               FMT, NBUF, NR, PF, FOLD, TRACE)),
                 (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, PF, TRACE)),
+                               FMT, NBUF, NR, PF, FOLD, TRACE)),
                 (_tw_producer, (args, SPARSE, BN, FMT, NBUF, PRE, PS_C, ADDR, TRACE)),
             ],
             [4, 4],
