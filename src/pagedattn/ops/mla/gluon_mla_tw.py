@@ -160,9 +160,29 @@ spot. A stream of m64n16k16 wgmma with A in registers (`bench/wgmma_probe.py`, r
 `bench/results/h200_2026-11-28_wgmma_probe.json`) issues at 13 cycles a step for one warpgroup
 and 26 each for two (n32 16, n64 32, n128 64; independent accumulators do not overlap; waiting
 for each 4-step group costs 23 a step): a tile's 68 steps take ~880 of the ~2600 cycles a tile
-takes in L2, so the tensor cores do not bound it either. What is left: the producer's
-remaining instructions (TMA for pages of whole tiles would take its address arithmetic and
-per-thread copies off the critical path) and the consumers' chains."""
+takes in L2, so the tensor cores do not bound it either.
+
+The softmax (H200 2026-11-28, graph replays as above, record
+`bench/results/h200_2026-11-28_mla_fp8_fold.json`): one cross-warp reduction a tile, of s +
+log2(scale) (FOLD, `gluon_mla._t_tile`; the scale folded into P, no largest-scale rescale and no
+division an element) against the pair (max, largest scale) took s_k 8192 / 4096 from 0.186 /
+0.097 ms to 0.184 / 0.096 from HBM and from 0.162 / 0.085 to 0.157 / 0.082 in L2; the suite
+gave 1.54x / 1.57x bf16 (`bench/results/h200_2026-11-28_e35ba0e.json`). Two timing experiments
+with wrong results bound what is left there: with no reduction and no rescale (the reference
+max fixed) the kernel took 0.168 / 0.088 from HBM and 0.135 / 0.071 in L2, 10-18% less; with
+the reduction issued after the tile's first P V wgmma (its max used from the next tile on, the
+rescale kept) it took FOLD's times. So the reduction's wait is not what costs (as one barrier
+fewer above showed) but the work on the chain between S and P V: the next lever to try is to
+skip O's rescale (64 multiplies a thread) on tiles where no column's max moved.
+Measured and not kept (record `bench/results/h200_2026-11-28_mla_fp8_tw_variants.json`): the
+producer as the default partition (both consumers workers, so consumer 0 builds its wgmma
+descriptors in uniform registers too: 1119 -> 942 instructions a tile) gained 0-1% and leaves
+the producer 40 registers, which spills in the sparse kernel; `gl.assume` on the producer's
+tile start (206 -> 191 instructions) changed nothing; the TMA-fed producer (branch
+`dev/tw-tma`: dense tiles as a [4, 64, 128] e4m3 box and a [64, 64] rope box) was no faster
+(s_k 8192 0.1936 against 0.1926 ms from HBM, 0.1669 against 0.1633 in L2) and faulted with
+"unspecified launch failure" in `bench/gpu_mla_dev.py` runs while passing its GPU tests, a
+bit-identical probe and compute-sanitizer (cause not found)."""
 
 from __future__ import annotations
 
