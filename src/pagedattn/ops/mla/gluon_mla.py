@@ -848,29 +848,25 @@ if _HAS_GLUON:
         s = gl.where(keep, s * qk_scale, float("-inf"))
         if FOLD and FMT != 0:
             lt = gl.log2(s_tok)  # -inf for invalid keys (scale 0)
-            m_new = gl.maximum(m_i, gl.max(s + gl.maximum(lt, -20.0)[:, None], 0))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            l_acc = l_acc * alpha[None, :] + gl.exp2(s - m_use[None, :])
-            p = gl.exp2(s + lt[:, None] - m_use[None, :])
-            m_i = m_new
+            s_max = gl.max(s + gl.maximum(lt, -20.0)[:, None], 0)
+        elif FMT != 0:  # the tile's largest key scale, in the same reduction as the max
+            s_b = gl.zeros_like(s) + s_tok[:, None]
+            s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
         else:
-            if FMT != 0:  # the tile's largest key scale, in the same reduction as the max
-                s_b = gl.zeros_like(s) + s_tok[:, None]
-                s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
-            else:
-                s_max = gl.max(s, 0)
-            m_new = gl.maximum(m_i, s_max)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            l_acc = l_acc * alpha[None, :] + p
-            m_i = m_new
-            if FMT != 0:
-                sig = gl.where(sig > 0.0, sig, tau)
-                p = p * s_tok[:, None] / sig[None, :]
-                alpha = alpha * (tau / sig)
-                tau = sig
+            s_max = gl.max(s, 0)
+        m_new = gl.maximum(m_i, s_max)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_acc = l_acc * alpha[None, :] + p
+        m_i = m_new
+        if FOLD and FMT != 0:  # P with the scale folded in (<= 1)
+            p = gl.exp2(s + lt[:, None] - m_use[None, :])
+        elif FMT != 0:
+            sig = gl.where(sig > 0.0, sig, tau)
+            p = p * s_tok[:, None] / sig[None, :]
+            alpha = alpha * (tau / sig)
+            tau = sig
         acc = acc * alpha[None, :]
         p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
         fence_async_shared()
