@@ -123,9 +123,12 @@ def _write(params: KVCacheParams, inputs, x: torch.Tensor, seq: list[int]) -> No
     store_kv(x, None, zero, params, LAYER, ragged_offsets(seq, x.device), backend="reference")
 
 
-def build_cache(fmt, d_qk, page_size, cache_lens, q_lens, gen, h_q=16, extra_pages=3) -> Cache:
+def build_cache(
+    fmt, d_qk, page_size, cache_lens, q_lens, gen, h_q=16, extra_pages=3, rise=0.0
+) -> Cache:
     """Request b's first cache_lens[b] + q_lens[b] tokens hold random values (quantized into
-    the format); every other slot is NaN."""
+    the format); every other slot is NaN. rise > 0: dims 0..7 of token j of a request of n
+    tokens are rise * j / n instead (with `rising_q`, scores that climb along the keys)."""
     factory, dims, _ = FORMATS[fmt]
     assert d_qk in dims, (fmt, d_qk)
     params = KVCacheParams(
@@ -141,6 +144,9 @@ def build_cache(fmt, d_qk, page_size, cache_lens, q_lens, gen, h_q=16, extra_pag
     total = sum(seq)
     x = torch.randn(total, 1, d_qk, generator=gen)
     x = (x * torch.exp(torch.randn(total, 1, 1, generator=gen) * 0.3)).clamp(-5.5, 5.5)
+    if rise:
+        frac = torch.cat([torch.arange(n) / n for n in seq])
+        x[:, 0, :8] = rise * frac[:, None]
     _write(params, pc.inputs, x.to(BF16).to(DEV), seq)
     pool = decode_pool(params, pc.inputs)
     return Cache(params, pc.inputs, seq, pool, pc.inputs.lookup_table.tolist())
@@ -148,6 +154,15 @@ def build_cache(fmt, d_qk, page_size, cache_lens, q_lens, gen, h_q=16, extra_pag
 
 def make_q(tokens, h_q, d_qk, gen):
     return (torch.randn(tokens, h_q, d_qk, generator=gen) * 2).to(BF16).to(DEV)
+
+
+def rising_q(tokens, h_q, d_qk, gen):
+    """make_q with dims 0..7 set to +20 (even heads) or -20 (odd heads): over a
+    `build_cache(rise=5.5)` cache an even head's scores climb by ~37 (natural log units) from
+    its first key to its last (an odd head's fall), so its running max moves on many tiles."""
+    q = torch.randn(tokens, h_q, d_qk, generator=gen) * 2
+    q[:, :, :8] = torch.where(torch.arange(h_q) % 2 == 0, 20.0, -20.0)[None, :, None]
+    return q.to(BF16).to(DEV)
 
 
 def make_sinks(h_q, gen):
@@ -704,6 +719,34 @@ def test_gpu_rope_aware_tile_boundaries(mode, tuning):
             ref = oracle(q, offs, keys_of, sink=sink)
             for P in (1, 2, 3, None):
                 o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P, **kw)
+                check(o, lse, *ref, tol_for("rope_aware", 576))
+    finally:
+        M.TUNING.clear()
+        M.TUNING.update(saved)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [{}, {"tw_fold": False}], ids=["default", "pairmax"])
+def test_gpu_rope_aware_rising_scores(tuning):
+    """`gluon_mla_tw` where half the heads' running maxima climb along the keys (by ~53 in log2
+    units over each request) and the other half's fall: O's and the row sums' rescale on the
+    many tiles where a max moves, far past P's and the row sums' ranges. h_q 16 s_q 1 page
+    64, and h_q 4 s_q 2 page 48 (causal multi-token tiles); partitions 1, 2 and the default."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    cache_lens = [0, 64, 699, 2048, 4097]
+    saved = dict(M.TUNING)
+    try:
+        M.TUNING.update(tuning)
+        for h_q, s_q, ps in ((16, 1, 64), (4, 2, 48)):
+            q_lens = [s_q] * len(cache_lens)
+            gen = torch.Generator().manual_seed(zlib.crc32(repr(("rise", h_q, ps)).encode()))
+            cache = build_cache("rope_aware", 576, ps, cache_lens, q_lens, gen, h_q, rise=5.5)
+            offs = ragged_offsets(q_lens).tolist()
+            q = rising_q(offs[-1], h_q, 576, gen)
+            ref = oracle(q, offs, dense_keys(cache, cache_lens, q_lens))
+            for P in (1, 2, None):
+                o, lse = run(q, cache.operand(), q_lens, num_partitions=P)
                 check(o, lse, *ref, tol_for("rope_aware", 576))
     finally:
         M.TUNING.clear()

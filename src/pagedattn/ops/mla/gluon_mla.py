@@ -786,10 +786,11 @@ if _HAS_GLUON:
         first V chunk's before the softmax), so a load's latency is not waited for right
         before its upcast.
         FOLD (FP8): one cross-warp reduction a tile, of s + log2(scale) (the per-token scale,
-        floored at 2^-20 there): that maximum is the reference m, so P = 2^(s + log2(scale) -
-        m) <= 1 carries the scale (O in the units of m alone: tau is returned unchanged) and
-        the row sums' 2^(s - m) <= 2^20. Without it, the reduction is of the pair (s, scale)
-        and P is rescaled by the tile's largest scale (tau, a division an element)."""
+        floored at 2^-20 there): that maximum is the reference m, so P = 2^(s - m) * scale
+        <= 1 (the row sums' term 2^(s - m) <= 2^20, times the scale: a multiply, not a second
+        exp2) carries the scale (O in the units of m alone: tau is returned unchanged).
+        Without it, the reduction is of the pair (s, scale) and P is rescaled by the tile's
+        largest scale (tau, a division an element)."""
         key_l: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
         BN: gl.constexpr = zero_s.shape[0]
         dot_l: gl.constexpr = gl.DotOperandLayout(
@@ -861,7 +862,7 @@ if _HAS_GLUON:
         l_acc = l_acc * alpha[None, :] + p
         m_i = m_new
         if FOLD and FMT != 0:  # P with the scale folded in (<= 1)
-            p = gl.exp2(s + lt[:, None] - m_use[None, :])
+            p = p * s_tok[:, None]
         elif FMT != 0:
             sig = gl.where(sig > 0.0, sig, tau)
             p = p * s_tok[:, None] / sig[None, :]
