@@ -172,13 +172,13 @@ with wrong results bound what is left there: with no reduction and no rescale (t
 max fixed) the kernel took 0.168 / 0.088 from HBM and 0.135 / 0.071 in L2, 10-18% less; with
 the reduction issued after the tile's first P V wgmma (its max used from the next tile on, the
 rescale kept) it took FOLD's times. So the reduction's wait is not what costs (as one barrier
-fewer above showed) but the work on the chain between S and P V. Of that work (H200
-2026-11-28, same graph replays, record `bench/results/h200_2026-11-28_mla_fp8_softmax_variants.json`):
-P as the row sums' term 2^(s - m) times the scale, instead of a second exp2 of s + log2(scale)
-- m (8 MUFU and 8 FADD fewer a tile and thread), took s_k 8192 from 0.193 to 0.191 ms from HBM
-and 0.157 to 0.156 in L2 (4096: 0.100 -> 0.099, 0.083 -> 0.082) and is the default; the suite
-gave 1.57x / 1.58x bf16 (`bench/results/h200_2026-11-28_a368133.json`). Skipping O's and the
-row sums' rescale on tiles where no column's max moved (a warp-uniform flag, 2 shuffles) gained
+fewer above showed) but the work on the chain between S and P V. Of that work (H200 2026-11-28,
+same graph replays, record `bench/results/h200_2026-11-28_mla_fp8_softmax_variants.json`): P as
+the row sums' term 2^(s - m) times the scale, instead of a second exp2 of s + log2(scale) - m (8
+MUFU and 8 FADD fewer a tile and thread), took s_k 8192 from 0.193 to 0.191 ms from HBM and
+0.157 to 0.156 in L2 (4096: 0.100 -> 0.099, 0.083 -> 0.082) and is the default; the suite gave
+1.57x / 1.58x bf16 (`bench/results/h200_2026-11-28_a368133.json`). Skipping O's and the row
+sums' rescale on tiles where no column's max moved (a warp-uniform flag, 2 shuffles) gained
 nothing (0.193 / 0.159 / 0.100 / 0.084), nor did moving a column's reference only when its max
 passed it by 2^8 (0.192 / 0.158 / 0.101 / 0.083). The integer upcasts of half the keys, tried
 again here beside F2FP (PRMT with each byte's sign replicated into its float16's high byte, a
