@@ -671,15 +671,17 @@ def test_gpu_ragged_query_lengths(fmt, h_q, ps):
 
 # `gluon_mla_tw` launch variants (TUNING overrides): the default, its producer's row
 # addressing as before 2026-11-28 (run-time page size, int64 row products), 4 and 5 stages,
-# the softmax's reduction of the pair (max, largest scale) as before 2026-11-28 (FOLD off).
+# the softmax's reduction of the pair (max, largest scale) as before 2026-11-28 (FOLD off),
+# the reference max moved on every tile (SPEC off, as before 2026-11-28's fifth session).
 TW_VARIANTS = [
-    {}, {"tw_psc": False, "tw_addr": False}, {"tw_nbuf": 4}, {"tw_nbuf": 5}, {"tw_fold": False}
+    {}, {"tw_psc": False, "tw_addr": False}, {"tw_nbuf": 4}, {"tw_nbuf": 5}, {"tw_fold": False},
+    {"tw_spec": False},
 ]  # fmt: skip
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "tuning", TW_VARIANTS, ids=["default", "rows64", "nbuf4", "nbuf5", "pairmax"]
+    "tuning", TW_VARIANTS, ids=["default", "rows64", "nbuf4", "nbuf5", "pairmax", "nospec"]
 )
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
 def test_gpu_rope_aware_tile_boundaries(mode, tuning):
@@ -726,7 +728,9 @@ def test_gpu_rope_aware_tile_boundaries(mode, tuning):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [{}, {"tw_fold": False}], ids=["default", "pairmax"])
+@pytest.mark.parametrize(
+    "tuning", [{}, {"tw_fold": False}, {"tw_spec": False}], ids=["default", "pairmax", "nospec"]
+)
 def test_gpu_rope_aware_rising_scores(tuning):
     """`gluon_mla_tw` where half the heads' running maxima climb along the keys (by ~53 in log2
     units over each request) and the other half's fall: O's and the row sums' rescale on the

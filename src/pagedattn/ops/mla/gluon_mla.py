@@ -777,7 +777,8 @@ if _HAS_GLUON:
     def _t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
                 tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
                 MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True,
-                FOLD: gl.constexpr = False):  # fmt: skip
+                FOLD: gl.constexpr = False, SPEC: gl.constexpr = False,
+                TH: gl.constexpr = 8.0, f_smem=None):  # fmt: skip
         """One keys-as-M tile (`_mla_decode_sm90_t`): S^T = K Q^T [BN, NR] from stage views kl
         (dims 0..511), kr (rope), ksc (FP8 per-token scales) and vb (validity), the online
         softmax, O^T += V^T P^T (P through p_smem). Returns (acc, m_i, l_acc, tau); every MMA
@@ -790,7 +791,13 @@ if _HAS_GLUON:
         <= 1 (the row sums' term 2^(s - m) <= 2^20, times the scale: a multiply, not a second
         exp2) carries the scale (O in the units of m alone: tau is returned unchanged).
         Without it, the reduction is of the pair (s, scale) and P is rescaled by the tile's
-        largest scale (tau, a division an element)."""
+        largest scale (tau, a division an element).
+        SPEC (FOLD): no cross-warp reduction on the way to P V unless a key needs it: m stays
+        the reference while no key's s + log2(scale) passes it by more than TH (P <= 2^TH in
+        float16); each key's flag goes through f_smem (int8 [BN]) beside P (the P barrier
+        serves both) and only a tile with a flagged key reduces, rescales O and the row sums
+        and writes P again (every tile before any key is seen). P and f_smem must not alias
+        the stage (a write there waits for the S products' reads: a barrier)."""
         key_l: gl.constexpr = gl.SliceLayout(1, zero_s.type.layout)
         BN: gl.constexpr = zero_s.shape[0]
         dot_l: gl.constexpr = gl.DotOperandLayout(
@@ -847,7 +854,31 @@ if _HAS_GLUON:
         if MASK_CAUSAL:
             keep = keep & ((start + kpos)[:, None] < row_lim[None, :])
         s = gl.where(keep, s * qk_scale, float("-inf"))
-        if FOLD and FMT != 0:
+        if SPEC:
+            gl.static_assert(FOLD and FMT != 0, "SPEC needs the FOLD softmax")
+            v = s + gl.maximum(gl.log2(s_tok), -20.0)[:, None]
+            m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
+            p = gl.exp2(s - m_use[None, :])
+            p_smem.store(gl.permute((p * s_tok[:, None]).to(p_smem.dtype), (1, 0)))
+            over = (v > (m_i + TH)[None, :]).to(gl.int32)
+            f_smem.store(gl.max(over, 1).to(gl.int8))
+            fence_async_shared()
+            gl.thread_barrier()
+            rep_l: gl.constexpr = gl.BlockedLayout([BN // 4], [32], [4], [0])
+            words = f_smem._reinterpret(gl.int32, [BN // 4], f_smem.type.layout).load(rep_l)
+            if gl.max(words, 0) != 0:
+                m_new = gl.maximum(m_i, gl.max(v, 0))
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                acc = acc * alpha[None, :]
+                l_acc = l_acc * alpha[None, :]
+                p = gl.exp2(s - m_use[None, :])
+                p_smem.store(gl.permute((p * s_tok[:, None]).to(p_smem.dtype), (1, 0)))
+                m_i = m_new
+                fence_async_shared()
+                gl.thread_barrier()
+            l_acc = l_acc + p
+        elif FOLD and FMT != 0:
             lt = gl.log2(s_tok)  # -inf for invalid keys (scale 0)
             s_max = gl.max(s + gl.maximum(lt, -20.0)[:, None], 0)
         elif FMT != 0:  # the tile's largest key scale, in the same reduction as the max
@@ -855,23 +886,24 @@ if _HAS_GLUON:
             s_max, sig = gl.reduce((s, s_b), 0, _g_max2)
         else:
             s_max = gl.max(s, 0)
-        m_new = gl.maximum(m_i, s_max)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_acc = l_acc * alpha[None, :] + p
-        m_i = m_new
-        if FOLD and FMT != 0:  # P with the scale folded in (<= 1)
-            p = p * s_tok[:, None]
-        elif FMT != 0:
-            sig = gl.where(sig > 0.0, sig, tau)
-            p = p * s_tok[:, None] / sig[None, :]
-            alpha = alpha * (tau / sig)
-            tau = sig
-        acc = acc * alpha[None, :]
-        p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
-        fence_async_shared()
-        gl.thread_barrier()
+        if not SPEC:
+            m_new = gl.maximum(m_i, s_max)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+            if FOLD and FMT != 0:  # P with the scale folded in (<= 1)
+                p = p * s_tok[:, None]
+            elif FMT != 0:
+                sig = gl.where(sig > 0.0, sig, tau)
+                p = p * s_tok[:, None] / sig[None, :]
+                alpha = alpha * (tau / sig)
+                tau = sig
+            acc = acc * alpha[None, :]
+            p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
         if FMT != 0:
             xv = xk  # PF: the first V chunk's bytes, loaded in the last S step
             for c in gl.static_range(BN // 16):

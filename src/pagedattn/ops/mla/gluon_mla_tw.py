@@ -293,7 +293,7 @@ if HAS_GLUON:
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, NBUF: gl.constexpr,
                     NR: gl.constexpr, PF: gl.constexpr, FOLD: gl.constexpr,
-                    TRACE: gl.constexpr):  # fmt: skip
+                    TRACE: gl.constexpr, SPEC: gl.constexpr = False):  # fmt: skip
         """Consumer warpgroup W: tiles W, W + 2, ... of the key range; warpgroup 0 hands its
         state to warpgroup 1 (whose last tile lands last), which merges and stores the output
         (and the LSE)."""
@@ -301,7 +301,8 @@ if HAS_GLUON:
          K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
          t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp,
-         q_lat_buf, q_rope_buf, k_main, k_sc, k_rope, vbuf, x_buf, bars) = args  # fmt: skip
+         q_lat_buf, q_rope_buf, k_main, k_sc, k_rope, vbuf, x_buf, bars, p_buf,
+         f_buf) = args  # fmt: skip
         ready, empty, xb = bars
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NR, 16]
@@ -329,7 +330,12 @@ if HAS_GLUON:
             zero = i // 2147483647
             kr = k_rope.index(st)
             # P^T [NR, BN] goes into the stage's rope rows 0..NR-1 (read by S only, done then)
-            p_smem = kr.slice(0, NR, dim=0)._reinterpret(gl.float16, [NR, BN], sm_l)
+            if SPEC:
+                p_smem = p_buf.index(W)
+                f_smem = f_buf.index(W)
+            else:
+                p_smem = kr.slice(0, NR, dim=0)._reinterpret(gl.float16, [NR, BN], sm_l)
+                f_smem = p_smem
             # The extra tile of an odd tile count has no key: its stage is freed at once (a
             # full tile step there sat on the CTA's critical path, after its last keys; H100
             # trace 2026-11-22, s_k 4096 + 1: last loop to store 2.4 -> 1.5 us)
@@ -338,7 +344,7 @@ if HAS_GLUON:
                     k_main.index(st), kr, k_sc.index(st), vbuf.index(st),
                     q_lat_buf.index(zero), q_rope_buf.index(zero), p_smem, lo + j * BN, kpos,
                     row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale, FMT,
-                    CAUSAL and not SPARSE, PF, FOLD,
+                    CAUSAL and not SPARSE, PF, FOLD, SPEC, 8.0, f_smem,
                 )  # fmt: skip
             gl.thread_barrier()  # every thread is done with the stage
             mbarrier.arrive(empty.index(st), count=1)
@@ -385,7 +391,8 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         PRODUCER_REGS: gl.constexpr, PF: gl.constexpr = True, KSWZ: gl.constexpr = 1,
         PRE: gl.constexpr = 1, PS_C: gl.constexpr = 0, ADDR: gl.constexpr = False,
-        FOLD: gl.constexpr = True, PDL: gl.constexpr = False, TRACE: gl.constexpr = False,
+        FOLD: gl.constexpr = True, SPEC: gl.constexpr = False, PDL: gl.constexpr = False,
+        TRACE: gl.constexpr = False,
         TR=None,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
@@ -430,6 +437,12 @@ if HAS_GLUON:
         k_sc = gl.allocate_shared_memory(gl.float32, [NBUF, BN], v1_l)
         vbuf = gl.allocate_shared_memory(gl.int32, [NBUF, BN], v1_l)
         x_buf = gl.allocate_shared_memory(gl.float32, [2, NR], v1_l)
+        if SPEC:  # each consumer's own P^T and key flags (`_t_tile` SPEC)
+            p_buf = gl.allocate_shared_memory(gl.float16, [2, NR, BN], sm_l)
+            f_buf = gl.allocate_shared_memory(gl.int8, [2, BN], v1_l)
+        else:
+            p_buf = x_buf
+            f_buf = x_buf
         ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
         empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
         xb = gl.allocate_shared_memory(gl.int64, [1, 1], bar_l).index(0)
@@ -469,15 +482,15 @@ if HAS_GLUON:
             K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
             K_ps, K_psr, K_nenc, K_npages, K_idx_stride,
             t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp,
-            q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, (ready, empty, xb),
+            q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, (ready, empty, xb), p_buf, f_buf,
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
                 (_tw_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, PF, FOLD, TRACE)),
+                               FMT, NBUF, NR, PF, FOLD, TRACE, SPEC)),
                 (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, PF, FOLD, TRACE)),
+                               FMT, NBUF, NR, PF, FOLD, TRACE, SPEC)),
                 (_tw_producer, (args, SPARSE, BN, FMT, NBUF, PRE, PS_C, ADDR, TRACE)),
             ],
             [4, 4],
