@@ -12,8 +12,9 @@ tiles (default 3: `triton_mla._sm90_t_config`) in a ring while two warpgroups co
   CTA's start with PRE 1, 3.6-4.0 with PRE 0; graph replays 124 / 125 / 125 / 127 us with
   PRE 1 / 0 / 2 / 3 (more tiles issued at once delay the first one's arrival);
 - two consumer warpgroups own alternate tiles (warpgroup w: tiles w, w + 2, ...), each with
-  its own softmax state and O^T [512, NR] accumulator (P goes into the tile's rope rows,
-  free once S is done), and free a stage on its `empty` barrier once its tile is done;
+  its own softmax state and O^T [512, NR] accumulator (P and the keys' SPEC flags go into the
+  warpgroup's own buffers; without SPEC, P goes into the tile's rope rows, free once S is
+  done), and free a stage on its `empty` barrier once its tile is done;
 - at the end warpgroup 0 leaves its state (O in float32 through the ring stage of its last
   tile, which nothing reads any more) and warpgroup 1, whose last tile lands last, merges
   and stores it.
@@ -184,6 +185,15 @@ passed it by 2^8 (0.192 / 0.158 / 0.101 / 0.083). The integer upcasts of half th
 again here beside F2FP (PRMT with each byte's sign replicated into its float16's high byte, a
 shift and a mask: the value times 2^-8, that half's S rows and P columns times 2^8), were
 slower, as on the H100: 0.207 / 0.187 / 0.107 / 0.099 ms for 227 more instructions a tile.
+What did pay is the tile without its reduction (`_t_tile` SPEC, the default; H200 2026-11-28,
+record `bench/results/h200_2026-11-28_mla_fp8_spec.json`): the reference max stays until some
+key's s + log2(scale) passes it by more than 2^8, each key's flag goes beside P into the
+consumer's own buffers (4 KB, away from the stage, whose rope rows cost a barrier after the S
+products) and is read after P's barrier, and only a flagged tile reduces, rescales and writes P
+again: one barrier on the way to P V instead of three, the tile step about 780 sm_90
+instructions against 906. s_k 8192 0.193 -> 0.185 ms from HBM, 0.156 -> 0.144 in L2 (4096: 0.099
+-> 0.095, 0.082 -> 0.076); the suite gave 1.61x / 1.65x bf16
+(`bench/results/h200_2026-11-28_cb19c9a.json`).
 Measured and not kept (record `bench/results/h200_2026-11-28_mla_fp8_tw_variants.json`): the
 producer as the default partition (both consumers workers, so consumer 0 builds its wgmma
 descriptors in uniform registers too: 1119 -> 942 instructions a tile) gained 0-1% and leaves
@@ -398,7 +408,8 @@ if HAS_GLUON:
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions. PS_C: the
         page size if a power of two, else 0 (run-time K_ps); ADDR: `_tw_issue`'s; FOLD: `_t_tile`'s
-        (the softmax's one reduction a tile).
+        (the softmax's one reduction a tile); SPEC (with FOLD): `_t_tile`'s (that reduction
+        only on tiles with a key past the reference max by 2^8; 4 KB more shared memory).
 
         TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start (slot 0), when the producer has issued its first tile
