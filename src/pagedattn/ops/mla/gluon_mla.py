@@ -856,17 +856,20 @@ if _HAS_GLUON:
         s = gl.where(keep, s * qk_scale, float("-inf"))
         if SPEC:
             gl.static_assert(FOLD and FMT != 0, "SPEC needs the FOLD softmax")
-            v = s + gl.maximum(gl.log2(s_tok), -20.0)[:, None]
+            gl.static_assert(TH <= 15.0, "P <= 2^TH must fit float16")
+            v = s + gl.maximum(gl.log2(s_tok), -20.0)[:, None]  # FOLD's reduced values
+            # P against the kept reference (overwritten below if a key passed it by > TH)
             m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
             p = gl.exp2(s - m_use[None, :])
             p_smem.store(gl.permute((p * s_tok[:, None]).to(p_smem.dtype), (1, 0)))
             over = (v > (m_i + TH)[None, :]).to(gl.int32)
-            f_smem.store(gl.max(over, 1).to(gl.int8))
+            f_smem.store(gl.max(over, 1).to(gl.int8))  # a key's flag (a within-warp max)
             fence_async_shared()
             gl.thread_barrier()
+            # every thread reads all BN flags (BN / 4 words): the branch is warpgroup-uniform
             rep_l: gl.constexpr = gl.BlockedLayout([BN // 4], [32], [4], [0])
             words = f_smem._reinterpret(gl.int32, [BN // 4], f_smem.type.layout).load(rep_l)
-            if gl.max(words, 0) != 0:
+            if gl.max(words, 0) != 0:  # FOLD's reduction and rescale, and P again
                 m_new = gl.maximum(m_i, gl.max(v, 0))
                 m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
                 alpha = gl.exp2(m_i - m_use)
