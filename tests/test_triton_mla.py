@@ -186,6 +186,14 @@ def check(o, lse, ref_o, ref_lse, tol=TOL):
     assert_close(lse, ref_lse, abs_tol=lse_abs, rel_tol=1e-4, cos_tol=lse_cos, name="lse")
 
 
+def set_tuning(monkeypatch, tuning: dict) -> None:
+    """`triton_mla.TUNING` overrides for one test (restored after it)."""
+    import pagedattn.ops.mla.triton_mla as M
+
+    for k, v in tuning.items():
+        monkeypatch.setitem(M.TUNING, k, v)
+
+
 def reference_or_none():
     try:
         from pagedattn.ops.mla.reference import mla_decode_reference
@@ -447,7 +455,7 @@ def test_invalid_arguments(gen):
 
 
 @pytest.mark.parametrize("sparse", [False, True])
-def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse):
+def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse, monkeypatch):
     """The 64-row sm_90 tile goes to the warp-specialized seesaw kernel for BF16 and V32
     caches, to the key-split kernel for rope-aware FP8 (and when the seesaw is turned off)."""
     import pagedattn.ops.mla.triton_mla as M
@@ -456,15 +464,11 @@ def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse):
         assert M._sm90_config(h_q, sparse, M.FMT_BF16)["SS"]
         assert M._sm90_config(h_q, sparse, M.FMT_V32)["SS"]
         assert not M._sm90_config(h_q, sparse, M.FMT_ROPE_AWARE)["SS"]
-    saved = M.TUNING["sm90_ss"]
-    try:
-        M.TUNING["sm90_ss"] = False
-        assert not M._sm90_config(128, sparse, M.FMT_BF16)["SS"]
-    finally:
-        M.TUNING["sm90_ss"] = saved
+    set_tuning(monkeypatch, {"sm90_ss": False})
+    assert not M._sm90_config(128, sparse, M.FMT_BF16)["SS"]
 
 
-def test_tma_seesaw_serves_dense_bf16_pages_of_whole_tiles(gen):
+def test_tma_seesaw_serves_dense_bf16_pages_of_whole_tiles(gen, monkeypatch):
     """The TMA-fed seesaw (gluon_mla_st) takes dense BF16 caches whose pages hold whole 64-key
     tiles; other pages, sparse decode, other formats and TUNING["ss_tma"] False keep the
     cp.async seesaw."""
@@ -479,12 +483,8 @@ def test_tma_seesaw_serves_dense_bf16_pages_of_whole_tiles(gen):
     for ps in (1, 16, 32, 96):
         assert not M._st_eligible(operand("bf16", ps), sparse=False)
     assert not M._st_eligible(operand("v32", 64), sparse=False)
-    saved = M.TUNING["ss_tma"]
-    try:
-        M.TUNING["ss_tma"] = False
-        assert not M._st_eligible(operand("bf16", 64), sparse=False)
-    finally:
-        M.TUNING["ss_tma"] = saved
+    set_tuning(monkeypatch, {"ss_tma": False})
+    assert not M._st_eligible(operand("bf16", 64), sparse=False)
 
 
 @pytest.mark.skipif(not HAS_GLUON_ST, reason="needs Triton with Gluon")
@@ -503,7 +503,7 @@ def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
 
 
 @pytest.mark.parametrize("sparse", [False, True])
-def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse):
+def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse, monkeypatch):
     """Rope-aware FP8 with at most 16 query rows a tile goes to the warp-specialized keys-as-M
     kernel (3 ring stages); BF16 and 32-row tiles stay on the one-warpgroup kernel, and so does
     rope-aware FP8 when TUNING turns the warp-specialized kernel off."""
@@ -515,13 +515,9 @@ def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse):
         assert not M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_BF16)["TW"]
     assert not M._sm90_t_config(20, 128, 128, sparse, M.FMT_BF16)["TW"]
     assert M._sm90_t_config(20, 128, 128, sparse, M.FMT_ROPE_AWARE) is None
-    saved = M.TUNING["sm90_tw"]
-    try:
-        M.TUNING["sm90_tw"] = False
-        cfg = M._sm90_t_config(16, 128, 128, sparse, M.FMT_ROPE_AWARE)
-        assert not cfg["TW"] and cfg["NBUF"] == 2
-    finally:
-        M.TUNING["sm90_tw"] = saved
+    set_tuning(monkeypatch, {"sm90_tw": False})
+    cfg = M._sm90_t_config(16, 128, 128, sparse, M.FMT_ROPE_AWARE)
+    assert not cfg["TW"] and cfg["NBUF"] == 2
 
 
 def test_empty_batch():
@@ -586,28 +582,23 @@ def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
 @pytest.mark.parametrize("h_q", [100, 128])
 @pytest.mark.parametrize("cross", [False, True])
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
-def test_gpu_v32_cluster_kernel(mode, cross, h_q):
+def test_gpu_v32_cluster_kernel(mode, cross, h_q, monkeypatch):
     """V32 at two head blocks a token (h_q 100: the second block part masked; 128) with and
     without the 2-CTA cluster kernel (TUNING["ss_cross"], on by default: each CTA dequantizes
     half of every tile and copies it into the other's shared memory) on the grid's cases: s_q
     {1, 2, 4} x pages {1, 16, 64, 128}, odd and even tile counts, partitions 1-4."""
-    import pagedattn.ops.mla.triton_mla as M
 
-    saved = M.TUNING["ss_cross"]
-    try:
-        M.TUNING["ss_cross"] = cross
-        for s_q in (1, 2, 4):
-            for ps in (1, 16, 64, 128):
-                _gpu_case(mode, "v32", 576, h_q, s_q, ps)
-    finally:
-        M.TUNING["ss_cross"] = saved
+    set_tuning(monkeypatch, {"ss_cross": cross})
+    for s_q in (1, 2, 4):
+        for ps in (1, 16, 64, 128):
+            _gpu_case(mode, "v32", 576, h_q, s_q, ps)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("order", [1, 0])
 @pytest.mark.parametrize("h_q", [100, 128])
 @pytest.mark.parametrize("batch,s_q,stride", PS_CASES, ids=[f"b{c[0]}-sq{c[1]}" for c in PS_CASES])
-def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q, order):
+def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q, order, monkeypatch):
     """The persistent cluster kernel (TUNING["ss_persist"]; sparse V32, two head blocks a
     token): with more tokens than clusters (b 40 s_q 2, b 70) a cluster's pairs cut tokens in
     two and the combine merges their partials (s_q 0: ragged query lengths 1-3, the work in
@@ -615,7 +606,6 @@ def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q, order):
     always); b 7 s_q 4: one token a cluster. Top-k lengths
     full, a third and 0, invalid indices of every kind, a sink, a poisoned output; against the
     float64 oracle."""
-    import pagedattn.ops.mla.triton_mla as M
 
     gen = torch.Generator().manual_seed(zlib.crc32(repr(("ps", batch, s_q, stride, h_q)).encode()))
     cache_lens = [int(torch.randint(0, 1500, (), generator=gen)) for _ in range(batch)]
@@ -634,14 +624,10 @@ def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q, order):
         return torch.stack([cache.at(e) for e in v])
 
     ref = oracle(q, offs, keys_of, sink=sink)
-    saved = M.TUNING["ss_persist"], M.TUNING["ps_order"]
-    try:
-        M.TUNING["ss_persist"], M.TUNING["ps_order"] = True, order
-        topk_t = torch.tensor(topk, dtype=torch.int32, device=DEV)
-        o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=1, indices=idx,
-                     topk_lengths=topk_t)  # fmt: skip
-    finally:
-        M.TUNING["ss_persist"], M.TUNING["ps_order"] = saved
+    set_tuning(monkeypatch, {"ss_persist": True, "ps_order": order})
+    topk_t = torch.tensor(topk, dtype=torch.int32, device=DEV)
+    o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=1, indices=idx,
+                 topk_lengths=topk_t)  # fmt: skip
     check(o, lse, *ref, tol_for("v32", 576))
 
 
@@ -684,77 +670,63 @@ TW_VARIANTS = [
     "tuning", TW_VARIANTS, ids=["default", "rows64", "nbuf4", "nbuf5", "pairmax", "nospec"]
 )
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
-def test_gpu_rope_aware_tile_boundaries(mode, tuning):
+def test_gpu_rope_aware_tile_boundaries(mode, tuning, monkeypatch):
     """`gluon_mla_tw` (two consumer warpgroups on alternate tiles) and its launch variants at
     key counts around 64-key tiles: none, one tile (consumer 1 owns only the extra tile of an
     odd count), two, odd and even counts, partial tiles; h_q 16 (one token a tile) and h_q 4
     s_q 2-3 (causal multi-token tiles); pages 1, 48 and 64; partitions 1, 2, 3 and the default;
     a sink. Sparse: top-k lengths of 0, one tile and more, over invalid indices of every kind."""
-    import pagedattn.ops.mla.triton_mla as M
-
     cache_lens = [0, 14, 63, 64, 65, 127, 128, 129, 191, 256, 699]
-    saved = dict(M.TUNING)
-    try:
-        M.TUNING.update(tuning)
-        for h_q, s_q, ps in ((16, 1, 64), (4, 2, 1), (4, 3, 48)):
-            q_lens = [s_q] * len(cache_lens)
-            gen = torch.Generator().manual_seed(zlib.crc32(repr(("tw", mode, h_q, ps)).encode()))
-            cache = build_cache("rope_aware", 576, ps, cache_lens, q_lens, gen, h_q)
-            offs = ragged_offsets(q_lens).tolist()
-            q = make_q(offs[-1], h_q, 576, gen)
-            sink = make_sinks(h_q, gen)
-            kw = {}
-            if mode == "dense":
-                keys_of = dense_keys(cache, cache_lens, q_lens)
-            else:
-                topk = [(0, 40, 64, 130, 200)[b % 5] for b in range(len(cache_lens))]
-                idx, valid = sparse_indices(cache, q_lens, 200, gen, topk)
-                kw = dict(indices=idx, topk_lengths=torch.tensor(topk, dtype=torch.int32,
-                                                                 device=DEV))  # fmt: skip
+    set_tuning(monkeypatch, tuning)
+    for h_q, s_q, ps in ((16, 1, 64), (4, 2, 1), (4, 3, 48)):
+        q_lens = [s_q] * len(cache_lens)
+        gen = torch.Generator().manual_seed(zlib.crc32(repr(("tw", mode, h_q, ps)).encode()))
+        cache = build_cache("rope_aware", 576, ps, cache_lens, q_lens, gen, h_q)
+        offs = ragged_offsets(q_lens).tolist()
+        q = make_q(offs[-1], h_q, 576, gen)
+        sink = make_sinks(h_q, gen)
+        kw = {}
+        if mode == "dense":
+            keys_of = dense_keys(cache, cache_lens, q_lens)
+        else:
+            topk = [(0, 40, 64, 130, 200)[b % 5] for b in range(len(cache_lens))]
+            idx, valid = sparse_indices(cache, q_lens, 200, gen, topk)
+            kw = dict(indices=idx, topk_lengths=torch.tensor(topk, dtype=torch.int32,
+                                                             device=DEV))  # fmt: skip
 
-                def keys_of(b, i, valid=valid, offs=offs, cache=cache):
-                    v = valid[offs[b] + i]
-                    if not v:
-                        return torch.zeros(0, 576, dtype=torch.float64)
-                    return torch.stack([cache.at(e) for e in v])
+            def keys_of(b, i, valid=valid, offs=offs, cache=cache):
+                v = valid[offs[b] + i]
+                if not v:
+                    return torch.zeros(0, 576, dtype=torch.float64)
+                return torch.stack([cache.at(e) for e in v])
 
-            ref = oracle(q, offs, keys_of, sink=sink)
-            for P in (1, 2, 3, None):
-                o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P, **kw)
-                check(o, lse, *ref, tol_for("rope_aware", 576))
-    finally:
-        M.TUNING.clear()
-        M.TUNING.update(saved)
+        ref = oracle(q, offs, keys_of, sink=sink)
+        for P in (1, 2, 3, None):
+            o, lse = run(q, cache.operand(), q_lens, attn_sink=sink, num_partitions=P, **kw)
+            check(o, lse, *ref, tol_for("rope_aware", 576))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "tuning", [{}, {"tw_fold": False}, {"tw_spec": False}], ids=["default", "pairmax", "nospec"]
 )
-def test_gpu_rope_aware_rising_scores(tuning):
+def test_gpu_rope_aware_rising_scores(tuning, monkeypatch):
     """`gluon_mla_tw` where half the heads' running maxima climb along the keys (by ~53 in log2
     units over each request) and the other half's fall: O's and the row sums' rescale on the
     many tiles where a max moves, far past P's and the row sums' ranges. h_q 16 s_q 1 page
     64, and h_q 4 s_q 2 page 48 (causal multi-token tiles); partitions 1, 2 and the default."""
-    import pagedattn.ops.mla.triton_mla as M
-
     cache_lens = [0, 64, 699, 2048, 4097]
-    saved = dict(M.TUNING)
-    try:
-        M.TUNING.update(tuning)
-        for h_q, s_q, ps in ((16, 1, 64), (4, 2, 48)):
-            q_lens = [s_q] * len(cache_lens)
-            gen = torch.Generator().manual_seed(zlib.crc32(repr(("rise", h_q, ps)).encode()))
-            cache = build_cache("rope_aware", 576, ps, cache_lens, q_lens, gen, h_q, rise=5.5)
-            offs = ragged_offsets(q_lens).tolist()
-            q = rising_q(offs[-1], h_q, 576, gen)
-            ref = oracle(q, offs, dense_keys(cache, cache_lens, q_lens))
-            for P in (1, 2, None):
-                o, lse = run(q, cache.operand(), q_lens, num_partitions=P)
-                check(o, lse, *ref, tol_for("rope_aware", 576))
-    finally:
-        M.TUNING.clear()
-        M.TUNING.update(saved)
+    set_tuning(monkeypatch, tuning)
+    for h_q, s_q, ps in ((16, 1, 64), (4, 2, 48)):
+        q_lens = [s_q] * len(cache_lens)
+        gen = torch.Generator().manual_seed(zlib.crc32(repr(("rise", h_q, ps)).encode()))
+        cache = build_cache("rope_aware", 576, ps, cache_lens, q_lens, gen, h_q, rise=5.5)
+        offs = ragged_offsets(q_lens).tolist()
+        q = rising_q(offs[-1], h_q, 576, gen)
+        ref = oracle(q, offs, dense_keys(cache, cache_lens, q_lens))
+        for P in (1, 2, None):
+            o, lse = run(q, cache.operand(), q_lens, num_partitions=P)
+            check(o, lse, *ref, tol_for("rope_aware", 576))
 
 
 @pytest.mark.gpu

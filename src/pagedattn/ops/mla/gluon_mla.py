@@ -774,6 +774,20 @@ if _HAS_GLUON:
         return lat_scale
 
     @gluon.jit
+    def _t_ref(m_i, s_max):
+        """The online softmax's new reference m (columns; -inf where no key yet), the value
+        the row sums' terms 2^(s - m_use) take it as (0 where -inf) and O's and the row sums'
+        factor 2^(m_i - m_use)."""
+        m_new = gl.maximum(m_i, s_max)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        return m_new, m_use, gl.exp2(m_i - m_use)
+
+    @gluon.jit
+    def _t_p_store(p_smem, p):
+        """P [BN, NR] (keys as rows) into p_smem as P^T [NR, BN] in its dtype."""
+        p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
+
+    @gluon.jit
     def _t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
                 tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
                 MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True,
@@ -861,7 +875,7 @@ if _HAS_GLUON:
             # P against the kept reference (overwritten below if a key passed it by > TH)
             m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
             p = gl.exp2(s - m_use[None, :])
-            p_smem.store(gl.permute((p * s_tok[:, None]).to(p_smem.dtype), (1, 0)))
+            _t_p_store(p_smem, p * s_tok[:, None])
             over = (v > (m_i + TH)[None, :]).to(gl.int32)
             f_smem.store(gl.max(over, 1).to(gl.int8))  # a key's flag (a within-warp max)
             fence_async_shared()
@@ -870,13 +884,11 @@ if _HAS_GLUON:
             rep_l: gl.constexpr = gl.BlockedLayout([BN // 4], [32], [4], [0])
             words = f_smem._reinterpret(gl.int32, [BN // 4], f_smem.type.layout).load(rep_l)
             if gl.max(words, 0) != 0:  # FOLD's reduction and rescale, and P again
-                m_new = gl.maximum(m_i, gl.max(v, 0))
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
+                m_new, m_use, alpha = _t_ref(m_i, gl.max(v, 0))
                 acc = acc * alpha[None, :]
                 l_acc = l_acc * alpha[None, :]
                 p = gl.exp2(s - m_use[None, :])
-                p_smem.store(gl.permute((p * s_tok[:, None]).to(p_smem.dtype), (1, 0)))
+                _t_p_store(p_smem, p * s_tok[:, None])
                 m_i = m_new
                 fence_async_shared()
                 gl.thread_barrier()
@@ -890,9 +902,7 @@ if _HAS_GLUON:
         else:
             s_max = gl.max(s, 0)
         if not SPEC:
-            m_new = gl.maximum(m_i, s_max)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
+            m_new, m_use, alpha = _t_ref(m_i, s_max)
             p = gl.exp2(s - m_use[None, :])
             l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
@@ -904,7 +914,7 @@ if _HAS_GLUON:
                 alpha = alpha * (tau / sig)
                 tau = sig
             acc = acc * alpha[None, :]
-            p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
+            _t_p_store(p_smem, p)
             fence_async_shared()
             gl.thread_barrier()
         if FMT != 0:

@@ -354,7 +354,7 @@ if HAS_GLUON:
                     k_main.index(st), kr, k_sc.index(st), vbuf.index(st),
                     q_lat_buf.index(zero), q_rope_buf.index(zero), p_smem, lo + j * BN, kpos,
                     row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale, FMT,
-                    CAUSAL and not SPARSE, PF, FOLD, SPEC, 8.0, f_smem,
+                    CAUSAL and not SPARSE, PF, FOLD, SPEC, f_smem=f_smem,
                 )  # fmt: skip
             gl.thread_barrier()  # every thread is done with the stage
             mbarrier.arrive(empty.index(st), count=1)

@@ -697,8 +697,8 @@ TUNING: dict[str, Any] = {
     "gluon": None, "sm90_bn": None, "sm90_nbuf": None, "sm90_t": None, "sm90_t_nbuf": None,
     "sm90_pipe": None, "sm90_ss": None, "ss_regs": None, "ss_order": None, "ss_half": None,
     "trace": None, "sm90_tw": None, "tw_nbuf": None, "tw_regs": None, "tw_psc": None,
-    "tw_addr": None, "tw_fold": None, "tw_spec": None, "t_pf": None, "t_kswz": None, "tw_pre": None, "ss_tma": None,
-    "st_regs": None, "ss_cross": None,
+    "tw_addr": None, "tw_fold": None, "tw_spec": None, "t_pf": None, "t_kswz": None,
+    "tw_pre": None, "ss_tma": None, "st_regs": None, "ss_cross": None,
     "ss_persist": None, "ps_epi": None, "ss_splitcp": None, "ps_g": None,
     "ps_order": None, "ss_deq1": None, "ps_const": None, "ss_addr": None, "ss_qasync": None,
 }  # fmt: skip
@@ -1221,6 +1221,7 @@ def mla_decode_triton(
             if cfg["TW"]:
                 kernel = _mla_decode_sm90_tw
                 regs = _tuned("tw_regs", (232, 48))
+                fold = bool(_tuned("tw_fold", True))
                 extra.update(
                     CONSUMER_REGS=regs[0],
                     PRODUCER_REGS=regs[1],
@@ -1237,11 +1238,11 @@ def mla_decode_triton(
                     # element: H200 graph replays (b 128 h_q 16 page 64, s_k 8192 / 4096, from
                     # HBM and L2; 2026-11-28, bench/results/h200_2026-11-28_mla_fp8_fold.json)
                     # 0.186 / 0.097 -> 0.184 / 0.096 ms and 0.162 / 0.085 -> 0.157 / 0.082.
-                    FOLD=bool(_tuned("tw_fold", True)),
+                    FOLD=fold,
                     # SPEC (H200 2026-11-28, graph replays, b 128 h_q 16 page 64, s_k 8192 /
                     # 4096, bench/results/h200_2026-11-28_mla_fp8_spec.json): 0.193 / 0.099 ->
                     # 0.185 / 0.095 ms from HBM, 0.156 / 0.082 -> 0.144 / 0.076 in L2.
-                    SPEC=bool(_tuned("tw_fold", True)) and bool(_tuned("tw_spec", True)),
+                    SPEC=fold and bool(_tuned("tw_spec", True)),  # SPEC needs FOLD
                 )
             else:
                 kernel = _mla_decode_sm90_t
