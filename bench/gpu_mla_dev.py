@@ -195,6 +195,7 @@ VARIANTS = {
     "sm90tw_nofold": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_fold=False),
     # the reference max kept unless a key passes it by 2^8 (`_t_tile` SPEC)
     "sm90tw_spec": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_spec=True),
+    "sm90tw_nospec": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_spec=False),
     # the FP8 stages' plain swizzle (2-way bank conflicts on the S loads), `_t_raw_layout`
     "sm90tw_k0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_kswz=0),
     "sm90t_k0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_kswz=0),
@@ -464,6 +465,9 @@ def trace_probe(copy_bw, outdir, only=""):
             # CTAs follow their SMs or their pages?)
             ("fp8tw_roll", "rope_aware", 4096, 16, 1, "sm90tw"),
             ("fp8tw", "rope_aware", 8192, 16, 1, "sm90tw"),
+            # every request reading request 0's pages (L2-resident: the consumers' pace)
+            ("fp8tw_l2", "rope_aware", 8192, 16, 1, "sm90tw"),
+            ("bf16_l2", "bf16", 8192, 16, 1, "sm90t"),
             ("fp8tw", "rope_aware", 4096, 16, 2, "sm90tw"),
             ("fp8t", "rope_aware", 4096, 16, 2, "sm90t"), ("bf16", "bf16", 4096, 16, 1, "sm90t"),
             ("bf16", "bf16", 8192, 16, 1, "sm90t"), ("st128", "bf16", 4096, 128, 1, "st"),
@@ -476,7 +480,9 @@ def trace_probe(copy_bw, outdir, only=""):
         if variant.startswith("ss"):  # sparse V32, s_q 2, top-k 2048
             q, kv, offs, kw, work = make_case("sparse", fmt, 576, 128, s_k, h_q, 2, 64, 2048)
         else:
-            q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, h_q, 1, 64, 0)
+            shared = "L2" if label.endswith("_l2") else ""
+            q, kv, offs, kw, work = make_case("dense", fmt, 576, 128, s_k, h_q, 1, 64, 0,
+                                              shared=shared)  # fmt: skip
             if label.endswith("_roll"):
                 kv.lut.copy_(kv.lut.roll(kv.lut.shape[0] // 2, 0))
         M.TUNING.update({k: None for k in M.TUNING})

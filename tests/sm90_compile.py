@@ -1,9 +1,10 @@
 """Compile, offline for sm_90, every kernel specialization that the GPU tests launch on an H100
-(and the MHA decode's on an H200).
+(and the MHA decode's and some of the rope-aware FP8 MLA's on an H200).
 
 - dense, sparse: the MLA grid (`test_triton_mla.test_gpu_grid`): every cache format x h_q
   {1, 16, 20, 64, 128} x s_q {1, 2, 4} x page size {1, 16, 64, 128}, with the grid's batch
-  (cache lengths 700 and two shorter), sinks, sparse index stride and partition count;
+  (cache lengths 700 and two shorter), sinks, sparse index stride and partition count; and
+  rope-aware FP8 at (h_q, page) `H200_MLA_CASES`, s_q 1, as on an H200;
 - persistent: `test_triton_mla.test_gpu_v32_persistent_kernel`'s cases (the opt-in persistent
   sparse V32 kernel, `gluon_mla_ps`);
 - pages: the V32 cluster kernel (h_q 128, dense and sparse) at page sizes that are not powers
@@ -87,19 +88,22 @@ def mla_operand(fmt, d_qk, h_q, ps, cache_lens, q_lens):
     return PagedOperand(pc.inputs, params, 1, "k")
 
 
-def capture_mla(q, kv, q_lens, kw):
-    """The launches of `mla_decode_triton(q, kv, ...)` as an H100 would make them."""
+def capture_mla(q, kv, q_lens, kw, h200=None):
+    """The launches of `mla_decode_triton(q, kv, ...)` as an H100 would make them, or as an
+    H200 (h200 True; None: CHIP_H200), whose rope-aware FP8 kernel keeps more ring stages."""
     offs = ragged_offsets(q_lens, DEVICE)
+    h200 = CHIP_H200 if h200 is None else h200
     return offline.capture(
         M,
         lambda: M.mla_decode_triton(q, kv, offs, **kw),
         mla_combine_triton=lambda *a, **k: None,
-        **as_on_h100(_use_sm90_path=M._sm90_serves),
+        **as_on_h100(_use_sm90_path=M._sm90_serves, fast_hbm=lambda device: h200),
     )
 
 
-def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
-    """The launches of the grid case (`test_triton_mla._gpu_case`'s shapes; values random)."""
+def grid_launches(mode, fmt, d_qk, h_q, s_q, ps, h200=None):
+    """The launches of the grid case (`test_triton_mla._gpu_case`'s shapes; values random),
+    as on an H100 or H200 (`capture_mla`)."""
     q_lens = [s_q] * 3
     kv = mla_operand(fmt, d_qk, h_q, ps, [700, 399, 17], q_lens)
     q = torch.randn(3 * s_q, h_q, d_qk).to(torch.bfloat16)
@@ -109,7 +113,7 @@ def grid_launches(mode, fmt, d_qk, h_q, s_q, ps):
             indices=torch.randint(-1, 700, (3 * s_q, 160), dtype=torch.int32),
             topk_lengths=torch.tensor([160, 100, 0], dtype=torch.int32),
         )
-    return capture_mla(q, kv, q_lens, kw)
+    return capture_mla(q, kv, q_lens, kw, h200)
 
 
 def persistent_launches(batch, s_q, stride, h_q, order):
@@ -135,6 +139,7 @@ def persistent_launches(batch, s_q, stride, h_q, order):
 
 
 PAGES_NOT_POW2 = (3, 48, 200)  # the "pages" suite's page sizes
+H200_MLA_CASES = ((1, 1), (16, 64))  # (h_q, page) of the grid's rope-aware cases as on an H200
 
 
 def mla_cases(mode):
@@ -166,6 +171,12 @@ def mla_cases(mode):
                             f"{mode}-{fmt}-{d_qk} h_q {h_q} s_q {s_q} page {ps}",
                             partial(grid_launches, mode, fmt, d_qk, h_q, s_q, ps),
                         )
+    # on an H200: the rope-aware FP8 kernel's other ring stages (`triton_mla._sm90_t_config`)
+    for h_q, ps in H200_MLA_CASES:
+        yield (
+            f"{mode}-rope_aware-576 h_q {h_q} s_q 1 page {ps} H200",
+            partial(grid_launches, mode, "rope_aware", 576, h_q, 1, ps, True),
+        )
 
 
 def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, **kw):

@@ -46,7 +46,10 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
         assert out["cases"] == 2 * 3 * 2
         served = {"_mla_decode_sm90_ss"}  # (no split-K combine: capture_mla drops it)
     else:  # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest
-        assert out["cases"] == 16 * 5 * 3 * 4  # formats x h_q x s_q x page sizes
+        import sm90_compile as S
+
+        # formats x h_q x s_q x page sizes, and the rope-aware cases as on an H200
+        assert out["cases"] == 16 * 5 * 3 * 4 + len(S.H200_MLA_CASES)
         served = {"_mla_decode_kernel", "_mla_decode_sm90", "_mla_decode_sm90_t",
                   "_mla_decode_sm90_tw", "_mla_decode_sm90_ss"}  # fmt: skip
         if mode == "dense":

@@ -505,13 +505,16 @@ def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
 @pytest.mark.parametrize("sparse", [False, True])
 def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse, monkeypatch):
     """Rope-aware FP8 with at most 16 query rows a tile goes to the warp-specialized keys-as-M
-    kernel (3 ring stages); BF16 and 32-row tiles stay on the one-warpgroup kernel, and so does
-    rope-aware FP8 when TUNING turns the warp-specialized kernel off."""
+    kernel (3 ring stages, 4 on an H200); BF16 and 32-row tiles stay on the one-warpgroup
+    kernel, and so does rope-aware FP8 when TUNING turns the warp-specialized kernel off."""
     import pagedattn.ops.mla.triton_mla as M
 
     for h_q in (1, 5, 16):
         cfg = M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_ROPE_AWARE)
         assert cfg["TW"] and cfg["NR"] == 16 and cfg["NBUF"] == 3
+        cfg = M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_ROPE_AWARE, hbm3e=True)
+        assert cfg["TW"] and cfg["NBUF"] == 4
+        assert M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_BF16, hbm3e=True)["NBUF"] == 2
         assert not M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_BF16)["TW"]
     assert not M._sm90_t_config(20, 128, 128, sparse, M.FMT_BF16)["TW"]
     assert M._sm90_t_config(20, 128, 128, sparse, M.FMT_ROPE_AWARE) is None

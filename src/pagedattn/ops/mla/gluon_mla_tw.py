@@ -3,7 +3,7 @@ rows (h_q <= 16): the memory-bound decode of DeepSeek-style models at small head
 
 Same contract, arguments and grid as `gluon_mla._mla_decode_sm90_t` (whose tile step
 `_t_tile` and epilogue `_t_store` it runs), laid out so that one CTA a SM keeps NBUF 40 KB
-tiles (default 3: `triton_mla._sm90_t_config`) in a ring while two warpgroups compute:
+tiles (3, or 4 on an H200: `triton_mla._sm90_t_config`) in a ring while two warpgroups compute:
 
 - the CTA's own warps issue tile 0 right after its page ids arrive, before q's store and
   the partitions' start (PRE = 1); a producer warpgroup gathers the rest, BN = 64 keys a

@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...cache.dispatch import cuda_capability, mla_num_partitions, mla_tile, num_sms
+from ...cache.dispatch import cuda_capability, fast_hbm, mla_num_partitions, mla_tile, num_sms
 from ...errors import Lazy, check
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_signal
@@ -937,9 +937,12 @@ def _sm90_config(h_q: int, sparse: bool, fmt: int) -> dict:
     return dict(BM=64, HPT=hpt, TPT=tpt, NHB=-(-h_q // hpt), BN=bn, NBUF=nbuf, PIPE=pipe, SS=ss)
 
 
-def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) -> dict | None:
+def _sm90_t_config(
+    h_q: int, tokens: int, batch: int, sparse: bool, fmt: int, hbm3e: bool = False
+) -> dict | None:
     """Tile of the keys-as-M sm_90 kernels (`_mla_decode_sm90_t`; TW: `_mla_decode_sm90_tw`),
-    or None where they do not serve: BF16 caches with at most 32 query rows a tile,
+    or None where they do not serve (hbm3e: an H200-class device, `cache.dispatch.fast_hbm`,
+    where TW keeps 4 ring stages instead of 3): BF16 caches with at most 32 query rows a tile,
     rope-aware FP8 with at most 16 (in dense mode the heads of several tokens of a request
     share the tile, as many as the average query length asks for). The measurements below
     up to the TW comment are of `_mla_decode_sm90_t`. NR (the rows, padded) is 16 or 32. Two
@@ -986,8 +989,16 @@ def _sm90_t_config(h_q: int, tokens: int, batch: int, sparse: bool, fmt: int) ->
     # s_k 4096 (PF alone 96, the layout alone 101), 193 -> 176 at 8192; from HBM 125 -> 124
     # and 237 -> 236 us; the one-warpgroup `_mla_decode_sm90_t` at P = 1 177 -> 157 us.
     tw = fmt == FMT_ROPE_AWARE and nr == 16 and TUNING.get("sm90_tw") is not False
+    # On an H200 four stages (H200 2026-11-28, bench/mla_power_probe.py, b 128 h_q 16 page 64,
+    # graph replays of 20 launches, alternated 3 / 4 / 5 stages, 3 / 2 / 3 runs; record
+    # bench/results/h200_2026-11-28_mla_fp8_power.json): s_k 8192 0.1608-0.1612 / 0.1580-0.1584 /
+    # 0.1597-0.1603 ms after an idle second, 0.1752-0.1760 / 0.1740-0.1743 / 0.1743-0.1747 under
+    # sustained load (power-capped at 700 W, SM clock ~1700 MHz); s_k 4096 0.0863-0.0864 /
+    # 0.0852-0.0855 / 0.0867-0.0871 and 0.0907-0.0911 / 0.0904-0.0907 / 0.0907-0.0910. A lease
+    # before (a368133's kernel, graph replays): 0.195 / 0.193 / 0.194 ms at s_k 8192. The H100
+    # measurements above keep three there.
     if tw:
-        nbuf = _tuned("tw_nbuf", 3)
+        nbuf = _tuned("tw_nbuf", 4 if hbm3e else 3)
     return dict(HPT=h_q, TPT=tpt, NHB=1, BN=64, NBUF=nbuf, NR=nr, TW=tw)
 
 
@@ -1181,7 +1192,7 @@ def mla_decode_triton(
         attn_sink = attn_sink.contiguous()
 
     sm90 = _use_sm90_path(q, K, has_x, d_qk)
-    cfg_t = _sm90_t_config(h_q, tokens, batch, sparse, K.fmt) if sm90 else None
+    cfg_t = _sm90_t_config(h_q, tokens, batch, sparse, K.fmt, fast_hbm(dev)) if sm90 else None
     if cfg_t is not None:
         cfg = cfg_t
     elif sm90:
