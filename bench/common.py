@@ -1,7 +1,8 @@
 """Shared benchmark machinery: timing, ceilings measured in the same run, peers, records.
 
 - `time_ms`: the faster of eager calls and CUDA-graph replays of one call (both kept in the
-  record's extra, with the SM clock where NVML can tell), rounds of the two alternating, each
+  record's extra, with the SM clock and the board's power where NVML can tell: an H200 at its
+  700 W limit lowers the clock, `bench/mla_power_probe.py`), rounds of the two alternating, each
   the lowest of 2 medians of CUDA-event timings with L2 cold before
   every call (`_bench`): on the H100 (2026-11-21) one config in a run of ~20 sometimes ran
   1.3-3x slow for a whole 100 ms window (a different one each run), which one median does
@@ -44,6 +45,7 @@ class Record:
                 ms_graph=round(g, 5) if g is not None else None,
                 timing=self.ms.how,
                 sm_mhz=self.ms.mhz,
+                watts=self.ms.watts,
             )
         self.ms = float(self.ms)
 
@@ -64,6 +66,7 @@ class Ms(float):
     graph: float | None
     how: str
     mhz: list[int] | None  # SM clock after each pair of rounds (NVML), if known
+    watts: list[float] | None  # board power after each pair of rounds (NVML), if known
 
 
 _FLUSH: dict = {}
@@ -125,6 +128,14 @@ def sm_clock_mhz() -> int | None:
         return None
 
 
+def board_watts() -> float | None:
+    """The board's power draw now (W, NVML through torch), None where NVML cannot tell."""
+    try:
+        return round(torch.cuda.power_draw() / 1000, 1)
+    except Exception:  # noqa: BLE001 - as sm_clock_mhz
+        return None
+
+
 def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     """Time of `fn` in ms: the faster of eager calls and replays of one call captured in a
     CUDA graph (a call that cannot be captured is timed eagerly only). Replays leave out the
@@ -155,17 +166,19 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
         print(f"[bench] graph capture failed ({type(e).__name__}: {str(e)[:120]}): eager time")
         g = None
     eager = graph = float("inf")
-    clocks = []
+    clocks, watts = [], []
     for _ in range(repeats):
         eager = min(eager, _bench(fn, warmup, rep, 1))
         if g is not None:
             graph = min(graph, _bench(g.replay, warmup, rep, 1))
         clocks.append(sm_clock_mhz())
+        watts.append(board_watts())
     del g
     ms = Ms(min(eager, graph))
     ms.eager, ms.graph = eager, (graph if graph < float("inf") else None)
     ms.how = "graph" if graph < eager else "eager"
     ms.mhz = [c for c in clocks if c is not None] or None
+    ms.watts = [w for w in watts if w is not None] or None
     return ms
 
 
