@@ -37,9 +37,9 @@ MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than i
 MAX_PARTITIONS = 64
 MLA_HEADS_PER_TILE = 64  # query heads of one MLA tile (one wgmma M)
 # Rope-aware FP8, h_q <= 16, sm_90: the warp-specialized keys-as-M kernel (gluon_mla_tw, 148 KB
-# of shared memory with its 3 stages, 384 threads of 168 registers) runs one CTA a SM. H100
-# (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 16 s_k 4096 page 64, graph replays): P = 1
-# 0.129 ms, P = 2 0.144 ms.
+# of shared memory with its 3 stages, 189 KB with an H200's 4, 384 threads of 168 registers)
+# runs one CTA a SM. H100 (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 16 s_k 4096 page 64,
+# graph replays): P = 1 0.129 ms, P = 2 0.144 ms.
 MLA_FP8_SMALL_CTAS_PER_SM = 1
 MLA_FP8_SMALL_ROWS = 16  # query rows of one tile of that kernel
 
