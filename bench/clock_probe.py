@@ -15,6 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from common import board_watts, sm_clock_mhz  # noqa: E402
 from gpu_mha_dev import PREFILL_VARIANTS  # noqa: E402
 
 import pagedattn.ops.mha.triton_mha as M  # noqa: E402
@@ -22,10 +23,7 @@ from pagedattn import RaggedOperand  # noqa: E402
 
 
 def clock_mhz() -> str:
-    try:
-        return f"{torch.cuda.clock_rate()} MHz, {torch.cuda.power_draw() / 1000:.0f} W"
-    except Exception as e:  # NVML missing
-        return f"n/a ({type(e).__name__})"
+    return f"{sm_clock_mhz()} MHz, {board_watts()} W"  # None where NVML cannot tell
 
 
 nseq, n, h, d = 8, 4096, 32, 128

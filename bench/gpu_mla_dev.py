@@ -193,8 +193,7 @@ VARIANTS = {
     "sm90tw_a": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_psc=False),
     # the softmax's reduction of the pair (max, largest scale), as before 2026-11-28 (FOLD off)
     "sm90tw_nofold": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_fold=False),
-    # the reference max kept unless a key passes it by 2^8 (`_t_tile` SPEC)
-    "sm90tw_spec": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_spec=True),
+    # the reduction on every tile, without `_t_tile` SPEC (the default since 2026-11-28)
     "sm90tw_nospec": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_spec=False),
     # the FP8 stages' plain swizzle (2-way bank conflicts on the S loads), `_t_raw_layout`
     "sm90tw_k0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_kswz=0),
@@ -260,11 +259,11 @@ CASES = [
     ("dense bf16 h16 4k", "dense", "bf16", 576, 128, 4096, 16, 1, 64, 0, ["sm90t"], [None]),
     ("dense rope-fp8 h16 8k", "dense", "rope_aware", 576, 128, 8192, 16, 1, 64, 0,
      ["sm90tw", "sm90tw_pre0", "sm90tw_p0", "sm90tw2", "sm90tw4", "sm90tw5", "sm90tw_old",
-      "sm90tw_psc", "sm90tw_a", "sm90tw_nofold", "sm90tw_spec"], [1]),
+      "sm90tw_psc", "sm90tw_a", "sm90tw_nofold", "sm90tw_nospec"], [1]),
     ("dense rope-fp8 h16 4k", "dense", "rope_aware", 576, 128, 4096, 16, 1, 64, 0,
      ["sm90tw", "sm90tw_pre0", "sm90tw_pre2", "sm90tw_p0", "sm90tw_k0", "sm90tw2", "sm90tw4",
       "sm90tw5", "sm90tw_old", "sm90tw_psc", "sm90tw_a", "sm90tw_nofold",
-      "sm90tw_spec"], [1, 2]),
+      "sm90tw_nospec"], [1, 2]),
     ("dense rope-fp8 h16 2k", "dense", "rope_aware", 576, 128, 2048, 16, 1, 64, 0,
      ["sm90t", "sm90tw2", "sm90tw3", "sm90tw4"], [1, 2]),
     ("dense rope-fp8 h16 16k", "dense", "rope_aware", 576, 128, 16384, 16, 1, 64, 0,

@@ -78,6 +78,13 @@ def as_on_h100(**serves):
     return serves if DEVICE == "cpu" else {}
 
 
+def chip(h200=None):
+    """The `fast_hbm` patch of a capture as on an H100, or an H200 (h200 True; None:
+    CHIP_H200)."""
+    h200 = CHIP_H200 if h200 is None else h200
+    return dict(fast_hbm=lambda device: h200)
+
+
 def mla_operand(fmt, d_qk, h_q, ps, cache_lens, q_lens):
     """A paged MLA cache operand (layer 1 of 2) in format `fmt`, pages of ps."""
     params = KVCacheParams(
@@ -92,12 +99,11 @@ def capture_mla(q, kv, q_lens, kw, h200=None):
     """The launches of `mla_decode_triton(q, kv, ...)` as an H100 would make them, or as an
     H200 (h200 True; None: CHIP_H200), whose rope-aware FP8 kernel keeps more ring stages."""
     offs = ragged_offsets(q_lens, DEVICE)
-    h200 = CHIP_H200 if h200 is None else h200
     return offline.capture(
         M,
         lambda: M.mla_decode_triton(q, kv, offs, **kw),
         mla_combine_triton=lambda *a, **k: None,
-        **as_on_h100(_use_sm90_path=M._sm90_serves, fast_hbm=lambda device: h200),
+        **as_on_h100(_use_sm90_path=M._sm90_serves, **chip(h200)),
     )
 
 
@@ -186,15 +192,13 @@ def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, **kw):
     offs = ragged_offsets(q_lens, DEVICE)
     q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
     made = []
-    h200 = CHIP_H200 if h200 is None else h200
-    chip = dict(fast_hbm=lambda device: h200)
 
     def call():
         made.extend(
             offline.capture(
                 TM,
                 lambda: TM.mha_triton(q, k, v, offs, **kw),
-                **as_on_h100(_use_sm90_prefill=TM._sm90_prefill_serves, **chip),
+                **as_on_h100(_use_sm90_prefill=TM._sm90_prefill_serves, **chip(h200)),
             )  # fmt: skip
         )
 
