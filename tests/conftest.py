@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import os
 
-import torch
+# PAGEDATTN_TEST_GPUS=0,1,2 (GPUs of one host, for `pytest -n` in one device call): xdist
+# worker gwK runs on the (K mod 3)-th of them. CUDA reads the variable as it starts (below).
+if os.environ.get("PAGEDATTN_TEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER"):
+    _gpus = os.environ["PAGEDATTN_TEST_GPUS"].split(",")
+    _k = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    os.environ["CUDA_VISIBLE_DEVICES"] = _gpus[_k % len(_gpus)]
+
+import torch  # noqa: E402
+
+# xdist workers share the host's cores: torch's intra-op threads (one a core by default, their
+# OpenMP threads spinning between ops) in every worker would oversubscribe them, so each
+# worker takes its share (`make test`, 2 cores, -n 2: 214 -> 198 s, 2026-11-28).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, _share))
 
 # Without CUDA, Triton kernels run in the interpreter. The variable must be set before any
 # module decorates a kernel (whichever test module xdist imports first), so set it here.

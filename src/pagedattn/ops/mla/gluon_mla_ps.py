@@ -90,6 +90,15 @@ its own half of a stage to be freed (0.13-0.30 in `gluon_mla_ss`) and its stores
 us (the data is in by then; 1.3-1.4 with the wait for it), while the consumers' pairs take
 6.5-7.0 us against 5.7-6.4: here the consumers are the slower side, on the same SASS but for
 a few spills.
+
+Those spills are not in the tile loops (offline sm_90 compile of the same case, 2026-11-28,
+`bench/gpu_mla_dev.py`'s `compile_offline`): each consumer's pair loop is spill-free in both
+kernels (1158 / 1163 SASS instructions here against 1146 / 1153, 44 HGMMA each), and so is the
+producer's tile loop (683 against 679); this kernel's 35 STL and 38 LDL (an 80-byte stack
+against 8) sit in its per-segment code. On an H200 it is slower too (2026-11-28, record
+`bench/results/h200_2026-11-28_mla_v32_ps.json`, graph replays): 0.451 ms against
+`gluon_mla_ss`'s 0.416 from HBM, 0.397 against 0.393 with every request's keys in L2, 0.370
+against 0.357 with no key loaded; with G 256 in token order 0.449 / 0.403 / 0.373.
 """
 
 from __future__ import annotations

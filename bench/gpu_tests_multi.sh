@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU tests in one device call on a multi-GPU host (nvidia-h200-x4): xdist workers spread over
+# GPUS (tests/conftest.py, PAGEDATTN_TEST_GPUS); a line a test in $OUT/gpu_tests.log.
+#   [GPUS=0,1,2,3] [WORKERS=nproc] [TEST_S=520] [TESTS=tests] bash bench/gpu_tests_multi.sh [pytest args]
+# Keep TEST_S below the call's limit: a killed run leaves only the lines of the tests done.
+# (2026-11-28, an H200 x4 host at -n 56-60, before each worker took its share of the cores
+# for torch: ~130 tests in 520-540 s in collection order, the MHA, FP8 BMM and branch tests
+# first, and the MLA grid's tests ~300 s each; the 160-test grid took ~18 min at -n 15 on an
+# H100 host. Select with TESTS and -k.)
+set -uo pipefail
+. bench/probe_env.sh
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+export PAGEDATTN_TEST_GPUS=${GPUS:-$all}
+nvidia-smi --query-gpu=index,name,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpus.txt"
+# shellcheck disable=SC2086
+timeout "${TEST_S:-520}" python3 -m pytest -v -m gpu -rfE -p no:cacheprovider \
+    -W ignore::pytest.PytestWarning -n "${WORKERS:-$(nproc)}" --durations=30 \
+    ${TESTS:-tests} "$@" >"$OUT/gpu_tests.log" 2>&1
+echo "rc $?: $(grep -c ' PASSED ' "$OUT/gpu_tests.log") passed," \
+    "$(grep -cE ' (FAILED|ERROR) ' "$OUT/gpu_tests.log") failed"
+grep -E " (FAILED|ERROR) |^(FAILED|ERROR) " "$OUT/gpu_tests.log" | head -30
+tail -5 "$OUT/gpu_tests.log"
