@@ -214,7 +214,12 @@ clocks). Per-CTA traces show no tail to balance (CTAs end within 2.5%). Fewer cy
 than their share there: SPEC's 7.8% fewer took 2.6% off the board's energy a launch (keys in
 L2) and 3.9% off the sustained time. Four ring stages on an H200 (`triton_mla._sm90_t_config`):
 s_k 8192 0.158 against 0.161 ms after an idle second, 0.174 against 0.176 sustained
-(alternated runs, same record)."""
+(alternated runs, same record).
+
+Not taken (2026-11-28, `bench/mla_fp8_mma_model.py`, a CPU model): the latent S product as an
+e4m3 x e4m3 wgmma from the stage (no K upcasts; q split exactly into e4m3 hi + lo / 16). With
+the 13 truncated fraction bits reported for Hopper's FP8 accumulator the model moves the LSE
+by 0.003-0.0045 on the tests' inputs and 0.03-0.04 on the rising-scores test's (bound 2e-3)."""
 
 from __future__ import annotations
 
