@@ -92,7 +92,7 @@ def _count_compile(*, src, metadata, metadata_group, times, cache_hit) -> None:
         _COMPILES["hits"] += 1
     else:
         _COMPILES["n"] += 1
-        _COMPILES["s"] += times.total / 1e6  # microseconds
+        _COMPILES["s"] += times.total / 1e6  # (times.total: microseconds)
 
 
 if os.environ.get("PAGEDATTN_TEST_TIMES"):
