@@ -21,6 +21,16 @@ DENSE = [  # (batch, s_k, page, h_q)
 ]
 
 
+def dense_config(fmt: str | None, b: int, s_k: int, page: int, h_q: int) -> str:
+    """A dense MLA record's config name (fmt None: bf16)."""
+    return f"{fmt or 'bf16'} b{b} sk{s_k} p{page} hq{h_q}"
+
+
+def sparse_config(fmt: str | None, b: int, s_q: int, h_q: int, topk: int) -> str:
+    """A sparse MLA record's config name (fmt None: bf16)."""
+    return f"sparse {fmt or 'bf16'} b{b} sq{s_q} hq{h_q} topk{topk}"
+
+
 def mla_cache(b, s_k, page, h_q, quant=None):
     p = KVCacheParams(
         torch.bfloat16,
@@ -110,7 +120,7 @@ def run(records: list[Record]) -> None:
             row = 640 + 4 if fmt else 1152
             nbytes = b * s_k * row + q.numel() * 2 + b * h_q * 512 * 2
             flops = 2 * b * h_q * s_k * (576 + 512)
-            cfg = f"{fmt or 'bf16'} b{b} sk{s_k} p{page} hq{h_q}"
+            cfg = dense_config(fmt, b, s_k, page, h_q)
             out = torch.empty(b, h_q, 512, device="cuda", dtype=torch.bfloat16)
             ms = time_ms(lambda: mla_decode(q, op, offs, scale=scale, out=out))
             records.append(Record("mla", cfg, "pagedattn", ms, nbytes, flops))
@@ -143,7 +153,7 @@ def bench_sparse(records: list[Record]) -> None:
         row = 656 if fmt else 1152
         nbytes = tokens * topk * row
         flops = 2 * tokens * h_q * topk * (576 + 512)
-        cfg = f"sparse {fmt or 'bf16'} b{b} sq{s_q} hq{h_q} topk{topk}"
+        cfg = sparse_config(fmt, b, s_q, h_q, topk)
         out = torch.empty(tokens, h_q, 512, device="cuda", dtype=torch.bfloat16)
         ms = time_ms(lambda: mla_decode(q, op, offs, indices=idx, out=out, scale=576**-0.5))
         records.append(Record("mla-sparse", cfg, "pagedattn", ms, nbytes, flops))

@@ -1,10 +1,11 @@
 """The benchmark suite: ceilings, peers and pagedattn in one process, on the same data.
 
 Usage: python bench/run_all.py [--suites mha,mla] [--rounds 2] [--out bench/results/x.json]
-Writes JSON and a PNG plot beside it, and prints a ratio table last. With --rounds N
-(default 2) every suite runs N times (fresh inputs and allocations each round) and each
-(config, impl) keeps its fastest round; all rounds' times stay in extra["ms_rounds"]. On the
-H100 some configs ran 1.1-1.5x slow for a whole round (a different one each process).
+Writes JSON and a PNG plot beside it, and prints a ratio table and issue 5's MLA targets
+(`bench/targets.py`) last. With --rounds N (default 2) every suite runs N times (fresh inputs
+and allocations each round) and each (config, impl) keeps its fastest round; all rounds' times
+stay in extra["ms_rounds"]. On the H100 some configs ran 1.1-1.5x slow for a whole round (a
+different one each process).
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def main() -> None:
 
     plot(args.out)
     print(ratio_table(records, ceilings))
+    if "mla" in args.suites.split(","):
+        from targets import target_table
+
+        print(target_table(args.out))
 
 
 if __name__ == "__main__":
