@@ -6,8 +6,8 @@
 # Keep TEST_S below the call's limit: a killed run leaves only the lines of the tests done.
 # (2026-11-28, an H200 x4 host at -n 56-60, before each worker took its share of the cores
 # for torch: ~130 tests in 520-540 s in collection order, the MHA, FP8 BMM and branch tests
-# first, and the MLA grid's tests ~300 s each; the 160-test grid took ~18 min at -n 15 on an
-# H100 host. Select with TESTS and -k.)
+# first, and the MLA grid's tests, 12 cases each then, ~300 s each; the grid took ~18 min at
+# -n 15 on an H100 host. It is a test a case now. Select with TESTS and -k.)
 set -uo pipefail
 . bench/probe_env.sh
 export PYTHONUNBUFFERED=1

@@ -540,14 +540,15 @@ GPU_FORMATS = [(f, d) for f, (_, dims, _) in FORMATS.items() for d in dims]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ps", [1, 16, 64, 128], ids=lambda p: f"page{p}")
+@pytest.mark.parametrize("s_q", [1, 2, 4], ids=lambda s: f"sq{s}")
 @pytest.mark.parametrize("h_q", [1, 16, 20, 64, 128])
 @pytest.mark.parametrize("fmt,d_qk", GPU_FORMATS, ids=[f"{f}-{d}" for f, d in GPU_FORMATS])
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
-def test_gpu_grid(mode, fmt, d_qk, h_q):
-    """Every s_q in {1, 2, 4} x page size in {1, 16, 64, 128} for one (mode, format, h_q)."""
-    for s_q in (1, 2, 4):
-        for ps in (1, 16, 64, 128):
-            _gpu_case(mode, fmt, d_qk, h_q, s_q, ps)
+def test_gpu_grid(mode, fmt, d_qk, h_q, s_q, ps):
+    """Every (mode, format, h_q) at every s_q in {1, 2, 4} and page size in {1, 16, 64, 128}:
+    a test a case, so that xdist spreads them evenly and a run cut short keeps what it did."""
+    _gpu_case(mode, fmt, d_qk, h_q, s_q, ps)
 
 
 def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
