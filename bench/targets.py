@@ -28,15 +28,15 @@ def target_rows(data: dict) -> list[tuple[str, float, float]]:
     recs = {(r["config"], r["impl"]): r for r in data["records"]}
     copy = data["ceilings"]["copy_gbps"]
 
-    def ours(cfg: str, impl: str = "pagedattn") -> dict | None:
+    def rec(cfg: str, impl: str = "pagedattn") -> dict | None:
         return recs.get((cfg, impl))
 
     rows = []
     for s_k in (4096, 8192):
-        bf16 = ours(dense_config(None, 128, s_k, 64, 16))
-        fa3 = ours(dense_config(None, 128, s_k, 64, 16), "flashinfer-fa3")
-        fp8 = ours(dense_config("mla_rope_aware", 128, s_k, 64, 16))
-        h128 = ours(dense_config(None, 128, s_k, 64, 128))
+        bf16 = rec(dense_config(None, 128, s_k, 64, 16))
+        fa3 = rec(dense_config(None, 128, s_k, 64, 16), "flashinfer-fa3")
+        fp8 = rec(dense_config("mla_rope_aware", 128, s_k, 64, 16))
+        h128 = rec(dense_config(None, 128, s_k, 64, 128))
         if bf16:
             rows.append((f"bf16 h_q 16 s_k {s_k}: of copy", bf16["gbps"] / copy, GOALS["copy"]))
         if bf16 and fa3:
@@ -47,7 +47,7 @@ def target_rows(data: dict) -> list[tuple[str, float, float]]:
         if bf16 and fp8:
             rows.append((f"rope-aware FP8 h_q 16 s_k {s_k}: x bf16", bf16["ms"] / fp8["ms"],
                          GOALS["fp8"]))  # fmt: skip
-    v32 = ours(sparse_config("flashmla_v32", 128, 2, 128, 2048))
+    v32 = rec(sparse_config("flashmla_v32", 128, 2, 128, 2048))
     if v32:
         rows.append(("sparse V32 s_q 2 h_q 128 top-k 2048: TFLOP/s", v32["tflops"], GOALS["v32"]))
     return rows

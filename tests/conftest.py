@@ -85,38 +85,34 @@ if os.environ.get("PAGEDATTN_MLA_TUNING"):
     _mla_tuning(os.environ["PAGEDATTN_MLA_TUNING"])
 
 
-_COMPILES = {"n": 0, "s": 0.0, "hits": 0}  # Triton compiles in this process (PAGEDATTN_TEST_TIMES)
-
-
-def _count_compile(*, src, metadata, metadata_group, times, cache_hit) -> None:
-    """`triton.knobs.compilation.listener`: a disk-cache hit, or a compile and its seconds."""
-    if cache_hit:
-        _COMPILES["hits"] += 1
-    else:
-        _COMPILES["n"] += 1
-        _COMPILES["s"] += times.total / 1e6  # (times.total: microseconds)
-
-
 if os.environ.get("PAGEDATTN_TEST_TIMES"):
     import triton
 
+    _COMPILES = {"n": 0, "s": 0.0, "hits": 0}  # Triton compiles in this process
+
+    def _count_compile(*, src, metadata, metadata_group, times, cache_hit) -> None:
+        """`triton.knobs.compilation.listener`: a disk-cache hit, or a compile and its
+        seconds."""
+        if cache_hit:
+            _COMPILES["hits"] += 1
+        else:
+            _COMPILES["n"] += 1
+            _COMPILES["s"] += times.total / 1e6  # (times.total: microseconds)
+
     triton.knobs.compilation.listener = _count_compile
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """PAGEDATTN_TEST_TIMES=path: a JSON line a test, appended as it ends (also when a run is
-    cut short): its node id, xdist worker, wall seconds, and the Triton compiles it made (count,
-    seconds) and disk-cache hits; to find where a GPU run's time goes."""
-    path = os.environ.get("PAGEDATTN_TEST_TIMES")
-    t0, c0 = time.perf_counter(), dict(_COMPILES)
-    yield
-    if path:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """PAGEDATTN_TEST_TIMES=path: a JSON line a test, appended as it ends (also when a run
+        is cut short): its node id, xdist worker, wall seconds, and the Triton compiles it made
+        (count, seconds) and disk-cache hits; to find where a GPU run's time goes."""
+        t0, c0 = time.perf_counter(), dict(_COMPILES)
+        yield
         row = dict(test=item.nodeid, worker=os.environ.get("PYTEST_XDIST_WORKER", "main"),
                    s=round(time.perf_counter() - t0, 2), compiles=_COMPILES["n"] - c0["n"],
                    compile_s=round(_COMPILES["s"] - c0["s"], 2),
                    cache_hits=_COMPILES["hits"] - c0["hits"])  # fmt: skip
-        with open(path, "a") as fh:
+        with open(os.environ["PAGEDATTN_TEST_TIMES"], "a") as fh:
             fh.write(json.dumps(row) + "\n")
 
 
