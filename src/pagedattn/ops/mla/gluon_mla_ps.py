@@ -99,6 +99,17 @@ against 8) sit in its per-segment code. On an H200 it is slower too (2026-11-28,
 `bench/results/h200_2026-11-28_mla_v32_ps.json`, graph replays): 0.451 ms against
 `gluon_mla_ss`'s 0.416 from HBM, 0.397 against 0.393 with every request's keys in L2, 0.370
 against 0.357 with no key loaded; with G 256 in token order 0.449 / 0.403 / 0.373.
+
+Where the time goes, by Nsight Compute's warp-stall samples a SASS instruction (H200
+2026-11-28, `bench/ncu_ps_diag.sh`, one launch each, record
+`bench/results/h200_2026-11-28_mla_v32_ncu.json`; graph replays in the same lease 0.415 ms for
+`gluon_mla_ss`, 0.446 for G 256 in token order, 0.450 for G 66). The two kernels stall in the
+same places: the consumers' waits for a stage or the other's P take 29.9% of `gluon_mla_ss`'s
+46.4 k samples and 30.8% of this kernel's 49.8 k (G 256); the producer's first uses of its tile
+loads (long-scoreboard stalls: the first e4m3 conversion, a scale's product, the zeroing moves of
+the masked loads) 10.9% against 12.8%, its `empty` waits 5.4% against 4.7%. So at the same work
+split the producer waits about a quarter longer for the same loads here (5.1 k samples against
+6.4 k), and the consumers wait for it; the instructions around the waits do not differ.
 """
 
 from __future__ import annotations
