@@ -109,7 +109,8 @@ same places: the consumers' waits for a stage or the other's P take 29.9% of `gl
 loads (long-scoreboard stalls: the first e4m3 conversion, a scale's product, the zeroing moves of
 the masked loads) 10.9% against 12.8%, its `empty` waits 5.4% against 4.7%. So at the same work
 split the producer waits about a quarter longer for the same loads here (5.1 k samples against
-6.4 k), and the consumers wait for it; the instructions around the waits do not differ.
+6.4 k), and the consumers wait for it, on tile loops whose SASS differs little (above). Why
+the same loads take longer here is not known.
 """
 
 from __future__ import annotations
