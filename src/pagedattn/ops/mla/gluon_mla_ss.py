@@ -235,6 +235,20 @@ the producer's loop), 0.422-0.423 ms against 0.416-0.418 (dense 0.814 against 0.
 row's two scales in one 8-byte load (4 fewer loads, 14 fewer instructions a tile) 0.416;
 `ready` counting the release alone, no cp.async arrivals, 0.415; both 0.416.
 
+Where the cluster kernel waits (H200 2026-11-28, Nsight Compute warp-stall samples of one launch,
+`bench/ncu_ps_diag.sh`, record `bench/results/h200_2026-11-28_mla_v32_ncu.json`): the consumers
+wait for the producer (their `ready` and `pm` waits) ~45% of their time, and the producer warps
+stall on the first uses of their own loads about a third of theirs and on a free stage about a
+sixth: one tile of register lookahead hides a tile's load latency only behind its stage's wait.
+More lookahead does not fit in the producer's 104 registers (not kept, same lease, graph replays,
+record `bench/results/h200_2026-11-28_mla_v32_pipe.json`; correct on the seesaw checks and 128
+V32 GPU tests): with column group 2 rank of tile j + 1 loaded as soon as tile j's is stored (the
+other group at the tile's top, as here) and the keys two tiles ahead, the producer's sm_90 code
+has 23 spill instructions (about 16 of them in its tile loop, most around its waits) and the
+kernel takes 0.515 ms against 0.416 from HBM, 0.458 against 0.390 in L2 and 0.400 against 0.354
+with no key loaded; with both groups loaded that way, 80 spill instructions (26 at 120
+registers, 15 at 128, where the consumers then spill 58-64) and 0.775 ms.
+
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
 reads the stage is complete; SS_HALF: a barrier for each consumer's half of a stage), `pm` (a
