@@ -247,7 +247,11 @@ other group at the tile's top, as here) and the keys two tiles ahead, the produc
 has 23 spill instructions (about 16 of them in its tile loop, most around its waits) and the
 kernel takes 0.515 ms against 0.416 from HBM, 0.458 against 0.390 in L2 and 0.400 against 0.354
 with no key loaded; with both groups loaded that way, 80 spill instructions (26 at 120
-registers, 15 at 128, where the consumers then spill 58-64) and 0.775 ms.
+registers, 15 at 128, where the consumers then spill 58-64) and 0.775 ms. Staging the rope part
+through 8 KB of shared memory (cp.async, each thread reading back its own chunks) instead of 16
+registers leaves the one-group form at 27 spill instructions (offline sm_90 compile, not timed):
+ptxas then spills the other group's words right after their loads are issued, which waits for
+them.
 
 Synchronisation is by mbarriers only: `ready` (the producer's cp.async arrivals plus one
 release arrival for the validity mask), `empty` (each consumer once its last product that
