@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Profile one kernel launch with Nsight Compute (clocks left as found) and print a short
 # digest: speed of light, tensor / MUFU pipe use, L2 and DRAM throughput, stall reasons.
-#   bench/ncu_profile.sh NAME KERNEL_REGEX python3 bench/profile_prefill.py g128n3
-# Writes $OUT/NAME.ncu-rep (if OUT is set) and prints the digest.
+#   [HOT=N] bench/ncu_profile.sh NAME KERNEL_REGEX python3 bench/profile_prefill.py g128n3
+# Writes $OUT/NAME.ncu-rep (if OUT is set) and prints the digest. HOT=N: also warp-stall
+# samples a SASS instruction (SourceCounters), and the N hottest instructions after the digest
+# (bench/ncu_sass_hot.py).
 set -u
 name=$1; regex=$2; shift 2
 dir=${OUT:-/tmp}
+hot=()
+if [ -n "${HOT:-}" ]; then hot=(--section SourceCounters --import-source no); fi
 metrics=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
 metrics+=,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
@@ -14,7 +18,7 @@ metrics+=,lts__t_bytes.sum.per_second,dram__bytes_read.sum.per_second
 metrics+=,lts__t_sectors.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active
 ncu --clock-control none --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
-    --metrics "$metrics" -f -o "$dir/$name" "$@" >/dev/null 2>"$dir/$name.err" || {
+    "${hot[@]}" --metrics "$metrics" -f -o "$dir/$name" "$@" >/dev/null 2>"$dir/$name.err" || {
     echo "== $name: ncu failed"; tail -5 "$dir/$name.err"; exit 0; }
 echo "== $name"
 ncu --import "$dir/$name.ncu-rep" --page raw --csv 2>/dev/null | python3 -c '
@@ -39,3 +43,9 @@ for h, u, v in zip(hdr, units, val):
 st.sort(reverse=True)
 print("  stalls (cycles a issued instruction): " + ", ".join(f"{n} {v:.0f}" for v, n in st[:8]))
 '
+if [ -n "${HOT:-}" ]; then
+    ncu --import "$dir/$name.ncu-rep" --page source --csv --print-source sass >"$dir/$name.csv" \
+        2>/dev/null
+    python3 "$(dirname "$0")/ncu_sass_hot.py" "$dir/$name.csv" "$HOT"
+    rm -f "$dir/$name.csv"
+fi
