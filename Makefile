@@ -20,8 +20,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench dev
+	$(BIN)/ruff format --check src tests bench dev
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(ARGS)

@@ -492,7 +492,7 @@ def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
     """The 3D TMA descriptor of the TMA-fed seesaw (one box a column half) views cache rows as
     [chunk, row, 64]: element (c, r, j) is row r's column 64 c + j, and a [4, 64, 64] box is the
     four chunks of a column half."""
-    from pagedattn.ops.mla.gluon_mla_st import _st_descriptors
+    from pagedattn.ops.mla.sm90.gluon_mla_st import _st_descriptors
 
     rows = build_cache("bf16", 576, 64, [3], [1], gen).operand().kernel_args().rows
     d = _st_descriptors(rows)[1]

@@ -13,11 +13,7 @@ import triton.language as tl
 
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
-
-LOG2E_F = 1.4426950408889634  # host copies
-LN2_F = 0.6931471805599453
-LOG2E = tl.constexpr(LOG2E_F)
-LN2 = tl.constexpr(LN2_F)
+from ..triton_constants import LN2, LOG2E
 
 
 @triton.jit

@@ -26,10 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E_F = 1.4426950408889634  # host copies
-LN2_F = 0.6931471805599453
-LOG2E = tl.constexpr(LOG2E_F)
-LN2 = tl.constexpr(LN2_F)
+from ..constants import LN2_F, LOG2E_F  # noqa: F401 - re-exported to the launchers
+from ..triton_constants import LN2, LOG2E  # noqa: F401
 
 # quantization codes
 Q_NONE, Q_TENSOR, Q_TOKEN, Q_BLOCK = 0, 1, 2, 3

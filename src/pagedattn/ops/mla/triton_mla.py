@@ -62,11 +62,11 @@ from ...cache.dispatch import cuda_capability, fast_hbm, mla_num_partitions, mla
 from ...errors import Lazy, check
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_signal
-from .gluon_mla import _HAS_GLUON, TILE_TRACE_SLOTS, _mla_decode_sm90, _mla_decode_sm90_t
-from .gluon_mla_ps import _mla_decode_sm90_ps
-from .gluon_mla_ss import _mla_decode_sm90_ss
-from .gluon_mla_st import _mla_decode_sm90_st, _st_descriptors
-from .gluon_mla_tw import _mla_decode_sm90_tw
+from .sm90.gluon_mla import _HAS_GLUON, TILE_TRACE_SLOTS, _mla_decode_sm90, _mla_decode_sm90_t
+from .sm90.gluon_mla_ps import _mla_decode_sm90_ps
+from .sm90.gluon_mla_ss import _mla_decode_sm90_ss
+from .sm90.gluon_mla_st import _mla_decode_sm90_st, _st_descriptors
+from .sm90.gluon_mla_tw import _mla_decode_sm90_tw
 from .triton_mla_combine import LN2, LOG2E, mla_combine_triton
 
 # Cache formats (compile-time).

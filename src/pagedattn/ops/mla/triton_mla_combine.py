@@ -22,9 +22,7 @@ import triton.language as tl
 
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
-
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+from ..triton_constants import LN2, LOG2E  # noqa: F401 - also the MLA kernels'
 
 
 @triton.jit

@@ -600,7 +600,7 @@ def tile_trace_summary(a, ps):
     own `ready` passed, end), in SM cycles over the median SM clock of the CTAs' lives."""
     import numpy as np
 
-    from pagedattn.ops.mla.gluon_mla import TILE_TRACE_SLOTS
+    from pagedattn.ops.mla.sm90.gluon_mla import TILE_TRACE_SLOTS
 
     n = a.shape[0]
     base = a.shape[1] - TILE_TRACE_SLOTS  # after the kernel's own trace slots
@@ -646,7 +646,7 @@ def tile_trace_probe(variants, outdir, shared=("",)):
     import triton
 
     import pagedattn.ops.mla.triton_mla as M
-    from pagedattn.ops.mla.gluon_mla import TILE_TRACE_SLOTS
+    from pagedattn.ops.mla.sm90.gluon_mla import TILE_TRACE_SLOTS
 
     out = []
     for sh in shared:

@@ -115,10 +115,10 @@ the same loads take longer here is not known.
 
 from __future__ import annotations
 
-from ..gluon_imports import HAS_GLUON, cp, fence_async_shared, gl, gluon, mbarrier
+from ...gluon_imports import HAS_GLUON, cp, fence_async_shared, gl, gluon, mbarrier
 
 if HAS_GLUON:
-    from ..gluon_cluster import cl_arrive, cl_fence_init, cl_sync, cl_wait
+    from ...gluon_cluster import cl_arrive, cl_fence_init, cl_sync, cl_wait
     from .gluon_mla import (
         _TILE_TRACE,
         _g_clock,

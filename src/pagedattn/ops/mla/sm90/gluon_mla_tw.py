@@ -223,7 +223,7 @@ by 0.003-0.0045 on the tests' inputs and 0.03-0.04 on the rising-scores test's (
 
 from __future__ import annotations
 
-from ..gluon_imports import HAS_GLUON, fence_async_shared, gl, gluon, mbarrier
+from ...gluon_imports import HAS_GLUON, fence_async_shared, gl, gluon, mbarrier
 
 if HAS_GLUON:
     from .gluon_mla import (

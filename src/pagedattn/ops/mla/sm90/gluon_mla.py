@@ -17,8 +17,8 @@ the Gluon helpers that `gluon_mla_ss` shares:
 
 from __future__ import annotations
 
-from ..gluon_imports import HAS_GLUON as _HAS_GLUON
-from ..gluon_imports import (
+from ...gluon_imports import HAS_GLUON as _HAS_GLUON
+from ...gluon_imports import (
     cp,
     fence_async_shared,
     gl,
@@ -26,8 +26,8 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from ..pdl import g_pdl_signal
-from .triton_mla_combine import LN2, LOG2E
+from ...pdl import g_pdl_signal
+from ..triton_mla_combine import LN2, LOG2E
 
 # A development tile trace (TRACE 2 of the V32 cluster seesaws), after a kernel's own trace
 # slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a

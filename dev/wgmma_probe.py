@@ -32,7 +32,7 @@ from pagedattn.ops.gluon_imports import (  # noqa: E402
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from pagedattn.ops.mla.gluon_mla import _g_cycles  # noqa: E402
+from pagedattn.ops.mla.sm90.gluon_mla import _g_cycles  # noqa: E402
 
 
 @gluon.jit

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import torch
 
-from ..gluon_imports import (
+from ...gluon_imports import (
     HAS_GLUON,
     GluonTensorDescriptor,
     fence_async_shared,

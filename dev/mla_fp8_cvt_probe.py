@@ -52,7 +52,7 @@ def patch(mode: str) -> None:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    import pagedattn.ops.mla.gluon_mla as G
+    import pagedattn.ops.mla.sm90.gluon_mla as G
 
     @gluon.jit
     def _prmt_f16(raw):

@@ -262,7 +262,7 @@ branch anyway)."""
 
 from __future__ import annotations
 
-from ..gluon_imports import (
+from ...gluon_imports import (
     HAS_GLUON,
     cp,
     fence_async_shared,
@@ -274,7 +274,7 @@ from ..gluon_imports import (
 )
 
 if HAS_GLUON:
-    from ..gluon_cluster import (
+    from ...gluon_cluster import (
         cl_arrive,
         cl_copy_to_peer,
         cl_fence_init,

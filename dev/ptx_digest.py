@@ -1,0 +1,131 @@
+"""Digest of the sm_90 PTX of every kernel specialization the GPU tests launch, for checking
+that a change leaves the generated code instruction-for-instruction identical.
+
+Cases come from `tests/sm90_compile.py` (the same enumeration `test_sm90_compile` uses); each
+launch of each case is specialized as on an H100 (`pagedattn.ops.offline.specialize`) and
+lowered through Triton's stages up to PTX (no ptxas). The PTX is normalized (line-info
+directives, comments and debug sections dropped, so a moved source line changes nothing) and
+hashed. Output: one JSON object {case: [[kernel name, sha256], ...]} written to OUT.
+
+    python dev/ptx_digest.py OUT.json [dense|sparse|persistent|pages|mha ...] [-j N]
+    python dev/ptx_digest.py --compare A.json B.json
+
+Run it from the root of each of two checkouts (with that checkout's src/ on PYTHONPATH) and
+compare the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+_DROP = re.compile(r"^\s*(\.loc|\.file|//|\$L__debug|\.b8|\.b32|\.section|\{|\})")
+
+
+def normalize(ptx: str) -> str:
+    """PTX without line-info, comments and debug sections."""
+    out, in_debug = [], False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith(".section"):
+            in_debug = ".debug" in s
+            continue
+        if in_debug:
+            if s == "}":
+                in_debug = False
+            continue
+        if not s or s.startswith((".loc", ".file", "//")):
+            continue
+        out.append(re.sub(r"\s+//.*$", "", line.rstrip()))
+    return "\n".join(out)
+
+
+def _ptx(launch) -> str:
+    from triton._C.libtriton import ir
+
+    from pagedattn.ops import offline
+
+    src, options = offline.specialize(launch)
+    target, backend = offline._backend()
+    opts = offline._options(src, options)
+    stages: dict = {}
+    backend.add_stages(stages, opts, src.language)
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(
+        target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), context
+    )
+    metadata = {"target": target, **opts.__dict__}
+    for ext, compile_ir in stages.items():
+        if ext == "ttir" and src.ext == "ttgir":
+            continue
+        module = compile_ir(module, metadata)
+        if ext == "ptx":
+            return module
+    raise RuntimeError("no ptx stage")
+
+
+def _cases(modes):
+    import sm90_compile as S
+
+    for mode in modes:
+        yield from (S.mha_cases() if mode == "mha" else S.mla_cases(mode))
+
+
+def _work(args):
+    modes, shard, nshard = args
+    import json as _json
+
+    from pagedattn.ops import offline
+
+    seen: dict = {}
+    res = {}
+    for i, (case, launches) in enumerate(_cases(modes)):
+        if i % nshard != shard:
+            continue
+        row = []
+        for launch in launches():
+            src, opts = offline.specialize(launch)
+            key = (launch.name, src.hash(), _json.dumps(opts, default=str))
+            if key not in seen:
+                try:
+                    seen[key] = hashlib.sha256(normalize(_ptx(launch)).encode()).hexdigest()
+                except Exception as e:  # noqa: BLE001 - recorded
+                    seen[key] = f"error: {type(e).__name__}: {str(e)[-200:]}"
+            row.append([launch.name, seen[key]])
+        res[case] = row
+    return res
+
+
+def main(argv):
+    if argv and argv[0] == "--compare":
+        a, b = (json.load(open(p)) for p in argv[1:3])
+        diff = [c for c in sorted(set(a) | set(b)) if a.get(c) != b.get(c)]
+        for c in diff[:20]:
+            print("DIFF", c, a.get(c), b.get(c))
+        n = sum(len(v) for v in a.values())
+        print(f"{len(a)} / {len(b)} cases, {n} launches; {len(diff)} differ")
+        return 1 if diff else 0
+    out, rest = argv[0], argv[1:]
+    jobs = 2
+    if "-j" in rest:
+        jobs = int(rest[rest.index("-j") + 1])
+        del rest[rest.index("-j") : rest.index("-j") + 2]
+    modes = rest or ["dense", "sparse", "persistent", "pages", "mha"]
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))  # the checkout run from
+    res: dict = {}
+    with ProcessPoolExecutor(jobs) as ex:
+        for part in ex.map(_work, [(modes, s, jobs) for s in range(jobs)]):
+            res.update(part)
+    json.dump(res, open(out, "w"), indent=0, sort_keys=True)
+    errs = sum(1 for v in res.values() for _, h in v if h.startswith("error"))
+    print(f"{len(res)} cases, {sum(len(v) for v in res.values())} launches, {errs} errors")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
