@@ -7,8 +7,11 @@ lowered through Triton's stages up to PTX (no ptxas). The PTX is normalized (lin
 directives, comments and debug sections dropped, so a moved source line changes nothing) and
 hashed. Output: one JSON object {case: [[kernel name, sha256], ...]} written to OUT.
 
-    python dev/ptx_digest.py OUT.json [dense|sparse|persistent|pages|mha ...] [-j N]
-    python dev/ptx_digest.py --compare A.json B.json
+    python dev/ptx_digest.py OUT.json [dense|sparse|persistent|pages|mha ...] [-j N] [-k TEXT]
+    python dev/ptx_digest.py --compare BASE.json NEW.json [--subset]
+
+-k TEXT keeps the cases whose name contains TEXT (repeat -k: all of them). --subset compares
+only the cases NEW.json has (a -k run against a full baseline).
 
 Run it from the root of each of two checkouts (with that checkout's src/ on PYTHONPATH) and
 compare the files.
@@ -70,22 +73,24 @@ def _ptx(launch) -> str:
     raise RuntimeError("no ptx stage")
 
 
-def _cases(modes):
+def _cases(modes, keep):
     import sm90_compile as S
 
     for mode in modes:
-        yield from (S.mha_cases() if mode == "mha" else S.mla_cases(mode))
+        for case, launches in S.mha_cases() if mode == "mha" else S.mla_cases(mode):
+            if all(k in case for k in keep):
+                yield case, launches
 
 
 def _work(args):
-    modes, shard, nshard = args
+    modes, keep, shard, nshard = args
     import json as _json
 
     from pagedattn.ops import offline
 
     seen: dict = {}
     res = {}
-    for i, (case, launches) in enumerate(_cases(modes)):
+    for i, (case, launches) in enumerate(_cases(modes, keep)):
         if i % nshard != shard:
             continue
         row = []
@@ -105,22 +110,28 @@ def _work(args):
 def main(argv):
     if argv and argv[0] == "--compare":
         a, b = (json.load(open(p)) for p in argv[1:3])
-        diff = [c for c in sorted(set(a) | set(b)) if a.get(c) != b.get(c)]
+        names = set(b) if "--subset" in argv else set(a) | set(b)
+        diff = [c for c in sorted(names) if a.get(c) != b.get(c)]
         for c in diff[:20]:
             print("DIFF", c, a.get(c), b.get(c))
-        n = sum(len(v) for v in a.values())
-        print(f"{len(a)} / {len(b)} cases, {n} launches; {len(diff)} differ")
+        n = sum(len(b[c]) for c in names if c in b)
+        print(f"{len(names)} cases compared, {n} launches; {len(diff)} differ")
         return 1 if diff else 0
     out, rest = argv[0], argv[1:]
     jobs = 2
     if "-j" in rest:
         jobs = int(rest[rest.index("-j") + 1])
         del rest[rest.index("-j") : rest.index("-j") + 2]
+    keep = []
+    while "-k" in rest:
+        i = rest.index("-k")
+        keep.append(rest[i + 1])
+        del rest[i : i + 2]
     modes = rest or ["dense", "sparse", "persistent", "pages", "mha"]
     sys.path.insert(0, os.path.join(os.getcwd(), "tests"))  # the checkout run from
     res: dict = {}
     with ProcessPoolExecutor(jobs) as ex:
-        for part in ex.map(_work, [(modes, s, jobs) for s in range(jobs)]):
+        for part in ex.map(_work, [(modes, keep, s, jobs) for s in range(jobs)]):
             res.update(part)
     json.dump(res, open(out, "w"), indent=0, sort_keys=True)
     errs = sum(1 for v in res.values() for _, h in v if h.startswith("error"))

@@ -1,0 +1,51 @@
+"""The package's `PAGEDATTN_*` environment variables, read in one place (layer 0).
+
+Each is read when it is used (so a test may set it for one call), through `read(name)`, which
+knows every variable the package reads; docs/env.md lists them with the test harness's own.
+
+- `PAGEDATTN_BACKEND` ("triton" or "reference"): every op's backend (`ops.dispatch`);
+- `PAGEDATTN_PDL` ("1"): programmatic dependent launch on sm_90 (`ops.pdl`);
+- `PAGEDATTN_MLA_TUNING`, `PAGEDATTN_MHA_TUNING` (a JSON object): fields of the MLA / MHA
+  launch config that a development run overrides (`tuning_overrides`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+VARIABLES = ("BACKEND", "PDL", "MLA_TUNING", "MHA_TUNING")
+PREFIX = "PAGEDATTN_"
+
+
+def read(name: str) -> str | None:
+    """The value of `PAGEDATTN_<name>` (None when unset or empty); `name` one of VARIABLES."""
+    if name not in VARIABLES:
+        raise InvalidArgumentError(f"name: expected one of {VARIABLES}, got {name!r}")
+    return os.environ.get(PREFIX + name) or None
+
+
+def flag(name: str) -> bool:
+    """Whether `PAGEDATTN_<name>` is set to "1"."""
+    return read(name) == "1"
+
+
+def tuning_overrides(family: str) -> dict[str, Any]:
+    """The launch-config fields that `PAGEDATTN_<family>_TUNING` (a JSON object) overrides, for
+    development runs of a variant before it becomes the default; lists become tuples. {} when
+    unset. A value that is not a JSON object raises InvalidArgumentError."""
+    spec = read(f"{family}_TUNING")
+    if spec is None:
+        return {}
+    try:
+        knobs = json.loads(spec)
+    except json.JSONDecodeError as e:
+        raise InvalidArgumentError(
+            f"{PREFIX}{family}_TUNING: expected a JSON object, got {spec!r} ({e})"
+        ) from None
+    if not isinstance(knobs, dict):
+        raise InvalidArgumentError(f"{PREFIX}{family}_TUNING: expected a JSON object, got {spec!r}")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()}
