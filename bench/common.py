@@ -2,7 +2,7 @@
 
 - `time_ms`: the faster of eager calls and CUDA-graph replays of one call (both kept in the
   record's extra, with the SM clock and the board's power where NVML can tell: an H200 at its
-  700 W limit lowers the clock, `bench/mla_power_probe.py`), rounds of the two alternating, each
+  700 W limit lowers the clock, `dev/mla_power_probe.py`), rounds of the two alternating, each
   the lowest of 2 medians of CUDA-event timings with L2 cold before
   every call (`_bench`): on the H100 (2026-11-21) one config in a run of ~20 sometimes ran
   1.3-3x slow for a whole 100 ms window (a different one each run), which one median does
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from datetime import date
@@ -145,14 +144,14 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
 
     Eager and graph rounds alternate (eager, graph, eager, ...), each kind keeping its fastest
     round: a compute-bound kernel's time follows the SM clock, which steps down as the GPU
-    warms (H100 2026-11-22, `bench/mla_timing_probe.py`, MLA h_q 128 s_k 8192, profiler
-    kernel durations of one process: 0.530, 0.520, 0.515, then 0.497 ms in steps; the same
-    graph replays 0.497-0.500 in one window and 0.533-0.546 in a later one), so timing all
-    eager rounds first made eager look 2-8% faster than graph replays for such kernels. The
-    first round still runs cooler than the rest (`mla_timing_probe.py --order`, same kernel:
-    0.495 ms for the process's first round, eager; 0.516-0.536 for every later one, either
-    kind, graph 0.522 when it went first), so the eager time of a long compute-bound call is
-    its cool-GPU time and the graph time its time under sustained load."""
+    warms (H100 2026-11-22, `mla_timing_probe.py`, in git at 0a24423:bench/, MLA h_q 128 s_k
+    8192, profiler kernel durations of one process: 0.530, 0.520, 0.515, then 0.497 ms in
+    steps; the same graph replays 0.497-0.500 in one window and 0.533-0.546 in a later one), so
+    timing all eager rounds first made eager look 2-8% faster than graph replays for such
+    kernels. The first round still runs cooler than the rest (`mla_timing_probe.py --order`,
+    same kernel: 0.495 ms for the process's first round, eager; 0.516-0.536 for every later
+    one, either kind, graph 0.522 when it went first), so the eager time of a long
+    compute-bound call is its cool-GPU time and the graph time its time under sustained load."""
     fn()  # compiles and warms before the capture
     torch.cuda.synchronize()
     g = None
@@ -262,31 +261,6 @@ def save(path: str, env: dict, ceilings: dict, records: list[Record]) -> None:
         json.dump({"env": env, "ceilings": ceilings, "records": rows}, f, indent=1)
 
 
-def print_row(row: dict, digits: int = 3) -> None:
-    """A probe's row as one JSON line, floats rounded (progress in a GPU run's log)."""
-    print(json.dumps({k: round(v, digits) if isinstance(v, float) else v
-                      for k, v in row.items()}), flush=True)  # fmt: skip
-
-
-def write_rows(path: str, rows: list[dict], **meta) -> None:
-    """A probe's record at `path`: {"device": the CUDA device's name, **meta, "rows": rows}."""
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    with open(path, "w") as fh:
-        json.dump(dict(device=device, **meta, rows=rows), fh, indent=1)
-
-
-def print_rows(rows: list[dict], cols: list[tuple]) -> None:
-    """A probe's rows as a plain table, one line a row. cols: (key, format spec[, header]),
-    the spec's width (`8.1f`, `>5`, `<28`) also the header's; booleans print as words."""
-    widths = [int(re.match(r"[<>^]?(\d*)", c[1]).group(1) or 0) for c in cols]
-    align = ["<" if c[1].startswith("<") else ">" for c in cols]
-    print(" ".join(f"{(c[2] if len(c) > 2 else c[0]):{a}{w}}"
-                   for c, a, w in zip(cols, align, widths)))  # fmt: skip
-    for r in rows:
-        print(" ".join(format(str(r[c[0]]) if isinstance(r[c[0]], bool) else r[c[0]], c[1])
-                       for c in cols))  # fmt: skip
-
-
 def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") -> str:
     """One line per (suite, config): our GPU time (and eager time), fraction of copy BW /
     matmul, ratio to peers (GPU times)."""
@@ -310,32 +284,3 @@ def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") 
             f"{fc:>6.2f} {fm:>5.2f}  {peers}"
         )
     return "\n".join(lines)
-
-
-def write_compiled(k, outdir: str, tag: str) -> tuple[dict, str]:
-    """Write a Triton CompiledKernel's ptx, ttgir, cubin and SASS as outdir/tag.*; returns
-    ({smem, regs, stack}: shared bytes, registers and stack bytes a thread from cuobjdump, -1
-    where not found) and the SASS text."""
-    import subprocess
-
-    import triton
-
-    os.makedirs(outdir, exist_ok=True)
-    base = os.path.join(outdir, tag)
-    for ext in ("ptx", "ttgir"):
-        with open(f"{base}.{ext}", "w") as fh:
-            fh.write(k.asm[ext])
-    with open(f"{base}.cubin", "wb") as fh:
-        fh.write(k.asm["cubin"])
-    tb = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-
-    def cuobjdump(*flags):
-        cmd = [f"{tb}/cuobjdump", *flags, f"{base}.cubin"]
-        return subprocess.run(cmd, capture_output=True, text=True).stdout
-
-    sass = cuobjdump("-sass")
-    with open(f"{base}.sass", "w") as fh:
-        fh.write(sass)
-    m = re.search(r"REG:(\d+) STACK:(\d+)", cuobjdump("--dump-resource-usage"))
-    regs, stack = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
-    return dict(smem=k.metadata.shared, regs=regs, stack=stack), sass

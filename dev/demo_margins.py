@@ -1,6 +1,6 @@
 """How close the demo's attention checks come to their bounds: the worst absolute error, the
 worst element's relative error and the worst cosine difference of each run (python3
-bench/demo_margins.py [runs] [device]); used to set `pagedattn.demo`'s bounds."""
+dev/demo_margins.py [runs] [device]); used to set `pagedattn.demo`'s bounds."""
 
 from __future__ import annotations
 

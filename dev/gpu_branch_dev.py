@@ -1,9 +1,9 @@
 """Development bench for the Triton FP8 bmm and the fused MLA decode branch: correctness at
 DeepSeek sizes against the reference, timings, short table last. Full numbers go to $OUT.
 
-    python bench/gpu_branch_dev.py                 # on a GPU: tests, checks, timings
-    python bench/gpu_branch_dev.py --compile-only  # any machine: offline sm_90 compiles
-                                                   # (wgmma, shared memory, registers, spills)
+    python dev/gpu_branch_dev.py                 # on a GPU: tests, checks, timings
+    python dev/gpu_branch_dev.py --compile-only  # any machine: offline sm_90 compiles
+                                                 # (wgmma, shared memory, registers, spills)
 
 bmm: DeepSeek's two per-head products, w_uk (n = kv_lora_rank 512, k = qk_nope 128) and w_uv
 (n = v_head 128, k = 512), h_q 16 and 128, m = tokens. Against torch.bmm in bf16 on the same
@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
 import torch  # noqa: E402
-from common import write_compiled  # noqa: E402
+from devtools import write_compiled  # noqa: E402
 
 BF16, F32, E8M0 = torch.bfloat16, torch.float32, torch.float8_e8m0fnu
 DEV = "cuda"  # "cpu" with --dry (Triton interpreter, tiny sizes, no timing)

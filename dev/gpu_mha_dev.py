@@ -2,14 +2,14 @@
 timing of launch variants (one GPU call does everything; a short table is printed last, details
 go to $OUT/gpu_mha_dev.json).
 
-    python bench/gpu_mha_dev.py            # on an H100: checks + variant timings (~4 min)
-    python bench/gpu_mha_dev.py --fast     # the same, fewer variants, no base checks (~2 min)
-    python bench/gpu_mha_dev.py --prefill  # only the prefill variants (~1 min)
-    python bench/gpu_mha_dev.py --legacy   # also the rounds 1-3 sweeps (other formats, d96)
-    python bench/gpu_mha_dev.py --stages   # only the decode stages / partitions sweep
-    python bench/gpu_mha_dev.py --offline  # any machine: compile for sm_90, print resources
-                                           # and the hot loop's SASS instruction mix
-    python bench/gpu_mha_dev.py --smoke    # CPU: the same code paths at toy sizes (interpreter)
+    python dev/gpu_mha_dev.py            # on an H100: checks + variant timings (~4 min)
+    python dev/gpu_mha_dev.py --fast     # the same, fewer variants, no base checks (~2 min)
+    python dev/gpu_mha_dev.py --prefill  # only the prefill variants (~1 min)
+    python dev/gpu_mha_dev.py --legacy   # also the rounds 1-3 sweeps (other formats, d96)
+    python dev/gpu_mha_dev.py --stages   # only the decode stages / partitions sweep
+    python dev/gpu_mha_dev.py --offline  # any machine: compile for sm_90, print resources
+                                         # and the hot loop's SASS instruction mix
+    python dev/gpu_mha_dev.py --smoke    # CPU: the same code paths at toy sizes (interpreter)
 BUDGET_S (default 250) bounds the run: parts that no longer fit are skipped and said so.
 
 Bandwidth = bytes that must move (K/V rows read once, scales, q, out) / time; the copy ceiling
@@ -404,7 +404,7 @@ def graph_replay(small):
 # Launch variants under test (round 4): FP8 per-token decode and bf16 causal prefill
 # ---------------------------------------------------------------------------------------------
 # "lean": the FP8 fast loop (triton_decode._fp8_fast_loop) with every cut that the offline
-# sm_90 SASS showed (python bench/gpu_mha_dev.py --offline): 1410 -> 767 instructions a warp per
+# sm_90 SASS showed (python dev/gpu_mha_dev.py --offline): 1410 -> 767 instructions a warp per
 # 64 keys, 211 -> 154 registers, 56.8 -> 35.3 KB shared; "trans" also transposes both products
 # (keys as the MMA's M, the 4 query heads of a KV head as its N): 652 instructions, half the
 # HMMAs, 127 registers. "_P" (not a launch key): num_partitions for the call (None: auto, 1 for

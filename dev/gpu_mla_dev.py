@@ -1,13 +1,12 @@
 """Development bench for the Triton MLA decode kernels (issue 5): correctness at real sizes and
 timings of launch variants in one run, short table last. Full numbers go to $OUT (or --out).
 
-    python bench/gpu_mla_dev.py                 # on a GPU: check + time
-    python bench/gpu_mla_dev.py --compile-only  # on any machine: offline sm_90 compiles, PTX/SASS
-                                                # resource report (wgmma, smem, spills)
+    python dev/gpu_mla_dev.py                 # on a GPU: check + time
+    python dev/gpu_mla_dev.py --compile-only  # on any machine: offline sm_90 compiles, PTX/SASS
+                                              # resource report (wgmma, smem, spills)
 
-Work counted (DESIGN.md section 6): FLOPs = 2 * tokens * h_q * keys * (d_qk + d_v); bytes =
-each K row read once (row bytes incl. scales) + q + out. Timings: triton.testing.do_bench
-median over fresh inputs; the cache pool is larger than L2 (50 MB) in every case.
+Cases and the work counted: `mla_cases.make_case`. Timings: triton.testing.do_bench median over
+fresh inputs; the cache pool is larger than L2 (50 MB) in every case.
 """
 
 from __future__ import annotations
@@ -19,151 +18,16 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(_ROOT, "src"), os.path.join(_ROOT, "bench")]
 
 import torch  # noqa: E402
-from common import cold_l2, write_compiled  # noqa: E402
-
-from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
-from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
-from pagedattn.fp8 import quantize_blockwise  # noqa: E402
-
-FMTS = {
-    "bf16": lambda: None,
-    "rope_aware": KVQuantConfig.mla_rope_aware,
-    "v32": KVQuantConfig.flashmla_v32,
-    "model1": KVQuantConfig.flashmla_model1,
-    "g64_e8m0": lambda: KVQuantConfig.blockwise(64, torch.float8_e8m0fnu),
-    "per_token": KVQuantConfig.per_token,
-    "g64_f32": lambda: KVQuantConfig.blockwise(64),
-    "g128_e8m0": lambda: KVQuantConfig.blockwise(128, torch.float8_e8m0fnu),
-    "g192_f32": lambda: KVQuantConfig.blockwise(192),
-    "per_tensor": KVQuantConfig.per_tensor,
-}
-
-
-def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", seed=0, shared="",
-              poison=False):  # fmt: skip
-    """A one-layer MLA cache with b requests of s_k cached keys (random values, quantized into
-    `fmt`), s_q new query tokens each; shuffled pages. Sparse: topk random valid indices per
-    token (-1 padded where fewer keys). shared "L2": every request reads request 0's pages (an
-    L2-resident working set, every CTA on the same lines); "L2own": each request cycles over its
-    own first 4 pages (L2-resident, the CTAs on distinct lines); "none" (sparse): every index
-    invalid, so no key is loaded and the time is the kernel's compute schedule alone (the FLOPs
-    counted are those of topk keys).
-    poison (BF16): NaN in every cache slot no request references. Returns (q, kv,
-    q_row_offsets, kwargs, work)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    params = KVCacheParams(
-        torch.bfloat16, 1, 1, d_qk, ps, is_mla=True, num_q_heads=h_q,
-        quantization=FMTS[fmt](), devices=(device,),
-    )  # fmt: skip
-    seq = s_k + s_q
-    pages_per = -(-seq // ps)
-    n_pages = b * pages_per + 1
-    blocks = torch.empty(params.blocks_shape(n_pages), dtype=params.storage_dtype, device=device)
-    shape = params.scales_shape(n_pages)
-    scales = None
-    n_tok = n_pages * ps
-    x = torch.randn(n_tok, d_qk, device=device, dtype=torch.bfloat16)
-    f = params.quant_format
-    flat = blocks.view(n_tok, -1) if f != "flashmla_model1" else None
-    if f is None:
-        flat.copy_(x)
-    elif f == "blockwise":
-        q8, s = quantize_blockwise(x.float(), params.scale_granularity, params.scale_dtype)
-        flat.copy_(q8)
-        scales = s.view(*shape)
-    elif f == "per_tensor":
-        scales = torch.full(shape, 0.0125, device=device)
-        flat.copy_((x.float() / 0.0125).clamp(-448, 448).to(torch.float8_e4m3fn))
-    else:
-        from pagedattn.fp8 import mla_formats as mf
-
-        if f == "mla_rope_aware":
-            raw, s = mf.pack_rope_aware(x)
-            flat.copy_(raw)
-            scales = s.reshape(shape)
-        elif f == "flashmla_v32":
-            flat.copy_(mf.pack_v32(x))
-        else:
-            data, sb = mf.pack_model1_tokens(x.view(n_tok, 1, d_qk))
-            page = blocks.view(n_pages, ps * 584)
-            page[:, : ps * 576].copy_(data.view(n_pages, ps * 576))
-            page[:, ps * 576 :].copy_(sb.view(n_pages, ps * 8))
-    perm = torch.randperm(n_pages - 1, generator=g).to(device=device, dtype=torch.int32)
-    lut = perm[: b * pages_per].view(b, pages_per).contiguous()
-    if shared == "L2":
-        lut[:] = lut[0].clone()
-    if shared == "L2own":  # each request cycles over its own first 4 pages (~21 MB at b 128)
-        lut[:] = lut[:, torch.arange(pages_per, device=device) % min(4, pages_per)].clone()
-    if poison and f is None:
-        pos = torch.arange(seq, pages_per * ps, device=device)
-        flat[(lut.long()[:, pos // ps] * ps + pos % ps).flatten()] = float("nan")
-        flat[(n_pages - 1) * ps :] = float("nan")
-    cl = torch.full((b,), s_k, dtype=torch.int32, device=device)
-    inputs = KVCacheInputsPerDevice(
-        blocks, cl, lut, torch.tensor([[s_q, s_k]], dtype=torch.int32), scales
-    )
-    kv = PagedOperand(inputs, params, 0, "k")
-    tokens = b * s_q
-    q = torch.randn(tokens, h_q, d_qk, device=device, dtype=torch.bfloat16)
-    offs = torch.arange(0, tokens + 1, s_q, device=device, dtype=torch.int32)
-    kw = {}
-    keys = s_k + (s_q + 1) / 2
-    if mode == "sparse":
-        pos = torch.rand(tokens, s_k + s_q, generator=g).argsort(dim=1)[:, :topk].to(device)
-        bi = torch.arange(tokens, device=device) // s_q
-        enc = lut.long()[bi[:, None], pos // ps] * ps + pos % ps
-        idx = enc.to(torch.int32)
-        if idx.shape[1] < topk:
-            pad = torch.full((tokens, topk - idx.shape[1]), -1, dtype=torch.int32, device=device)
-            idx = torch.cat([idx, pad], 1)
-        if shared == "none":
-            idx.fill_(-1)
-        kw = dict(indices=idx.contiguous())
-        keys = min(topk, s_k + s_q)
-    row_bytes = blocks[0, 0, 0, 0, 0].numel() * blocks.element_size()
-    if scales is not None and f != "per_tensor":
-        row_bytes += scales[0, 0, 0, 0, 0].numel() * scales.element_size()
-    d_v = 512
-    flops = 2 * tokens * h_q * keys * (d_qk + d_v)
-    kv_bytes = (b * (s_k + s_q) if mode == "dense" else tokens * keys) * row_bytes
-    io = q.numel() * 2 + tokens * h_q * d_v * 2
-    return q, kv, offs, kw, dict(flops=flops, bytes=kv_bytes + io, pool=blocks.numel())
-
+from common import cold_l2  # noqa: E402
+from mla_cases import capture, compile_offline, launcher, make_case  # noqa: E402
 
 # ------------------------------------------------------------------------------------------
-# Offline compile (no GPU needed)
+# Launch variants (timed, and compiled offline by --compile-only)
 # ------------------------------------------------------------------------------------------
-def _capture(call, sm90=False):
-    """The decode kernel's launch that `call` makes (`pagedattn.ops.offline.capture`; the
-    split-K combine skipped), with the Gluon sm_90 paths taken where sm90 (as on an H100:
-    TUNING picks among them) and the portable tl kernel elsewhere."""
-    import pagedattn.ops.mla.triton_mla as M
-    from pagedattn.ops import offline
-
-    (launch,) = offline.capture(
-        M, call, _use_sm90_path=lambda *a: sm90, mla_combine_triton=lambda *a, **k: None
-    )
-    return launch
-
-
-def compile_offline(launch, outdir, tag):
-    """sm_90 compile of a captured launch (`pagedattn.ops.offline.compile_sm90`); writes
-    ptx/ttgir/cubin/sass and returns a resource dict."""
-    from pagedattn.ops import offline
-
-    k = offline.compile_sm90(launch)
-    res, sass = write_compiled(k, outdir, tag)
-    ptx = k.asm["ptx"]
-    return dict(
-        res, HGMMA=sass.count("HGMMA"), HMMA=sass.count("HMMA"), LDGSTS=sass.count("LDGSTS"),
-        LDG128=sass.count("LDG.E.128"), STL=len(re.findall(r"\bSTL\b", sass)),
-        wgmma=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-    )  # fmt: skip
-
-
 # Launch variants timed (and compiled offline): name -> (TUNING overrides).
 _SS = dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False)  # the seesaw variants' base
 VARIANTS = {
@@ -335,13 +199,6 @@ T_CHECKS = [
 ]
 
 
-def _launcher(q, kv, offs, kw, P):
-    from pagedattn.ops.mla.triton_mla import mla_decode_triton
-
-    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device=q.device)
-    return lambda: mla_decode_triton(q, kv, offs, num_partitions=P, out=out, **kw)
-
-
 def compile_only(outdir, cases=""):
     import pagedattn.ops.mla.triton_mla as M
 
@@ -353,7 +210,7 @@ def compile_only(outdir, cases=""):
         for v in variants:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
-            launch = _capture(_launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss", "st")))
+            launch = capture(launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss", "st")))
             tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
             t0 = time.time()
             try:
@@ -395,7 +252,7 @@ def check_case(mode, fmt, d_qk, h_q, s_q, ps, topk, P):
     q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 6, 8192, h_q, s_q, ps, topk, seed=7,
                                    poison=True)  # fmt: skip
     sink = torch.randn(h_q, device="cuda")
-    o, lse = _launcher(q, kv, offs, dict(kw, attn_sink=sink), P)()
+    o, lse = launcher(q, kv, offs, dict(kw, attn_sink=sink), P)()
     ro, rl = mla_decode_reference(q, kv, offs, attn_sink=sink, **kw)
     err = (o.float() - ro.float()).abs().max().item()
     lerr = (lse - rl).abs().max().item()
@@ -414,7 +271,7 @@ def fixed_cost_probe(copy_bw):
     comb = M.mla_combine_triton
     for s_k in (2048, 4096, 8192):
         q, kv, offs, kw, work = make_case("dense", "rope_aware", 576, 128, s_k, 16, 1, 64, 0)
-        fn = _launcher(q, kv, offs, kw, 2)
+        fn = launcher(q, kv, offs, kw, 2)
         t_all = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
         M.mla_combine_triton = lambda *a, **k: None
         try:
@@ -486,7 +343,7 @@ def trace_probe(copy_bw, outdir, only=""):
                 kv.lut.copy_(kv.lut.roll(kv.lut.shape[0] // 2, 0))
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[variant])
-        fn = _launcher(q, kv, offs, kw, P)
+        fn = launcher(q, kv, offs, kw, P)
         fn()
         t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
         n_cta = q.shape[0] * P * (2 if seesaw else 1)
@@ -558,7 +415,7 @@ def ps_trace_probe(variants=("ss_ps",)):
     for v in variants:
         M.TUNING.update({k: None for k in M.TUNING})
         M.TUNING.update(VARIANTS[v])
-        fn = _launcher(q, kv, offs, kw, 1)
+        fn = launcher(q, kv, offs, kw, 1)
         fn()
         tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
         g = M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0]
@@ -656,7 +513,7 @@ def tile_trace_probe(variants, outdir, shared=("",)):
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
             ps = bool(VARIANTS[v].get("ss_persist"))
-            fn = _launcher(q, kv, offs, kw, 1)
+            fn = launcher(q, kv, offs, kw, 1)
             fn()
             tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
             n = 2 * M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0] if ps else (
@@ -737,7 +594,7 @@ def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""
         for P in parts if not only else [p for p in parts if p in (None, 1)][:1]:
             M.TUNING.update({k: None for k in M.TUNING})
             M.TUNING.update(VARIANTS[v])
-            fn = _launcher(q, kv, offs, kw, P)
+            fn = launcher(q, kv, offs, kw, P)
             try:
                 fn()
                 torch.cuda.synchronize()
@@ -803,7 +660,7 @@ def main():
             if not args.cases or re.search(args.cases, name):
                 shared = args.shared.split(",")[0]  # --once: the first --shared mode
                 case = make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, shared=shared)
-                fn = _launcher(*case[:4], 1)
+                fn = launcher(*case[:4], 1)
                 for _ in range(3):
                     fn()
                 torch.cuda.synchronize()

@@ -1,6 +1,6 @@
 """Split-K decode with and without programmatic dependent launch (ops/pdl.py), same data.
 
-Usage (GPU): python bench/gpu_pdl_dev.py [--out DIR]. Times every split-K config of the MHA
+Usage (GPU): python dev/gpu_pdl_dev.py [--out DIR]. Times every split-K config of the MHA
 and MLA decode suites with PAGEDATTN_PDL=0 and =1 alternately (fastest of the rounds each)
 and prints the ratio; checks PDL's output equals the serial launch's bit for bit.
 """
@@ -13,11 +13,13 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "bench"))
 
 from bench_mha import DECODE, paged_cache  # noqa: E402
 from bench_mla import DENSE, mla_cache  # noqa: E402
-from common import copy_bandwidth, print_rows, time_ms, write_rows  # noqa: E402
+from common import copy_bandwidth, time_ms  # noqa: E402
+from devtools import print_rows, write_rows  # noqa: E402
 
 from pagedattn import KVQuantConfig, PagedOperand, mha, mla_decode  # noqa: E402
 

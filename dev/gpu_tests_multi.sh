@@ -2,7 +2,7 @@
 # GPU tests in one device call on a multi-GPU host (nvidia-h200-x4): xdist workers spread over
 # GPUS (tests/conftest.py, PAGEDATTN_TEST_GPUS); a line a test in $OUT/gpu_tests.log, and its
 # seconds and Triton compiles in $OUT/test_times.jsonl (PAGEDATTN_TEST_TIMES).
-#   [GPUS=0,1,2,3] [WORKERS=nproc] [TEST_S=520] [TESTS=tests] bash bench/gpu_tests_multi.sh [pytest args]
+#   [GPUS=0,1,2,3] [WORKERS=nproc] [TEST_S=520] [TESTS=tests] bash dev/gpu_tests_multi.sh [pytest args]
 # Keep TEST_S below the call's limit: a killed run leaves only the lines of the tests done.
 # (2026-11-28, an H200 x4 host at -n 64, each worker with its share of the cores for torch:
 # all 2096 GPU tests passed in 177 s, a grid case 1.8 s (median), 78% of the workers' time in
@@ -10,7 +10,7 @@
 # at -n 56-60: ~130 tests in 520-540 s, the grid's tests of 12 cases ~300 s each. Select with
 # TESTS and -k.)
 set -uo pipefail
-. bench/probe_env.sh
+. dev/probe_env.sh
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

@@ -1,7 +1,7 @@
 """Host cost of one eager MLA decode call, by part (GPU machine): where the ~190 us of an eager
 `mla_decode` go on the H100 host (bench/results/h100_2026-11-22.json, rope-aware FP8 h_q 16).
 
-    python bench/host_cost.py
+    python dev/host_cost.py
 
 Each part runs N times back to back on a tiny problem (b 128, s_k 64: a few us of GPU work),
 so the wall time per call is the host's; parts alternate over ROUNDS rounds, each keeping its
@@ -17,11 +17,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "src"))
 
 import torch  # noqa: E402
-from gpu_mla_dev import _capture, make_case  # noqa: E402
+from mla_cases import capture, make_case  # noqa: E402
 
 import pagedattn.ops.mla.triton_mla as M  # noqa: E402
 from pagedattn import mla_decode  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> None:
             def direct(P=P):
                 return M.mla_decode_triton(q, kv, offs, out=out, num_partitions=P)
 
-            cap = _capture(direct, sm90=True)
+            cap = capture(direct, sm90=True)
             kern, grid, args, kwargs = cap.kernel, cap.grid, cap.args, cap.kwargs
             po = torch.randn(P, q.shape[0], 16, 512, device="cuda")
             pl = torch.randn(P, q.shape[0], 16, device="cuda")

@@ -8,7 +8,7 @@ the first ten replays and of the last second's, the SM clock and power medians o
 second, and SM cycles a launch (time x clock: constant while the kernel's pace is set by its
 instructions, growing when it waits on memory). Rows go to $OUT/power.json.
 
-    python bench/mla_power_probe.py [CASE_REGEX [VARIANT,...]]   # gpu_mla_dev.VARIANTS names
+    python dev/mla_power_probe.py [CASE_REGEX [VARIANT,...]]   # gpu_mla_dev.VARIANTS names
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(_ROOT, "src"), os.path.join(_ROOT, "bench")]
 
 import torch  # noqa: E402
 from common import cold_l2  # noqa: E402
-from gpu_mla_dev import VARIANTS, _launcher, make_case  # noqa: E402
+from gpu_mla_dev import VARIANTS  # noqa: E402
+from mla_cases import launcher, make_case  # noqa: E402
 
 SECONDS = float(os.environ.get("POWER_SECONDS", 3.0))  # of sustained replays a case
 REPS = 20  # launches a graph replay
@@ -72,7 +74,7 @@ def run_case(name: str, spec: tuple, query: str, variant: str = "") -> dict:
     q, kv, offs, kw, work = make_case(mode, fmt, 576, 128, s_k, h_q, s_q, 64, topk, shared=shared)
     M.TUNING.update({k: None for k in M.TUNING})
     M.TUNING.update(VARIANTS[variant] if variant else {})
-    fn = _launcher(q, kv, offs, kw, 1)
+    fn = launcher(q, kv, offs, kw, 1)
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Profile one kernel launch with Nsight Compute (clocks left as found) and print a short
 # digest: speed of light, tensor / MUFU pipe use, L2 and DRAM throughput, stall reasons.
-#   [HOT=N] bench/ncu_profile.sh NAME KERNEL_REGEX python3 bench/profile_prefill.py g128n3
+#   [HOT=N] dev/ncu_profile.sh NAME KERNEL_REGEX python3 dev/profile_prefill.py g128n3
 # Writes $OUT/NAME.ncu-rep (if OUT is set) and prints the digest. HOT=N: also warp-stall
 # samples a SASS instruction (SourceCounters), and the N hottest instructions after the digest
-# (bench/ncu_sass_hot.py).
+# (dev/ncu_sass_hot.py).
 set -u
 name=$1; regex=$2; shift 2
 dir=${OUT:-/tmp}

@@ -6,7 +6,7 @@ mbarrier it polls.
     ncu --section SourceCounters --import-source no -f -o REP python3 ...
 
     ncu --import REP --page source --csv --print-source sass > SRC.csv
-    python3 bench/ncu_sass_hot.py SRC.csv [TOP]
+    python3 dev/ncu_sass_hot.py SRC.csv [TOP]
 """
 
 from __future__ import annotations

@@ -3,23 +3,20 @@ a few times, for a profiler (`ncu`) to attach to:
 
     ncu --kernel-name regex:_mha_prefill --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section ComputeWorkloadAnalysis ... \
-        python bench/profile_prefill.py [variant]
+        python dev/profile_prefill.py [variant]
 
 variant: a key of gpu_mha_dev.PREFILL_VARIANTS (default: the library's default).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+from gpu_mha_dev import PREFILL_VARIANTS
 
-import torch  # noqa: E402
-from gpu_mha_dev import PREFILL_VARIANTS  # noqa: E402
-
-import pagedattn.ops.mha.triton_mha as M  # noqa: E402
-from pagedattn import RaggedOperand  # noqa: E402
+import pagedattn.ops.mha.triton_mha as M
+from pagedattn import RaggedOperand
 
 M.PREFILL_OVERRIDE.update(PREFILL_VARIANTS[sys.argv[1]] if len(sys.argv) > 1 else {})
 nseq, n, h, d = 8, 4096, 32, 128
