@@ -11,7 +11,8 @@ shapes (weights bf16, activations contiguous: torch's best case). Bytes = fp8 we
 scales + bf16 activations in and out (bf16 bmm: bf16 weights). Every timing is
 triton.testing.do_bench's median with the L2 flushed before each call (cold weights, as in a
 decode step), inputs freshly drawn for each case. Variants override the tile heuristic
-(`triton_fp8_bmm.TUNING`); "pre" quantizes the activations in a separate pass.
+(`dataclasses.replace` of `fp8_bmm_config`'s choice, passed as `fp8_bmm_triton(config=...)`);
+"pre" quantizes the activations in a separate pass.
 
 branch: each piece timed alone (same inputs as the branch), the eager branch, and the branch
 replayed from a CUDA graph (what a serving loop runs).
@@ -20,6 +21,7 @@ replayed from a CUDA graph (what a serving loop runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -40,11 +42,11 @@ DRY = False
 BMM_VARIANTS = {
     "auto": {},
     "fused": {},  # prequant=False
-    "bn64": dict(BLOCK_N=64),
-    "bn128": dict(BLOCK_N=128),
+    "bn64": dict(block_n=64),
+    "bn128": dict(block_n=128),
     "w8": dict(num_warps=8),
     "s3": dict(num_stages=3),
-    "noswap": dict(SWAP_AB=False, BLOCK_M=64, num_warps=4),
+    "noswap": dict(swap_ab=False, block_m=64, num_warps=4),
     "pre": {},  # prequant=True
 }
 
@@ -85,17 +87,18 @@ def compile_only(outdir):
         for which, (n, k) in (("w_uk", (512, 128)), ("w_uv", (128, 512))):
             for tokens in (1, 16, 64, 256):
                 for var in ("auto", "fused", "pre"):
-                    B.TUNING.clear()
-                    B.TUNING.update(BMM_VARIANTS[var])
+                    cfg = dataclasses.replace(
+                        B.fp8_bmm_config(tokens, n, k, 128), **BMM_VARIANTS[var]
+                    )
                     x = torch.empty(h_q, tokens, k, dtype=BF16)
                     w = torch.empty(h_q, n, k, dtype=torch.float8_e4m3fn)
                     ws = torch.empty(h_q, n // 128, k // 128, dtype=F32)
                     pre = {"pre": True, "fused": False}.get(var)
                     tag = f"bmm_{which}_h{h_q}_m{tokens}_{var}"
-                    r = _compile(B, lambda: B.fp8_bmm_triton(x, w, ws, prequant=pre), outdir, tag)
+                    call = lambda: B.fp8_bmm_triton(x, w, ws, prequant=pre, config=cfg)
+                    r = _compile(B, call, outdir, tag)
                     rows.append((tag, r))
                     print(tag, r, flush=True)
-    B.TUNING.clear()
     B.quantize_activation_groups_triton = real_quant
     from pagedattn import KVCacheParams, KVQuantConfig
     from pagedattn.cache.buffers import allocate_buffers
@@ -202,15 +205,13 @@ def bench_bmm(results, seed=0, sweep_tokens=(16, 64, 256), save=lambda: None):
                 for var, over in BMM_VARIANTS.items():
                     if (var == "noswap" and tokens > 64) or (var != "auto" and not sweep):
                         continue
-                    B.TUNING.clear()
-                    B.TUNING.update(over)
+                    cfg = dataclasses.replace(B.fp8_bmm_config(tokens, n, k, 128), **over)
                     pre = {"pre": True, "fused": False}.get(var)  # None: the heuristic's
-                    msg = _close(B.fp8_bmm_triton(x, wq, ws, prequant=pre), ref, mag)
+                    msg = _close(B.fp8_bmm_triton(x, wq, ws, prequant=pre, config=cfg), ref, mag)
                     if msg:
                         row["bad"][var] = msg
                         print(f"  FAIL bmm {which} h{h_q} m{tokens} {var}: {msg}", flush=True)
-                    row[var] = _bench(lambda: B.fp8_bmm_triton(x, wq, ws, prequant=pre))
-                B.TUNING.clear()
+                    row[var] = _bench(lambda: B.fp8_bmm_triton(x, wq, ws, prequant=pre, config=cfg))
                 out = torch.empty(h_q, tokens, n, dtype=BF16, device=DEV)
                 row["auto"] = _bench(lambda: B.fp8_bmm_triton(x, wq, ws, out=out), rep=200)
                 row["torch_bf16"] = _bench(lambda: torch.bmm(x_c, w_bf.transpose(1, 2)), rep=200)
@@ -308,9 +309,7 @@ def bench_branch(results, check_only=False, save=lambda: None):
 
 def _check_branch(results, fmt, h_q, sparse):
     """The Triton branch against the reference branch on a byte copy of the cache."""
-    import dataclasses
-
-    from pagedattn.ops.mla_branch import mla_decode_branch_fp8, mla_decode_branch_fp8_reference
+    from pagedattn.ops.mla_branch import mla_decode_branch_fp8
     from pagedattn.testing import cos_diff
 
     args, kw = make_branch_case(fmt, h_q, 6, 700, 2, sparse_topk=sparse)
@@ -321,7 +320,7 @@ def _check_branch(results, fmt, h_q, sparse):
     )  # fmt: skip
     out = mla_decode_branch_fp8(*args, **kw, backend="triton")
     targs = (*args[:4], twin, *args[5:])
-    ref = mla_decode_branch_fp8_reference(*targs, **kw, causal=True)
+    ref = mla_decode_branch_fp8(*targs, **kw, backend="reference")
     nb = int((inputs.kv_blocks.view(torch.uint8) != twin.kv_blocks.view(torch.uint8)).sum())
     c = cos_diff(out, ref)
     err = float((out.float() - ref.float()).abs().max())

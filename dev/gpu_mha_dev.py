@@ -62,11 +62,13 @@ import triton  # noqa: E402
 
 import pagedattn.ops.mha.triton_mha as M  # noqa: E402
 from pagedattn.cache.buffers import allocate_buffers  # noqa: E402
+from pagedattn.cache.dispatch import fast_hbm, num_sms  # noqa: E402
 from pagedattn.cache.inputs import KVCacheInputsPerDevice  # noqa: E402
 from pagedattn.cache.params import KVCacheParams, KVQuantConfig  # noqa: E402
 from pagedattn.fp8 import quantize_blockwise  # noqa: E402
 from pagedattn.operands import PagedOperand, RaggedOperand  # noqa: E402
 from pagedattn.ops.masks import causal  # noqa: E402
+from pagedattn.ops.mha.selection import Device, MHATuning  # noqa: E402
 from pagedattn.testing import assert_close  # noqa: E402
 
 DEV = "cpu" if (SMOKE or OFFLINE) else "cuda"
@@ -250,11 +252,12 @@ def run_decode(tag, b, ctx, page, h_q, h_kv, d, quant=None, variants=({},), part
         for P in parts:
             if left() < 10:
                 break
-            M.DECODE_OVERRIDE.clear()
-            M.DECODE_OVERRIDE.update(var)
+            tuning = MHATuning(decode=var)
             try:
                 g, e = time_fn(
-                    lambda P=P: M.mha_triton(q, k_op, v_op, offs, out=out, num_partitions=P)
+                    lambda P=P: M.mha_triton(
+                        q, k_op, v_op, offs, out=out, num_partitions=P, config=tuning
+                    )
                 )
             except Exception as ex:
                 print(f"[fail] {tag} {var} P={P}: {type(ex).__name__}: {str(ex)[:300]}")
@@ -274,7 +277,6 @@ def run_decode(tag, b, ctx, page, h_q, h_kv, d, quant=None, variants=({},), part
             )
             if best is None or ms < best["graph_ms" if g is not None else "eager_ms"]:
                 best = rec
-    M.DECODE_OVERRIDE.clear()
     save()
     if not SMOKE:
         torch.cuda.empty_cache()
@@ -306,10 +308,9 @@ def run_prefill(tag, nseq, n, h_q, h_kv, d, page=0, variants=({},), quant=None):
     for var in variants:
         if left() < 15:
             break
-        M.PREFILL_OVERRIDE.clear()
-        M.PREFILL_OVERRIDE.update(var)
+        tuning = MHATuning(prefill=var)
         try:
-            g, e = time_fn(lambda: M.mha_triton(q, k_op, v_op, offs, out=out))
+            g, e = time_fn(lambda: M.mha_triton(q, k_op, v_op, offs, out=out, config=tuning))
         except Exception as ex:
             print(f"[fail] {tag} {var}: {type(ex).__name__}: {str(ex)[:300]}")
             LOG["prefill"].append(dict(tag=tag, var=var, error=str(ex)[:500]))
@@ -323,7 +324,6 @@ def run_prefill(tag, nseq, n, h_q, h_kv, d, page=0, variants=({},), quant=None):
         )
         if best is None or rec["tflops"] > best["tflops"]:
             best = rec
-    M.PREFILL_OVERRIDE.clear()
     save()
     if best is not None:
         TABLE.append(f"{tag:30s} {best['tflops']:7.1f} TFLOP/s  {best['var']}")
@@ -364,9 +364,7 @@ def correctness(small):
     out = torch.full_like(q, float("nan"))
     M.mha_triton(q, k_op, v_op, offs, out=out)
     check("chunked prefill p16 (bf16 P)", out, refs, offs, dict(abs_tol=4e-3, cos_tol=2e-5))
-    M.PREFILL_OVERRIDE["hi_lo"] = True
-    M.mha_triton(q, k_op, v_op, offs, out=out)
-    M.PREFILL_OVERRIDE.clear()
+    M.mha_triton(q, k_op, v_op, offs, out=out, config=MHATuning(prefill=dict(hi_lo=True)))
     check("chunked prefill p16 (hi/lo P)", out, refs, offs)
     del inp, k_op, v_op
     graph_replay(small)
@@ -412,7 +410,7 @@ def graph_replay(small):
 LEAN = dict(fast=True, addr=2, clamp=True, v_delta=True, v_sel=False, v_perm=True, gp_min=4,
             v_cvt="asm")  # fmt: skip
 TRANS = dict(LEAN, trans=True)
-FP8_VARIANTS = {  # name -> DECODE_OVERRIDE over decode_config(..., "fp8_cols")
+FP8_VARIANTS = {  # name -> MHATuning(decode=...) over decode_config(..., "fp8_cols")
     # (round 4 made trans_st4 with Triton's cast the default: the variants below override it)
     "default": {},
     "old_loop": dict(fast=False, num_stages=5),
@@ -441,7 +439,7 @@ DECODE_CONFIGS = (
     ("b16/16384/p64", 16, 16384, 64),
     ("b128/2048/p64", 128, 2048, 64),
 )
-PREFILL_VARIANTS = {  # name -> PREFILL_OVERRIDE over prefill_config / PREFILL_SM90
+PREFILL_VARIANTS = {  # name -> MHATuning(prefill=...) over prefill_config / SM90_PREFILL*
     # "tl": the tl kernel (offline sm_90: 255 registers, 225 KB shared; 128 x 128 TMA tiles,
     # 8 warps, 3 stages). "default": the library's choice. g_ws=False: the Gluon sm_90 kernel
     # (gluon_prefill) with g_BLOCK_N keys a tile and a g_NBUF-deep ring, filled by TMA boxes
@@ -495,15 +493,16 @@ def decode_suite(tag, b, keys, page, quant, names, parts=None, check_all=True):
             break
         var = dict(FP8_VARIANTS[name]) if quant is not None else {}
         P = var.pop("_P", parts)
-        M.DECODE_OVERRIDE.clear()
-        M.DECODE_OVERRIDE.update(var)
+        tuning = MHATuning(decode=var)
         key = (tag, kind, name)
         try:
             if check_all:
                 out.fill_(float("nan"))
-                M.mha_triton(q, k_op, v_op, offs, out=out, num_partitions=P)
+                M.mha_triton(q, k_op, v_op, offs, out=out, num_partitions=P, config=tuning)
                 check(f"decode {kind} {tag} {name}", out, refs, offs)
-            g, e = time_fn(lambda: M.mha_triton(q, k_op, v_op, offs, out=out, num_partitions=P))
+            g, e = time_fn(
+                lambda: M.mha_triton(q, k_op, v_op, offs, out=out, num_partitions=P, config=tuning)
+            )
         except Exception as ex:
             print(f"[fail] {kind} {tag} {name}: {type(ex).__name__}: {str(ex)[:300]}")
             RESULTS["decode"][key] = dict(error=f"{type(ex).__name__}: {str(ex)[:200]}")
@@ -520,7 +519,6 @@ def decode_suite(tag, b, keys, page, quant, names, parts=None, check_all=True):
             f"({rec['frac_copy']:.3f} of copy) eager {e * 1e3:.1f} us",
             flush=True,
         )
-    M.DECODE_OVERRIDE.clear()
     save()
 
 
@@ -547,19 +545,19 @@ def variant_checks(small):
         win = sliding_window_causal(300 if not small else 20)
         refs_w = reference(q, k_op, v_op, offs, rows, 128**-0.5, mask=win)
         for name in names if qname == "f32" else names[:1]:
-            M.DECODE_OVERRIDE.clear()
-            M.DECODE_OVERRIDE.update({k: v for k, v in FP8_VARIANTS[name].items() if k != "_P"})
+            tuning = MHATuning(decode={k: v for k, v in FP8_VARIANTS[name].items() if k != "_P"})
             try:
                 out = torch.full_like(q, float("nan"))
-                M.mha_triton(q, k_op, v_op, offs, out=out, sinks=sinks, num_partitions=4)
+                M.mha_triton(
+                    q, k_op, v_op, offs, out=out, sinks=sinks, num_partitions=4, config=tuning
+                )
                 check(f"decode fp8-{qname} {name} P=4 sinks", out, refs, offs)
                 out = torch.full_like(q, float("nan"))
-                M.mha_triton(q, k_op, v_op, offs, out=out, mask=win)
+                M.mha_triton(q, k_op, v_op, offs, out=out, mask=win, config=tuning)
                 check(f"decode fp8-{qname} {name} window", out, refs_w, offs)
             except Exception as ex:
                 TABLE.append(f"CHECK CRASHED {qname} {name}: {type(ex).__name__}: {str(ex)[:150]}")
                 print(f"[fail] checks {qname} {name}: {type(ex).__name__}: {str(ex)[:300]}")
-        M.DECODE_OVERRIDE.clear()
         del inp, k_op, v_op
 
 
@@ -583,13 +581,12 @@ def prefill_suite(names, small):
         if left() < 15:
             print(f"[skip] prefill {name}: out of time budget")
             break
-        M.PREFILL_OVERRIDE.clear()
-        M.PREFILL_OVERRIDE.update(PREFILL_VARIANTS[name])
+        tuning = MHATuning(prefill=PREFILL_VARIANTS[name])
         try:
             oc_out = torch.full_like(qc, float("nan"))
-            M.mha_triton(qc, kco, vco, oc, out=oc_out)
+            M.mha_triton(qc, kco, vco, oc, out=oc_out, config=tuning)
             check(f"prefill {name}", oc_out, refs, oc, dict(abs_tol=4e-3, cos_tol=2e-5))
-            g, e = time_fn(lambda: M.mha_triton(q, k_op, v_op, offs, out=out))
+            g, e = time_fn(lambda: M.mha_triton(q, k_op, v_op, offs, out=out, config=tuning))
         except Exception as ex:
             print(f"[fail] prefill {name}: {type(ex).__name__}: {str(ex)[:300]}")
             RESULTS["prefill"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:200]}")
@@ -600,7 +597,6 @@ def prefill_suite(names, small):
         RESULTS["prefill"][name] = rec
         LOG["prefill"].append(rec)
         print(f"[prefill] {name:10s}: {ms:8.3f} ms {rec['tflops']:6.1f} TFLOP/s", flush=True)
-    M.PREFILL_OVERRIDE.clear()
     save()
 
 
@@ -624,14 +620,14 @@ def page_order_diagnostic():
             elif order == "shuffled again":
                 lut[:, :n] = torch.randperm(64 * n, device=DEV).int().view(64, n)
             for name in ("default", "trans"):
-                M.DECODE_OVERRIDE.clear()
-                M.DECODE_OVERRIDE.update(FP8_VARIANTS[name])
-                g, e = time_fn(lambda k=k_op, v=v_op: M.mha_triton(q, k, v, offs, out=out))
+                tuning = MHATuning(decode=FP8_VARIANTS[name])
+                g, e = time_fn(
+                    lambda k=k_op, v=v_op: M.mha_triton(q, k, v, offs, out=out, config=tuning)
+                )
                 line = f"fp8 p{page} {order:15s} {name:8s}: graph {g * 1e3:7.1f} us"
                 line += f" eager {e * 1e3:7.1f} us"
                 LOG.setdefault("page_order", []).append(line)
                 print(f"[diag] {line}", flush=True)
-        M.DECODE_OVERRIDE.clear()
         del inp, k_op, v_op
         if not SMOKE:
             torch.cuda.empty_cache()
@@ -738,7 +734,8 @@ def offline():
 
     def compiled(call):
         rows = []
-        for launch in offline.capture(M, call, _use_sm90_prefill=M._sm90_prefill_serves):
+        h100 = dict(device_facts=lambda d: Device(True, num_sms(d), fast_hbm(d)))  # sm_90
+        for launch in offline.capture(M, call, **h100):
             ck = offline.compile_sm90(launch)
             ptx = ck.asm["ptx"]
             with tempfile.TemporaryDirectory() as t:
@@ -801,11 +798,12 @@ def offline():
             q = torch.empty(b * c["qlen"], 32, d, dtype=torch.bfloat16)
             kv = torch.empty(b * c["qlen"], 8, d, dtype=torch.bfloat16)
             offs = torch.arange(b + 1, dtype=torch.int32) * c["qlen"]
-            M.PREFILL_OVERRIDE.update(c.get("over", {}))
+            tuning = MHATuning(prefill=c.get("over", {}))
             rows = compiled(
-                lambda: M.mha_triton(q, RaggedOperand(kv, offs), RaggedOperand(kv, offs), offs)
+                lambda: M.mha_triton(
+                    q, RaggedOperand(kv, offs), RaggedOperand(kv, offs), offs, config=tuning
+                )
             )
-            M.PREFILL_OVERRIDE.clear()
             for f in rows:
                 print(f"{name:26s} {f}")
             continue
@@ -820,8 +818,8 @@ def offline():
         )  # fmt: skip
         q = torch.empty(b * c["qlen"], 32, d, dtype=torch.bfloat16)
         offs = torch.arange(b + 1, dtype=torch.int32) * c["qlen"]
-        M.DECODE_OVERRIDE.update(c.get("over", {}))
-        M.PREFILL_OVERRIDE.update(c.get("over", {}))
+        over = c.get("over", {})
+        tuning = MHATuning(decode=over) if c["qlen"] == 1 else MHATuning(prefill=over)
         kw = dict(c.get("kw", {}))
         if kw.pop("sinks", False):
             kw["sinks"] = torch.zeros(32)
@@ -832,11 +830,10 @@ def offline():
                 PagedOperand(inp, p, 0, "v"),
                 offs,
                 num_partitions=1,
+                config=tuning,
                 **kw,
             )  # fmt: skip
         )
-        M.DECODE_OVERRIDE.clear()
-        M.PREFILL_OVERRIDE.clear()
         for f in rows:
             print(f"{name:26s} {f}")
 

@@ -28,7 +28,8 @@ from mla_cases import capture, compile_offline, launcher, make_case  # noqa: E40
 # ------------------------------------------------------------------------------------------
 # Launch variants (timed, and compiled offline by --compile-only)
 # ------------------------------------------------------------------------------------------
-# Launch variants timed (and compiled offline): name -> (TUNING overrides).
+# Launch variants timed (and compiled offline): name -> (`MLATuning` overrides, set through
+# PAGEDATTN_MLA_TUNING, which `mla_decode_triton` reads at each call).
 _SS = dict(gluon=True, sm90_ss=True, sm90_t=False, ss_tma=False)  # the seesaw variants' base
 VARIANTS = {
     "auto": {},
@@ -200,16 +201,13 @@ T_CHECKS = [
 
 
 def compile_only(outdir, cases=""):
-    import pagedattn.ops.mla.triton_mla as M
-
     rows = []
     for name, mode, fmt, d_qk, _b, _s, h_q, s_q, ps, _tk, variants, _parts in CASES:
         if cases and not re.search(cases, name):
             continue
         q, kv, offs, kw, _ = make_case(mode, fmt, d_qk, 4, 256, h_q, s_q, ps, 128, "cpu")
         for v in variants:
-            M.TUNING.update({k: None for k in M.TUNING})
-            M.TUNING.update(VARIANTS[v])
+            os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[v])
             launch = capture(launcher(q, kv, offs, kw, 1), v.startswith(("sm90", "ss", "st")))
             tag = re.sub(r"[^A-Za-z0-9]+", "_", f"{name}_{v}")
             t0 = time.time()
@@ -221,7 +219,7 @@ def compile_only(outdir, cases=""):
             r["case"], r["variant"] = name, v
             rows.append(r)
             print(json.dumps(r), flush=True)
-    M.TUNING.update({k: None for k in M.TUNING})
+    os.environ.pop("PAGEDATTN_MLA_TUNING", None)
     return rows
 
 
@@ -293,7 +291,7 @@ def fixed_cost_probe(copy_bw):
 
 
 def _cold_trace(fn, tr):
-    """Run `fn` once from a cold L2 with TUNING["trace"] = tr set; tr's rows (numpy)."""
+    """Run `fn` once from a cold L2 with `MLATuning.trace` = tr set; tr's rows (numpy)."""
     cold_l2()
     torch.cuda.synchronize()
     fn()
@@ -312,7 +310,7 @@ def trace_probe(copy_bw, outdir, only=""):
     import numpy as np
     import triton
 
-    import pagedattn.ops.mla.triton_mla as M
+    from pagedattn.ops.mla import tuning as mla_tuning
 
     rows = []
     # label, fmt, s_k, h_q, P, variant (ss: sparse V32, s_q 2, top-k 2048)
@@ -341,14 +339,13 @@ def trace_probe(copy_bw, outdir, only=""):
                                               shared=shared)  # fmt: skip
             if label.endswith("_roll"):
                 kv.lut.copy_(kv.lut.roll(kv.lut.shape[0] // 2, 0))
-        M.TUNING.update({k: None for k in M.TUNING})
-        M.TUNING.update(VARIANTS[variant])
+        os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[variant])
         fn = launcher(q, kv, offs, kw, P)
         fn()
         t_graph = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
         n_cta = q.shape[0] * P * (2 if seesaw else 1)
         tr = torch.zeros(n_cta, 10, dtype=torch.int64, device="cuda")  # `_g_trace_open`
-        M.TUNING["trace"] = tr
+        kw["config"] = mla_tuning.from_env().replace(trace=tr)
         fn()
         for rep in range(3):
             a = _cold_trace(fn, tr)
@@ -395,7 +392,7 @@ def trace_probe(copy_bw, outdir, only=""):
             print("trace", json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
                                        for k, v in r.items()}), flush=True)  # fmt: skip
             np.save(os.path.join(outdir, f"trace_{label}_{s_k}_P{P}_{rep}.npy"), a)
-        M.TUNING.update({k: None for k in M.TUNING})
+        os.environ.pop("PAGEDATTN_MLA_TUNING", None)
         del q, kv, kw
     return rows
 
@@ -408,19 +405,20 @@ def ps_trace_probe(variants=("ss_ps",)):
     import numpy as np
     import triton
 
-    import pagedattn.ops.mla.triton_mla as M
+    import pagedattn.ops.mla.triton_mla_plan as M
+    from pagedattn.ops.mla import tuning as mla_tuning
 
     q, kv, offs, kw, work = make_case("sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048)
     out = []
     for v in variants:
-        M.TUNING.update({k: None for k in M.TUNING})
-        M.TUNING.update(VARIANTS[v])
+        os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[v])
+        kw.pop("config", None)  # the previous variant's trace config
         fn = launcher(q, kv, offs, kw, 1)
         fn()
         tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-        g = M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0]
+        g = M.ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0]
         tr = torch.zeros(2 * g, 80, dtype=torch.int64, device="cuda")
-        M.TUNING["trace"] = tr
+        kw["config"] = mla_tuning.from_env().replace(trace=tr)
         for rep in range(2):
             a = _cold_trace(fn, tr)
             t0 = a[:, 0].min()
@@ -446,7 +444,7 @@ def ps_trace_probe(variants=("ss_ps",)):
             r["end_p0_p50_max"] = [round(float(x), 1) for x in np.percentile(ends, [0, 50, 100])]
             out.append(r)
             print("pstrace", json.dumps(r), flush=True)
-        M.TUNING.update({k: None for k in M.TUNING})
+        os.environ.pop("PAGEDATTN_MLA_TUNING", None)
     return out
 
 
@@ -502,7 +500,8 @@ def tile_trace_probe(variants, outdir, shared=("",)):
     import numpy as np
     import triton
 
-    import pagedattn.ops.mla.triton_mla as M
+    import pagedattn.ops.mla.triton_mla_plan as M
+    from pagedattn.ops.mla import tuning as mla_tuning
     from pagedattn.ops.mla.sm90.gluon_mla import TILE_TRACE_SLOTS
 
     out = []
@@ -510,18 +509,18 @@ def tile_trace_probe(variants, outdir, shared=("",)):
         q, kv, offs, kw, work = make_case("sparse", "v32", 576, 128, 8192, 128, 2, 64, 2048,
                                           shared=sh)  # fmt: skip
         for v in variants:
-            M.TUNING.update({k: None for k in M.TUNING})
-            M.TUNING.update(VARIANTS[v])
+            os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[v])
+            kw.pop("config", None)  # the previous variant's trace config
             ps = bool(VARIANTS[v].get("ss_persist"))
             fn = launcher(q, kv, offs, kw, 1)
             fn()
             tg = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
-            n = 2 * M._ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0] if ps else (
+            n = 2 * M.ps_plan(q.shape[0], kw["indices"].shape[1], q.device)[0] if ps else (
                 2 * q.shape[0])  # fmt: skip
             base = 80 if ps else 10  # the kernel's own trace slots, then the tile trace
             width = base + TILE_TRACE_SLOTS
             tr = torch.zeros(n, width, dtype=torch.int64, device="cuda")
-            M.TUNING["trace"] = tr
+            kw["config"] = mla_tuning.from_env().replace(trace=tr)
             fn()
             tg_tr = triton.testing.do_bench_cudagraph(fn, rep=60, return_mode="median")
             for rep in range(2):
@@ -537,7 +536,7 @@ def tile_trace_probe(variants, outdir, shared=("",)):
                 )
                 out.append(r)
                 print("tiletrace", json.dumps(r), flush=True)
-        M.TUNING.update({k: None for k in M.TUNING})
+        os.environ.pop("PAGEDATTN_MLA_TUNING", None)
         del q, kv, kw
     return out
 
@@ -585,15 +584,12 @@ def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""
     suite's time (`common.time_ms`: L2 evicted before every call, CUDA events around each)."""
     import triton
 
-    import pagedattn.ops.mla.triton_mla as M
-
     rows = []
     for v in variants:
         if only and not re.fullmatch(only, v):
             continue
         for P in parts if not only else [p for p in parts if p in (None, 1)][:1]:
-            M.TUNING.update({k: None for k in M.TUNING})
-            M.TUNING.update(VARIANTS[v])
+            os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[v])
             fn = launcher(q, kv, offs, kw, P)
             try:
                 fn()
@@ -621,7 +617,7 @@ def time_variants(case, q, kv, offs, kw, work, variants, parts, copy_bw, only=""
             )  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
-    M.TUNING.update({k: None for k in M.TUNING})
+    os.environ.pop("PAGEDATTN_MLA_TUNING", None)
     return rows
 
 
@@ -652,10 +648,8 @@ def main():
             json.dump(rows, fh, indent=1)
         return
 
-    import pagedattn.ops.mla.triton_mla as M
-
     if args.once:
-        M.TUNING.update(VARIANTS[args.once])
+        os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[args.once])
         for name, mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk, _v, _p in CASES:
             if not args.cases or re.search(args.cases, name):
                 shared = args.shared.split(",")[0]  # --once: the first --shared mode
@@ -690,8 +684,7 @@ def main():
     if args.checks == "t":  # the keys-as-M kernel
         checks = [c + (v,) for v in args.t_variants.split(",") for c in T_CHECKS]
     for c in checks if args.checks != "none" else []:
-        M.TUNING.update({k: None for k in M.TUNING})
-        M.TUNING.update(VARIANTS[c[8]] if len(c) > 8 else {})
+        os.environ["PAGEDATTN_MLA_TUNING"] = json.dumps(VARIANTS[c[8]] if len(c) > 8 else {})
         r = check_case(*c[:8])
         r["case"] = c
         res["checks"].append(r)
@@ -722,7 +715,7 @@ def main():
                                    args.cold)  # fmt: skip
         del q, kv, kw
         torch.cuda.empty_cache()
-    M.TUNING.update({k: None for k in M.TUNING})
+    os.environ.pop("PAGEDATTN_MLA_TUNING", None)
     res["timings"] = table
     with open(os.path.join(args.out, "mla_dev.json"), "w") as fh:
         json.dump(res, fh, indent=1)

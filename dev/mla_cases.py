@@ -4,8 +4,8 @@
 - `make_case`: a one-layer MLA cache in any of the formats of `FMTS`, its queries and the work
   counted (DESIGN.md section 6: FLOPs = 2 * tokens * h_q * keys * (d_qk + d_v); bytes = each K
   row read once, scales included, + q + out).
-- `launcher`: a no-argument call of `mla_decode_triton` on a case (the launch variant is the
-  one `triton_mla`'s tuning selects when it runs).
+- `launcher`: a no-argument call of `mla_decode_triton` on a case (the launch variant: `kw`'s
+  `config`, else the shipped `MLATuning` with PAGEDATTN_MLA_TUNING's overrides, at each call).
 - `capture`, `compile_offline`: the decode kernel's launch and its offline sm_90 compile (no
   GPU needed), with the resources and instruction counts of its SASS.
 """
@@ -129,7 +129,7 @@ def make_case(mode, fmt, d_qk, b, s_k, h_q, s_q, ps, topk=2048, device="cuda", s
 def capture(call, sm90=False):
     """The decode kernel's launch that `call` makes (`pagedattn.ops.offline.capture`; the
     split-K combine skipped), with the Gluon sm_90 paths taken where sm90 (as on an H100:
-    TUNING picks among them) and the portable tl kernel elsewhere."""
+    the tuning picks among them) and the portable tl kernel elsewhere."""
     import pagedattn.ops.mla.triton_mla as M
     from pagedattn.ops import offline
 

@@ -67,13 +67,12 @@ def samples(p: subprocess.Popen) -> list[list[str]]:
 
 
 def run_case(name: str, spec: tuple, query: str, variant: str = "") -> dict:
-    """One case's row (module docstring), launched with `variant`'s TUNING ("": defaults)."""
-    import pagedattn.ops.mla.triton_mla as M
+    """One case's row (module docstring), launched with `variant`'s tuning ("": defaults)."""
+    from pagedattn.ops.mla.tuning import MLATuning
 
     mode, fmt, s_k, h_q, s_q, topk, shared = spec
     q, kv, offs, kw, work = make_case(mode, fmt, 576, 128, s_k, h_q, s_q, 64, topk, shared=shared)
-    M.TUNING.update({k: None for k in M.TUNING})
-    M.TUNING.update(VARIANTS[variant] if variant else {})
+    kw["config"] = MLATuning().replace(**(VARIANTS[variant] if variant else {}))
     fn = launcher(q, kv, offs, kw, 1)
     fn()
     torch.cuda.synchronize()

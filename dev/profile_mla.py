@@ -16,12 +16,13 @@ import torch
 from gpu_mla_dev import VARIANTS
 from mla_cases import launcher, make_case
 
-import pagedattn.ops.mla.triton_mla as M
+from pagedattn.ops.mla.tuning import MLATuning
 
 mode, fmt, h_q, s_q, s_k = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 P = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[6] != "auto" else None
-M.TUNING.update(VARIANTS[sys.argv[7]] if len(sys.argv) > 7 else {})
+config = MLATuning().replace(**(VARIANTS[sys.argv[7]] if len(sys.argv) > 7 else {}))
 q, kv, offs, kw, _ = make_case(mode, fmt, 576, 128, s_k, h_q, s_q, 64, 2048)
+kw["config"] = config
 fn = launcher(q, kv, offs, kw, P)
 for _ in range(4):
     fn()

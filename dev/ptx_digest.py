@@ -4,8 +4,9 @@ that a change leaves the generated code instruction-for-instruction identical.
 Cases come from `tests/sm90_compile.py` (the same enumeration `test_sm90_compile` uses); each
 launch of each case is specialized as on an H100 (`pagedattn.ops.offline.specialize`) and
 lowered through Triton's stages up to PTX (no ptxas). The PTX is normalized (line-info
-directives, comments and debug sections dropped, so a moved source line changes nothing) and
-hashed. Output: one JSON object {case: [[kernel name, sha256], ...]} written to OUT.
+directives and their labels, comments and debug sections dropped, so a moved source line or an
+inlined helper changes nothing) and hashed. Output: one JSON object
+{case: [[kernel name, sha256], ...]} written to OUT.
 
     python dev/ptx_digest.py OUT.json [dense|sparse|persistent|pages|mha ...] [-j N] [-k TEXT]
     python dev/ptx_digest.py --compare BASE.json NEW.json [--subset]
@@ -26,7 +27,9 @@ import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-_DROP = re.compile(r"^\s*(\.loc|\.file|//|\$L__debug|\.b8|\.b32|\.section|\{|\})")
+# Labels that only the line info refers to (branch targets are $L__BB...): an inlined helper
+# adds one where its body starts.
+_DEBUG_LABEL = re.compile(r"^\$L__tmp\d+:$")
 
 
 def normalize(ptx: str) -> str:
@@ -41,7 +44,7 @@ def normalize(ptx: str) -> str:
             if s == "}":
                 in_debug = False
             continue
-        if not s or s.startswith((".loc", ".file", "//")):
+        if not s or s.startswith((".loc", ".file", "//")) or _DEBUG_LABEL.match(s):
             continue
         out.append(re.sub(r"\s+//.*$", "", line.rstrip()))
     return "\n".join(out)
@@ -83,28 +86,27 @@ def _cases(modes, keep):
 
 
 def _work(args):
+    """Every worker walks every case (capturing and specializing its launches is cheap) and
+    compiles the distinct specializations whose key falls in its shard, so none is compiled
+    twice. -> ({case: [[kernel, key], ...]}, {key: digest})."""
     modes, keep, shard, nshard = args
-    import json as _json
-
     from pagedattn.ops import offline
 
-    seen: dict = {}
-    res = {}
-    for i, (case, launches) in enumerate(_cases(modes, keep)):
-        if i % nshard != shard:
-            continue
+    cases, digests = {}, {}
+    for case, launches in _cases(modes, keep):
         row = []
         for launch in launches():
             src, opts = offline.specialize(launch)
-            key = (launch.name, src.hash(), _json.dumps(opts, default=str))
-            if key not in seen:
+            key = f"{launch.name}|{src.hash()}|{json.dumps(opts, default=str, sort_keys=True)}"
+            mine = int(hashlib.sha1(key.encode()).hexdigest(), 16) % nshard == shard
+            if mine and key not in digests:
                 try:
-                    seen[key] = hashlib.sha256(normalize(_ptx(launch)).encode()).hexdigest()
+                    digests[key] = hashlib.sha256(normalize(_ptx(launch)).encode()).hexdigest()
                 except Exception as e:  # noqa: BLE001 - recorded
-                    seen[key] = f"error: {type(e).__name__}: {str(e)[-200:]}"
-            row.append([launch.name, seen[key]])
-        res[case] = row
-    return res
+                    digests[key] = f"error: {type(e).__name__}: {str(e)[-200:]}"
+            row.append([launch.name, key])
+        cases[case] = row
+    return cases, digests
 
 
 def main(argv):
@@ -129,13 +131,16 @@ def main(argv):
         del rest[i : i + 2]
     modes = rest or ["dense", "sparse", "persistent", "pages", "mha"]
     sys.path.insert(0, os.path.join(os.getcwd(), "tests"))  # the checkout run from
-    res: dict = {}
+    cases, digests = {}, {}
     with ProcessPoolExecutor(jobs) as ex:
-        for part in ex.map(_work, [(modes, keep, s, jobs) for s in range(jobs)]):
-            res.update(part)
+        for c, d in ex.map(_work, [(modes, keep, s, jobs) for s in range(jobs)]):
+            cases.update(c)
+            digests.update(d)
+    res = {case: [[name, digests[key]] for name, key in row] for case, row in cases.items()}
     json.dump(res, open(out, "w"), indent=0, sort_keys=True)
     errs = sum(1 for v in res.values() for _, h in v if h.startswith("error"))
-    print(f"{len(res)} cases, {sum(len(v) for v in res.values())} launches, {errs} errors")
+    n = sum(len(v) for v in res.values())
+    print(f"{len(res)} cases, {n} launches, {len(digests)} distinct specializations, {errs} errors")
 
 
 if __name__ == "__main__":

@@ -70,21 +70,14 @@ if os.environ.get("PAGEDATTN_TOL_LOG"):
     _log_margins(os.environ["PAGEDATTN_TOL_LOG"])
 
 
-def _mla_tuning(spec: str) -> None:
-    """PAGEDATTN_MLA_TUNING='{"knob": value, ...}' (development): run the tests with
-    `triton_mla.TUNING` set so (lists become tuples), to check a launch variant of the MLA
-    kernels before it becomes the default. In every xdist worker, since each imports this."""
-    import pagedattn.ops.mla.triton_mla as M
-
-    knobs = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(spec).items()}
-    unknown = sorted(set(knobs) - set(M.TUNING))
-    if unknown:
-        raise ValueError(f"PAGEDATTN_MLA_TUNING: unknown knobs {unknown}")
-    M.TUNING.update(knobs)
-
-
+# PAGEDATTN_MLA_TUNING='{"field": value, ...}' (development): the tests run with those
+# `MLATuning` fields (lists become tuples; `mla_decode_triton` reads the variable at each call),
+# to check a launch variant of the MLA kernels before it becomes the default. Checked here, in
+# every xdist worker, so that an unknown field fails the run at once (InvalidArgumentError).
 if os.environ.get("PAGEDATTN_MLA_TUNING"):
-    _mla_tuning(os.environ["PAGEDATTN_MLA_TUNING"])
+    from pagedattn.ops.mla import tuning as _mla_tuning
+
+    _mla_tuning.from_env()
 
 
 if os.environ.get("PAGEDATTN_TEST_TIMES"):

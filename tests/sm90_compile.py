@@ -8,7 +8,7 @@
 - persistent: `test_triton_mla.test_gpu_v32_persistent_kernel`'s cases (the opt-in persistent
   sparse V32 kernel, `gluon_mla_ps`);
 - pages: the V32 cluster kernel (h_q 128, dense and sparse) at page sizes that are not powers
-  of two, which its producer takes as a run-time value (`triton_mla._page_size_constexpr`;
+  of two, which its producer takes as a run-time value (`triton_mla_plan._page_size_constexpr`;
   the grid's page sizes are all powers of two);
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too; also with an H200's stages and
@@ -19,7 +19,7 @@ Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compi
 this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|persistent|pages|mha]
 [--full]`. Each
 launch is captured as an H100 would make it (`ops.offline.capture`, with
-`triton_mla._sm90_serves` for the device check); each distinct specialization goes through
+`triton_mla_plan.sm90_serves` for the device check); each distinct specialization goes through
 the front end (`ops.offline.front_end`), or with --full through ptxas too. Prints one JSON
 line: {"cases", "kernels": {name: specializations}, "errors": [{case, kernel, error, cause}]}.
 """
@@ -41,10 +41,13 @@ from pagedattn import (
     PagedOperand,
     RaggedOperand,
 )
+from pagedattn.cache.dispatch import num_sms
 from pagedattn.ops import masks, offline
 from pagedattn.ops.mha import triton_combine as MC
 from pagedattn.ops.mha import triton_mha as TM
+from pagedattn.ops.mha.selection import Device, MHATuning
 from pagedattn.ops.mla import triton_mla as M
+from pagedattn.ops.mla import tuning as mla_tuning
 from pagedattn.testing import make_paged_cache, ragged_offsets
 
 E8M0 = torch.float8_e8m0fnu
@@ -103,7 +106,7 @@ def capture_mla(q, kv, q_lens, kw, h200=None):
         M,
         lambda: M.mla_decode_triton(q, kv, offs, **kw),
         mla_combine_triton=lambda *a, **k: None,
-        **as_on_h100(_use_sm90_path=M._sm90_serves, **chip(h200)),
+        **as_on_h100(_use_sm90_path=M.sm90_serves, **chip(h200)),
     )
 
 
@@ -125,7 +128,7 @@ def grid_launches(mode, fmt, d_qk, h_q, s_q, ps, h200=None):
 def persistent_launches(batch, s_q, stride, h_q, order):
     """The launches of `test_gpu_v32_persistent_kernel`'s case (values random): V32 pages of
     64, per-request top-k lengths (the width, a third of it, 0), a sink; the kernel forced
-    (TUNING["ss_persist"]) with work order `order` (TUNING["ps_order"])."""
+    (`MLATuning` ss_persist) with work order `order` (ps_order)."""
     q_lens = [s_q or 1 + b % 3 for b in range(batch)]
     kv = mla_operand("v32", 576, h_q, 64, [(700 + 37 * b) % 1500 for b in range(batch)], q_lens)
     n = sum(q_lens)
@@ -135,13 +138,9 @@ def persistent_launches(batch, s_q, stride, h_q, order):
         attn_sink=torch.randn(h_q), num_partitions=1,
         indices=torch.randint(-1, 700, (n, stride), dtype=torch.int32),
         topk_lengths=torch.tensor(topk, dtype=torch.int32),
+        config=mla_tuning.from_env().replace(ss_persist=True, ps_order=order),
     )  # fmt: skip
-    saved = M.TUNING["ss_persist"], M.TUNING["ps_order"]
-    M.TUNING["ss_persist"], M.TUNING["ps_order"] = True, order
-    try:
-        return capture_mla(q, kv, q_lens, kw)
-    finally:
-        M.TUNING["ss_persist"], M.TUNING["ps_order"] = saved
+    return capture_mla(q, kv, q_lens, kw)
 
 
 PAGES_NOT_POW2 = (3, 48, 200)  # the "pages" suite's page sizes
@@ -177,7 +176,7 @@ def mla_cases(mode):
                             f"{mode}-{fmt}-{d_qk} h_q {h_q} s_q {s_q} page {ps}",
                             partial(grid_launches, mode, fmt, d_qk, h_q, s_q, ps),
                         )
-    # on an H200: the rope-aware FP8 kernel's other ring stages (`triton_mla._sm90_t_config`)
+    # on an H200: the rope-aware FP8 kernel's other ring stages (`triton_mla_plan._sm90_t_config`)
     for h_q, ps in H200_MLA_CASES:
         yield (
             f"{mode}-rope_aware-576 h_q {h_q} s_q 1 page {ps} H200",
@@ -186,30 +185,25 @@ def mla_cases(mode):
 
 
 def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, **kw):
-    """The launches of `mha_triton` over operands k, v (the split-K combine's too), with
-    TM.PREFILL_OVERRIDE / DECODE_OVERRIDE `over` and the Gluon sm_90 prefill as on an H100,
-    or as on an H200 (h200 True; None: CHIP_H200)."""
+    """The launches of `mha_triton` over operands k, v (the split-K combine's too), with the
+    prefill tuning overrides `over` (`selection.MHATuning`) and the Gluon sm_90 prefill as on
+    an H100, or as on an H200 (h200 True; None: CHIP_H200)."""
     offs = ragged_offsets(q_lens, DEVICE)
     q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
+    tuning = MHATuning(prefill=over or {})
+    hbm3e = CHIP_H200 if h200 is None else h200
     made = []
 
     def call():
         made.extend(
             offline.capture(
                 TM,
-                lambda: TM.mha_triton(q, k, v, offs, **kw),
-                **as_on_h100(_use_sm90_prefill=TM._sm90_prefill_serves, **chip(h200)),
+                lambda: TM.mha_triton(q, k, v, offs, config=tuning, **kw),
+                **as_on_h100(device_facts=lambda device: Device(True, num_sms(device), hbm3e)),
             )  # fmt: skip
         )
 
-    for table in (TM.PREFILL_OVERRIDE, TM.DECODE_OVERRIDE):
-        table.clear()
-        table.update(over or {})
-    try:
-        made.extend(offline.capture(MC, call))
-    finally:
-        TM.PREFILL_OVERRIDE.clear()
-        TM.DECODE_OVERRIDE.clear()
+    made.extend(offline.capture(MC, call))
     return made
 
 

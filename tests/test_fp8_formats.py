@@ -14,9 +14,11 @@ import torch
 
 from pagedattn import InvalidArgumentError, KVCacheParams, KVQuantConfig, gather_kv, store_kv
 from pagedattn.cache import allocate_buffers
+from pagedattn.cache.flashmla import from_flashmla_cache, to_flashmla_cache
 from pagedattn.fp8 import dequantize_blockwise, quantize_blockwise, quantize_per_tensor
 from pagedattn.fp8 import mla_formats as mf
-from pagedattn.operands import DenseOperand, PagedOperand, RowOperand
+from pagedattn.operands import DenseOperand, PagedOperand, RowOperand, load_model1_rows
+from pagedattn.ops.store_kv.reference import store_rows
 from pagedattn.testing import make_paged_cache, ragged_offsets
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
@@ -159,9 +161,9 @@ def test_model1_page_layout_in_cache():
     block = want[page, 0, layer].reshape(-1)  # the page's ps * 584 contiguous bytes
     block[off * 576 : off * 576 + 576] = torch.tensor(want_data).to(torch.uint8)
     block[ps * 576 + off * 8 : ps * 576 + off * 8 + 8] = torch.tensor(want_scales).to(torch.uint8)
-    mf.store_rows(op, torch.tensor([row]), x.to(BF16))
+    store_rows(op, torch.tensor([row]), x.to(BF16))
     assert torch.equal(blocks, want)  # nothing else changed
-    assert torch.equal(mf.load_model1_rows(op, torch.tensor([row])), x)
+    assert torch.equal(load_model1_rows(op, torch.tensor([row])), x)
     assert torch.equal(op.load_rows(torch.tensor([row]), BF16), x.to(BF16))
 
 
@@ -416,16 +418,16 @@ def test_to_flashmla_cache(gen, fmt, page_size):
     for layer in range(p.num_layers):
         block_bytes = page_size * p.row_elems
         aligned = (layer * block_bytes) % 16 == 0 and (2 * block_bytes) % 16 == 0
-        views = [mf.to_flashmla_cache(inp.kv_blocks, p, layer, copy=True)]
+        views = [to_flashmla_cache(inp.kv_blocks, p, layer, copy=True)]
         if aligned:
-            views.append(mf.to_flashmla_cache(inp.kv_blocks, p, layer))
+            views.append(to_flashmla_cache(inp.kv_blocks, p, layer))
             assert (
                 views[1].untyped_storage().data_ptr() == inp.kv_blocks.untyped_storage().data_ptr()
             )
         else:  # odd MODEL1 blocks: FlashMLA's 16-byte loads need copy=True
             assert fmt == "flashmla_model1" and page_size % 2
             with pytest.raises(InvalidArgumentError, match="copy=True"):
-                mf.to_flashmla_cache(inp.kv_blocks, p, layer)
+                to_flashmla_cache(inp.kv_blocks, p, layer)
         cp = views[0]
         assert cp.untyped_storage().data_ptr() != inp.kv_blocks.untyped_storage().data_ptr()
         if fmt == "flashmla_model1":
@@ -479,14 +481,14 @@ def test_from_flashmla_cache(gen, fmt, page_size):
     x = rand_tokens(gen, P * page_size, p.head_dim, BF16).view(P, page_size, p.head_dim)
     k_cache, deq = encode_flashmla(x, fmt)
     for dtype in (torch.uint8, E4M3):
-        mf.from_flashmla_cache(k_cache.view(dtype), inp.kv_blocks, p, 1)
+        from_flashmla_cache(k_cache.view(dtype), inp.kv_blocks, p, 1)
         op = PagedOperand(inp, p, 1)
         rows = (torch.arange(P)[:, None] * op.page_stride_rows + torch.arange(page_size)).view(-1)
         got = op.load_rows(rows).view(P, page_size, p.head_dim)
         assert torch.equal(got.double(), deq)
     assert torch.equal(inp.kv_blocks[:, :, 0], before[:, :, 0])  # layer 0 untouched
     # And back out: the same bytes FlashMLA gave us.
-    out = mf.to_flashmla_cache(inp.kv_blocks, p, 1, copy=True)
+    out = to_flashmla_cache(inp.kv_blocks, p, 1, copy=True)
     assert torch.equal(out, k_cache)
 
 
@@ -496,13 +498,13 @@ def test_flashmla_unquantized_view(gen):
     x = rand_tokens(gen, 70, 576, BF16)
     prefill = dataclasses.replace(cache.inputs, cache_lengths=torch.zeros(1, dtype=torch.int32))
     store_kv(x, None, prefill, p, 1, ragged_offsets([70]), backend="reference")
-    kc = mf.to_flashmla_cache(cache.inputs.kv_blocks, p, 1)
+    kc = to_flashmla_cache(cache.inputs.kv_blocks, p, 1)
     assert kc.dtype == BF16 and kc.shape == (cache.inputs.kv_blocks.shape[0], 64, 1, 576)
     lut = cache.inputs.lookup_table[0].long()
     t = torch.arange(70)
     assert torch.equal(kc[lut[t // 64], t % 64], x)
     fresh = torch.randn(kc.shape, generator=gen).to(BF16)
-    mf.from_flashmla_cache(fresh, cache.inputs.kv_blocks, p, 0)
+    from_flashmla_cache(fresh, cache.inputs.kv_blocks, p, 0)
     assert torch.equal(cache.inputs.kv_blocks[:, 0, 0], fresh)
 
 
@@ -527,31 +529,31 @@ def test_invalid_arguments(gen):
     p = mla_params("mla_rope_aware", 64)
     blocks = allocate_buffers(p, 2).kv_blocks
     with pytest.raises(InvalidArgumentError, match="rope_aware_to_v32"):
-        mf.to_flashmla_cache(blocks, p, 0)
+        to_flashmla_cache(blocks, p, 0)
     p = mla_params("flashmla_model1", 3)
     blocks = allocate_buffers(p, 2).kv_blocks
     with pytest.raises(InvalidArgumentError, match="layer_idx"):
-        mf.to_flashmla_cache(blocks, p, 2)
+        to_flashmla_cache(blocks, p, 2)
     with pytest.raises(InvalidArgumentError, match="kv_blocks"):
-        mf.to_flashmla_cache(blocks[:, :, :, :2], p, 0)
+        to_flashmla_cache(blocks[:, :, :, :2], p, 0)
     with pytest.raises(InvalidArgumentError, match="k_cache"):
-        mf.from_flashmla_cache(torch.zeros(2, 3, 1, 656, dtype=torch.uint8), blocks, p, 0)
+        from_flashmla_cache(torch.zeros(2, 3, 1, 656, dtype=torch.uint8), blocks, p, 0)
     strided = torch.zeros(2, 3, 1, 600, dtype=torch.uint8)[..., :584]
     with pytest.raises(InvalidArgumentError, match="stride"):
-        mf.from_flashmla_cache(strided, blocks, p, 0)
+        from_flashmla_cache(strided, blocks, p, 0)
     # Operands that are not packed MLA / not paged.
     no_lens = torch.zeros(1, dtype=torch.int32)
     dense = DenseOperand(torch.zeros(1, 4, 1, 576), no_lens)
     with pytest.raises(InvalidArgumentError, match="quant_format"):
-        mf.store_rows(dense, torch.arange(2), x)
+        store_rows(dense, torch.arange(2), x)
     raw_rows = torch.zeros(4, 1, 584, dtype=torch.uint8)
     unpaged = RowOperand(raw_rows, no_lens, quant_format="flashmla_model1")
     with pytest.raises(InvalidArgumentError, match="page_size"):
-        mf.load_model1_rows(unpaged, torch.arange(2))
+        load_model1_rows(unpaged, torch.arange(2))
     p = mla_params("flashmla_v32", 3)
     op = PagedOperand(make_paged_cache(p, [3]).inputs, p, 0)
     with pytest.raises(InvalidArgumentError, match="rows"):
-        mf.store_rows(op, torch.arange(3), x)  # 3 rows for 2 tokens
+        store_rows(op, torch.arange(3), x)  # 3 rows for 2 tokens
 
 
 # Blockwise and per-tensor ---------------------------------------------------------------------

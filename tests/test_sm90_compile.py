@@ -122,7 +122,7 @@ def test_the_offline_check_takes_the_gpu_grids_cache_formats():
 @pytest.mark.parametrize("ps,ps_c", [(1, 1), (16, 16), (64, 64), (128, 128), (3, 0), (48, 0)])
 def test_v32_cluster_launch_constants(mode, ps, ps_c):
     """A V32 launch at h_q 128 takes the 2-CTA cluster kernel with its producer's tile step as
-    measured (`triton_mla`: one store a half, int32 rows, 200 / 104 registers) and the page
+    measured (`tuning.SeesawTuning`: one store a half, int32 rows, 200 / 104 registers) and the page
     size as a compile-time constant where it is a power of two, else a run-time value (PS_C 0;
     the "pages" suite above compiles those); sparse launches cp.async q (SS_QASYNC), dense
     ones do not (measured slower there)."""

@@ -34,10 +34,13 @@ from pagedattn import (  # noqa: E402
     PagedOperand,
     RaggedOperand,
 )
+from pagedattn.errors import InvalidArgumentError  # noqa: E402
 from pagedattn.fp8 import quantize_blockwise, quantize_per_tensor  # noqa: E402
-from pagedattn.ops import masks  # noqa: E402
+from pagedattn.ops import masks, offline  # noqa: E402
 from pagedattn.ops.mha import mha  # noqa: E402
+from pagedattn.ops.mha import selection as MS  # noqa: E402
 from pagedattn.ops.mha import triton_mha as TM  # noqa: E402
+from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
 from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
 from pagedattn.ops.pdl import pdl_enabled  # noqa: E402
 from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_  # noqa: E402
@@ -156,11 +159,9 @@ def check(
 
 @pytest.fixture
 def hi_lo_prefill():
-    """Prefill with P (and float32-scaled blockwise K/V) carried as hi + lo, for tight
-    indexing checks under the bf16 bounds."""
-    TM.PREFILL_OVERRIDE.update(hi_lo=True, kv_lo=True)
-    yield
-    TM.PREFILL_OVERRIDE.clear()
+    """The tuning of a prefill with P (and float32-scaled blockwise K/V) carried as hi + lo,
+    for tight indexing checks under the bf16 bounds."""
+    return MHATuning(prefill=dict(hi_lo=True, kv_lo=True))
 
 
 def rand_q(n, h_q, d, gen):
@@ -254,7 +255,7 @@ def test_masks_mixed_batch(mi, gen, hi_lo_prefill):
     offs = offsets_of(q_lens)
     q = rand_q(offs[-1], 4, 64, gen)
     mask = all_masks(offs[-1], 40, gen)[mi]
-    check(q, k, v, ks, vs, cache_lens, offs, mask=mask)
+    check(q, k, v, ks, vs, cache_lens, offs, mask=mask, config=hi_lo_prefill)
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def test_chunked_prefill_hi_lo(gen, hi_lo_prefill):
     offs = offsets_of(q_lens)
     q = rand_q(offs[-1], 8, 64, gen)
     sinks = torch.tensor([math.inf, -math.inf, 0.5, 2.0, -1.0, 0.0, 3.0, 1.0]).to(DEV)
-    out, _ = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks)
+    out, _ = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, config=hi_lo_prefill)
     assert torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))
 
 
@@ -320,11 +321,8 @@ def test_fp8_blockwise_kv_lo(gen):
     quant = KVQuantConfig.blockwise(32)
     k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * 3, quant=quant, gen=gen)
     q = rand_q(3, 8, 64, gen)
-    TM.DECODE_OVERRIDE["kv_lo"] = True
-    try:
-        check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3], num_partitions=2)
-    finally:
-        TM.DECODE_OVERRIDE.clear()
+    kv_lo = MHATuning(decode=dict(kv_lo=True))
+    check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3], num_partitions=2, config=kv_lo)
 
 
 @pytest.mark.parametrize("quant", FP8, ids=lambda c: f"{c.format}-{c.granularity}-{c.scale_dtype}")
@@ -333,7 +331,7 @@ def test_fp8_prefill(quant, gen, hi_lo_prefill):
     k, v, ks, vs = build_paged(16, 2, 64, cache_lens, q_lens, quant=quant, gen=gen)
     offs = offsets_of(q_lens)
     q = rand_q(offs[-1], 4, 64, gen)
-    check(q, k, v, ks, vs, cache_lens, offs)
+    check(q, k, v, ks, vs, cache_lens, offs, config=hi_lo_prefill)
 
 
 def test_fp8_blockwise_non_power_of_two_group(gen):
@@ -411,6 +409,33 @@ def test_empty_batch():
     assert out.shape == (0, 8, 64)
 
 
+def test_tuning_overrides(monkeypatch, gen):
+    """Launch configs take overrides from PAGEDATTN_MHA_TUNING and from `config=` (on top);
+    an unknown knob raises, naming it. (Launches captured, not run.)"""
+    k, v, _, _ = build_paged(16, 2, 64, [12, 50], [1, 1], gen=gen)
+    q = rand_q(2, 8, 64, gen)
+    offs = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+
+    def decode_launch(**kw):
+        (made,) = offline.capture(TM, lambda: mha_triton(q, k, v, offs, num_partitions=1, **kw))
+        return made.kwargs["BLOCK_N"], made.kwargs["NUM_STAGES"], made.kwargs["num_warps"]
+
+    monkeypatch.delenv("PAGEDATTN_MHA_TUNING", raising=False)
+    assert decode_launch() == (64, 5, 4)  # bf16 d64: 16 KB of K+V a stage
+    monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"BLOCK_N": 16, "num_stages": 3}}')
+    assert decode_launch() == (16, 3, 4)
+    assert decode_launch(config=MHATuning(decode=dict(num_stages=2, num_warps=2))) == (16, 2, 2)
+    monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"stages": 3}}')
+    with pytest.raises(InvalidArgumentError, match="stages"):
+        decode_launch()
+    monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decoder": {"num_stages": 3}}')
+    with pytest.raises(InvalidArgumentError, match="decoder"):
+        decode_launch()
+    monkeypatch.delenv("PAGEDATTN_MHA_TUNING")
+    with pytest.raises(InvalidArgumentError, match="g_nbuf"):
+        MHATuning(prefill=dict(gluon=True, g_nbuf=3))
+
+
 # --------------------------------------------------------------------------------------------
 # GPU: serving sizes, CUDA-graph replay with changing lengths
 # --------------------------------------------------------------------------------------------
@@ -480,15 +505,10 @@ SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 def check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over):
     """The Gluon sm_90 prefill (forced, launch overrides `over`) against the oracle, then
     against the tl kernel on the same inputs."""
-    TM.PREFILL_OVERRIDE.update(gluon=True, **over)
-    try:
-        out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
-                         tol=PREFILL_TOL)  # fmt: skip
-        TM.PREFILL_OVERRIDE.clear()
-        TM.PREFILL_OVERRIDE.update(gluon=False)
-        out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks)
-    finally:
-        TM.PREFILL_OVERRIDE.clear()
+    gluon, tl = MHATuning(prefill=dict(gluon=True, **over)), MHATuning(prefill=dict(gluon=False))
+    out, lse = check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks,
+                     tol=PREFILL_TOL, config=gluon)  # fmt: skip
+    out_tl, lse_tl = call(q, k, v, offs, mask=mask, sinks=sinks, config=tl)
     assert_close(out, out_tl, **PREFILL_TOL, name="vs tl kernel")
     assert_close(lse, lse_tl, **LSE_TOL, name="lse vs tl kernel")
 
@@ -520,7 +540,7 @@ def test_gpu_sm90_prefill(mi, page_size, h_q, h_kv, d, gen):
         page_size, h_q, h_kv, d, mi, gen
     )
     ka, va = k.kernel_args(), v.kernel_args()
-    assert TM._use_sm90_prefill(q, ka, va, d, d, mask)  # every paged cache
+    assert MS.sm90_prefill_serves(q, ka, va, d, d, mask)  # every paged cache
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks)
 
 
@@ -541,11 +561,8 @@ def test_gpu_sm90_prefill_launch_configs(cfg, gen):
     k, v, ks, vs = build_paged(16, 2, 128, cache_lens, q_lens, gen=gen)
     offs = offsets_of(q_lens)
     q = rand_q(offs[-1], 8, 128, gen)
-    TM.PREFILL_OVERRIDE.update(gluon=True, **cfg)
-    try:
-        check(q, k, v, ks, vs, cache_lens, offs, mask=masks.causal(), tol=PREFILL_TOL)
-    finally:
-        TM.PREFILL_OVERRIDE.clear()
+    tuning = MHATuning(prefill=dict(gluon=True, **cfg))
+    check(q, k, v, ks, vs, cache_lens, offs, mask=masks.causal(), tol=PREFILL_TOL, config=tuning)
 
 
 @pytest.mark.gpu
@@ -571,11 +588,7 @@ def test_gpu_sm90_prefill_ws(mi, page_size, h_q, h_kv, d, bn, gen):
         page_size, h_q, h_kv, d, mi, gen
     )
     over = dict(g_ws=True, g_BLOCK_N=bn, g_NBUF=2 if bn == 128 else 4)
-    TM.PREFILL_OVERRIDE.update(over)
-    try:
-        assert TM._sm90_prefill_plan(k.kernel_args(), v.kernel_args())[0]["ws"]
-    finally:
-        TM.PREFILL_OVERRIDE.clear()
+    assert MS.sm90_prefill_plan(k.kernel_args(), v.kernel_args(), MHATuning(prefill=over)).ws
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over)
 
 
@@ -620,8 +633,8 @@ def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
             masks.chunked_causal(128)][mi]  # fmt: skip
     sinks = torch.randn(8, generator=gen).to(DEV)
     ka = k.kernel_args()
-    assert TM._tma_ok(ka, 128) and TM._use_sm90_prefill(q, ka, ka, D, D, mask)
-    assert TM._sm90_prefill_plan(ka, ka)[0]["ws"]  # the default: warp-specialized
+    assert MS.tma_ok(ka, 128) and MS.sm90_prefill_serves(q, ka, ka, D, D, mask)
+    assert MS.sm90_prefill_plan(ka, ka).ws  # the default: warp-specialized
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **cfg)
 
 

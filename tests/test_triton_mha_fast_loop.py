@@ -1,4 +1,4 @@
-"""The FP8 decode fast loop's launch knobs (`triton_mha._fast_flags`) and the prefill grid order,
+"""The FP8 decode fast loop's launch knobs (`selection.fast_flags`) and the prefill grid order,
 each against the float64 oracle of test_triton_mha.py (CPU: under the interpreter)."""
 
 import pytest
@@ -9,7 +9,8 @@ import triton.language as tl
 
 from pagedattn.cache.params import KVQuantConfig
 from pagedattn.ops import masks
-from pagedattn.ops.mha.triton_decode import _e4m3_to_f16_lo
+from pagedattn.ops.mha.selection import MHATuning
+from pagedattn.ops.mha.triton_decode import e4m3_to_f16_lo
 
 E8M0 = torch.float8_e8m0fnu
 # Every knob off (the general loop); each case below sets some on top.
@@ -80,21 +81,18 @@ def test_fast_decode(knobs, quant, page, parts, gen):
     k, v, ks, vs = T.build_paged(page, 2, 64, cache_lens, [1] * 4, quant=quant, gen=gen)
     q = T.rand_q(4, 8, 64, gen)
     sinks = torch.randn(8, generator=gen).to(T.DEV)
-    T.TM.DECODE_OVERRIDE.update({**OFF, **knobs})
-    try:
-        T.check(
-            q,
-            k,
-            v,
-            ks,
-            vs,
-            cache_lens,
-            [0, 1, 2, 3, 4],
-            num_partitions=parts,
-            sinks=sinks if parts == 1 else None,
-        )
-    finally:
-        T.TM.DECODE_OVERRIDE.clear()
+    T.check(
+        q,
+        k,
+        v,
+        ks,
+        vs,
+        cache_lens,
+        [0, 1, 2, 3, 4],
+        num_partitions=parts,
+        sinks=sinks if parts == 1 else None,
+        config=MHATuning(decode={**OFF, **knobs}),
+    )
 
 
 @pytest.mark.parametrize(
@@ -109,11 +107,10 @@ def test_fast_decode_masks(knobs, mask, gen):
     cache_lens = [45, 8, 19, 70]
     k, v, ks, vs = T.build_paged(16, 2, 64, cache_lens, [1] * 4, quant=QUANTS[0], gen=gen)
     q = T.rand_q(4, 8, 64, gen)
-    T.TM.DECODE_OVERRIDE.update({**OFF, **knobs})
-    try:
-        T.check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3, 4], num_partitions=2, mask=mask)
-    finally:
-        T.TM.DECODE_OVERRIDE.clear()
+    tuning = MHATuning(decode={**OFF, **knobs})
+    T.check(
+        q, k, v, ks, vs, cache_lens, [0, 1, 2, 3, 4], num_partitions=2, mask=mask, config=tuning
+    )
 
 
 def test_e4m3_integer_upcast_all_codes():
@@ -123,7 +120,7 @@ def test_e4m3_integer_upcast_all_codes():
     def k(X, Y):
         o = tl.arange(0, 256)
         x = tl.load(X + o)
-        tl.store(Y + o, _e4m3_to_f16_lo(x, False))
+        tl.store(Y + o, e4m3_to_f16_lo(x, False))
 
     x = torch.arange(256, dtype=torch.uint8, device=T.DEV).view(torch.float8_e4m3fn)
     y = torch.empty(256, dtype=torch.float16, device=T.DEV)
@@ -143,11 +140,8 @@ def test_prefill_blocks_fastest(knobs, h_q, h_kv, gen):
     cache_lens, q_lens = [20, 0, 5], [13, 30, 1]
     k, v, ks, vs = T.build_paged(16, h_kv, 64, cache_lens, q_lens, gen=gen)
     q = T.rand_q(sum(q_lens), h_q, 64, gen)
-    T.TM.PREFILL_OVERRIDE.update(knobs)
-    try:
-        T.check(q, k, v, ks, vs, cache_lens, T.offsets_of(q_lens), tol=T.PREFILL_TOL)
-    finally:
-        T.TM.PREFILL_OVERRIDE.clear()
+    tuning = MHATuning(prefill=knobs)
+    T.check(q, k, v, ks, vs, cache_lens, T.offsets_of(q_lens), tol=T.PREFILL_TOL, config=tuning)
 
 
 @pytest.mark.parametrize(
@@ -160,8 +154,5 @@ def test_fast_decode_groups(knobs, h_q, h_kv, gen):
     cache_lens = [45, 8, 19]
     k, v, ks, vs = T.build_paged(16, h_kv, 64, cache_lens, [1] * 3, quant=QUANTS[0], gen=gen)
     q = T.rand_q(3, h_q, 64, gen)
-    T.TM.DECODE_OVERRIDE.update({**OFF, **knobs})
-    try:
-        T.check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3], num_partitions=1)
-    finally:
-        T.TM.DECODE_OVERRIDE.clear()
+    tuning = MHATuning(decode={**OFF, **knobs})
+    T.check(q, k, v, ks, vs, cache_lens, [0, 1, 2, 3], num_partitions=1, config=tuning)

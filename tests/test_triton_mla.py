@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import zlib  # noqa: E402
 
 import oracles  # noqa: E402
@@ -187,11 +188,12 @@ def check(o, lse, ref_o, ref_lse, tol=TOL):
 
 
 def set_tuning(monkeypatch, tuning: dict) -> None:
-    """`triton_mla.TUNING` overrides for one test (restored after it)."""
-    import pagedattn.ops.mla.triton_mla as M
+    """`MLATuning` overrides for one test (restored after it), through PAGEDATTN_MLA_TUNING
+    (on top of the run's own, if any), which `mla_decode_triton` reads at each call."""
+    from pagedattn import env
 
-    for k, v in tuning.items():
-        monkeypatch.setitem(M.TUNING, k, v)
+    knobs = {**env.tuning_overrides("MLA"), **tuning}
+    monkeypatch.setenv("PAGEDATTN_MLA_TUNING", json.dumps(knobs))
 
 
 def reference_or_none():
@@ -458,7 +460,7 @@ def test_invalid_arguments(gen):
 def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse, monkeypatch):
     """The 64-row sm_90 tile goes to the warp-specialized seesaw kernel for BF16 and V32
     caches, to the key-split kernel for rope-aware FP8 (and when the seesaw is turned off)."""
-    import pagedattn.ops.mla.triton_mla as M
+    import pagedattn.ops.mla.triton_mla_plan as M
 
     for h_q in (1, 20, 64, 128):
         assert M._sm90_config(h_q, sparse, M.FMT_BF16)["SS"]
@@ -470,12 +472,12 @@ def test_sm90_tile_takes_the_seesaw_kernel_for_bf16_and_v32(sparse, monkeypatch)
 
 def test_tma_seesaw_serves_dense_bf16_pages_of_whole_tiles(gen, monkeypatch):
     """The TMA-fed seesaw (gluon_mla_st) takes dense BF16 caches whose pages hold whole 64-key
-    tiles; other pages, sparse decode, other formats and TUNING["ss_tma"] False keep the
+    tiles; other pages, sparse decode, other formats and `MLATuning` ss_tma False keep the
     cp.async seesaw."""
-    import pagedattn.ops.mla.triton_mla as M
+    import pagedattn.ops.mla.triton_mla_plan as M
 
     def operand(fmt, ps):
-        return M._Operand(build_cache(fmt, 576, ps, [3], [1], gen).operand(), 576, BF16, "kv")
+        return M.OperandArgs(build_cache(fmt, 576, ps, [3], [1], gen).operand(), 576, BF16, "kv")
 
     for ps in (64, 128, 256):
         assert M._st_eligible(operand("bf16", ps), sparse=False)
@@ -492,10 +494,10 @@ def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
     """The 3D TMA descriptor of the TMA-fed seesaw (one box a column half) views cache rows as
     [chunk, row, 64]: element (c, r, j) is row r's column 64 c + j, and a [4, 64, 64] box is the
     four chunks of a column half."""
-    from pagedattn.ops.mla.sm90.gluon_mla_st import _st_descriptors
+    from pagedattn.ops.mla.sm90.gluon_mla_st import st_descriptors
 
     rows = build_cache("bf16", 576, 64, [3], [1], gen).operand().kernel_args().rows
-    d = _st_descriptors(rows)[1]
+    d = st_descriptors(rows)[1]
     assert d.block_shape == [4, 64, 64] and d.shape == [9, rows.shape[0], 64]
     seen = torch.as_strided(rows, d.shape, d.strides, rows.storage_offset())
     want = rows[:, 0].unflatten(1, (9, 64)).permute(1, 0, 2)
@@ -506,8 +508,8 @@ def test_tma_seesaw_chunk_descriptor_sees_each_rows_64_column_chunks(gen):
 def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse, monkeypatch):
     """Rope-aware FP8 with at most 16 query rows a tile goes to the warp-specialized keys-as-M
     kernel (3 ring stages, 4 on an H200); BF16 and 32-row tiles stay on the one-warpgroup
-    kernel, and so does rope-aware FP8 when TUNING turns the warp-specialized kernel off."""
-    import pagedattn.ops.mla.triton_mla as M
+    kernel, and so does rope-aware FP8 when the tuning turns the warp-specialized kernel off."""
+    import pagedattn.ops.mla.triton_mla_plan as M
 
     for h_q in (1, 5, 16):
         cfg = M._sm90_t_config(h_q, 128, 128, sparse, M.FMT_ROPE_AWARE)
@@ -521,6 +523,30 @@ def test_small_rope_aware_tile_takes_the_warp_specialized_kernel(sparse, monkeyp
     set_tuning(monkeypatch, {"sm90_tw": False})
     cfg = M._sm90_t_config(16, 128, 128, sparse, M.FMT_ROPE_AWARE)
     assert not cfg["TW"] and cfg["NBUF"] == 2
+
+
+def test_tuning_is_frozen_configuration_with_checked_overrides(gen, monkeypatch):
+    """`MLATuning` is frozen; `replace` and PAGEDATTN_MLA_TUNING override fields by name (None
+    restores the shipped default) and an unknown name raises InvalidArgumentError naming it, from
+    the variable as from `mla_decode_triton(config=None)`, which reads it at each call."""
+    from pagedattn.ops.mla import tuning
+
+    shipped = tuning.MLATuning()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shipped.sm90.sm90_bn = 32
+    t = shipped.replace(sm90_bn=32, ss_regs=(208, 96), gluon=False)
+    assert (t.sm90.sm90_bn, t.ss.ss_regs, t.gluon) == (32, (208, 96), False)
+    assert t.replace(sm90_bn=None, ss_regs=None, gluon=None) == shipped
+    with pytest.raises(InvalidArgumentError, match="sm90_bm"):
+        shipped.replace(sm90_bm=32)
+    monkeypatch.setenv("PAGEDATTN_MLA_TUNING", json.dumps({"tw_nbuf": 5, "ss_regs": [200, 96]}))
+    assert tuning.from_env() == shipped.replace(tw_nbuf=5, ss_regs=(200, 96))
+    monkeypatch.setenv("PAGEDATTN_MLA_TUNING", json.dumps({"tw_nbuf": 5, "no_such_knob": 1}))
+    with pytest.raises(InvalidArgumentError, match="no_such_knob"):
+        tuning.from_env()
+    cache = build_cache("bf16", 576, 16, [4], [1], gen, 2)
+    with pytest.raises(InvalidArgumentError, match="no_such_knob"):
+        mla_decode_triton(make_q(1, 2, 576, gen), cache.operand(), ragged_offsets([1], DEV))
 
 
 def test_empty_batch():
@@ -588,7 +614,7 @@ def _gpu_case(mode, fmt, d_qk, h_q, s_q, ps):
 @pytest.mark.parametrize("mode", ["dense", "sparse"])
 def test_gpu_v32_cluster_kernel(mode, cross, h_q, monkeypatch):
     """V32 at two head blocks a token (h_q 100: the second block part masked; 128) with and
-    without the 2-CTA cluster kernel (TUNING["ss_cross"], on by default: each CTA dequantizes
+    without the 2-CTA cluster kernel (`MLATuning` ss_cross, on by default: each CTA dequantizes
     half of every tile and copies it into the other's shared memory) on the grid's cases: s_q
     {1, 2, 4} x pages {1, 16, 64, 128}, odd and even tile counts, partitions 1-4."""
 
@@ -603,10 +629,10 @@ def test_gpu_v32_cluster_kernel(mode, cross, h_q, monkeypatch):
 @pytest.mark.parametrize("h_q", [100, 128])
 @pytest.mark.parametrize("batch,s_q,stride", PS_CASES, ids=[f"b{c[0]}-sq{c[1]}" for c in PS_CASES])
 def test_gpu_v32_persistent_kernel(batch, s_q, stride, h_q, order, monkeypatch):
-    """The persistent cluster kernel (TUNING["ss_persist"]; sparse V32, two head blocks a
+    """The persistent cluster kernel (`MLATuning` ss_persist; sparse V32, two head blocks a
     token): with more tokens than clusters (b 40 s_q 2, b 70) a cluster's pairs cut tokens in
     two and the combine merges their partials (s_q 0: ragged query lengths 1-3, the work in
-    token order, else by query index where order is 1; TUNING["ps_order"] 0: token order
+    token order, else by query index where order is 1; ps_order 0: token order
     always); b 7 s_q 4: one token a cluster. Top-k lengths
     full, a third and 0, invalid indices of every kind, a sink, a poisoned output; against the
     float64 oracle."""
@@ -659,7 +685,7 @@ def test_gpu_ragged_query_lengths(fmt, h_q, ps):
             check(o, lse, *ref, tol_for(fmt, 576))
 
 
-# `gluon_mla_tw` launch variants (TUNING overrides): the default, its producer's row
+# `gluon_mla_tw` launch variants (`MLATuning` overrides): the default, its producer's row
 # addressing as before 2026-11-28 (run-time page size, int64 row products), 4 and 5 stages,
 # the softmax's reduction of the pair (max, largest scale) as before 2026-11-28 (FOLD off),
 # the reference max moved on every tile (SPEC off, as before 2026-11-28's fifth session).

@@ -1,11 +1,15 @@
 """pagedattn: paged KV cache and fast attention (MHA/GQA, MLA, FP8) for LLM inference.
 
-Layers (each imports only those below it):
-  0. `errors`, `fp8`          - typed errors, FP8 formats
-  1. `cache`                  - KVCacheParams, page pool, PagedKVCacheManager, inputs per device
+Layers (each imports only those below it; tests/test_layers.py checks it):
+  0. `errors`, `env`, `fp8`   - typed errors, the PAGEDATTN_* variables, FP8 formats (bytes <->
+                                tensors)
+  1. `cache`                  - KVCacheParams, page pool, PagedKVCacheManager, inputs per device,
+                                the host-side split-K plan, FlashMLA cache interop
   2. `operands`               - the MHAOperand protocol and its implementations
   3. `ops`                    - reference + Triton ops behind one dispatcher
-  4. `models`, `engine`, `cli`, `compat` - integration
+  4. `compat`, `demo`, `cli`, `testing` - integration: FlashInfer / FlashMLA drop-in layers, the
+                                demo and its command line, test utilities over the cache
+This module (the package's namespace, in layer 4) re-exports the public names of layers 0-3.
 """
 
 from importlib import import_module
@@ -34,6 +38,7 @@ from .operands import (
     RaggedOperand,
     ScalesOperand,
 )
+from .ops import library as _library  # noqa: F401 - registers the ops' torch.library custom ops
 from .ops import masks
 from .ops.store_kv import gather_kv, store_kv
 
@@ -46,7 +51,7 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    """The attention ops import lazily, so the cache layer stays light to import."""
+    """The ops import on first use (`mha` and `mla_decode` are already loaded by `ops.library`)."""
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'pagedattn' has no attribute {name!r}")

@@ -25,11 +25,11 @@ from .errors import OutOfPagesError
 from .ops.store_kv import gather_kv, store_kv
 from .testing import assert_close
 
-# The attention checks' bounds (DESIGN.md section 5's rule), from `bench/demo_margins.py`
-# (2026-11-22): on the CPU (float32 reference op against float64) the worst element of 100 runs
-# was 2.1e-6 off, cosine differences ~1e-13; on an H100 (bf16 kernels, whose prefill path
-# rounds P to bf16; outputs of magnitude up to ~3) 7.9e-3 to 1.06e-2 and at most 2.7e-6 in 12.
+# The attention checks' bounds (DESIGN.md section 5's rule), from dev/demo_margins.py (2026-11-22).
+# CPU (float32 reference op against float64), 100 runs: worst element 2.1e-6, cosine ~1e-13.
 F32_TOL = dict(abs_tol=2e-5, rel_tol=1e-5, cos_tol=1e-10)
+# H100 (bf16 kernels; prefill rounds P to bf16; outputs up to ~3), 12 runs: worst element 7.9e-3
+# to 1.06e-2, cosine at most 2.7e-6.
 BF16_DEMO_TOL = dict(abs_tol=2e-2, rel_tol=2 / 128, cos_tol=1e-5)
 
 

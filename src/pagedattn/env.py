@@ -7,6 +7,9 @@ knows every variable the package reads; docs/env.md lists them with the test har
 - `PAGEDATTN_PDL` ("1"): programmatic dependent launch on sm_90 (`ops.pdl`);
 - `PAGEDATTN_MLA_TUNING`, `PAGEDATTN_MHA_TUNING` (a JSON object): fields of the MLA / MHA
   launch config that a development run overrides (`tuning_overrides`).
+
+`triton_interpreter()` reads Triton's own `TRITON_INTERPRET` the way the package uses it (the
+kernels run in Triton's interpreter: CPU runs of the Triton path).
 """
 
 from __future__ import annotations
@@ -49,3 +52,10 @@ def tuning_overrides(family: str) -> dict[str, Any]:
     if not isinstance(knobs, dict):
         raise InvalidArgumentError(f"{PREFIX}{family}_TUNING: expected a JSON object, got {spec!r}")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()}
+
+
+def triton_interpreter() -> bool:
+    """Whether `TRITON_INTERPRET` is "1": Triton runs the kernels in its interpreter (on a CPU;
+    tests/conftest.py sets it without CUDA). Triton reads it when a kernel is decorated; the
+    package asks at call time (`ops.dispatch`, `ops.pdl`, `ops._triton_interpreter`)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"

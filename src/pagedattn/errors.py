@@ -37,7 +37,7 @@ class CapacityError(PagedAttnError, RuntimeError):
 class Lazy:
     """A `check` message part built only if the check fails: `Lazy(lambda: f"...")`. Hot
     paths (a decode launch's argument checks) pass these instead of formatted strings; the
-    formatting of a dtype or shape cost about a us each (bench/host_cost.py)."""
+    formatting of a dtype or shape cost about a us each (dev/host_cost.py)."""
 
     __slots__ = ("fn",)
 

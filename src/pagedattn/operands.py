@@ -24,7 +24,8 @@ import torch
 from .cache.inputs import KVCacheInputsPerDevice
 from .cache.params import KVCacheParams
 from .errors import InvalidArgumentError, check
-from .fp8 import dequantize_blockwise
+from .fp8 import dequantize_blockwise, mla_formats
+from .fp8.mla_formats import MODEL1_BYTES, MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES
 
 
 @dataclass
@@ -215,14 +216,12 @@ class RowOperand:
             )
         if f == "per_tensor":
             return raw.to(out_dtype) * self.scales.to(out_dtype)
-        from .fp8 import mla_formats  # packed MLA rows
-
         if f == "mla_rope_aware":
             return mla_formats.unpack_rope_aware(raw, self.scales[rows], self.rope_dim, out_dtype)
         if f == "flashmla_v32":
             return mla_formats.unpack_v32(raw, out_dtype)
         if f == "flashmla_model1":
-            return mla_formats.load_model1_rows(self, rows, out_dtype)
+            return load_model1_rows(self, rows, out_dtype)
         raise InvalidArgumentError(f"quant_format: unknown {f!r}")
 
     def gather(self, batch_idx: int, num_tokens: int, out_dtype=torch.float32) -> torch.Tensor:
@@ -243,6 +242,67 @@ class RowOperand:
         )
 
 
+# Packed MLA rows through an operand (the byte layouts are fp8.mla_formats') -------------
+def model1_page_views(op: RowOperand) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(data [pages, page_size, 576], scale trailer [pages, page_size, 8], page stride rows)
+    as uint8 views of a MODEL1 operand's storage (no copy)."""
+    ps, st = int(op.page_size), int(op.page_stride_rows)
+    check(ps > 0, "op.page_size", "> 0 (MODEL1 needs a paged operand)", ps)
+    check(st >= ps, "op.page_stride_rows", f">= page_size={ps}", st)
+    r = op.rows
+    check(
+        r.dtype == torch.uint8
+        and r.ndim == 3
+        and r.shape[1] == 1
+        and r.shape[2] == MODEL1_BYTES
+        and r.is_contiguous()
+        and r.shape[0] >= ps,
+        "op.rows",
+        f"a contiguous uint8 [rows >= {ps}, 1, {MODEL1_BYTES}] view",
+        f"{tuple(r.shape)} {r.dtype} strides {r.stride()}",
+    )
+    n_pages = (r.shape[0] - ps) // st + 1
+    base, page_bytes = r.storage_offset(), st * MODEL1_BYTES
+    data = r.as_strided((n_pages, ps, MODEL1_DATA_BYTES), (page_bytes, MODEL1_DATA_BYTES, 1), base)
+    trailer = r.as_strided(
+        (n_pages, ps, MODEL1_SCALE_BYTES),
+        (page_bytes, MODEL1_SCALE_BYTES, 1),
+        base + ps * MODEL1_DATA_BYTES,
+    )
+    return data, trailer, st
+
+
+def check_row_ids(rows: object, n: int | None = None) -> torch.Tensor:
+    """rows: a 1-D int32/int64 tensor of physical row ids (of length n when given), as int64."""
+    check(
+        isinstance(rows, torch.Tensor)
+        and rows.ndim == 1
+        and rows.dtype in (torch.int32, torch.int64),
+        "rows",
+        "a 1-D int32/int64 tensor of physical row ids",
+        f"{tuple(rows.shape)} {rows.dtype}" if isinstance(rows, torch.Tensor) else type(rows),
+    )
+    if n is not None:
+        check(rows.shape[0] == n, "rows", f"length {n} (x.shape[0])", rows.shape[0])
+    return rows.long()
+
+
+def load_model1_rows(
+    op: RowOperand, rows: torch.Tensor, out_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Dequantize MODEL1 tokens at physical rows (row = page * page_stride_rows + offset, as
+    `op.row_idx` / `op.rows_for` / `op.get_tma_row` produce) -> [N, 1, 512] in out_dtype.
+
+    Token `offset` of the page starting at row `page * page_stride_rows` has its data at byte
+    offset*576 of that page's block and its scales at byte page_size*576 + offset*8.
+    Rows must address valid tokens (offset < page_size); nothing is checked on the device.
+    """
+    rows = check_row_ids(rows)
+    data, trailer, st = model1_page_views(op)
+    page, off = rows // st, rows % st
+    return mla_formats.unpack_model1_tokens(data[page, off], trailer[page, off], out_dtype)
+
+
 def _paged_rows(blocks: torch.Tensor, kv_idx: int, layer: int) -> tuple[torch.Tensor, int]:
     """[P, kv_dim, L, page, H, D] -> ([P*kv_dim*L*page - offset, H, D] row view, page stride)."""
     P, kv_dim, L, page, H, D = blocks.shape
@@ -251,6 +311,27 @@ def _paged_rows(blocks: torch.Tensor, kv_idx: int, layer: int) -> tuple[torch.Te
     n_rows = (P - 1) * page_stride_rows + page
     rows = base.as_strided((n_rows, H, D), (H * D, D, 1), base.storage_offset())
     return rows, page_stride_rows
+
+
+def _paged_operand(
+    buffer: torch.Tensor,
+    inputs: KVCacheInputsPerDevice,
+    params: KVCacheParams,
+    layer_idx: int,
+    kv_idx: int,
+    **fields,
+) -> RowOperand:
+    """The rows of `buffer` (kv_blocks or kv_scales) for one layer and K or V, addressed
+    through the cache's lookup table; `fields`: the rest of `RowOperand`'s arguments."""
+    rows, stride = _paged_rows(buffer, kv_idx, layer_idx)
+    return RowOperand(
+        rows,
+        inputs.cache_lengths,
+        lut=inputs.lookup_table,
+        page_size=params.page_size,
+        page_stride_rows=stride,
+        **fields,
+    )
 
 
 def PagedOperand(
@@ -270,19 +351,18 @@ def PagedOperand(
     if params.is_mla:
         check(kv == "k", "kv", "'k' for an MLA cache (V is the first d_v dims of K)", kv)
     kv_idx = 0 if kv == "k" else 1
-    rows, stride = _paged_rows(inputs.kv_blocks, kv_idx, layer_idx)
     scales = None
     fmt = params.quant_format
     if fmt in ("blockwise", "mla_rope_aware"):
         scales, _ = _paged_rows(inputs.kv_scales, kv_idx, layer_idx)
     elif fmt == "per_tensor":
         scales = inputs.kv_scales[kv_idx, layer_idx]
-    return RowOperand(
-        rows,
-        inputs.cache_lengths,
-        lut=inputs.lookup_table,
-        page_size=params.page_size,
-        page_stride_rows=stride,
+    return _paged_operand(
+        inputs.kv_blocks,
+        inputs,
+        params,
+        layer_idx,
+        kv_idx,
         head_dim=params.head_dim,
         scales=scales,
         quant_format=fmt,
@@ -352,14 +432,7 @@ def ScalesOperand(
         "a blockwise or rope-aware FP8 cache",
         params.quant_format,
     )
-    rows, stride = _paged_rows(inputs.kv_scales, 0 if kv == "k" else 1, layer_idx)
-    return RowOperand(
-        rows,
-        inputs.cache_lengths,
-        lut=inputs.lookup_table,
-        page_size=params.page_size,
-        page_stride_rows=stride,
-    )
+    return _paged_operand(inputs.kv_scales, inputs, params, layer_idx, 0 if kv == "k" else 1)
 
 
 # Flattening for torch.library custom ops (whose arguments must be tensors and scalars) ------

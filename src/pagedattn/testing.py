@@ -1,4 +1,7 @@
-"""Test utilities shared by the test suite and the benchmarks (no pytest dependency).
+"""Test utilities shared by the test suite, the benchmarks and the demo (no pytest dependency).
+
+Layer 4 (integration; `pagedattn/__init__.py`): it builds caches (layer 1), and nothing in the
+layers below may depend on test utilities.
 
 - `assert_close`: DESIGN.md section 5's rule. An element passes when its absolute error is
   under abs_tol OR its relative error is under rel_tol; NaN/inf positions must match; the

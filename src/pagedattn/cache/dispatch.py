@@ -1,21 +1,16 @@
-"""Host-side split-K planning: how many KV partitions a decode launch uses.
+"""Host-side split-K plan: how many KV partitions a decode launch uses, and the device facts
+(capability, SM count, HBM class) that the plan and the launchers read, cached per device.
 
-This is pure host arithmetic so that `PagedKVCacheManager.runtime_inputs` can fill
+Pure host arithmetic, so that `PagedKVCacheManager.runtime_inputs` can fill
 `attention_dispatch_metadata` and `mla_num_partitions` before a (captured) launch; the kernels
 read the same numbers, so a CUDA graph and the kernel always agree.
 
-Heuristic: a decode launch has `units` independent tiles (requests x KV-head groups); split
-each request's keys into P partitions so that `units * P` fills at most ONE wave of resident
-CTAs (`ctas_per_sm * SMs`), while each partition keeps >= `MIN_TOKENS_PER_PARTITION` keys.
-A partial second wave costs a whole tile time: measured on an H200 (2026-11-21, bench/
-gpu_mha_dev.py and bench/gpu_mla_dev.py), MHA decode b64 ctx4096 lost 13% at P=2 against P=1,
-and MLA b128 h_q 16 ran 0.561 ms at P=1 against 0.578 ms at P=3. CTAs a SM: the MLA kernel fits
-1 (about 230 KB of shared memory). The MHA decode kernel fits more, but 2 a SM is what its split
-should aim at: H100 (2026-11-22, `mha(..., num_partitions=P)` on bench_mha.paged_cache data,
-32/8 heads d128 page 64, us): b16 ctx16384 P=2 368.7 (0.964 of copy), P=3 373.2, P=4 374.2,
-P=8 386.4; b32 ctx8192 P=1 366.3 (0.971), P=2 374.3. FP8 K/V (half the bytes a key) wants 4:
-b16 ctx16384 P=2 268.1, P=4 208.6, P=6 210.0, P=8 254.6. (Smaller batches, whose GPU time is
-near the ~200 us host cost of a call, were too noisy to rank timed directly.)
+Rule: a decode launch has `units` independent tiles (requests x KV heads for MHA, requests x
+query-row tiles for MLA); each request's keys split into P partitions so that `units * P` fills
+at most ONE wave of resident CTAs (`ctas_per_sm * SMs`: a partial second wave costs a whole
+tile time), while each partition keeps >= `MIN_TOKENS_PER_PARTITION` keys. The resident CTAs a
+SM and the rows of an MLA tile are facts of the kernels in `ops/` that the plan takes as inputs
+(the constants below, each with its measurement); the history is docs/kernels/split_k_plan.md.
 """
 
 from __future__ import annotations
@@ -26,22 +21,20 @@ import math
 import torch
 
 DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device is visible (CPU, graph planning)
-MHA_CTAS_PER_SM = 2  # MHA decode CTAs a SM the split aims at (measured: module docstring)
-# The same on an H200 (`fast_hbm`): b16 ctx16384 p64 32/8 heads bf16, graph replays
-# (2026-11-28, bench/gpu_mha_dev.py --stages, record bench/results/h200_2026-11-28_mha_decode.json):
-# P 2 / 3 / 4 283 / 258 / 257 us (5 stages); the H100's split P 2 ran 368.5 us there.
-MHA_CTAS_PER_SM_FAST_HBM = 4
-MHA_FP8_CTAS_PER_SM = 4  # the same for 1-byte (FP8) K/V
-MLA_CTAS_PER_SM = 1  # resident MLA decode CTAs a SM (shared memory bound)
 MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than it saves
 MAX_PARTITIONS = 64
-MLA_HEADS_PER_TILE = 64  # query heads of one MLA tile (one wgmma M)
-# Rope-aware FP8, h_q <= 16, sm_90: the warp-specialized keys-as-M kernel (gluon_mla_tw, 148 KB
-# of shared memory with its 3 stages, 189 KB with an H200's 4, 384 threads of 168 registers)
-# runs one CTA a SM. H100 (2026-11-22, bench/gpu_mla_dev.py, b 128 h_q 16 s_k 4096 page 64,
-# graph replays): P = 1 0.129 ms, P = 2 0.144 ms.
+# Plan inputs (kernel facts; measurements in docs/kernels/split_k_plan.md): CTAs a SM, tile rows.
+# H100 2026-11-22, b16 ctx16384 32/8 heads d128: P 2 368.7 us, P 3 373.2, P 4 374.2.
+MHA_CTAS_PER_SM = 2
+# H200 (`fast_hbm`) 2026-11-28, b16 ctx16384: P 2 / 3 / 4 283 / 258 / 257 us (5 stages).
+MHA_CTAS_PER_SM_FAST_HBM = 4
+# FP8 K/V, H100 2026-11-22, b16 ctx16384: P 2 268.1 us, P 4 208.6, P 8 254.6.
+MHA_FP8_CTAS_PER_SM = 4
+MLA_CTAS_PER_SM = 1  # the MLA decode kernels' shared memory holds one CTA a SM
+MLA_HEADS_PER_TILE = 64  # query rows of one MLA tile (one wgmma M)
+# gluon_mla_tw (rope-aware FP8, h_q <= 16): H100 2026-11-22 b 128 P 1 0.129 ms, P 2 0.144.
 MLA_FP8_SMALL_CTAS_PER_SM = 1
-MLA_FP8_SMALL_ROWS = 16  # query rows of one tile of that kernel
+MLA_FP8_SMALL_ROWS = 16  # query rows of one gluon_mla_tw tile
 
 
 @functools.cache
@@ -60,7 +53,7 @@ def _cuda_index(device: torch.device | str | None) -> int | None:
 def cuda_capability(device: torch.device | str | None) -> tuple[int, int] | None:
     """(major, minor) compute capability of a CUDA device, None for any other device. Cached
     per device: a launch asks several times, and each uncached query cost the H100 host
-    several us of an eager call (bench/host_cost.py)."""
+    several us of an eager call (dev/host_cost.py)."""
     i = _cuda_index(device)
     return None if i is None else _cuda_properties(i)[0]
 
@@ -75,7 +68,7 @@ def fast_hbm(device: torch.device | str | None) -> bool:
     """Whether `device` is an sm_90 part with more than 100 GiB of HBM3e (H200 141 GB, GH200 144
     GB: ~4.8 TB/s against the H100's 3.35 over the same 132 SMs), where memory-bound decode
     keeps more bytes in flight a SM: `mha_num_partitions` aims at more CTAs and
-    `triton_mha.decode_config` at more pipeline stages (measurements there). False on any
+    `ops.mha.selection.decode_config` at more pipeline stages (measurements there). False on any
     other device (cached)."""
     i = _cuda_index(device)
     if i is None:

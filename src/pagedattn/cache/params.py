@@ -21,23 +21,17 @@ from typing import Literal
 import torch
 
 from ..errors import InvalidArgumentError, check
+from ..fp8.blockwise import FP8_DTYPE
+
+# FlashMLA's formats are fixed by its kernels; fp8/mla_formats.py holds their byte layouts.
+from ..fp8.mla_formats import E8M0_DTYPE, MODEL1_BYTES, MODEL1_D_QK, V32_BYTES, V32_D_QK
 
 QuantFormat = Literal[
     "blockwise", "per_tensor", "mla_rope_aware", "flashmla_v32", "flashmla_model1"
 ]
-FP8_DTYPE = torch.float8_e4m3fn
-E8M0_DTYPE = torch.float8_e8m0fnu
 SCALE_DTYPES = (torch.float32, E8M0_DTYPE)
-
-# FlashMLA's formats are fixed by its kernels; fp8/mla_formats.py holds their byte layouts.
-from ..fp8.mla_formats import (  # noqa: E402
-    MODEL1_LATENT,
-    MODEL1_ROPE,
-    MODEL1_SCALE_BYTES,
-    V32_LATENT,
-    V32_ROPE,
-    V32_TILE,
-)
+# The FlashMLA formats fix an MLA cache's head_dim (d_qk).
+FLASHMLA_D_QK = {"flashmla_v32": V32_D_QK, "flashmla_model1": MODEL1_D_QK}
 
 
 @dataclass(frozen=True)
@@ -220,18 +214,12 @@ class KVCacheParams:
             )
         elif q.format == "mla_rope_aware":
             check(self.is_mla, "KVQuantConfig.format", "an MLA cache for 'mla_rope_aware'", "MHA")
-        elif q.format == "flashmla_v32":
+        elif q.format in FLASHMLA_D_QK:
+            d_qk = FLASHMLA_D_QK[q.format]
             check(
-                self.is_mla and self.head_dim == V32_LATENT + V32_ROPE,
+                self.is_mla and self.head_dim == d_qk,
                 "KVQuantConfig.format",
-                "an MLA cache with head_dim 576 for 'flashmla_v32'",
-                f"is_mla={self.is_mla}, head_dim={self.head_dim}",
-            )
-        elif q.format == "flashmla_model1":
-            check(
-                self.is_mla and self.head_dim == MODEL1_LATENT + MODEL1_ROPE,
-                "KVQuantConfig.format",
-                "an MLA cache with head_dim 512 for 'flashmla_model1'",
+                f"an MLA cache with head_dim {d_qk} for {q.format!r}",
                 f"is_mla={self.is_mla}, head_dim={self.head_dim}",
             )
 
@@ -272,9 +260,9 @@ class KVCacheParams:
         if f == "mla_rope_aware":
             return latent + 2 * self.mla_rope_dim
         if f == "flashmla_v32":
-            return V32_LATENT + 4 * (V32_LATENT // V32_TILE) + 2 * V32_ROPE
+            return V32_BYTES
         if f == "flashmla_model1":
-            return MODEL1_LATENT + 2 * MODEL1_ROPE + MODEL1_SCALE_BYTES
+            return MODEL1_BYTES
         return self.head_dim
 
     @property

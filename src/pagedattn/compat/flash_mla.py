@@ -44,6 +44,7 @@ from ._paging import paged_row_strides
 FP8_CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 D_QK_VALUES = (V32_D_QK, MODEL1_D_QK)  # 576, 512
+_K_CACHE_SHAPE = "a [num_blocks, page_block_size, num_heads_k, head_dim] tensor"
 
 
 @dataclasses.dataclass
@@ -93,6 +94,11 @@ def get_mla_metadata(*args: object, **kwargs: object) -> tuple[FlashMLASchedMeta
     return FlashMLASchedMeta(), None
 
 
+def _check_4d(t: object, name: str, expected: str) -> None:
+    """`t` is a 4-D tensor; `expected` names its dims in the error message."""
+    check(isinstance(t, torch.Tensor) and t.ndim == 4, name, expected, _describe(t))
+
+
 def _mla_operand(
     k_cache: object,
     name: str,
@@ -104,12 +110,7 @@ def _mla_operand(
 ) -> RowOperand:
     """FlashMLA `k_cache [num_blocks, page_block_size, 1, d or bytes]` -> a paged RowOperand
     over the same memory (token `offset` of block `p` is row `p * page_stride_rows + offset`)."""
-    check(
-        isinstance(k_cache, torch.Tensor) and k_cache.ndim == 4,
-        name,
-        "a [num_blocks, page_block_size, num_heads_k, head_dim] tensor",
-        _describe(k_cache),
-    )
+    _check_4d(k_cache, name, _K_CACHE_SHAPE)
     P, ps, hk, row = k_cache.shape
     check(hk == 1, Lazy(lambda: f"{name}.shape[2]"), "num_heads_k = 1 (one latent head)", hk)
     check(P >= 1 and ps >= 1, name, "at least one block of at least one token", k_cache.shape)
@@ -226,12 +227,7 @@ def flash_mla_with_kvcache(
     backend: pagedattn backend override ("triton" / "reference"; default by device).
     Returns (out [b, s_q, h_q, head_dim_v] q.dtype, lse [b, h_q, s_q] float32).
     """
-    check(
-        isinstance(q, torch.Tensor) and q.ndim == 4,
-        "q",
-        "a [batch_size, seq_len_q, num_heads_q, head_dim] tensor",
-        _describe(q),
-    )
+    _check_4d(q, "q", "a [batch_size, seq_len_q, num_heads_q, head_dim] tensor")
     check(q.dtype in Q_DTYPES, "q.dtype", Lazy(lambda: f"one of {Q_DTYPES}"), q.dtype)
     b, s_q, h_q, d_qk = q.shape
     check(b >= 1 and s_q >= 1 and h_q >= 1, "q", "non-empty dims", Lazy(lambda: tuple(q.shape)))
@@ -270,19 +266,11 @@ def flash_mla_with_kvcache(
             "causal: expected False when indices is given (sparse attention has no causal mask)"
         )
     dev = q.device
-    check(
-        isinstance(k_cache, torch.Tensor) and k_cache.ndim == 4,
-        "k_cache",
-        "a [num_blocks, page_block_size, num_heads_k, head_dim] tensor",
-        _describe(k_cache),
-    )
+    _check_4d(k_cache, "k_cache", _K_CACHE_SHAPE)
     has_extra = extra_k_cache is not None
     if has_extra:
-        check(
-            isinstance(extra_k_cache, torch.Tensor) and extra_k_cache.ndim == 4,
-            "extra_k_cache",
-            "a [num_blocks, page_block_size, 1, head_dim] tensor",
-            _describe(extra_k_cache),
+        _check_4d(
+            extra_k_cache, "extra_k_cache", "a [num_blocks, page_block_size, 1, head_dim] tensor"
         )
     topk = indices.shape[-1] if isinstance(indices, torch.Tensor) else None
     extra_topk = (

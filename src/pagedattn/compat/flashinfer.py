@@ -21,7 +21,9 @@
 
 `plan()` does all host work (page tables, cache lengths, masks) once; `run()` checks metadata
 only and launches work (no host sync, CUDA-graph friendly). With `use_cuda_graph=True` the
-metadata lives in static buffers that later `plan()` calls refresh in place.
+metadata lives in static buffers that later `plan()` calls refresh in place. Both wrappers keep
+FlashInfer's signatures and share one body each for `__init__`, `plan` and `run`
+(`_PagedWrapperBase`).
 
 Not supported (raise `UnsupportedFeatureError`): `logits_soft_cap > 0`, `pos_encoding_mode`
 other than "NONE", NVFP4 caches (`kv_cache_sf`), e5m2 caches, custom-kernel `*args`/`jit_args`,
@@ -41,12 +43,12 @@ from ..errors import InvalidArgumentError, check
 from ..operands import RowOperand
 from ..ops._checks import DescribedValue as _describe
 from ..ops._checks import check_scale
+from ..ops.constants import LOG2E_F
 from ..ops.masks import Mask, causal, null, sliding_window_causal, tensor_mask
 from ..ops.mha import mha
 from . import UnsupportedFeatureError
 from ._paging import paged_row_strides
 
-LOG2E = 1.0 / math.log(2.0)
 KV_LAYOUTS = ("NHD", "HND")
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")
 FLASHINFER_BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl", "cudnn", "cutile")
@@ -59,8 +61,42 @@ _UNKNOWN_SENTINEL = 2**31 - 1
 
 PagedKVCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
+# Arguments that FlashInfer's decode and prefill wrappers both take under the same name: each
+# wrapper's __init__ and plan forward them from the call's `locals()` (`_by_name`) to the shared
+# body, so the body has one parameter list and the wrappers keep FlashInfer's signatures.
+# (run, called every step, forwards positionally: `locals()` cost it ~2 us a call.)
+_INIT_ARGS = (
+    "float_workspace_buffer",
+    "kv_layout",
+    "use_cuda_graph",
+    "backend",
+    "jit_args",
+    "pagedattn_backend",
+    "max_pages_per_request",
+)
+_PLAN_ARGS = (
+    "num_qo_heads",
+    "num_kv_heads",
+    "page_size",
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "o_data_type",
+    "sm_scale",
+    "seq_lens",
+    "disable_split_kv",
+    "non_blocking",
+)
+
 
 # Small helpers --------------------------------------------------------------------------------
+def _by_name(call: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The arguments `names` of a wrapper method's call (its `locals()`), to forward by name."""
+    return {n: call[n] for n in names}
+
+
 def _as_dtype(x: object, name: str) -> torch.dtype:
     """FlashInfer accepts a torch.dtype or its name ("float16", "bfloat16", ...)."""
     if isinstance(x, torch.dtype):
@@ -228,16 +264,19 @@ class _PagedWrapperBase:
 
     def _init_common(
         self,
+        fixed_batch_size: int,
+        indices_capacity: int,
+        *,
         float_workspace_buffer: torch.Tensor,
         kv_layout: str,
         use_cuda_graph: bool,
         backend: str,
         jit_args: Any,
-        fixed_batch_size: int,
-        indices_capacity: int,
         pagedattn_backend: str | None,
         max_pages_per_request: int | None,
     ) -> None:
+        """`__init__`'s checks and state, shared by both wrappers; `fixed_batch_size` and
+        `indices_capacity` are the CUDA-graph buffers' batch size and page capacity."""
         check(
             isinstance(float_workspace_buffer, torch.Tensor),
             "float_workspace_buffer",
@@ -315,12 +354,9 @@ class _PagedWrapperBase:
         num_qo_heads: int,
         num_kv_heads: int,
         head_dim_qk: int,
-        head_dim_vo: int | None,
         page_size: int,
         causal_mask: bool,
         window_left: int,
-        custom_mask: torch.Tensor | None,
-        packed_custom_mask: torch.Tensor | None,
         logits_soft_cap: float | None,
         pos_encoding_mode: str,
         q_data_type: Any,
@@ -330,7 +366,12 @@ class _PagedWrapperBase:
         seq_lens: torch.Tensor | None,
         disable_split_kv: bool,
         non_blocking: bool,
+        head_dim_vo: int | None = None,
+        custom_mask: torch.Tensor | None = None,
+        packed_custom_mask: torch.Tensor | None = None,
     ) -> None:
+        """The plan body of both wrappers: their `plan()` translate FlashInfer's arguments
+        (q_lens None: `q_len_per_req` queries a request) and call it. Host work only."""
         # Scalars and features -------------------------------------------------------------
         num_qo_heads = _as_int(num_qo_heads, "num_qo_heads", 1)
         num_kv_heads = _as_int(num_kv_heads, "num_kv_heads", 1)
@@ -644,7 +685,6 @@ class _PagedWrapperBase:
         q: torch.Tensor,
         paged_kv_cache: PagedKVCache,
         args: tuple,
-        *,
         q_scale: object,
         k_scale: object,
         v_scale: object,
@@ -805,7 +845,7 @@ class _PagedWrapperBase:
         if sinks is not None:  # FlashInfer's sink variants fold the sink into the LSE
             l = torch.logaddexp(l, sinks)
         if lse_base == "log2":
-            l = l * LOG2E
+            l = l * LOG2E_F
         if lse is not None:
             lse.copy_(l)
             l = lse
@@ -863,17 +903,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
             )
             cap = paged_kv_indices_buffer.shape[0]
         self._use_tensor_cores = use_tensor_cores
-        self._init_common(
-            float_workspace_buffer,
-            kv_layout,
-            use_cuda_graph,
-            backend,
-            jit_args,
-            fixed,
-            cap,
-            pagedattn_backend,
-            max_pages_per_request,
-        )
+        self._init_common(fixed, cap, **_by_name(locals(), _INIT_ARGS))
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -932,24 +962,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
             indptr=indptr,
             indices=indices,
             last_page_len=last_page_len,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
             head_dim_qk=head_dim,
-            head_dim_vo=None,
-            page_size=page_size,
             causal_mask=True,
-            window_left=window_left,
-            custom_mask=None,
-            packed_custom_mask=None,
-            logits_soft_cap=logits_soft_cap,
-            pos_encoding_mode=pos_encoding_mode,
-            q_data_type=q_data_type,
-            kv_data_type=kv_data_type,
-            o_data_type=o_data_type,
-            sm_scale=sm_scale,
-            seq_lens=seq_lens,
-            disable_split_kv=disable_split_kv,
-            non_blocking=non_blocking,
+            **_by_name(locals(), _PLAN_ARGS),
         )
 
     begin_forward = plan
@@ -990,20 +1005,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
                 q_len_per_req,
             )
         return self._run_impl(
-            q,
-            paged_kv_cache,
-            args,
-            q_scale=q_scale,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            out=out,
-            lse=lse,
-            return_lse=return_lse,
-            window_left=window_left,
-            sinks=sinks,
-            kv_cache_sf=kv_cache_sf,
-            lse_base=lse_base,
-        )
+            q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
+            window_left, sinks, kv_cache_sf, lse_base,
+        )  # fmt: skip
 
 
 # Prefill -------------------------------------------------------------------------------------
@@ -1057,17 +1061,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
                 f"{_describe(paged_kv_indptr_buf)}, {_describe(paged_kv_last_page_len_buf)}",
             )
             cap = paged_kv_indices_buf.shape[0]
-        self._init_common(
-            float_workspace_buffer,
-            kv_layout,
-            use_cuda_graph,
-            backend,
-            jit_args,
-            fixed,
-            cap,
-            pagedattn_backend,
-            max_pages_per_request,
-        )
+        self._init_common(fixed, cap, **_by_name(locals(), _INIT_ARGS))
 
     def plan(
         self,
@@ -1155,24 +1149,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
             indptr=paged_kv_indptr,
             indices=paged_kv_indices,
             last_page_len=paged_kv_last_page_len,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
             head_dim_qk=head_dim_qk,
             head_dim_vo=head_dim_vo,
-            page_size=page_size,
             causal_mask=causal,
-            window_left=window_left,
             custom_mask=custom_mask,
             packed_custom_mask=packed_custom_mask,
-            logits_soft_cap=logits_soft_cap,
-            pos_encoding_mode=pos_encoding_mode,
-            q_data_type=q_data_type,
-            kv_data_type=kv_data_type,
-            o_data_type=o_data_type,
-            sm_scale=sm_scale,
-            seq_lens=seq_lens,
-            disable_split_kv=disable_split_kv,
-            non_blocking=non_blocking,
+            **_by_name(locals(), _PLAN_ARGS),
         )
 
     begin_forward = plan
@@ -1201,20 +1183,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
         as `BatchDecodeWithPagedKVCacheWrapper.run`.
         """
         return self._run_impl(
-            q,
-            paged_kv_cache,
-            args,
-            q_scale=q_scale,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            out=out,
-            lse=lse,
-            return_lse=return_lse,
-            window_left=window_left,
-            sinks=sinks,
-            kv_cache_sf=kv_cache_sf,
-            lse_base=lse_base,
-        )
+            q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
+            window_left, sinks, kv_cache_sf, lse_base,
+        )  # fmt: skip
 
 
 __all__ = [

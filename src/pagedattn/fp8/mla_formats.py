@@ -39,20 +39,19 @@ Scales (facts from FlashMLA's `tests/quant.py` and its sm90 sparse decode kernel
 
 Dequantization is exact in float32 for power-of-two scales (e4m3 * 2^k); the rope-aware
 product q * s rounds once in float32.
+
+This module converts bytes <-> tensors only (layer 0). Rows read and written through an
+operand live above it: `operands.load_model1_rows` / `operands.model1_page_views` (reading a
+MODEL1 page) and `ops.store_kv.reference.store_rows` (writing any packed format); one cache
+layer as FlashMLA's `k_cache` and back is `cache.flashmla`.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import check
 from .blockwise import FP8_DTYPE, FP8_MAX, SCALE_FLOOR, quantize_blockwise
-
-if TYPE_CHECKING:
-    from ..cache.params import KVCacheParams
-    from ..operands import RowOperand
 
 E8M0_DTYPE = torch.float8_e8m0fnu
 BF16 = torch.bfloat16
@@ -99,7 +98,8 @@ def _view_bytes_as(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return b.view(dtype)
 
 
-def _check_float(x: object, name: str, last: int | None = None) -> None:
+def check_float_input(x: object, name: str, last: int | None = None) -> None:
+    """x: a floating-point tensor of >= 2-byte elements, at least 1 dim (last dim `last`)."""
     check(
         isinstance(x, torch.Tensor) and x.is_floating_point() and x.element_size() > 1,
         name,
@@ -157,7 +157,7 @@ def pack_rope_aware(
     Returns (raw [..., latent + 2*rope_dim] uint8, scales [..., 1] float32), where
     scale = amax(|latent|) / 448 (floored at 2^-126) and the rope is stored as bf16.
     """
-    _check_float(x, "x")
+    check_float_input(x, "x")
     d = x.shape[-1]
     check(
         isinstance(rope_dim, int) and 0 < rope_dim < d,
@@ -205,7 +205,7 @@ def pack_v32(x: torch.Tensor) -> torch.Tensor:
     x: [..., 576] float -> [..., 656] uint8: 512 e4m3 | 4 float32 power-of-two tile scales
     (one per 128 latent values) | 64 bf16 rope.
     """
-    _check_float(x, "x", V32_D_QK)
+    check_float_input(x, "x", V32_D_QK)
     q, s = _pow2_tile_scales(x[..., :V32_LATENT], V32_TILE)
     rope = _bytes_of(x[..., V32_LATENT:].to(BF16))
     return torch.cat([q.view(torch.uint8), _bytes_of(s.float()), rope], dim=-1)
@@ -274,9 +274,9 @@ def pack_model1_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     x: [N, 1, 512] float -> (data [N, 576] uint8: 448 e4m3 | 64 bf16 rope,
     scale_bytes [N, 8] uint8: 7 e8m0 tile scales (one per 64 latent values) | 0 pad).
-    Where they go in a page: see the module docstring and `store_rows`.
+    Where they go in a page: see the module docstring and `ops.store_kv.reference.store_rows`.
     """
-    _check_float(x, "x", MODEL1_D_QK)
+    check_float_input(x, "x", MODEL1_D_QK)
     check(x.ndim == 3 and x.shape[1] == 1, "x", "a [N, 1, 512] tensor", tuple(x.shape))
     x = x[:, 0]
     q, s = _pow2_tile_scales(x[:, :MODEL1_LATENT], MODEL1_TILE)
@@ -307,226 +307,3 @@ def unpack_model1_tokens(
     lat = (q.unflatten(-1, (MODEL1_NUM_TILES, MODEL1_TILE)) * s.unsqueeze(-1)).flatten(-2)
     rope = _view_bytes_as(data[:, MODEL1_LATENT:], BF16).float()
     return torch.cat([lat, rope], dim=-1).unsqueeze(1).to(out_dtype)
-
-
-def _model1_page_views(op: RowOperand) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(data [pages, page_size, 576], scale trailer [pages, page_size, 8], page stride rows)
-    as uint8 views of a MODEL1 operand's storage (no copy)."""
-    ps, st = int(op.page_size), int(op.page_stride_rows)
-    check(ps > 0, "op.page_size", "> 0 (MODEL1 needs a paged operand)", ps)
-    check(st >= ps, "op.page_stride_rows", f">= page_size={ps}", st)
-    r = op.rows
-    check(
-        r.dtype == torch.uint8
-        and r.ndim == 3
-        and r.shape[1] == 1
-        and r.shape[2] == MODEL1_BYTES
-        and r.is_contiguous()
-        and r.shape[0] >= ps,
-        "op.rows",
-        f"a contiguous uint8 [rows >= {ps}, 1, {MODEL1_BYTES}] view",
-        f"{tuple(r.shape)} {r.dtype} strides {r.stride()}",
-    )
-    n_pages = (r.shape[0] - ps) // st + 1
-    base, page_bytes = r.storage_offset(), st * MODEL1_BYTES
-    data = r.as_strided((n_pages, ps, MODEL1_DATA_BYTES), (page_bytes, MODEL1_DATA_BYTES, 1), base)
-    trailer = r.as_strided(
-        (n_pages, ps, MODEL1_SCALE_BYTES),
-        (page_bytes, MODEL1_SCALE_BYTES, 1),
-        base + ps * MODEL1_DATA_BYTES,
-    )
-    return data, trailer, st
-
-
-def _check_rows(rows: object, n: int | None = None) -> torch.Tensor:
-    check(
-        isinstance(rows, torch.Tensor)
-        and rows.ndim == 1
-        and rows.dtype in (torch.int32, torch.int64),
-        "rows",
-        "a 1-D int32/int64 tensor of physical row ids",
-        f"{tuple(rows.shape)} {rows.dtype}" if isinstance(rows, torch.Tensor) else type(rows),
-    )
-    if n is not None:
-        check(rows.shape[0] == n, "rows", f"length {n} (x.shape[0])", rows.shape[0])
-    return rows.long()
-
-
-def load_model1_rows(
-    op: RowOperand, rows: torch.Tensor, out_dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Dequantize MODEL1 tokens at physical rows (row = page * page_stride_rows + offset, as
-    `op.row_idx` / `op.rows_for` / `op.get_tma_row` produce) -> [N, 1, 512] in out_dtype.
-
-    Token `offset` of the page starting at row `page * page_stride_rows` has its data at byte
-    offset*576 of that page's block and its scales at byte page_size*576 + offset*8.
-    Rows must address valid tokens (offset < page_size); nothing is checked on the device.
-    """
-    rows = _check_rows(rows)
-    data, trailer, st = _model1_page_views(op)
-    page, off = rows // st, rows % st
-    return unpack_model1_tokens(data[page, off], trailer[page, off], out_dtype)
-
-
-# Writing into a cache ------------------------------------------------------------------------
-def store_rows(op: RowOperand, rows: torch.Tensor, x: torch.Tensor) -> None:
-    """Quantize x [N, 1, d_qk] in the operand's packed MLA format and write it at physical
-    `rows` [N] (see `load_model1_rows` for the addressing).
-
-    mla_rope_aware: row bytes into op.rows, the float32 token scale into op.scales.
-    flashmla_v32: 656-byte rows into op.rows. flashmla_model1: data and trailer bytes of
-    each token's page. Only the written tokens' bytes change. No host synchronisation.
-    """
-    f = op.quant_format
-    check(f in PACKED_FORMATS, "op.quant_format", f"one of {PACKED_FORMATS}", f)
-    _check_float(x, "x", op.head_dim)
-    check(x.ndim == 3 and x.shape[1] == 1, "x", f"a [N, 1, {op.head_dim}] tensor", x.shape)
-    rows = _check_rows(rows, x.shape[0])
-    if f == "mla_rope_aware":
-        raw, s = pack_rope_aware(x, op.rope_dim)
-        check(
-            tuple(op.rows.shape[1:]) == tuple(raw.shape[1:]) and op.rows.dtype == torch.uint8,
-            "op.rows",
-            f"uint8 rows of shape [*, {', '.join(map(str, raw.shape[1:]))}]",
-            f"{tuple(op.rows.shape)} {op.rows.dtype}",
-        )
-        check(
-            op.scales is not None and op.scales.dtype == torch.float32,
-            "op.scales",
-            "a float32 [rows, 1, 1] scale view",
-            None if op.scales is None else op.scales.dtype,
-        )
-        op.rows[rows] = raw
-        op.scales[rows] = s
-    elif f == "flashmla_v32":
-        check(
-            tuple(op.rows.shape[1:]) == (1, V32_BYTES) and op.rows.dtype == torch.uint8,
-            "op.rows",
-            f"uint8 rows of shape [*, 1, {V32_BYTES}]",
-            f"{tuple(op.rows.shape)} {op.rows.dtype}",
-        )
-        op.rows[rows] = pack_v32(x)
-    else:
-        data_view, trailer_view, st = _model1_page_views(op)
-        data, scale_bytes = pack_model1_tokens(x)
-        page, off = rows // st, rows % st
-        data_view[page, off] = data
-        trailer_view[page, off] = scale_bytes
-
-
-# FlashMLA interop ----------------------------------------------------------------------------
-def _check_mla_blocks(kv_blocks: torch.Tensor, params: KVCacheParams, layer_idx: int) -> None:
-    check(params.is_mla, "params.is_mla", "True (FlashMLA caches are MLA caches)", False)
-    fmt = params.quant_format
-    check(
-        fmt in (None, "flashmla_v32", "flashmla_model1"),
-        "params.quantization",
-        "None (bf16/fp16 cache), 'flashmla_v32' or 'flashmla_model1' (convert rope-aware rows "
-        "with rope_aware_to_v32)",
-        fmt,
-    )
-    check(
-        isinstance(kv_blocks, torch.Tensor)
-        and kv_blocks.ndim == 6
-        and tuple(kv_blocks.shape) == params.blocks_shape(kv_blocks.shape[0])
-        and kv_blocks.dtype == params.storage_dtype,
-        "kv_blocks",
-        f"a {params.storage_dtype} tensor of shape {params.blocks_shape(-1)} (-1: total_num_pages)",
-        f"{tuple(kv_blocks.shape)} {kv_blocks.dtype}"
-        if isinstance(kv_blocks, torch.Tensor)
-        else type(kv_blocks),
-    )
-    check(
-        isinstance(layer_idx, int) and 0 <= layer_idx < params.num_layers,
-        "layer_idx",
-        f"an int in [0, {params.num_layers})",
-        layer_idx,
-    )
-
-
-def to_flashmla_cache(
-    kv_blocks: torch.Tensor, params: KVCacheParams, layer_idx: int, *, copy: bool = False
-) -> torch.Tensor:
-    """One layer of an MLA cache as FlashMLA's `k_cache` argument of `flash_mla_with_kvcache`.
-
-    Returns [total_num_pages, page_size, 1, bytes_per_token]: uint8 for the FP8 formats (pass
-    `is_fp8_kvcache=True`; 656 bytes V32, 584 bytes MODEL1), params.dtype for an unquantized
-    cache (576/512 values). Page ids, and so block tables and sparse indices
-    `page * page_size + offset`, are the same as this cache's.
-
-    copy=False: a view of kv_blocks (no copy; FlashMLA's reads see later writes). FlashMLA
-    needs each block to be contiguous (stride(1) == bytes_per_token, true here) and, for its
-    16-byte loads, every block to start 16-byte aligned. With MODEL1 (584-byte tokens) and an
-    odd page_size some blocks are not: that raises InvalidArgumentError; use copy=True.
-    copy=True: a fresh tensor laid out as FlashMLA's reference allocator does (MODEL1 block
-    stride rounded up to a multiple of 576 bytes).
-    FlashMLA's own kernels add limits of their own (dense bf16 decode: page_size 64).
-    """
-    _check_mla_blocks(kv_blocks, params, layer_idx)
-    view = kv_blocks[:, 0, layer_idx]  # [P, page_size, 1, row_elems]
-    fmt = params.quant_format
-    if not copy:
-        esz = view.element_size()
-        aligned = (
-            view.data_ptr() % FLASHMLA_ALIGN == 0 and (view.stride(0) * esz) % FLASHMLA_ALIGN == 0
-        )
-        check(
-            aligned,
-            "kv_blocks",
-            f"FlashMLA blocks aligned to {FLASHMLA_ALIGN} bytes for a zero-copy view "
-            "(MODEL1: an even page_size, or pass copy=True)",
-            f"page_size={params.page_size}, block stride {view.stride(0) * esz} B, layer "
-            f"{layer_idx} starting at {view.data_ptr() % FLASHMLA_ALIGN} mod {FLASHMLA_ALIGN}",
-        )
-        return view
-    P, ps, H, D = view.shape
-    if fmt == "flashmla_model1":
-        block = ps * D
-        stride0 = -(-block // MODEL1_BLOCK_ALIGN) * MODEL1_BLOCK_ALIGN
-        buf = torch.empty(P, stride0, dtype=view.dtype, device=view.device)
-        out = buf[:, :block].view(P, ps, H, D)
-        out.copy_(view)
-        return out
-    return view.clone(memory_format=torch.contiguous_format)
-
-
-def from_flashmla_cache(
-    k_cache: torch.Tensor, kv_blocks: torch.Tensor, params: KVCacheParams, layer_idx: int
-) -> None:
-    """Write FlashMLA's `k_cache` ([total_num_pages, page_size, 1, bytes_per_token], uint8,
-    int8 or float8_e4m3fn for the FP8 formats, params.dtype otherwise; any block stride)
-    into layer `layer_idx` of kv_blocks. The inverse of `to_flashmla_cache`.
-    """
-    _check_mla_blocks(kv_blocks, params, layer_idx)
-    dst = kv_blocks[:, 0, layer_idx]
-    fmt = params.quant_format
-    check(isinstance(k_cache, torch.Tensor), "k_cache", "a tensor", type(k_cache))
-    check(
-        tuple(k_cache.shape) == tuple(dst.shape),
-        "k_cache",
-        f"shape {tuple(dst.shape)} [num_blocks, page_block_size, 1, bytes_per_token]",
-        tuple(k_cache.shape),
-    )
-    check(
-        k_cache.device == kv_blocks.device, "k_cache.device", str(kv_blocks.device), k_cache.device
-    )
-    if fmt is None:
-        check(k_cache.dtype == params.dtype, "k_cache.dtype", str(params.dtype), k_cache.dtype)
-        dst.copy_(k_cache)
-        return
-    check(
-        k_cache.dtype in (torch.uint8, torch.int8, FP8_DTYPE),
-        "k_cache.dtype",
-        "torch.uint8, torch.int8 or torch.float8_e4m3fn",
-        k_cache.dtype,
-    )
-    check(k_cache.stride(-1) == 1, "k_cache.stride(-1)", "1", k_cache.stride(-1))
-    if fmt == "flashmla_model1":
-        # A MODEL1 block is page_size * 584 contiguous bytes (data, then the scale trailer).
-        check(
-            k_cache.stride(1) == MODEL1_BYTES,
-            "k_cache.stride(1)",
-            f"{MODEL1_BYTES} (each MODEL1 block contiguous)",
-            k_cache.stride(1),
-        )
-    dst.copy_(k_cache.view(torch.uint8))

@@ -3,9 +3,9 @@ CPU). Compiled kernels are untouched. Every Triton module of pagedattn imports t
 
 from __future__ import annotations
 
-import os
-
 import triton.language as tl
+
+from .. import env
 
 
 def install_interpreter_shim() -> None:
@@ -18,7 +18,7 @@ def install_interpreter_shim() -> None:
     - float32 -> bfloat16 casts truncate; round to nearest even as the GPU does;
     - float <-> fp8 casts mis-round ties and subnormals and lose NaN; convert through torch
       (round to nearest even, as `cvt.rn.satfinite` does for finite values)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if not env.triton_interpreter():
         return
     import numpy as np
     from triton.runtime import interpreter

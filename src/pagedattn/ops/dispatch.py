@@ -1,16 +1,16 @@
 """One dispatcher for every op: Triton on CUDA, the reference elsewhere.
 
 Override with the op's `backend=` argument or the PAGEDATTN_BACKEND environment variable
-("triton" or "reference"). On a CPU, "triton" runs the kernels under TRITON_INTERPRET=1 (the
-variable must be set before triton is imported), which is how CI checks kernel indexing.
+("triton" or "reference", read through `pagedattn.env`; docs/env.md). On a CPU, "triton" runs
+the kernels under TRITON_INTERPRET=1 (the variable must be set before triton is imported),
+which is how CI checks kernel indexing.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .. import env
 from ..errors import check
 
 BACKENDS = ("triton", "reference")
@@ -26,13 +26,12 @@ def triton_available() -> bool:
 
 def choose_backend(device: torch.device, backend: str | None = None) -> str:
     """'triton' or 'reference' for tensors on `device`."""
-    backend = backend or os.environ.get("PAGEDATTN_BACKEND") or None
+    backend = backend or env.read("BACKEND")
     if backend is not None:
         check(backend in BACKENDS, "backend", f"one of {BACKENDS}", backend)
         if backend == "triton":
             check(
-                triton_available()
-                and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"),
+                triton_available() and (device.type == "cuda" or env.triton_interpreter()),
                 "backend",
                 "'triton' only on CUDA or with TRITON_INTERPRET=1",
                 f"'triton' on {device}",

@@ -8,12 +8,8 @@ it skips of `JITFunction.run` is the cache key's string of the options, the chec
 global the kernel read has changed since it compiled (the kernels read module constants
 only), and the launch's keyword handling.
 
-H100 hosts (2026-11-22, `bench/host_cost.py`, best of 3 rounds a process; record
-`bench/results/h100_2026-11-22_host_launch.txt`): Triton's own launch took 31-59 us, of which
-its binder 11-22 and the compiled kernel's launcher 9-20. The whole `mla_decode_triton` call,
-best of three processes each: bf16 78.7 -> 72.6 us at P = 1 and 124.4 -> 115.7 with the
-split-K combine (P = 2); rope-aware FP8 76.0 -> 75.9 and 132.3 -> 119.2. The same host ran up
-to 40% slower in some processes than in others.
+What that saves: an eager MLA decode call 78.7 -> 72.6 us (bf16, P = 1) on an H100 host
+(2026-11-22, docs/kernels/launch.md).
 
 Anything that is not a compiled JIT function (Triton's interpreter on a CPU, a test's stand-in)
 takes `kernel[grid](...)`, and so does every first launch of a specialization.

@@ -1,18 +1,21 @@
 """torch.library custom ops, so that the attention ops work under torch.compile.
 
-Operands are Python objects, so each op is registered with its operands flattened into
-tensors and ints (`operands.flatten_operand`). The public functions call these custom ops when
-`torch.compiler.is_compiling()`; in eager mode they call the implementation directly (the
-dispatcher would add host overhead to every decode step for nothing). The ops only write
-caller-provided outputs, so their fake implementations allocate nothing.
+Registers `pagedattn::mha` and `pagedattn::mla_decode`. Operands are Python objects, so each
+op takes its operands flattened into tensors and ints (`operands.flatten_operand`) and runs the
+eager implementation (`ops.mha.mha`, `ops.mla.mla_decode`) on them. The public functions reach
+these ops through `ops.compiled` while torch.compile traces, and no op imports this module:
+the package imports it (`pagedattn/__init__.py`). The ops only write caller-provided outputs,
+so their fake implementations allocate nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..operands import flatten_operand, unflatten_operand
+from ..operands import unflatten_operand
 from .masks import MASK_CODES, Mask
+from .mha import mha
+from .mla import mla_decode
 
 _MASK_KINDS = {v: k for k, v in MASK_CODES.items()}
 
@@ -47,8 +50,6 @@ def mha_op(
     backend: str,
 ) -> None:
     """pagedattn.mha with flattened operands; writes `out` (and `lse` when given)."""
-    from .mha import mha
-
     res = mha(
         q,
         unflatten_operand(k_tensors, k_ints, k_fmt),
@@ -67,57 +68,8 @@ def mha_op(
 
 
 @mha_op.register_fake
-def _(
-    q,
-    q_row_offsets,
-    k_tensors,
-    k_ints,
-    k_fmt,
-    v_tensors,
-    v_ints,
-    v_fmt,
-    mask_code,
-    mask_param,
-    mask_tensor,
-    scale,
-    sinks,
-    num_partitions,
-    out,
-    lse,
-    backend,
-) -> None:
+def _(*args) -> None:
     return None
-
-
-def mha_compiled(
-    q, k, v, q_row_offsets, *, mask, scale, sinks, num_partitions, return_lse, out, backend
-):
-    """The custom-op route of `pagedattn.mha` (used while torch.compile traces)."""
-    if out is None:
-        out = q.new_empty(q.shape[0], q.shape[1], v.head_dim)
-    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if return_lse else None
-    kt, ki, kf = flatten_operand(k)
-    vt, vi, vf = flatten_operand(v)
-    torch.ops.pagedattn.mha(
-        q,
-        q_row_offsets,
-        kt,
-        ki,
-        kf,
-        vt,
-        vi,
-        vf,
-        mask.code,
-        mask.param,
-        mask.tensor,
-        float(scale),
-        sinks,
-        int(num_partitions or 0),
-        out,
-        lse,
-        backend or "",
-    )
-    return (out, lse) if return_lse else out
 
 
 @torch.library.custom_op("pagedattn::mla_decode", mutates_args=("out", "lse"))
@@ -144,8 +96,6 @@ def mla_decode_op(
     backend: str,
 ) -> None:
     """pagedattn.mla_decode with flattened operands; writes `out` and `lse`."""
-    from .mla import mla_decode
-
     extra = unflatten_operand(extra_tensors, extra_ints, extra_fmt) if extra_ints else None
     _, res_lse = mla_decode(
         q,
@@ -168,77 +118,5 @@ def mla_decode_op(
 
 
 @mla_decode_op.register_fake
-def _(
-    q,
-    q_row_offsets,
-    kv_tensors,
-    kv_ints,
-    kv_fmt,
-    d_v,
-    scale,
-    causal,
-    indices,
-    topk_lengths,
-    extra_tensors,
-    extra_ints,
-    extra_fmt,
-    extra_indices,
-    extra_topk_lengths,
-    attn_sink,
-    num_partitions,
-    out,
-    lse,
-    backend,
-) -> None:
+def _(*args) -> None:
     return None
-
-
-def mla_decode_compiled(
-    q,
-    kv,
-    q_row_offsets,
-    *,
-    d_v,
-    scale,
-    causal,
-    indices,
-    topk_lengths,
-    extra_kv,
-    extra_indices,
-    extra_topk_lengths,
-    attn_sink,
-    num_partitions,
-    out,
-    backend,
-):
-    """The custom-op route of `pagedattn.mla_decode` (used while torch.compile traces)."""
-    if out is None:
-        out = q.new_empty(q.shape[0], q.shape[1], d_v)
-    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    kt, ki, kf = flatten_operand(kv)
-    et, ei, ef = flatten_operand(extra_kv) if extra_kv is not None else ([], [], "")
-    torch.ops.pagedattn.mla_decode(
-        q,
-        q_row_offsets,
-        kt,
-        ki,
-        kf,
-        int(d_v),
-        float(scale),
-        bool(causal),
-        indices,
-        topk_lengths,
-        et,
-        ei,
-        ef,
-        extra_indices,
-        extra_topk_lengths,
-        attn_sink,
-        int(num_partitions or 0),
-        out,
-        lse,
-        backend or "",
-    )
-    return out, lse

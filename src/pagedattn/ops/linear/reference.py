@@ -24,9 +24,7 @@ import torch
 
 from ...errors import check
 from ...fp8 import FP8_MAX, dequantize_blockwise, quantize_blockwise, round_scale
-from ...fp8.blockwise import amax_over_fp8_max
-
-FP8_DTYPE = torch.float8_e4m3fn
+from ...fp8.blockwise import FP8_DTYPE, amax_over_fp8_max
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -10,7 +10,7 @@ out[b, m, n] = sum_g (sum_{k in group g} x_q[b, m, k] * w[b, n, k]) * sx[b, m, g
   quantization is fused into the GEMM's load path: a program loads its x tile of one k
   group, takes the row amax and rounds the tile in registers (programs of other n tiles
   repeat that elementwise work). From m = 64 a one-pass quantization kernel runs first and
-  the GEMM reads e4m3 x (faster there: bench/gpu_branch_dev.py, `fp8_bmm_config`).
+  the GEMM reads e4m3 x. `fp8_bmm_config` picks the tiles (docs/kernels/fp8_bmm.md).
 - Weights w [batch, n, k] e4m3 (k contiguous) and their block scales w_scale
   [batch, ceil(n/n_gran), ceil(k/k_gran)] in float32 or e8m0 (read as bytes).
 - Each k group is one fp8 tensor-core dot (`tl.dot` on float8e4nv, fp32 accumulator; wgmma
@@ -30,22 +30,23 @@ No host synchronisation; the output is the only allocation (when `out` is None).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ...errors import check
-from .._checks import check_granularities
+from ...fp8 import blockwise
 from .._triton_interpreter import install_interpreter_shim
 from ..launch import launch
+from .checks import X_DTYPES, check_fp8_bmm_args
 
 install_interpreter_shim()
 
-FP8_MAX = tl.constexpr(448.0)
-SCALE_FLOOR = tl.constexpr(1.1754943508222875e-38)  # 2^-126, `fp8.blockwise.SCALE_FLOOR`
-
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8_MAX = tl.constexpr(blockwise.FP8_MAX)  # 448.0, the largest finite e4m3fn
+SCALE_FLOOR = tl.constexpr(blockwise.SCALE_FLOOR)  # 2^-126
 
 
 # ------------------------------------------------------------------------------------------
@@ -316,48 +317,50 @@ def _fp8_bmm_kernel(
 # ------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------
-# Overrides for measurement (bench/gpu_branch_dev.py): BLOCK_M, BLOCK_N, SWAP_AB, num_warps,
-# num_stages. Empty in production.
-TUNING: dict = {}
+@dataclasses.dataclass(frozen=True)
+class Fp8BmmConfig:
+    """Launch configuration of `_fp8_bmm_kernel` (chosen by `fp8_bmm_config`; a development run
+    passes its own to `fp8_bmm_triton(config=...)`, e.g. `dataclasses.replace` of the chosen one).
+
+    block_m, block_n: the out tile (rows of x, rows of w); block_k: k chunk (<= 128, >= 32 for
+    the fp8 MMA); swap_ab: compute out^T = w @ x_q^T (small m); prequant: quantize x in a
+    separate pass first; num_warps; num_stages of the k-group loop.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    swap_ab: bool
+    prequant: bool
+    num_warps: int
+    num_stages: int
 
 
-def fp8_bmm_config(m: int, n: int, k: int, k_gran: int) -> dict:
-    """Tile configuration for out [*, m, n] = x [*, m, k] @ w [*, n, k]^T (H200 sweep in
-    bench/gpu_branch_dev.py, DeepSeek's w_uk / w_uv at h_q 16 / 128, m 1..1024).
+@functools.lru_cache(maxsize=4096)  # a pure function of four ints, called each launch
+def fp8_bmm_config(m: int, n: int, k: int, k_gran: int) -> Fp8BmmConfig:
+    """Tile configuration for out [*, m, n] = x [*, m, k] @ w [*, n, k]^T (H200 sweep of
+    DeepSeek's w_uk / w_uv at h_q 16 / 128, m 1..1024: docs/kernels/fp8_bmm.md).
 
-    m <= 64 (decode): operands swapped, BLOCK_M (tokens, the MMA's N) = next pow2 of m in
-    [16, 64], BLOCK_N (weight rows, the MMA's M) 128 when n >= 256 else 64; 8 warps while the
-    activations are quantized in the kernel (m < 64: 8-30% faster than 4), 4 with the
-    pre-pass. Larger m: a 128 x 128 tile (64 x 128 when n is small), 8 warps.
-    PREQUANT: m >= 64 quantizes the activations in a separate pass (the in-loop correctly
-    rounded divisions stall the MMA pipeline: 5-35% faster at m 64-256; slower below).
-    BLOCK_K covers one k group (>= 32 for the fp8 MMA's k; at most 128, larger groups take
-    several chunks). One k group (w_uk: k = qk_nope = 128) leaves nothing to pipeline: one
-    stage, the least shared memory.
+    m <= 64 (decode): operands swapped, block_m (tokens, the MMA's N) = next pow2 of m in
+    [16, 64], block_n (weight rows, the MMA's M) 128 when n >= 256 else 64; 8 warps while the
+    activations are quantized in the kernel, 4 with the pre-pass. Larger m: a 128 x 128 tile
+    (64 x 128 when n is small), 8 warps. prequant from m = 64. block_k covers one k group (>= 32
+    for the fp8 MMA's k; at most 128, larger groups take several chunks). One k group (w_uk:
+    k = qk_nope = 128) leaves nothing to pipeline: one stage, the least shared memory.
     """
     block_k = min(128, max(32, triton.next_power_of_2(min(k_gran, k))))
     n_groups = -(-k // k_gran)
-    prequant = m >= 64
+    prequant = m >= 64  # H200: 5-35% faster at m 64-256, slower below (docs/kernels/fp8_bmm.md)
     swap = m <= 64
     if swap:
         bm = min(64, max(16, triton.next_power_of_2(m)))
         bn = 128 if n >= 256 else 64
-        warps = 4 if prequant else 8
+        warps = 4 if prequant else 8  # H200: 8 warps 8-30% faster than 4 at m < 64
     else:
         bm = 128
         bn = 128 if n >= 128 else 64
         warps = 8
-    cfg = dict(
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=block_k,
-        SWAP_AB=swap,
-        PREQUANT=prequant,
-        num_warps=warps,
-        num_stages=1 if n_groups == 1 else 3,
-    )
-    cfg.update({key: v for key, v in TUNING.items() if key in cfg})
-    return cfg
+    return Fp8BmmConfig(bm, bn, block_k, swap, prequant, warps, 1 if n_groups == 1 else 3)
 
 
 def quantize_activation_groups_triton(
@@ -368,9 +371,7 @@ def quantize_activation_groups_triton(
     x: [batch, m, k] bf16/fp16/f32 (any strides) -> (x_q [batch, m, k] e4m3 contiguous,
     scales [batch, m, ceil(k / k_gran)] float32 = max(amax / 448, 2^-126)).
     """
-    check(
-        x.ndim == 3 and x.dtype in _X_DTYPES, "x", "a [batch, m, k] bf16/fp16/f32 tensor", x.shape
-    )
+    check(x.ndim == 3 and x.dtype in X_DTYPES, "x", "a [batch, m, k] bf16/fp16/f32 tensor", x.shape)
     check(isinstance(k_gran, int) and k_gran >= 1, "k_gran", "an int >= 1", k_gran)
     batch, m, k = x.shape
     n_groups = -(-k // k_gran)
@@ -408,40 +409,25 @@ def fp8_bmm_triton(
     out_dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None,
     prequant: bool | None = None,
+    config: Fp8BmmConfig | None = None,
 ) -> torch.Tensor:
     """Blockwise-FP8 `x @ w^T` per batch (docs/ops.md `fp8_bmm`), Triton.
 
     x: [batch, m, k] bf16/fp16/f32 (any strides), quantized to e4m3 in 1 x k_gran groups.
-    w: [batch, n, k] float8_e4m3fn with unit k stride.
+    w: [batch, n, k] float8_e4m3fn (copied when its k stride is not 1).
     w_scale: [batch, ceil(n/n_gran), ceil(k/k_gran)] float32 or float8_e8m0fnu.
     out: optional [batch, m, n] tensor of out_dtype, any strides (written in place).
     prequant: quantize x in a separate pass first (True), in the GEMM's load path (False), or
-      as `fp8_bmm_config` picks (None: m >= 64).
-    Returns out [batch, m, n] (out_dtype), fp32 accumulation. No host synchronisation.
+      as the config says (None).
+    config: the launch configuration (None: `fp8_bmm_config(m, n, k, k_gran)`).
+    Checks its arguments as `fp8_bmm` does. Returns out [batch, m, n] (out_dtype), fp32
+    accumulation. No host synchronisation.
     """
-    check(
-        x.ndim == 3 and x.dtype in _X_DTYPES, "x", "a [batch, m, k] bf16/fp16/f32 tensor", x.shape
-    )
-    check(
-        w.ndim == 3 and w.dtype == torch.float8_e4m3fn and w.shape[0] == x.shape[0],
-        "w",
-        f"a float8_e4m3fn [batch={x.shape[0]}, n, k={x.shape[2]}] tensor",
-        f"{w.dtype} {tuple(w.shape)}",
-    )
+    check_fp8_bmm_args(x, w, w_scale, k_gran, n_gran, out_dtype)
     batch, m, k = x.shape
     n = w.shape[1]
-    check(w.shape[2] == k, "w", f"k = {k}", tuple(w.shape))
-    check_granularities(k_gran, n_gran)
     n_groups = -(-k // k_gran)
-    want = (batch, -(-n // n_gran), n_groups)
-    check(
-        tuple(w_scale.shape) == want and w_scale.dtype in (torch.float32, torch.float8_e8m0fnu),
-        "w_scale",
-        f"a float32/float8_e8m0fnu tensor of shape {want}",
-        f"{w_scale.dtype} {tuple(w_scale.shape)}",
-    )
     if out is None:
-        check(out_dtype in _OUT_DTYPES, "out_dtype", f"one of {_OUT_DTYPES}", out_dtype)
         out = torch.empty(batch, m, n, dtype=out_dtype, device=x.device)
     else:
         check(
@@ -459,18 +445,18 @@ def fp8_bmm_triton(
         w = w.contiguous()
     e8m0 = w_scale.dtype == torch.float8_e8m0fnu
     ws = w_scale.view(torch.uint8) if e8m0 else w_scale
-    cfg = fp8_bmm_config(m, n, k, k_gran)
-    bk = cfg["BLOCK_K"]
+    cfg = fp8_bmm_config(m, n, k, k_gran) if config is None else config
+    bk = cfg.block_k
     chunks = -(-min(k_gran, k) // bk)
     even_k = chunks == 1 and k % k_gran == 0 and k_gran == bk
     if prequant is None:
-        prequant = cfg["PREQUANT"]
+        prequant = cfg.prequant
     if prequant:
         xq, sx = quantize_activation_groups_triton(x, k_gran)
         x_arg, x_strides = xq, xq.stride()
     else:
         x_arg, x_strides, sx = x, x.stride(), ws  # sx unused
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), batch)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), batch)
     launch(
         _fp8_bmm_kernel,
         grid,
@@ -489,22 +475,23 @@ def fp8_bmm_triton(
         n_groups,
         K_GRAN=k_gran,
         N_GRAN=n_gran,
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
         BLOCK_K=bk,
         CHUNKS=chunks,
         EVEN_K=even_k,
-        SWAP_AB=cfg["SWAP_AB"],
+        SWAP_AB=cfg.swap_ab,
         X_FP8=prequant,
         WS_E8M0=e8m0,
         SINGLE_GROUP=n_groups == 1,
-        NUM_STAGES=cfg["num_stages"],
-        num_warps=cfg["num_warps"],
+        NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
     )
     return out
 
 
 __all__ = [
+    "Fp8BmmConfig",
     "fp8_bmm_config",
     "fp8_bmm_triton",
     "quantize_activation_groups_triton",

@@ -157,24 +157,6 @@ def mha(
     Returns out [total_q, h_q, d_v] in q.dtype, or (out, lse).
     """
     mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
-    if torch.compiler.is_compiling():
-        from ..library import mha_compiled
-
-        if scale is None:
-            scale = 1.0 / math.sqrt(q.shape[-1])
-        return mha_compiled(
-            q,
-            k,
-            v,
-            q_row_offsets,
-            mask=mask,
-            scale=scale,
-            sinks=sinks,
-            num_partitions=num_partitions,
-            return_lse=return_lse,
-            out=out,
-            backend=backend,
-        )
     kwargs = dict(
         mask=mask,
         scale=scale,
@@ -183,6 +165,12 @@ def mha(
         return_lse=return_lse,
         out=out,
     )
+    if torch.compiler.is_compiling():
+        from ..compiled import mha_compiled
+
+        if scale is None:
+            kwargs["scale"] = 1.0 / math.sqrt(q.shape[-1])
+        return mha_compiled(q, k, v, q_row_offsets, backend=backend, **kwargs)
     if choose_backend(q.device, backend) == "triton":
         from .triton_mha import mha_triton
 

@@ -1,15 +1,15 @@
 """Gluon (sm_90) MHA/GQA prefill: flash-attention forward whose P V product runs on the
-tensor cores under the softmax of the next tile.
+tensor cores under the softmax of the next tile (`_mha_prefill_sm90`), and the helpers it shares
+with the warp-specialized `gluon_prefill_ws`.
 
 Same contract, grid and block order as `triton_prefill._mha_prefill_kernel` (one program per
 (query block of one request, query head), each request's heaviest block first under causal
 masks, the blocks of one head back to back). For BF16/FP16 K/V without quantization, head dim
 64 or 128 (d_qk == d_v), every mask except the tensor mask, sinks and the LSE. The dispatcher
-(`triton_mha._use_sm90_prefill`) takes it for paged caches whose tiles are not TMA boxes (pages
-of 1, or of sizes that do not divide 128); the rest go to the warp-specialized
-`gluon_prefill_ws`, which shares this kernel's helpers (H100, causal 8 x 4096, 32/8 heads,
-d128, TFLOP/s, this kernel vs the tl kernel: pages of 16 352 vs 317, of 64 396 vs 354, of 128
-426 vs 411; ragged 426 vs 421).
+(`selection.sm90_prefill_serves`) takes it on sm_90 for paged caches whose tiles are not TMA
+boxes (pages of 1, or of sizes that do not divide 128), or when a tuning override asks; the rest
+go to `gluon_prefill_ws` (H100, causal 8 x 4096 d128: 352 vs 317 TFLOP/s for the tl kernel at
+pages of 16).
 
 Per program, num_warps warps of 16 query rows each (8 warps: 2 warpgroups, 128 rows); tiles
 of BLOCK_N keys in an NBUF-deep ring (NBUF >= 3): iteration j fills tile j + NBUF - 2 into
@@ -22,14 +22,9 @@ tile j - 2's stage, freed by the iteration's barrier.
   register A operand: no shared-memory round trip), waits for S_j alone, runs the softmax of
   tile j while the P V product still runs, then rescales O.
 - Tiles that every row sees in full run a loop without the per-element mask.
-
-What limits it (ncu, H100 base clocks, ragged 32 heads, cp.async ring): tensor pipe 41% of
-cycles (the tl kernel 47%); per issued instruction warps stall ~1.3 cycles on barriers, ~1.1
-on fixed-latency waits and ~0.8 on MIO throttle (16 cp.async a thread a tile). TMA removed
-the last (ragged 383 -> 426 TFLOP/s). Both warpgroups still meet at the ring's CTA barrier
-every tile (an mbarrier arrive is one thread of the CTA after a CTA barrier outside a
-warp-specialized region), so their softmaxes line up instead of alternating with the other's
-products: `gluon_prefill_ws` removes that barrier (509-515 TFLOP/s on ragged K/V)."""
+Limit: both warpgroups meet at the ring's CTA barrier every tile, so their softmaxes line up;
+`gluon_prefill_ws` removes that barrier. Measurements and ncu analysis:
+docs/kernels/gluon_prefill.md."""
 
 from __future__ import annotations
 
@@ -44,8 +39,9 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from .triton_decode import LN2, LOG2E, _visible_range
-from .triton_prefill import _block_ranges
+from ..triton_constants import LN2, LOG2E
+from .triton_prefill import block_ranges
+from .triton_tiles import visible_range
 
 if HAS_GLUON:
 
@@ -113,7 +109,7 @@ if HAS_GLUON:
         cp.commit_group()
 
     @gluon.jit
-    def _g_row0(t0, ok, b, lut, stride_lut, row_base, page_stride, PAGE: gl.constexpr):
+    def g_row0(t0, ok, b, lut, stride_lut, row_base, page_stride, PAGE: gl.constexpr):
         """int32 physical row of key position t0 (a tile inside one page); `ok` guards the
         page-table read."""
         if PAGE > 0:
@@ -136,12 +132,12 @@ if HAS_GLUON:
         are whatever the cache holds (masked for K, zeroed for the last V tile)."""
         bar = bars.index(stage)
         mbarrier.expect(bar, K.block_type.nbytes + V.block_type.nbytes, pred=ok)
-        k0 = _g_row0(t0, ok, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
+        k0 = g_row0(t0, ok, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
         tma.async_copy_global_to_shared(K, [k0, col], bar, k_s.index(stage), pred=ok)
         if V_SAME_ROWS:
             v0 = k0
         else:
-            v0 = _g_row0(t0, ok, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
+            v0 = g_row0(t0, ok, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
         tma.async_copy_global_to_shared(V, [v0, col], bar, v_s.index(stage), pred=ok)
 
     @gluon.jit
@@ -162,13 +158,13 @@ if HAS_GLUON:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q: gl.constexpr,
+    def g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q: gl.constexpr,
                          GROUP: gl.constexpr, MASK: gl.constexpr, REVERSE: gl.constexpr,
                          BLOCKS_FASTEST: gl.constexpr, BLOCK_B: gl.constexpr, BM: gl.constexpr,
                          BN: gl.constexpr, one_l: gl.constexpr):  # fmt: skip
         """This program's request (bc, clamped), query and KV heads, the request's q_start,
         q_len (0 for a spare program), cache_len and kv_len, its block's first row m0, and the
-        block's key ranges (lo_u, start, end, f_lo, f_hi: `_block_ranges`). Grid and block
+        block's key ranges (lo_u, start, end, f_lo, f_hi: `block_ranges`). Grid and block
         order of the tl kernel: one program per (query block of BM rows, head)."""
         pid = gl.program_id(0)
         hq = pid % H_Q
@@ -189,26 +185,37 @@ if HAS_GLUON:
         m0 = gl.where(live, blk, 0) * BM
         cache_len = gl.load(cache_lens + bc)
         kv_len = cache_len + q_len
-        lo_u, start, end, f_lo, f_hi = _block_ranges(
+        lo_u, start, end, f_lo, f_hi = block_ranges(
             cache_len, m0, q_len, kv_len, MASK, mask_param, BM, BN
         )
         hkv = hq // GROUP
         return bc, hq, hkv, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi
 
     @gluon.jit
-    def _g_row_ranges(m0, q_len, cache_len, kv_len, lo_u, mask_param, MASK: gl.constexpr,
+    def g_row_bases(K_off, V_off, bc, K_PAGE: gl.constexpr, V_PAGE: gl.constexpr):
+        """int64 first rows of request bc in K and V (row-offset operands; 0 for paged ones)."""
+        k_base = gl.to_tensor(0).to(gl.int64)
+        v_base = gl.to_tensor(0).to(gl.int64)
+        if K_PAGE == 0:
+            k_base = gl.load(K_off + bc).to(gl.int64)
+        if V_PAGE == 0:
+            v_base = gl.load(V_off + bc).to(gl.int64)
+        return k_base, v_base
+
+    @gluon.jit
+    def g_row_ranges(m0, q_len, cache_len, kv_len, lo_u, mask_param, MASK: gl.constexpr,
                       BM: gl.constexpr, srow_l: gl.constexpr):  # fmt: skip
         """Rows [m0, m0 + BM) of a block: positions, validity and visible key ranges
         [lo_r, hi_r) (empty for rows past q_len)."""
         offs_m = m0 + gl.arange(0, BM, layout=srow_l)
         row_valid = offs_m < q_len
-        lo_r, hi_r = _visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
+        lo_r, hi_r = visible_range(cache_len + offs_m, kv_len, MASK, mask_param)
         lo_r = gl.where(row_valid, lo_r, lo_u)
         hi_r = gl.where(row_valid, hi_r, lo_u)
         return offs_m, row_valid, lo_r, hi_r
 
     @gluon.jit
-    def _g_store_q(Q, stride_qt, stride_qh, q_start, q_len, m0, hq, q_s, BM: gl.constexpr,
+    def g_store_q(Q, stride_qt, stride_qh, q_start, q_len, m0, hq, q_s, BM: gl.constexpr,
                    D: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
         """Query rows [m0, m0 + BM) of head hq (zero past q_len) into shared memory q_s."""
         qr = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, ld_l))
@@ -222,7 +229,7 @@ if HAS_GLUON:
         q_s.store(q)
 
     @gluon.jit
-    def _g_part_range(part: gl.constexpr, n_lo, n_hi, n_it):
+    def g_part_range(part: gl.constexpr, n_lo, n_hi, n_it):
         """Tiles [j_lo, j_hi) of loop `part` over tiles 1 .. n_it-1: 0 the masked leading edge,
         1 the full tiles [n_lo, n_hi), 2 the masked trailing edge."""
         if part == 0:
@@ -237,7 +244,7 @@ if HAS_GLUON:
         return j_lo, j_hi
 
     @gluon.jit
-    def _g_epilogue(acc, m_i, l_i, offs_m, row_valid, m0, q_start, q_len, hq, Sinks,
+    def g_epilogue(acc, m_i, l_i, offs_m, row_valid, m0, q_start, q_len, hq, Sinks,
                     Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh,
                     HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr, BM: gl.constexpr,
                     D: gl.constexpr, o_l: gl.constexpr):  # fmt: skip
@@ -268,7 +275,7 @@ if HAS_GLUON:
             )
 
     @gluon.jit
-    def _g_first_tile(q_s, k_tile, zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale,
+    def g_first_tile(q_s, k_tile, zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale,
                       dtype: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                       s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr):  # fmt: skip
         """S = Q K^T of the first tile (k_tile landed) and its softmax (nothing to rescale
@@ -286,7 +293,7 @@ if HAS_GLUON:
         return p_op, m_i, l_i, acc, (f_lo - start) // BN, (f_hi - start) // BN
 
     @gluon.jit
-    def _g_tile_products(q_s, k_tile, v_prev, zero_s, acc, p_op, m_i, l_i, t0, lo_r, hi_r,
+    def g_tile_products(q_s, k_tile, v_prev, zero_s, acc, p_op, m_i, l_i, t0, lo_r, hi_r,
                          masked: gl.constexpr, qk_scale, BN: gl.constexpr, s_l: gl.constexpr,
                          o_l: gl.constexpr, dot_l: gl.constexpr):  # fmt: skip
         """One iteration's products once tile t0's K (k_tile) and the previous tile's V (v_prev)
@@ -303,7 +310,7 @@ if HAS_GLUON:
         return acc, p_op, m_i, l_i
 
     @gluon.jit
-    def _g_zero_rows_past(tile, r0, kv_len, ROWS: gl.constexpr, ld_l: gl.constexpr):
+    def g_zero_rows_past(tile, r0, kv_len, ROWS: gl.constexpr, ld_l: gl.constexpr):
         """Zero the rows of a shared [ROWS, D] V tile holding key positions >= kv_len (rows
         r0, r0 + 1, ...): a TMA box copies rows past the keys too, a cache's unwritten slots
         may hold NaN, and 0 * NaN is NaN in the P V product."""
@@ -349,7 +356,7 @@ if HAS_GLUON:
                 V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
                 D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
             )  # fmt: skip
-        return _g_tile_products(
+        return g_tile_products(
             q_s, k_s.index(j % NBUF), v_s.index((j - 1) % NBUF), zero_s, acc, p_op, m_i, l_i, t0,
             lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l,
         )  # fmt: skip
@@ -389,10 +396,10 @@ if HAS_GLUON:
         srow_l: gl.constexpr = gl.SliceLayout(1, s_l)
 
         bc, hq, hkv, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi = (
-            _g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q, GROUP, MASK, REVERSE,
+            g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q, GROUP, MASK, REVERSE,
                              BLOCKS_FASTEST, BLOCK_B, BM, BN, one_l)
         )  # fmt: skip
-        offs_m, row_valid, lo_r, hi_r = _g_row_ranges(
+        offs_m, row_valid, lo_r, hi_r = g_row_ranges(
             m0, q_len, cache_len, kv_len, lo_u, mask_param, MASK, BM, srow_l
         )
 
@@ -409,12 +416,7 @@ if HAS_GLUON:
 
         k_head = hkv * stride_kh
         v_head = hkv * stride_vh
-        k_base = gl.to_tensor(0).to(gl.int64)
-        v_base = gl.to_tensor(0).to(gl.int64)
-        if K_PAGE == 0:
-            k_base = gl.load(K_off + bc).to(gl.int64)
-        if V_PAGE == 0:
-            v_base = gl.load(V_off + bc).to(gl.int64)
+        k_base, v_base = g_row_bases(K_off, V_off, bc, K_PAGE, V_PAGE)
 
         # Prologue: tiles 0 .. NBUF-2 in flight (cp.async: empty groups past the end; TMA:
         # nothing past the end except tile 0, which is always waited for).
@@ -432,7 +434,7 @@ if HAS_GLUON:
                     V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride,
                     D, BN, K_PAGE, V_PAGE, V_SAME_ROWS, ld_l,
                 )  # fmt: skip
-        _g_store_q(Q, stride_qt, stride_qh, q_start, q_len, m0, hq, q_s, BM, D, ld_l)
+        g_store_q(Q, stride_qt, stride_qh, q_start, q_len, m0, hq, q_s, BM, D, ld_l)
 
         qk_scale = sm_scale_log2
         zero_s = gl.zeros([BM, BN], gl.float32, s_l)
@@ -446,7 +448,7 @@ if HAS_GLUON:
             cp.wait_group(NBUF - 2)
             fence_async_shared()
         gl.thread_barrier()
-        p_op, m_i, l_i, acc, n_lo, n_hi = _g_first_tile(
+        p_op, m_i, l_i, acc, n_lo, n_hi = g_first_tile(
             q_s, k_s.index(0), zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale, dtype,
             BM, BN, D, s_l, o_l, dot_l,
         )  # fmt: skip
@@ -455,7 +457,7 @@ if HAS_GLUON:
         # edge) whose bodies have no branch: ptxas waits for every wgmma in flight at a branch,
         # which would put the P V product back in front of the softmax.
         for part in gl.static_range(3):
-            j_lo, j_hi = _g_part_range(part, n_lo, n_hi, n_it)
+            j_lo, j_hi = g_part_range(part, n_lo, n_hi, n_it)
             for j in range(j_lo, j_hi):
                 acc, p_op, m_i, l_i = _g_step(
                     j, start, end, bc, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_s, k_s, v_s,
@@ -469,7 +471,7 @@ if HAS_GLUON:
             # The last tile's V is read only here: zero its rows past the keys.
             t_last = start + (gl.maximum(n_it, 1) - 1) * BN
             if t_last + BN > kv_len:
-                _g_zero_rows_past(v_s.index(last_st), t_last, kv_len, BN, ld_l)
+                g_zero_rows_past(v_s.index(last_st), t_last, kv_len, BN, ld_l)
                 gl.thread_barrier()
         acc = warpgroup_mma(p_op, v_s.index(last_st), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -479,6 +481,6 @@ if HAS_GLUON:
         else:
             cp.wait_group(0)
 
-        _g_epilogue(acc, m_i, l_i, offs_m, row_valid, m0, q_start, q_len, hq, Sinks, Out,
+        g_epilogue(acc, m_i, l_i, offs_m, row_valid, m0, q_start, q_len, hq, Sinks, Out,
                     stride_ot, stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, BM, D,
                     o_l)  # fmt: skip

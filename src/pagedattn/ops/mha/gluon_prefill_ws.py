@@ -1,33 +1,25 @@
-"""Gluon (sm_90) warp-specialized MHA/GQA prefill: a TMA producer warp and two consumer
-warpgroups of 64 query rows each that share the K/V ring and release its stages on their own.
+"""Gluon (sm_90) warp-specialized MHA/GQA prefill (`_mha_prefill_ws`): a TMA producer warp and
+two consumer warpgroups of 64 query rows each that share the K/V ring and release its stages on
+their own.
 
 Same contract, grid and block order as `gluon_prefill._mha_prefill_sm90` (128 query rows a
 program), for K/V whose [BLOCK_N, D] tiles are TMA boxes: one a tile where tiles stay in one
 page (ragged / row-offset K/V, pages a multiple of BLOCK_N), one a page for pages of 8 or more
-rows that divide BLOCK_N.
+rows that divide BLOCK_N. The dispatcher (`selection.sm90_prefill_plan`) takes it on sm_90
+wherever that holds (H100, causal 8 x 4096 d128: ragged 509-515 TFLOP/s against 422 for the
+tl kernel; pages of 16 499).
 
-H100 2026-11-22 (bench/gpu_mha_dev.py --prefill; causal 8 x 4096, 32/8 heads, d128, TFLOP/s):
-ragged K/V 509-515 (128 x 2; 128 x 3 508-513; 64 x 4 463-466) against 422 for the tl kernel
-and 422 for `gluon_prefill`'s TMA 128 x 3; pages of 16 / 64 / 128: 499 / 509 / 511 against
-352 / 396 / 426 before. FA3-style ping-pong on top (the warpgroups taking turns to issue their
-products, through two more mbarriers) measured the same (507 vs 509) and was left out. So
-did a persistent grid (one program a SM looping over work items, the producer loading the
-next item's first tiles under the current item's last ones): 433-450 ragged, 449-455 paged,
-and the per-item loop alone cost the one-item-a-program launch 15-30 (the producer warp, at
-24 registers, spilled with pages of 16: 399).
-
-Why: in `gluon_prefill` both warpgroups meet at a CTA barrier every tile to free a ring stage
-(ncu, H100, ragged causal 8 x 4096: barrier stalls lead, 2 cycles an issued instruction; tensor
-pipe 47% of cycles), so their softmaxes line up instead of running under the other's products.
-Here the stages have "ready" mbarriers (TMA bytes, count 1) and "empty" ones (count 2: each
-consumer arrives once its products that read the stage are complete), K and V rings apart so K
-is freed after S = Q K^T and V after P V.
+The stages have "ready" mbarriers (TMA bytes, count 1) and "empty" ones (count 2: each consumer
+arrives once its products that read the stage are complete), K and V rings apart so K is freed
+after S = Q K^T and V after P V; the consumers never meet at a CTA barrier (which is what limits
+`gluon_prefill`).
 
 Per consumer, iteration j: wait K_j and V_{j-1}; issue S_j = Q K_j^T and O += P_{j-1} V_{j-1};
 wait S_j; softmax of tile j under the P V product; wait it; free K_j and V_{j-1}; rescale O.
 A TMA box copies rows past the request's keys too (unwritten cache slots may hold NaN): masked
 for K; the last V tile (read after the loop) has them zeroed, each consumer half of its rows,
-meeting on one mbarrier before either reads it."""
+meeting on one mbarrier before either reads it. Measurements and the variants tried (ping-pong,
+a persistent grid): docs/kernels/gluon_prefill.md."""
 
 from __future__ import annotations
 
@@ -42,15 +34,16 @@ from ..gluon_imports import (
     warpgroup_mma_wait,
 )
 from .gluon_prefill import (
-    _g_epilogue,
-    _g_first_tile,
-    _g_part_range,
-    _g_program_block,
-    _g_row0,
-    _g_row_ranges,
-    _g_store_q,
-    _g_tile_products,
-    _g_zero_rows_past,
+    g_epilogue,
+    g_first_tile,
+    g_part_range,
+    g_program_block,
+    g_row0,
+    g_row_bases,
+    g_row_ranges,
+    g_store_q,
+    g_tile_products,
+    g_zero_rows_past,
 )
 
 if HAS_GLUON:
@@ -94,7 +87,7 @@ if HAS_GLUON:
         mbarrier.expect(bar, desc.block_type.nbytes * (BN // BOX))
         for i in gl.static_range(BN // BOX):
             t = t0 + i * BOX
-            r0 = _g_row0(t, t < kv_len, b, lut, stride_lut, row_base, page_stride, PAGE)
+            r0 = g_row0(t, t < kv_len, b, lut, stride_lut, row_base, page_stride, PAGE)
             tma.async_copy_global_to_shared(desc, [r0, col], bar, dst.slice(i * BOX, BOX))
 
     @gluon.jit
@@ -112,7 +105,7 @@ if HAS_GLUON:
         # in flight at a branch.
         mbarrier.wait(k_ready.index(st), (j // NBUF) & 1)
         mbarrier.wait(v_ready.index(pst), ((j - 1) // NBUF) & 1)
-        acc, p_op, m_i, l_i = _g_tile_products(
+        acc, p_op, m_i, l_i = g_tile_products(
             q_w, k_s.index(st), v_s.index(pst), zero_s, acc, p_op, m_i, l_i, start + j * BN,
             lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l,
         )  # fmt: skip
@@ -148,11 +141,11 @@ if HAS_GLUON:
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TD, TD], [4, 1], [1, 0])
         srow_l: gl.constexpr = gl.SliceLayout(1, s_l)
         mw = m0 + WG * BM
-        offs_m, row_valid, lo_r, hi_r = _g_row_ranges(
+        offs_m, row_valid, lo_r, hi_r = g_row_ranges(
             mw, q_len, cache_len, kv_len, lo_u, mask_param, MASK, BM, srow_l
         )
         q_w = q_s.index(WG)
-        _g_store_q(Q, stride_qt, stride_qh, q_start, q_len, mw, hq, q_w, BM, D, ld_l)
+        g_store_q(Q, stride_qt, stride_qh, q_start, q_len, mw, hq, q_w, BM, D, ld_l)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -161,7 +154,7 @@ if HAS_GLUON:
 
         # Tile 0: S and its softmax (the accumulator starts at zero, no rescale).
         mbarrier.wait(k_ready.index(0), 0)
-        p_op, m_i, l_i, acc, n_lo, n_hi = _g_first_tile(
+        p_op, m_i, l_i, acc, n_lo, n_hi = g_first_tile(
             q_w, k_s.index(0), zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale, dtype,
             BM, BN, D, s_l, o_l, dot_l,
         )  # fmt: skip
@@ -170,7 +163,7 @@ if HAS_GLUON:
         # Tiles 1 .. n_it-1: masked leading edge, full tiles, masked trailing edge (loop bodies
         # without a branch, as in gluon_prefill).
         for part in gl.static_range(3):
-            j_lo, j_hi = _g_part_range(part, n_lo, n_hi, n_it)
+            j_lo, j_hi = g_part_range(part, n_lo, n_hi, n_it)
             for j in range(j_lo, j_hi):
                 acc, p_op, m_i, l_i = _ws_step(
                     j, start, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_w, k_s, v_s, bars,
@@ -185,14 +178,14 @@ if HAS_GLUON:
             # Zero this consumer's half of the last V tile's rows past the keys, then wait
             # for the other half.
             HB: gl.constexpr = BN // 2
-            _g_zero_rows_past(v_s.index(lst).slice(WG * HB, HB, dim=0), t_last + WG * HB, kv_len,
+            g_zero_rows_past(v_s.index(lst).slice(WG * HB, HB, dim=0), t_last + WG * HB, kv_len,
                               HB, ld_l)  # fmt: skip
             mbarrier.arrive(vfix, count=1)
             mbarrier.wait(vfix, 0)
         acc = warpgroup_mma(p_op, v_s.index(lst), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-        _g_epilogue(acc, m_i, l_i, offs_m, row_valid, mw, q_start, q_len, hq, Sinks, Out,
+        g_epilogue(acc, m_i, l_i, offs_m, row_valid, mw, q_start, q_len, hq, Sinks, Out,
                     stride_ot, stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, BM, D,
                     o_l)  # fmt: skip
 
@@ -222,15 +215,10 @@ if HAS_GLUON:
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
 
         bc, hq, hkv, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi = (
-            _g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q, GROUP, MASK, REVERSE,
+            g_program_block(q_offsets, cache_lens, batch, mask_param, H_Q, GROUP, MASK, REVERSE,
                              BLOCKS_FASTEST, BLOCK_B, BM, BN, one_l)
         )  # fmt: skip
-        k_base = gl.to_tensor(0).to(gl.int64)
-        v_base = gl.to_tensor(0).to(gl.int64)
-        if K_PAGE == 0:
-            k_base = gl.load(K_off + bc).to(gl.int64)
-        if V_PAGE == 0:
-            v_base = gl.load(V_off + bc).to(gl.int64)
+        k_base, v_base = g_row_bases(K_off, V_off, bc, K_PAGE, V_PAGE)
 
         q_s = gl.allocate_shared_memory(dtype, [2, 64, D], sm_l)
         k_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)

@@ -1,24 +1,23 @@
-"""Triton MHA/GQA decode kernel (one query row per program) and the K/V addressing helpers it
-shares with the prefill kernel.
+"""Triton MHA/GQA decode kernel: `_mha_decode_kernel`, one program per (query row, split-K
+partition, KV head), KV head fastest. The dispatcher (`selection.plan`) takes it where every
+request has one query.
 
-Addressing (see `operands.KernelArgs`): token t of request b sits in physical row
-  paged:     lut[b, t // PAGE] * page_stride + t % PAGE
-  not paged: row_offsets[b] + t
-and element d of KV head h at `row * stride_r + h * stride_h + d`. PAGE is a constexpr (0 = not
-paged), so pages of any size (1, 3, 16, 64, ...) work and a tile may span several pages: the row
-is computed per token inside the tile.
+The `GROUP` query heads of one KV head are packed into the M dimension of the tile (padded to
+`GP` rows, `gp_min` 16 by default) so GQA runs on the tensor cores. The row finds its request
+itself (one query per request is the fast path), so a ragged batch with total_q == batch is
+served too. Its visible keys [lo, hi) are split into `num_partitions` contiguous chunks
+(multiples of BLOCK_N); with one partition the kernel writes the final output (sinks folded in),
+otherwise normalised partials + LSEs for `triton_combine`.
 
-Quantization codes (constexpr): 0 none, 1 per-tensor (one float32 scale), 2 per-token
-(blockwise with G == head_dim: one scale per token and head, applied to score / probability
-columns), 3 blockwise G < head_dim (elementwise dequantization of the tile). e8m0 scales are
-read as uint8 and decoded as 2^(byte - 127) (255 is NaN).
-
-Decode grid: one program per (query row, split-K partition, KV head), KV head fastest. The
-`GROUP` query heads of one KV head are packed into the M dimension of the tile (padded to
-`GP >= 16` rows) so GQA runs on the tensor cores. The row's visible keys [lo, hi) are split
-into `num_partitions` contiguous chunks (multiples of BLOCK_N); with one partition the kernel
-writes the final output (sinks folded in), otherwise normalised partials + LSEs for
-`triton_combine`.
+Inputs: any operand (`triton_tiles`: paged with any page size, row offsets), BF16/FP16/FP32 or
+FP8 K/V (per-tensor, per-token, blockwise; float32 or e8m0 scales), every mask of `ops.masks`,
+sinks, the LSE. Two loops:
+- the general one (`triton_tiles.qk_tile` / `pv_tile`), P carried as a bf16 hi + lo pair
+  through P @ V (P_SPLIT) and optionally blockwise K/V too (K_LO / V_LO);
+- `_fp8_fast_loop` for FP8 per-token / per-tensor K/V with fp16 MMAs on one page table of
+  power-of-two pages (the shipped FP8 choice; its knobs: `selection.fast_flags`).
+Launch configurations and their measurements: `selection.decode_config`,
+docs/kernels/mha_decode.md.
 """
 
 from __future__ import annotations
@@ -26,206 +25,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..constants import LN2_F, LOG2E_F  # noqa: F401 - re-exported to the launchers
-from ..triton_constants import LN2, LOG2E  # noqa: F401
-
-# quantization codes
-Q_NONE, Q_TENSOR, Q_TOKEN, Q_BLOCK = 0, 1, 2, 3
-
-
-from .._triton_interpreter import install_interpreter_shim  # noqa: E402
-from ..pdl import pdl_signal  # noqa: E402
-
-install_interpreter_shim()
-
-
-@triton.jit
-def _e8m0_to_f32(byte):
-    """uint8 e8m0 exponent -> float32 2^(byte - 127); 255 -> NaN, 0 -> 2^-127."""
-    bi = byte.to(tl.int32)
-    f = (bi << 23).to(tl.float32, bitcast=True)
-    f = tl.where(bi == 0, (bi * 0 + 0x00400000).to(tl.float32, bitcast=True), f)
-    return tl.where(bi == 255, (bi * 0 + 0x7FC00000).to(tl.float32, bitcast=True), f)
+from ..pdl import pdl_signal
+from ..triton_constants import LN2, LOG2E
+from .triton_tiles import (
+    kv_bases,
+    pv_tile,
+    q_to_f16,
+    qk_tile,
+    row_request,
+    scales_at,
+    visible_range,
+)
 
 
 @triton.jit
-def _find_request(offsets, batch, idx, BLOCK_B: tl.constexpr):
-    """Request b with offsets[b] <= idx < offsets[b + 1] (offsets: [batch + 1] int32 prefix
-    sums): the number of requests that end at or before idx. One vector load per chunk."""
-    cnt = tl.full((), 0, tl.int32)
-    for c in range(0, batch, BLOCK_B):
-        o = c + tl.arange(0, BLOCK_B)
-        ends = tl.load(offsets + 1 + o, mask=o < batch, other=2147483647)
-        cnt += tl.sum((ends <= idx).to(tl.int32), 0)
-    return cnt
-
-
-@triton.jit
-def _visible_range(pos, kv_len, MASK: tl.constexpr, W):
-    """Keys [lo, hi) visible to a query at absolute position `pos` (scalar or vector) among
-    kv_len keys, for mask codes 0-4 (the tensor mask, 5, starts from the null range)."""
-    zero = pos * 0
-    if MASK == 1:  # causal
-        lo = zero
-        hi = tl.minimum(pos + 1, kv_len)
-    elif MASK == 2:  # sliding window, causal
-        lo = tl.maximum(pos - W + 1, 0)
-        hi = tl.minimum(pos + 1, kv_len)
-    elif MASK == 3:  # sliding window, non-causal
-        lo = tl.maximum(pos - W + 1, 0)
-        hi = tl.minimum(pos + W, kv_len)
-    elif MASK == 4:  # chunked causal
-        lo = (pos // W) * W
-        hi = tl.minimum(pos + 1, kv_len)
-    else:  # null / tensor
-        lo = zero
-        hi = zero + kv_len
-    return lo, hi
-
-
-@triton.jit
-def _token_rows(tok, valid, b, lut, stride_lut, row_base, page_stride, PAGE: tl.constexpr):
-    """int64 physical rows of tokens `tok` of request b (row_base: row_offsets[b], not paged)."""
-    if PAGE > 0:
-        page = tl.load(lut + b * stride_lut + tok // PAGE, mask=valid, other=0)
-        rows = page.to(tl.int64) * page_stride + (tok % PAGE)
-    else:
-        rows = row_base + tok
-    return rows
-
-
-@triton.jit
-def _tile_row0(t0, b, lut, stride_lut, row_base, page_stride, PAGE: tl.constexpr):
-    """int32 physical row of token t0 (a tile that stays inside one page, for TMA)."""
-    if PAGE > 0:
-        page = tl.load(lut + b * stride_lut + t0 // PAGE)
-        row0 = page * page_stride + (t0 % PAGE)
-    else:
-        row0 = (row_base + t0).to(tl.int32)
-    return row0
-
-
-@triton.jit
-def _load_tile(
-    base,
-    desc_col,
-    rows,
-    row0,
-    stride_r,
-    head_off,
-    valid,
-    offs_d,
-    D: tl.constexpr,
-    DP: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    """[BN, DP] tile of one head: pointer gather of `rows` (masked, zero fill), or a TMA box at
-    (row0, desc_col) of the 2-D `[rows, heads * D]` descriptor `base` (unmasked)."""
-    if TMA:
-        x = base.load([row0, desc_col])
-    else:
-        ptrs = base + (rows * stride_r + head_off)[:, None] + offs_d[None, :]
-        if D == DP:
-            m = valid[:, None]
-        else:
-            m = valid[:, None] & (offs_d[None, :] < D)
-        x = tl.load(ptrs, mask=m, other=0.0)
-    return x
-
-
-@triton.jit
-def _token_scales(S, rows, stride_sr, s_head_off, valid, E8M0: tl.constexpr):
-    """[BN] float32 per-token scales (0 where not valid)."""
-    off = rows * stride_sr + s_head_off
-    if E8M0:
-        # One-byte scales: read the 4-byte-aligned 32-bit word that holds each byte (4-byte
-        # loads are pipelined with cp.async, 1-byte loads are not) and extract it. The view may
-        # start at any byte, so align on the absolute address. The word never leaves the
-        # allocation (device allocations are at least 4-byte granular).
-        mis = S.to(tl.int64) & 3
-        base = (S - mis).to(tl.pointer_type(tl.int32), bitcast=True)
-        boff = off + mis
-        word = tl.load(base + (boff >> 2), mask=valid, other=0)
-        byte = (word >> ((boff & 3) * 8).to(tl.int32)) & 0xFF
-        s = tl.where(valid, _e8m0_to_f32(byte), 0.0)
-    else:
-        s = tl.load(S + off, mask=valid, other=0)
-    return s
-
-
-@triton.jit
-def _kv_operand(
-    x,
-    S,
-    rows,
-    stride_sr,
-    s_head_off,
-    valid,
-    offs_d,
-    QUANT: tl.constexpr,
-    G: tl.constexpr,
-    D: tl.constexpr,
-    E8M0: tl.constexpr,
-    LO: tl.constexpr,
-    dtype: tl.constexpr,
-):
-    """A loaded K/V tile as dot operands (hi, lo) of `dtype`.
-
-    FP8 -> dtype is exact; per-token / per-tensor scales are applied by the caller. Blockwise
-    (G < D) tiles are dequantized here, element d scaled by scales[row, head, d // G]; with
-    float32 scales the product needs more bits than bf16 has, so LO also returns the rounding
-    remainder (hi + lo carries ~16 bits; lo is hi itself and unused when LO is False)."""
-    if QUANT == 3:
-        BN: tl.constexpr = x.shape[0]
-        DP: tl.constexpr = x.shape[1]
-        NGP: tl.constexpr = DP // G
-        if (G & (G - 1)) == 0 and NGP * G == DP:
-            # [BN, D // G] scales, broadcast over their G elements by a reshape (no gather)
-            offs_g = tl.arange(0, NGP)
-            s = tl.load(
-                S + (rows * stride_sr + s_head_off)[:, None] + offs_g[None, :],
-                mask=valid[:, None] & (offs_g[None, :] < D // G),
-                other=0,
-            )
-            if E8M0:
-                s = _e8m0_to_f32(s)
-            f = tl.reshape(tl.reshape(x.to(tl.float32), [BN, NGP, G]) * s[:, :, None], [BN, DP])
-        else:  # G not a power of two: gather the scale of each element
-            m = valid[:, None] & (offs_d[None, :] < D)
-            s = tl.load(
-                S + (rows * stride_sr + s_head_off)[:, None] + (offs_d // G)[None, :],
-                mask=m,
-                other=0,
-            )
-            if E8M0:
-                s = _e8m0_to_f32(s)
-            f = x.to(tl.float32) * s
-        hi = f.to(dtype)
-        if LO:
-            lo = (f - hi.to(tl.float32)).to(dtype)
-        else:
-            lo = hi
-    else:
-        hi = x.to(dtype)
-        lo = hi
-    return hi, lo
-
-
-@triton.jit
-def _q_to_f16(q, qk_scale):
-    """q -> float16 for FP8 K/V (whose e4m3 values are exact in fp16, upcast by one native
-    cvt per pair). q is scaled by 2^-e (exact) so that max|q| < 2^15 fits fp16; returns
-    (q16, qk_scale * 2^e)."""
-    qf = q.to(tl.float32)
-    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
-    e = tl.minimum(tl.maximum(tl.ceil(tl.log2(qmax)) - 14.0, 0.0), 120.0).to(tl.int32)
-    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    up = ((127 + e) << 23).to(tl.float32, bitcast=True)
-    return (qf * down).to(tl.float16), qk_scale * up
-
-
-@triton.jit
-def _e4m3_to_f16_lo(x, ASM: tl.constexpr):
+def e4m3_to_f16_lo(x, ASM: tl.constexpr):
     """e4m3 tile -> float16 tile holding value * 2^-8, with integer ops instead of the
     conversion unit (the caller folds 2^8 into its scales). Exact for every finite e4m3 value
     (subnormals included: e4m3's bias 7 vs fp16's 15 is the 2^-8); the NaN codes 0x7f / 0xff
@@ -287,40 +101,27 @@ def _e4m3_to_f16_hw(x, ASM: tl.constexpr):
 
 
 @triton.jit
-def _pv_dot(p, v, acc, dtype: tl.constexpr, DOT_PREC: tl.constexpr, P_SPLIT: tl.constexpr):
-    """acc + p @ v with p [M, BN] f32 and v [BN, D] in dtype. P_SPLIT rounds p to dtype as a
-    hi + lo pair (two MMAs) so that p keeps ~16 mantissa bits instead of 8: free when the
-    kernel is memory-bound (decode), and it removes the main error term of bf16 attention."""
-    p_hi = p.to(dtype)
-    acc = tl.dot(p_hi, v, acc, input_precision=DOT_PREC)
-    if P_SPLIT:
-        p_lo = (p - p_hi.to(tl.float32)).to(dtype)
-        acc = tl.dot(p_lo, v, acc, input_precision=DOT_PREC)
-    return acc
+def _e4m3_to_f16(x, CVT: tl.constexpr, ASM: tl.constexpr):
+    """e4m3 tile -> float16: CVT 0 a plain cast, 1 integer ops (`e4m3_to_f16_lo`: value *
+    2^-8), 2 the conversion unit through inline asm (`_e4m3_to_f16_hw`)."""
+    if CVT == 1:
+        y = e4m3_to_f16_lo(x, ASM)
+    elif CVT == 2:
+        y = _e4m3_to_f16_hw(x, ASM)
+    else:
+        y = x.to(tl.float16)
+    return y
 
 
 @triton.jit
-def _scales_at(S, off, valid, E8M0: tl.constexpr, MASKED: tl.constexpr):
-    """[BN] float32 per-token scales at element offsets `off` of S (0 where not valid when
-    MASKED; unmasked loads must only see readable offsets)."""
-    if E8M0:
-        mis = S.to(tl.int64) & 3
-        base = (S - mis).to(tl.pointer_type(tl.int32), bitcast=True)
-        boff = off + mis
-        if MASKED:
-            word = tl.load(base + (boff >> 2), mask=valid, other=0)
-        else:
-            word = tl.load(base + (boff >> 2))
-        byte = (word >> ((boff & 3) * 8).to(tl.int32)) & 0xFF
-        s = _e8m0_to_f32(byte)
-        if MASKED:
-            s = tl.where(valid, s, 0.0)
+def _load_rows(ptrs, valid, CLAMP: tl.constexpr):
+    """[BN, D] tile at `ptrs`: unmasked where CLAMP (the rows of clamped, always mapped token
+    indices), else masked by `valid` rows (zero fill)."""
+    if CLAMP:
+        x = tl.load(ptrs)
     else:
-        if MASKED:
-            s = tl.load(S + off, mask=valid, other=0)
-        else:
-            s = tl.load(S + off)
-    return s
+        x = tl.load(ptrs, mask=valid[:, None], other=0.0)
+    return x
 
 
 @triton.jit
@@ -430,7 +231,7 @@ def _fp8_fast_loop(
     - CLAMP: tokens outside [lo, p_hi) load the nearest visible token's row (always mapped,
       always finite) instead of masked loads; their scores are still masked to -inf, so
       their probabilities (and P x V contributions) are exactly 0.
-    - K_CVT / V_CVT: e4m3 -> fp16 upcast: 0 a plain cast, 1 integer ops (`_e4m3_to_f16_lo`,
+    - K_CVT / V_CVT: e4m3 -> fp16 upcast: 0 a plain cast, 1 integer ops (`e4m3_to_f16_lo`,
       value * 2^-8; 2^8 folds into qk_scale / the final acc), 2 the conversion unit through
       inline asm (`_e4m3_to_f16_hw`).
     - V_SEL: the select that makes the compiler upcast V in registers (see the generic loop).
@@ -492,16 +293,7 @@ def _fp8_fast_loop(
             vptrs = kptrs + V_DELTA
         else:
             vptrs = V + voff[:, None] + offs_dv[None, :]
-        if CLAMP:
-            k8 = tl.load(kptrs)
-        else:
-            k8 = tl.load(kptrs, mask=valid[:, None], other=0.0)
-        if K_CVT == 1:
-            k = _e4m3_to_f16_lo(k8, ASM)
-        elif K_CVT == 2:
-            k = _e4m3_to_f16_hw(k8, ASM)
-        else:
-            k = k8.to(tl.float16)
+        k = _e4m3_to_f16(_load_rows(kptrs, valid, CLAMP), K_CVT, ASM)
         keep = valid
         if MASK == 5:
             mt = tl.load(MaskT + row64 * stride_mt + tok, mask=valid & (tok < mask_cols), other=0)
@@ -509,7 +301,7 @@ def _fp8_fast_loop(
         if TRANS:  # scores^T [BN, GP] = K q^T: keys are the MMA's M, the heads its N
             st = tl.dot(k, qt)
             if K_QUANT == 2:
-                st = st * _scales_at(KS, ksoff, valid, K_E8M0, MASKED)[:, None]
+                st = st * scales_at(KS, ksoff, valid, K_E8M0, MASKED)[:, None]
             st = tl.where(keep[:, None], st, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(st, 0) * qk_scale)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -519,7 +311,7 @@ def _fp8_fast_loop(
         else:
             s = tl.dot(q, tl.trans(k))
             if K_QUANT == 2:
-                s = s * _scales_at(KS, ksoff, valid, K_E8M0, MASKED)[None, :]
+                s = s * scales_at(KS, ksoff, valid, K_E8M0, MASKED)[None, :]
             s = tl.where(keep[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -527,28 +319,20 @@ def _fp8_fast_loop(
             p = tl.math.exp2(s * qk_scale - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
 
-        if CLAMP:
-            v8 = tl.load(vptrs)
-        else:
-            v8 = tl.load(vptrs, mask=valid[:, None], other=0.0)
+        v8 = _load_rows(vptrs, valid, CLAMP)
         if V_PERM:
             if TRANS:
                 v8 = _perm_cols_t(v8, BLOCK_N, DV, V_PERM)
             else:
                 v8 = _perm_cols(v8, BLOCK_N, DV, V_PERM)
-        if V_CVT == 1:
-            v = _e4m3_to_f16_lo(v8, ASM)
-        elif V_CVT == 2:
-            v = _e4m3_to_f16_hw(v8, ASM)
-        else:
-            v = v8.to(tl.float16)
+        v = _e4m3_to_f16(v8, V_CVT, ASM)
         if V_SEL:
             v = tl.where(valid[:, None], v, 0.0)
         if V_QUANT == 2:
             if VS_DELTA is not None:
-                vs = _scales_at(KS, ksoff + VS_DELTA, valid, V_E8M0, MASKED)
+                vs = scales_at(KS, ksoff + VS_DELTA, valid, V_E8M0, MASKED)
             else:
-                vs = _scales_at(VS, vsoff, valid, V_E8M0, MASKED)
+                vs = scales_at(VS, vsoff, valid, V_E8M0, MASKED)
             if TRANS:
                 p = p * vs[:, None]
             else:
@@ -666,19 +450,11 @@ def _mha_decode_kernel(
     part = rest % num_partitions
     row = rest // num_partitions
 
-    # Request of this row: one query per request is the fast path (no search).
-    in_rng = row < batch
-    o_lo = tl.load(q_offsets + row, mask=in_rng, other=-1)
-    o_hi = tl.load(q_offsets + row + 1, mask=in_rng, other=-1)
-    b = row
-    if (o_lo != row) | (o_hi != row + 1):
-        b = _find_request(q_offsets, batch, row, BLOCK_B)
-        o_lo = tl.load(q_offsets + b)
-        o_hi = tl.load(q_offsets + b + 1)
+    b, o_lo, o_hi = row_request(q_offsets, batch, row, BLOCK_B)
     cache_len = tl.load(cache_lens + b)
     kv_len = cache_len + (o_hi - o_lo)
     pos = cache_len + (row - o_lo)
-    lo, hi = _visible_range(pos, kv_len, MASK, mask_param)
+    lo, hi = visible_range(pos, kv_len, MASK, mask_param)
     # Split [lo, hi) into num_partitions chunks of whole tiles (tile starts BLOCK_N-aligned).
     lo_al = (lo // BLOCK_N) * BLOCK_N
     per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo_al, 0), num_partitions), BLOCK_N) * BLOCK_N
@@ -701,7 +477,7 @@ def _mha_decode_kernel(
     if K_QUANT == 1:
         qk_scale = qk_scale * tl.load(KS)
     if MMA_F16:  # FP8 K/V with per-token / per-tensor scales: fp16 MMAs
-        q, qk_scale = _q_to_f16(q, qk_scale)
+        q, qk_scale = q_to_f16(q, qk_scale)
         dtype = tl.float16
     else:
         dtype = Q.dtype.element_ty
@@ -710,12 +486,7 @@ def _mha_decode_kernel(
     v_head = hkv * stride_vh
     ks_head = hkv * stride_ksh
     vs_head = hkv * stride_vsh
-    k_base = tl.full((), 0, tl.int64)
-    v_base = tl.full((), 0, tl.int64)
-    if K_PAGE == 0:
-        k_base = tl.load(K_off + b).to(tl.int64)
-    if V_PAGE == 0:
-        v_base = tl.load(V_off + b).to(tl.int64)
+    k_base, v_base = kv_bases(K_off, V_off, b, K_PAGE, V_PAGE)
 
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)
@@ -730,36 +501,17 @@ def _mha_decode_kernel(
             V_DELTA, VS_DELTA, K_CVT, V_CVT, V_SEL, ASM, V_PERM, DV, TRANS, NUM_STAGES,
         )  # fmt: skip
     else:
+        kop = (K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride, KS, stride_ksr,
+               ks_head)  # fmt: skip
+        vop = (V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride, VS, stride_vsr,
+               vs_head)  # fmt: skip
         for t0 in tl.range(p_lo, p_hi, BLOCK_N, num_stages=NUM_STAGES):
             tok = t0 + offs_n
             valid = (tok >= lo) & (tok < p_hi)
-            krows = _token_rows(tok, valid, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
-            k_row0 = 0
-            if K_TMA:
-                k_row0 = _tile_row0(t0, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
-            k = _load_tile(
-                K, hkv * DK, krows, k_row0, stride_kr, k_head, valid, offs_dk, DK, DKP, K_TMA
-            )
-            k, k_lo = _kv_operand(
-                k,
-                KS,
-                krows,
-                stride_ksr,
-                ks_head,
-                valid,
-                offs_dk,
-                K_QUANT,
-                KG,
-                DK,
-                K_E8M0,
-                K_LO,
-                dtype,
-            )
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-            if K_LO:
-                s = tl.dot(q, tl.trans(k_lo), s, input_precision=DOT_PREC)
-            if K_QUANT == 2:
-                s = s * _token_scales(KS, krows, stride_ksr, ks_head, valid, K_E8M0)[None, :]
+            s, krows, k_row0 = qk_tile(
+                q, t0, tok, valid, b, hkv, kop, offs_dk, DK, DKP, K_PAGE, K_QUANT, KG, K_E8M0,
+                K_TMA, K_LO, DOT_PREC, dtype,
+            )  # fmt: skip
             keep = valid[None, :]
             if MASK == 5:
                 mt = tl.load(
@@ -773,46 +525,10 @@ def _mha_decode_kernel(
             alpha = tl.math.exp2(m_i - m_use)
             p = tl.math.exp2(s * qk_scale - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-
-            if V_SAME_ROWS:
-                vrows = krows
-                v_row0 = k_row0
-            else:
-                vrows = _token_rows(
-                    tok, valid, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE
-                )
-                v_row0 = 0
-                if V_TMA:
-                    v_row0 = _tile_row0(t0, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
-            v = _load_tile(
-                V, hkv * DV, vrows, v_row0, stride_vr, v_head, valid, offs_dv, DV, DVP, V_TMA
-            )
-            v, v_lo = _kv_operand(
-                v,
-                VS,
-                vrows,
-                stride_vsr,
-                vs_head,
-                valid,
-                offs_dv,
-                V_QUANT,
-                VG,
-                DV,
-                V_E8M0,
-                V_LO,
-                dtype,
-            )
-            if V_TMA or V_QUANT != 0:
-                # TMA boxes may hold rows past the valid keys (NaN pools): zero them. For FP8 the
-                # select also makes the compiler upcast V in registers with wide shared-memory
-                # reads (then ldmatrix.trans), instead of one byte-wide read per element.
-                v = tl.where(valid[:, None], v, 0.0)
-            if V_QUANT == 2:
-                p = p * _token_scales(VS, vrows, stride_vsr, vs_head, valid, V_E8M0)[None, :]
-            acc = acc * alpha[:, None]
-            acc = _pv_dot(p, v, acc, dtype, DOT_PREC, P_SPLIT)
-            if V_LO:
-                acc = tl.dot(p.to(dtype), v_lo, acc, input_precision=DOT_PREC)
+            # (TMA boxes may hold rows past the valid keys, NaN pools: V's are zeroed)
+            acc = pv_tile(acc, p, alpha, t0, tok, valid, b, hkv, krows, k_row0, vop, offs_dv, DV,
+                          DVP, V_PAGE, V_SAME_ROWS, V_QUANT, VG, V_E8M0, V_TMA, V_LO, True,
+                          DOT_PREC, P_SPLIT, dtype)  # fmt: skip
             m_i = m_new
 
     if V_QUANT == 1:

@@ -1,10 +1,13 @@
-"""Triton MHA/GQA prefill / chunked-prefill kernel (flash-attention forward over ragged queries
-and a cached prefix).
+"""Triton MHA/GQA prefill / chunked-prefill kernel `_mha_prefill_kernel` (flash-attention
+forward over ragged queries and a cached prefix). The dispatcher (`selection.plan`) takes it for
+every launch with more than one query a request that no Gluon sm_90 prefill serves: FP8 K/V,
+tensor masks, head dims other than 64 / 128 or d_qk != d_v, FP32, devices other than sm_90, or
+a `gluon` False override. Any operand, mask, sinks, the LSE; never split along K.
 
 Grid: one program per (query block of BLOCK_M rows of one request, query head), head fastest so
 that the heads of one KV group read the same K/V tiles from L2 at about the same time
 (BLOCKS_FASTEST: the blocks of one (request, head) back to back instead, so that the blocks
-reading the same K/V run together; a launch knob, `prefill_config`'s "blocks_fastest"). The
+reading the same K/V run together; `PrefillConfig.blocks_fastest`, shipped on). The
 block -> (request, block) map is computed in the kernel from `q_row_offsets` (a cumulative sum
 of per-request block counts), so the grid is the static upper bound
 `min(cdiv(total_q, BLOCK_M) + batch, total_q)` blocks and needs no host sync; programs past the
@@ -12,6 +15,8 @@ last block return at once. With REVERSE (causal masks) each request's heaviest b
 
 Loop bounds are mask-aware: the keys the block's rows can see, [lo(first row), hi(last row)),
 split into masked edge tiles and a run of tiles every row sees in full, which skips the mask.
+P is rounded to q's dtype before P @ V (FlashAttention's numerics; `hi_lo` carries a hi + lo
+pair). Tiles and measurements: `selection.prefill_config`, docs/kernels/mha_prefill.md.
 """
 
 from __future__ import annotations
@@ -19,18 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_decode import (
-    LN2,
-    LOG2E,
-    _kv_operand,
-    _load_tile,
-    _pv_dot,
-    _q_to_f16,
-    _tile_row0,
-    _token_rows,
-    _token_scales,
-    _visible_range,
-)
+from ..triton_constants import LN2, LOG2E
+from .triton_tiles import kv_bases, pv_tile, q_to_f16, qk_tile, visible_range
 
 
 @triton.jit
@@ -55,7 +50,7 @@ def _find_block(offsets, batch, tile, BLOCK_M: tl.constexpr, BLOCK_B: tl.constex
 
 
 @triton.jit
-def _block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: tl.constexpr,
+def block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr):  # fmt: skip
     """Key ranges of the query block [m0, m0 + BLOCK_M) of a request (scalars; also called from
     the Gluon kernel): lo_u, the first key any row sees; [start, end), the tiles to visit
@@ -64,10 +59,10 @@ def _block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: 
     block without rows)."""
     last = cache_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
     first = cache_len + m0
-    lo_u, _h0 = _visible_range(first, kv_len, MASK, W)
-    _l1, hi_u = _visible_range(last, kv_len, MASK, W)
-    lo_f, _h1 = _visible_range(last, kv_len, MASK, W)
-    _l2, hi_f = _visible_range(first, kv_len, MASK, W)
+    lo_u, _h0 = visible_range(first, kv_len, MASK, W)
+    _l1, hi_u = visible_range(last, kv_len, MASK, W)
+    lo_f, _h1 = visible_range(last, kv_len, MASK, W)
+    _l2, hi_f = visible_range(first, kv_len, MASK, W)
     start = (lo_u // BLOCK_N) * BLOCK_N
     end = tl.where(q_len > m0, hi_u, start)
     if MASK == 5:
@@ -81,134 +76,6 @@ def _block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: 
         # whose first position may still see keys)
         f_hi = tl.maximum(tl.minimum((hi_f // BLOCK_N) * BLOCK_N, end), f_lo)
     return lo_u, start, end, f_lo, f_hi
-
-
-@triton.jit
-def _attn_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    t0,
-    offs_n,
-    lo_r,
-    hi_r,
-    b,
-    row_ids,
-    K,
-    stride_kr,
-    k_head,
-    K_lut,
-    stride_klut,
-    k_base,
-    k_page_stride,
-    V,
-    stride_vr,
-    v_head,
-    V_lut,
-    stride_vlut,
-    v_base,
-    v_page_stride,
-    KS,
-    stride_ksr,
-    ks_head,
-    VS,
-    stride_vsr,
-    vs_head,
-    MaskT,
-    stride_mt,
-    mask_cols,
-    qk_scale,
-    hkv,
-    DK: tl.constexpr,
-    DKP: tl.constexpr,
-    DV: tl.constexpr,
-    DVP: tl.constexpr,
-    K_PAGE: tl.constexpr,
-    V_PAGE: tl.constexpr,
-    V_SAME_ROWS: tl.constexpr,
-    K_QUANT: tl.constexpr,
-    V_QUANT: tl.constexpr,
-    KG: tl.constexpr,
-    VG: tl.constexpr,
-    K_E8M0: tl.constexpr,
-    V_E8M0: tl.constexpr,
-    MASK: tl.constexpr,
-    MASKED: tl.constexpr,
-    K_TMA: tl.constexpr,
-    V_TMA: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    P_SPLIT: tl.constexpr,
-    K_LO: tl.constexpr,
-    V_LO: tl.constexpr,
-    dtype: tl.constexpr,
-):
-    """One KV tile [t0, t0 + BLOCK_N) of the online softmax. lo_r/hi_r: [BM] visible ranges;
-    MASKED=False for tiles every row sees in full (no per-element mask, all keys valid)."""
-    offs_dk = tl.arange(0, DKP)
-    offs_dv = tl.arange(0, DVP)
-    tok = t0 + offs_n
-    if MASKED:
-        valid = (tok >= tl.min(lo_r, 0)) & (tok < tl.max(hi_r, 0))
-    else:
-        valid = tok >= 0
-    krows = _token_rows(tok, valid, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
-    k_row0 = 0
-    if K_TMA:
-        k_row0 = _tile_row0(t0, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE)
-    k = _load_tile(K, hkv * DK, krows, k_row0, stride_kr, k_head, valid, offs_dk, DK, DKP, K_TMA)
-    k, k_lo = _kv_operand(
-        k, KS, krows, stride_ksr, ks_head, valid, offs_dk, K_QUANT, KG, DK, K_E8M0, K_LO, dtype
-    )
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-    if K_LO:
-        s = tl.dot(q, tl.trans(k_lo), s, input_precision=DOT_PREC)
-    if K_QUANT == 2:
-        s = s * _token_scales(KS, krows, stride_ksr, ks_head, valid, K_E8M0)[None, :]
-    # m_i is kept in log2 units of the scaled scores; the scale folds into one FMA per score
-    # (qk_scale > 0: softmax scale x log2(e) x per-tensor K scale).
-    if MASKED:
-        keep = (tok[None, :] >= lo_r[:, None]) & (tok[None, :] < hi_r[:, None])
-        if MASK == 5:
-            mt = tl.load(
-                MaskT + row_ids[:, None] * stride_mt + tok[None, :],
-                mask=keep & (tok[None, :] < mask_cols),
-                other=0,
-            )
-            keep = keep & (mt != 0)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_use = m_new
-    alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(s * qk_scale - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-
-    if V_SAME_ROWS:
-        vrows = krows
-        v_row0 = k_row0
-    else:
-        vrows = _token_rows(tok, valid, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
-        v_row0 = 0
-        if V_TMA:
-            v_row0 = _tile_row0(t0, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE)
-    v = _load_tile(V, hkv * DV, vrows, v_row0, stride_vr, v_head, valid, offs_dv, DV, DVP, V_TMA)
-    v, v_lo = _kv_operand(
-        v, VS, vrows, stride_vsr, vs_head, valid, offs_dv, V_QUANT, VG, DV, V_E8M0, V_LO, dtype
-    )
-    if (MASKED and V_TMA) or V_QUANT != 0:
-        # rows past the valid keys may be NaN pools; for FP8 the select also keeps the upcast
-        # in registers with wide shared-memory reads (see the decode kernel)
-        v = tl.where(valid[:, None], v, 0.0)
-    if V_QUANT == 2:
-        p = p * _token_scales(VS, vrows, stride_vsr, vs_head, valid, V_E8M0)[None, :]
-    acc = acc * alpha[:, None]
-    acc = _pv_dot(p, v, acc, dtype, DOT_PREC, P_SPLIT)
-    if V_LO:
-        acc = tl.dot(p.to(dtype), v_lo, acc, input_precision=DOT_PREC)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -314,8 +181,8 @@ def _mha_prefill_kernel(
     row_valid = offs_m < q_len
     row_ids = (q_start + offs_m).to(tl.int64)
     pos = cache_len + offs_m
-    lo_r, hi_r = _visible_range(pos, kv_len, MASK, mask_param)
-    lo_u, start, end, f_lo, f_hi = _block_ranges(
+    lo_r, hi_r = visible_range(pos, kv_len, MASK, mask_param)
+    lo_u, start, end, f_lo, f_hi = block_ranges(
         cache_len, m0, q_len, kv_len, MASK, mask_param, BLOCK_M, BLOCK_N
     )
     # Per-row ranges only for rows that exist (padding rows read nothing beyond the union).
@@ -331,7 +198,7 @@ def _mha_prefill_kernel(
     if K_QUANT == 1:
         qk_scale = qk_scale * tl.load(KS)
     if MMA_F16:  # FP8 K/V with per-token / per-tensor scales: fp16 MMAs
-        q, qk_scale = _q_to_f16(q, qk_scale)
+        q, qk_scale = q_to_f16(q, qk_scale)
         dtype = tl.float16
     else:
         dtype = Q.dtype.element_ty
@@ -339,12 +206,11 @@ def _mha_prefill_kernel(
     v_head = hkv * stride_vh
     ks_head = hkv * stride_ksh
     vs_head = hkv * stride_vsh
-    k_base = tl.full((), 0, tl.int64)
-    v_base = tl.full((), 0, tl.int64)
-    if K_PAGE == 0:
-        k_base = tl.load(K_off + b).to(tl.int64)
-    if V_PAGE == 0:
-        v_base = tl.load(V_off + b).to(tl.int64)
+    k_base, v_base = kv_bases(K_off, V_off, b, K_PAGE, V_PAGE)
+    kop = (K, stride_kr, k_head, K_lut, stride_klut, k_base, k_page_stride, KS, stride_ksr,
+           ks_head)  # fmt: skip
+    vop = (V, stride_vr, v_head, V_lut, stride_vlut, v_base, v_page_stride, VS, stride_vsr,
+           vs_head)  # fmt: skip
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -363,65 +229,44 @@ def _mha_prefill_kernel(
             t_lo = f_hi
             t_hi = end
         for t0 in tl.range(t_lo, t_hi, BLOCK_N, num_stages=NUM_STAGES):
-            acc, m_i, l_i = _attn_tile(
-                acc,
-                m_i,
-                l_i,
-                q,
-                t0,
-                offs_n,
-                lo_r,
-                hi_r,
-                b,
-                row_ids,
-                K,
-                stride_kr,
-                k_head,
-                K_lut,
-                stride_klut,
-                k_base,
-                k_page_stride,
-                V,
-                stride_vr,
-                v_head,
-                V_lut,
-                stride_vlut,
-                v_base,
-                v_page_stride,
-                KS,
-                stride_ksr,
-                ks_head,
-                VS,
-                stride_vsr,
-                vs_head,
-                MaskT,
-                stride_mt,
-                mask_cols,
-                qk_scale,
-                hkv,
-                DK,
-                DKP,
-                DV,
-                DVP,
-                K_PAGE,
-                V_PAGE,
-                V_SAME_ROWS,
-                K_QUANT,
-                V_QUANT,
-                KG,
-                VG,
-                K_E8M0,
-                V_E8M0,
-                MASK,
-                part != 1,
-                K_TMA,
-                V_TMA,
-                DOT_PREC,
-                P_SPLIT,
-                K_LO,
-                V_LO,
-                dtype,
-            )
+            # one KV tile [t0, t0 + BLOCK_N) of the online softmax; the edges (part != 1) are
+            # masked, the run of tiles every row sees in full (all keys valid) is not
+            tile_dk = tl.arange(0, DKP)
+            tile_dv = tl.arange(0, DVP)
+            tok = t0 + offs_n
+            if part != 1:
+                valid = (tok >= tl.min(lo_r, 0)) & (tok < tl.max(hi_r, 0))
+            else:
+                valid = tok >= 0
+            s, krows, k_row0 = qk_tile(
+                q, t0, tok, valid, b, hkv, kop, tile_dk, DK, DKP, K_PAGE, K_QUANT, KG, K_E8M0,
+                K_TMA, K_LO, DOT_PREC, dtype,
+            )  # fmt: skip
+            # m_i is kept in log2 units of the scaled scores; the scale folds into one FMA per
+            # score (qk_scale > 0: softmax scale x log2(e) x per-tensor K scale).
+            if part != 1:
+                keep = (tok[None, :] >= lo_r[:, None]) & (tok[None, :] < hi_r[:, None])
+                if MASK == 5:
+                    mt = tl.load(
+                        MaskT + row_ids[:, None] * stride_mt + tok[None, :],
+                        mask=keep & (tok[None, :] < mask_cols),
+                        other=0,
+                    )
+                    keep = keep & (mt != 0)
+                s = tl.where(keep, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+                m_use = m_new
+            alpha = tl.math.exp2(m_i - m_use)
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            # (TMA boxes of masked tiles may hold rows past the valid keys, NaN pools: zeroed)
+            acc = pv_tile(acc, p, alpha, t0, tok, valid, b, hkv, krows, k_row0, vop, tile_dv, DV,
+                          DVP, V_PAGE, V_SAME_ROWS, V_QUANT, VG, V_E8M0, V_TMA, V_LO, part != 1,
+                          DOT_PREC, P_SPLIT, dtype)  # fmt: skip
+            m_i = m_new
 
     if V_QUANT == 1:
         acc = acc * tl.load(VS)

@@ -203,24 +203,8 @@ def mla_decode(
     Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] float32, natural log over keys
     only; a query that sees no key gets out 0 and lse -inf).
     """
-    _validate(
-        q,
-        kv,
-        q_row_offsets,
-        d_v,
-        scale,
-        causal,
-        indices,
-        topk_lengths,
-        extra_kv,
-        extra_indices,
-        extra_topk_lengths,
-        attn_sink,
-        num_partitions,
-        out,
-    )
     kwargs = dict(
-        d_v=int(d_v),
+        d_v=d_v,
         scale=scale,
         causal=causal,
         indices=indices,
@@ -232,8 +216,10 @@ def mla_decode(
         num_partitions=num_partitions,
         out=out,
     )
+    _validate(q, kv, q_row_offsets, **kwargs)
+    kwargs["d_v"] = int(d_v)
     if torch.compiler.is_compiling():
-        from ..library import mla_decode_compiled
+        from ..compiled import mla_decode_compiled
 
         return mla_decode_compiled(q, kv, q_row_offsets, backend=backend, **kwargs)
     if choose_backend(q.device, backend) == "triton":

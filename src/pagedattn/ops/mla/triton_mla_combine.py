@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
-from ..triton_constants import LN2, LOG2E  # noqa: F401 - also the MLA kernels'
+from ..triton_constants import LN2, LOG2E
 
 
 @triton.jit

@@ -1,10 +1,13 @@
 """mla_decode_branch_fp8: the fused FP8 MLA decode branch of MAX (seed
-`mla_decode_branch_fp8.txt`), see `reference.py` for the five steps.
+`mla_decode_branch_fp8.txt`): q_nope @ w_uk, RoPE + RMSNorm of the new tokens written into the
+cache, concat, MLA decode, @ w_uv (the five steps: `reference.py`).
 
-`mla_decode_branch_fp8` validates its arguments (metadata only, no host sync) and dispatches
-with `ops.dispatch.choose_backend`: "triton" -> `triton_branch.mla_decode_branch_fp8_triton`
-(same keyword arguments, `mask` resolved to `causal`), "reference" ->
-`mla_decode_branch_fp8_reference`.
+`mla_decode_branch_fp8` keeps the seed's arguments (Pythonic names), builds one `BranchArgs`
+from them, validates it (metadata only, no host sync; step 4's arguments by `ops.mla`'s own
+checks) and dispatches with `ops.dispatch.choose_backend`: "triton" (CUDA) ->
+`triton_branch.mla_decode_branch_fp8_triton(args)`, "reference" (CPU) ->
+`mla_decode_branch_fp8_reference(args)`. The Triton branch takes bf16/fp16 q; pages for the
+new tokens must be allocated.
 """
 
 from __future__ import annotations
@@ -17,40 +20,34 @@ import torch
 from ...cache.inputs import KVCacheInputsPerDevice
 from ...cache.params import KVCacheParams
 from ...errors import check
-from ...operands import PagedOperand, RowOperand
+from ...operands import RowOperand
 from .._checks import check_granularities, check_out, check_scale
 from .._checks import describe as _describe
 from ..dispatch import choose_backend
+from ..linear.checks import W_SCALE_DTYPES
 from ..masks import Mask
 from ..mla import _validate as _validate_mla_decode
+from .args import BranchArgs
 from .reference import mla_decode_branch_fp8_reference
 
-W_SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
 
-
-def _resolve_mask(mask: str | Mask) -> bool:
-    """'causal' / 'null' (or the Mask objects of those kinds) -> causal flag."""
-    kind = mask.kind if isinstance(mask, Mask) else mask
+def _check_mask(a: BranchArgs) -> None:
+    """'causal' / 'null' (or the Mask objects of those kinds)."""
+    kind = a.mask_kind
     check(
         kind in ("causal", "null"),
         "mask",
         "'causal', 'null' or a pagedattn.ops.masks Mask of those kinds",
-        mask if isinstance(mask, str) else f"Mask(kind={kind!r})",
+        a.mask if isinstance(a.mask, str) else f"Mask(kind={kind!r})",
     )
-    return kind == "causal"
 
 
 def _check_weight(
-    w: object,
-    ws: object,
-    names: tuple[str, str],
-    shape: tuple[int, int, int | None],
-    what: str,
-    k_gran: int,
-    n_gran: int,
-    device: torch.device,
+    a: BranchArgs, wn: str, shape: tuple[int, int | None, None], what: str, device: torch.device
 ) -> None:
-    wn, sn = names
+    """Weight `wn` of `a` ("w_uk" / "w_uv": e4m3 [h_q, n, k] of `shape`, None = any) and its
+    block scales `wn`_scale ([h_q, ceil(n/n_gran), ceil(k/k_gran)] float32 or e8m0)."""
+    w, ws, sn = getattr(a, wn), getattr(a, wn + "_scale"), wn + "_scale"
     ok = (
         isinstance(w, torch.Tensor)
         and w.dtype == torch.float8_e4m3fn
@@ -60,7 +57,7 @@ def _check_weight(
     )
     check(ok, wn, f"a float8_e4m3fn {what} tensor on {device}", _describe(w))
     n, k = w.shape[1], w.shape[2]
-    want = (w.shape[0], -(-n // n_gran), -(-k // k_gran))
+    want = (w.shape[0], -(-n // a.n_gran), -(-k // a.k_gran))
     check(
         isinstance(ws, torch.Tensor)
         and tuple(ws.shape) == want
@@ -73,26 +70,10 @@ def _check_weight(
     )
 
 
-def _validate(
-    q: torch.Tensor,
-    input_row_offsets: torch.Tensor,
-    freqs_cis: torch.Tensor,
-    kv_norm_gamma: torch.Tensor,
-    kv_inputs: KVCacheInputsPerDevice,
-    params: KVCacheParams,
-    layer_idx: int,
-    scale: float,
-    epsilon: float,
-    w_uk: torch.Tensor,
-    w_uk_scale: torch.Tensor,
-    w_uv: torch.Tensor,
-    w_uv_scale: torch.Tensor,
-    k_gran: int,
-    n_gran: int,
-    new_kv: torch.Tensor,
-    interleaved_rope: bool,
-) -> tuple[int, int, int]:
-    """Checks the branch's own arguments; returns (qk_nope_dim, kv_lora_rank, d_v)."""
+def _validate(a: BranchArgs) -> None:
+    """Checks the branch's own arguments (step 4's: `ops.mla`'s checks, in the caller)."""
+    q, params, kv_inputs, layer_idx = a.q, a.params, a.kv_inputs, a.layer_idx
+    new_kv, freqs_cis, kv_norm_gamma, epsilon = a.new_kv, a.freqs_cis, a.kv_norm_gamma, a.epsilon
     check(
         isinstance(params, KVCacheParams) and params.is_mla,
         "params",
@@ -111,7 +92,7 @@ def _validate(
         f"an int in [0, {params.num_layers})",
         layer_idx,
     )
-    check_granularities(k_gran, n_gran)
+    check_granularities(a.k_gran, a.n_gran)
     device = kv_inputs.kv_blocks.device
     rope_dim, d_qk = params.mla_rope_dim, params.head_dim
     rank = d_qk - rope_dim
@@ -124,16 +105,9 @@ def _validate(
     check(q.device == device, "q.device", f"the cache's device {device}", q.device)
     tokens, h_q, _ = q.shape
     _check_weight(
-        w_uk,
-        w_uk_scale,
-        ("w_uk", "w_uk_scale"),
-        (h_q, rank, None),
-        f"[h_q={h_q}, kv_lora_rank={rank}, qk_nope_dim]",
-        k_gran,
-        n_gran,
-        device,
+        a, "w_uk", (h_q, rank, None), f"[h_q={h_q}, kv_lora_rank={rank}, qk_nope_dim]", device
     )
-    nope = w_uk.shape[2]
+    nope = a.w_uk.shape[2]
     check(
         q.shape[2] == nope + rope_dim,
         "q",
@@ -141,18 +115,9 @@ def _validate(
         "params.mla_rope_dim)",
         tuple(q.shape),
     )
-    _check_weight(
-        w_uv,
-        w_uv_scale,
-        ("w_uv", "w_uv_scale"),
-        (h_q, None, None),
-        f"[h_q={h_q}, v_head_dim, d_v <= {d_qk}]",
-        k_gran,
-        n_gran,
-        device,
-    )
-    d_v = w_uv.shape[2]
-    check(1 <= d_v <= d_qk, "w_uv", f"last dim d_v in [1, head_dim={d_qk}]", tuple(w_uv.shape))
+    _check_weight(a, "w_uv", (h_q, None, None), f"[h_q={h_q}, v_head_dim, d_v <= {d_qk}]", device)
+    d_v = a.w_uv.shape[2]
+    check(1 <= d_v <= d_qk, "w_uv", f"last dim d_v in [1, head_dim={d_qk}]", tuple(a.w_uv.shape))
     check(
         isinstance(new_kv, torch.Tensor)
         and tuple(new_kv.shape) == (tokens, 1, d_qk)
@@ -182,7 +147,7 @@ def _validate(
         f"a float tensor of shape ({rank},) on {device}",
         _describe(kv_norm_gamma),
     )
-    check_scale(scale, optional=False)
+    check_scale(a.scale, optional=False)
     check(
         isinstance(epsilon, numbers.Real)
         and not isinstance(epsilon, bool)
@@ -193,12 +158,11 @@ def _validate(
         epsilon,
     )
     check(
-        isinstance(interleaved_rope, bool),
+        isinstance(a.interleaved_rope, bool),
         "interleaved_rope",
         "a bool",
-        type(interleaved_rope).__name__,
+        type(a.interleaved_rope).__name__,
     )
-    return nope, rank, d_v
 
 
 def mla_decode_branch_fp8(
@@ -265,78 +229,36 @@ def mla_decode_branch_fp8(
 
     Returns out [tokens, h_q, v_head_dim] in q.dtype.
     """
-    _, _, d_v = _validate(
-        q,
-        input_row_offsets,
-        freqs_cis,
-        kv_norm_gamma,
-        kv_inputs,
-        params,
-        layer_idx,
-        scale,
-        epsilon,
-        w_uk,
-        w_uk_scale,
-        w_uv,
-        w_uv_scale,
-        k_gran,
-        n_gran,
-        new_kv,
-        interleaved_rope,
-    )
-    causal = _resolve_mask(mask)
+    a = BranchArgs(
+        q, input_row_offsets, freqs_cis, kv_norm_gamma, kv_inputs, params, layer_idx, scale,
+        epsilon, w_uk, w_uk_scale, w_uv, w_uv_scale, new_kv, k_gran, n_gran, mask,
+        interleaved_rope, d_indices, topk_lengths, attn_sink, extra_kv, extra_d_indices,
+        extra_topk_lengths, num_partitions, out,
+    )  # fmt: skip
+    _validate(a)
+    _check_mask(a)
     tokens, h_q, _ = q.shape
     # Step 4's arguments, checked on a zero-copy stand-in for q_full [tokens, h_q, head_dim].
     q_full_spec = q[..., :1].expand(tokens, h_q, params.head_dim)
     _validate_mla_decode(
         q_full_spec,
-        PagedOperand(kv_inputs, params, layer_idx, "k"),
+        a.cache(),
         input_row_offsets,
-        d_v,
-        scale,
-        causal,
-        d_indices,
-        topk_lengths,
-        extra_kv,
-        extra_d_indices,
-        extra_topk_lengths,
-        attn_sink,
-        num_partitions,
-        None,
+        **a.decode_kwargs(),
+        num_partitions=num_partitions,
+        out=None,
         names={
             "q_row_offsets": "input_row_offsets",
             "indices": "d_indices",
             "extra_indices": "extra_d_indices",
         },
     )
-    check_out(out, (tokens, h_q, w_uv.shape[1]), q)
-    kwargs = dict(
-        scale=scale,
-        epsilon=epsilon,
-        w_uk=w_uk,
-        w_uk_scale=w_uk_scale,
-        w_uv=w_uv,
-        w_uv_scale=w_uv_scale,
-        new_kv=new_kv,
-        k_gran=k_gran,
-        n_gran=n_gran,
-        causal=causal,
-        interleaved_rope=interleaved_rope,
-        d_indices=d_indices,
-        topk_lengths=topk_lengths,
-        attn_sink=attn_sink,
-        extra_kv=extra_kv,
-        extra_d_indices=extra_d_indices,
-        extra_topk_lengths=extra_topk_lengths,
-        num_partitions=num_partitions,
-        out=out,
-    )
-    args = (q, input_row_offsets, freqs_cis, kv_norm_gamma, kv_inputs, params, layer_idx)
+    check_out(out, (tokens, h_q, a.v_head_dim), q)
     if choose_backend(q.device, backend) == "triton":
         from .triton_branch import mla_decode_branch_fp8_triton
 
-        return mla_decode_branch_fp8_triton(*args, **kwargs)
-    return mla_decode_branch_fp8_reference(*args, **kwargs)
+        return mla_decode_branch_fp8_triton(a)
+    return mla_decode_branch_fp8_reference(a)
 
 
-__all__ = ["mla_decode_branch_fp8", "mla_decode_branch_fp8_reference"]
+__all__ = ["BranchArgs", "mla_decode_branch_fp8", "mla_decode_branch_fp8_reference"]

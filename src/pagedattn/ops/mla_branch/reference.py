@@ -19,80 +19,33 @@ from __future__ import annotations
 
 import torch
 
-from ...cache.inputs import KVCacheInputsPerDevice
-from ...cache.params import KVCacheParams
-from ...operands import PagedOperand, RowOperand
 from ..linear.reference import fp8_bmm_reference, rmsnorm, rope
 from ..mla.reference import host_offsets, mla_decode_reference
 from ..store_kv import store_kv
 from ..store_kv.reference import token_batch_and_pos
+from .args import BranchArgs
 
 
-def branch_num_partitions(
-    num_partitions: int | None, kv_inputs: KVCacheInputsPerDevice
-) -> int | None:
-    """Step 4's split-K partitions: `num_partitions`; when None, the first value of
-    kv_inputs.mla_num_partitions (a host tensor) if present, else None (the decode's default)."""
-    if num_partitions is None and kv_inputs.mla_num_partitions is not None:
-        return int(kv_inputs.mla_num_partitions.reshape(-1)[0])
-    return num_partitions
-
-
-def mla_decode_branch_fp8_reference(
-    q: torch.Tensor,
-    input_row_offsets: torch.Tensor,
-    freqs_cis: torch.Tensor,
-    kv_norm_gamma: torch.Tensor,
-    kv_inputs: KVCacheInputsPerDevice,
-    params: KVCacheParams,
-    layer_idx: int,
-    *,
-    scale: float,
-    epsilon: float,
-    w_uk: torch.Tensor,
-    w_uk_scale: torch.Tensor,
-    w_uv: torch.Tensor,
-    w_uv_scale: torch.Tensor,
-    new_kv: torch.Tensor,
-    k_gran: int = 128,
-    n_gran: int = 128,
-    causal: bool = True,
-    interleaved_rope: bool = True,
-    d_indices: torch.Tensor | None = None,
-    topk_lengths: torch.Tensor | None = None,
-    attn_sink: torch.Tensor | None = None,
-    extra_kv: RowOperand | None = None,
-    extra_d_indices: torch.Tensor | None = None,
-    extra_topk_lengths: torch.Tensor | None = None,
-    num_partitions: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The branch in plain torch (arguments already validated by `mla_decode_branch_fp8`,
-    with `mask` resolved to `causal`). Writes the new tokens into the cache; returns
-    out [tokens, h_q, v_head_dim] in q.dtype."""
+def mla_decode_branch_fp8_reference(a: BranchArgs) -> torch.Tensor:
+    """The branch in plain torch (arguments validated by `mla_decode_branch_fp8`). Writes the
+    new tokens into the cache; returns out [tokens, h_q, v_head_dim] in q.dtype."""
+    q, offsets, kv_inputs, params = a.q, a.input_row_offsets, a.kv_inputs, a.params
     tokens = q.shape[0]
-    nope = w_uk.shape[2]
-    rank = params.head_dim - params.mla_rope_dim
-    d_v = w_uv.shape[2]
-    host_offsets(input_row_offsets, tokens, "input_row_offsets")  # before anything is written
-    _, pos = token_batch_and_pos(input_row_offsets, kv_inputs.cache_lengths, tokens)
+    nope, rank = a.qk_nope_dim, a.kv_lora_rank
+    gran = dict(k_gran=a.k_gran, n_gran=a.n_gran, out_dtype=q.dtype)
+    host_offsets(offsets, tokens, "input_row_offsets")  # before anything is written
+    _, pos = token_batch_and_pos(offsets, kv_inputs.cache_lengths, tokens)
 
     # 1. q_nope @ w_uk (per head): [h_q, tokens, nope] x [h_q, rank, nope] -> [h_q, tokens, rank]
-    q_latent = fp8_bmm_reference(
-        q[..., :nope].transpose(0, 1),
-        w_uk,
-        w_uk_scale,
-        k_gran=k_gran,
-        n_gran=n_gran,
-        out_dtype=q.dtype,
-    ).transpose(0, 1)
+    q_latent = fp8_bmm_reference(q[..., :nope].transpose(0, 1), a.w_uk, a.w_uk_scale, **gran)
+    q_latent = q_latent.transpose(0, 1)
 
     # 2. RoPE (q and the new k_rope), RMSNorm of the new latent, written in place.
-    q_rope = rope(q[..., nope:], freqs_cis, pos, interleaved=interleaved_rope)
-    latent = rmsnorm(new_kv[..., :rank], kv_norm_gamma, epsilon)
-    k_rope = rope(new_kv[..., rank:], freqs_cis, pos, interleaved=interleaved_rope)
+    q_rope = rope(q[..., nope:], a.freqs_cis, pos, interleaved=a.interleaved_rope)
+    latent = rmsnorm(a.new_kv[..., :rank], a.kv_norm_gamma, a.epsilon)
+    k_rope = rope(a.new_kv[..., rank:], a.freqs_cis, pos, interleaved=a.interleaved_rope)
     row = torch.cat([latent, k_rope], dim=-1).to(params.dtype)
-    store_kv(row, None, kv_inputs, params, layer_idx, input_row_offsets, backend="reference")
+    store_kv(row, None, kv_inputs, params, a.layer_idx, offsets, backend="reference")
 
     # 3. concat
     q_full = torch.cat([q_latent, q_rope], dim=-1)
@@ -100,25 +53,18 @@ def mla_decode_branch_fp8_reference(
     # 4. MLA decode over the cache (now holding the new tokens)
     raw, _ = mla_decode_reference(
         q_full,
-        PagedOperand(kv_inputs, params, layer_idx, "k"),
-        input_row_offsets,
-        d_v=d_v,
-        scale=scale,
-        causal=causal,
-        indices=d_indices,
-        topk_lengths=topk_lengths,
-        extra_kv=extra_kv,
-        extra_indices=extra_d_indices,
-        extra_topk_lengths=extra_topk_lengths,
-        attn_sink=attn_sink,
-        num_partitions=branch_num_partitions(num_partitions, kv_inputs),
+        a.cache(),
+        offsets,
+        **a.decode_kwargs(),
+        num_partitions=a.decode_num_partitions(),
     )
 
     # 5. raw @ w_uv (per head): [h_q, tokens, d_v] x [h_q, v_head_dim, d_v]
-    res = fp8_bmm_reference(
-        raw.transpose(0, 1), w_uv, w_uv_scale, k_gran=k_gran, n_gran=n_gran, out_dtype=q.dtype
-    ).transpose(0, 1)
-    if out is None:
+    res = fp8_bmm_reference(raw.transpose(0, 1), a.w_uv, a.w_uv_scale, **gran).transpose(0, 1)
+    if a.out is None:
         return res.contiguous()
-    out.copy_(res)
-    return out
+    a.out.copy_(res)
+    return a.out
+
+
+__all__ = ["mla_decode_branch_fp8_reference"]

@@ -1,4 +1,5 @@
-"""Triton MLA decode branch (same contract as `reference.mla_decode_branch_fp8_reference`).
+"""Triton MLA decode branch (same contract as `reference.mla_decode_branch_fp8_reference`,
+chosen by `mla_decode_branch_fp8` on CUDA; bf16/fp16 q).
 
 Four launches, no host synchronisation, allocations that depend on shapes only:
 
@@ -29,15 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ...cache.inputs import KVCacheInputsPerDevice
-from ...cache.params import KVCacheParams
 from ...errors import check
-from ...operands import PagedOperand, RowOperand
+from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..launch import launch
 from ..linear.triton_fp8_bmm import fp8_bmm_triton, saturate_e4m3
 from ..mla import mla_decode
-from .reference import branch_num_partitions
+from .args import BranchArgs
 
 install_interpreter_shim()
 
@@ -390,39 +389,12 @@ def rope_norm_store_triton(
     )
 
 
-def mla_decode_branch_fp8_triton(
-    q: torch.Tensor,
-    input_row_offsets: torch.Tensor,
-    freqs_cis: torch.Tensor,
-    kv_norm_gamma: torch.Tensor,
-    kv_inputs: KVCacheInputsPerDevice,
-    params: KVCacheParams,
-    layer_idx: int,
-    *,
-    scale: float,
-    epsilon: float,
-    w_uk: torch.Tensor,
-    w_uk_scale: torch.Tensor,
-    w_uv: torch.Tensor,
-    w_uv_scale: torch.Tensor,
-    new_kv: torch.Tensor,
-    k_gran: int = 128,
-    n_gran: int = 128,
-    causal: bool = True,
-    interleaved_rope: bool = True,
-    d_indices: torch.Tensor | None = None,
-    topk_lengths: torch.Tensor | None = None,
-    attn_sink: torch.Tensor | None = None,
-    extra_kv: RowOperand | None = None,
-    extra_d_indices: torch.Tensor | None = None,
-    extra_topk_lengths: torch.Tensor | None = None,
-    num_partitions: int | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The branch with its pieces fused (arguments validated by `mla_decode_branch_fp8`,
-    `mask` resolved to `causal`). Writes the new tokens into the cache; returns
-    out [tokens, h_q, v_head_dim] in q.dtype. q must be bf16 or fp16 (the Triton MLA decode's
-    dtypes); checked before anything is written."""
+def mla_decode_branch_fp8_triton(a: BranchArgs) -> torch.Tensor:
+    """The branch with its pieces fused (arguments validated by `mla_decode_branch_fp8`).
+    Writes the new tokens into the cache; returns out [tokens, h_q, v_head_dim] in q.dtype.
+    q must be bf16 or fp16 (the Triton MLA decode's dtypes); checked before anything is
+    written."""
+    q = a.q
     check(
         q.dtype in (torch.bfloat16, torch.float16),
         "q.dtype",
@@ -431,68 +403,44 @@ def mla_decode_branch_fp8_triton(
         q.dtype,
     )
     tokens, h_q, _ = q.shape
-    nope = w_uk.shape[2]
-    d_qk = params.head_dim
-    rank = d_qk - params.mla_rope_dim
-    d_v = w_uv.shape[2]
-    kv = PagedOperand(kv_inputs, params, layer_idx, "k")
+    rank = a.kv_lora_rank
+    gran = dict(k_gran=a.k_gran, n_gran=a.n_gran, out_dtype=q.dtype)
+    kv = a.cache()
+    out = a.out
     if out is None:
-        out = torch.empty(tokens, h_q, w_uv.shape[1], dtype=q.dtype, device=q.device)
-    num_partitions = branch_num_partitions(num_partitions, kv_inputs)
+        out = torch.empty(tokens, h_q, a.v_head_dim, dtype=q.dtype, device=q.device)
+    num_partitions = a.decode_num_partitions()
     if tokens == 0:
         return out
 
-    q_full = torch.empty(tokens, h_q, d_qk, dtype=q.dtype, device=q.device)
+    q_full = torch.empty(tokens, h_q, a.params.head_dim, dtype=q.dtype, device=q.device)
     # 1. q_nope @ w_uk -> q_full[..., :rank] (as [h_q, tokens, rank] views).
-    fp8_bmm_triton(
-        q[..., :nope].transpose(0, 1),
-        w_uk,
-        w_uk_scale,
-        k_gran=k_gran,
-        n_gran=n_gran,
-        out_dtype=q.dtype,
-        out=q_full[..., :rank].transpose(0, 1),
-    )
+    q_nope = q[..., : a.qk_nope_dim].transpose(0, 1)
+    fp8_bmm_triton(q_nope, a.w_uk, a.w_uk_scale, **gran, out=q_full[..., :rank].transpose(0, 1))
     # 2. RoPE(q_rope) -> q_full[..., rank:]; RMSNorm + RoPE + quantize + store of new tokens.
     rope_norm_store_triton(
         q,
         q_full,
-        new_kv,
-        freqs_cis,
-        kv_norm_gamma,
-        epsilon,
+        a.new_kv,
+        a.freqs_cis,
+        a.kv_norm_gamma,
+        a.epsilon,
         kv,
-        input_row_offsets,
-        qk_nope_dim=nope,
-        interleaved=interleaved_rope,
+        a.input_row_offsets,
+        qk_nope_dim=a.qk_nope_dim,
+        interleaved=a.interleaved_rope,
     )
     # 3-4. MLA decode over the cache (now holding the new tokens).
     raw, _ = mla_decode(
         q_full,
         kv,
-        input_row_offsets,
-        d_v=d_v,
-        scale=scale,
-        causal=causal,
-        indices=d_indices,
-        topk_lengths=topk_lengths,
-        extra_kv=extra_kv,
-        extra_indices=extra_d_indices,
-        extra_topk_lengths=extra_topk_lengths,
-        attn_sink=attn_sink,
+        a.input_row_offsets,
+        **a.decode_kwargs(),
         num_partitions=num_partitions,
         backend="triton",
     )
     # 5. raw @ w_uv -> out (as [h_q, tokens, v_head_dim] views).
-    fp8_bmm_triton(
-        raw.transpose(0, 1),
-        w_uv,
-        w_uv_scale,
-        k_gran=k_gran,
-        n_gran=n_gran,
-        out_dtype=q.dtype,
-        out=out.transpose(0, 1),
-    )
+    fp8_bmm_triton(raw.transpose(0, 1), a.w_uv, a.w_uv_scale, **gran, out=out.transpose(0, 1))
     return out
 
 

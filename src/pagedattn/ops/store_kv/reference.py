@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ...fp8 import quantize_blockwise, quantize_per_tensor
-from ...operands import RowOperand
+from ...errors import check
+from ...fp8 import mla_formats, quantize_blockwise, quantize_per_tensor
+from ...fp8.mla_formats import PACKED_FORMATS, V32_BYTES
+from ...operands import RowOperand, check_row_ids, model1_page_views
 
 
 def token_batch_and_pos(
@@ -34,9 +36,52 @@ def write_rows(op: RowOperand, rows: torch.Tensor, x: torch.Tensor) -> None:
     elif f == "per_tensor":
         op.rows[rows] = quantize_per_tensor(x, op.scales)
     else:
-        from ...fp8 import mla_formats
+        store_rows(op, rows, x)
 
-        mla_formats.store_rows(op, rows, x)
+
+def store_rows(op: RowOperand, rows: torch.Tensor, x: torch.Tensor) -> None:
+    """Quantize x [N, 1, d_qk] in the operand's packed MLA format and write it at physical
+    `rows` [N] (see `operands.load_model1_rows` for the addressing).
+
+    mla_rope_aware: row bytes into op.rows, the float32 token scale into op.scales.
+    flashmla_v32: 656-byte rows into op.rows. flashmla_model1: data and trailer bytes of
+    each token's page. Only the written tokens' bytes change. No host synchronisation.
+    """
+    f = op.quant_format
+    check(f in PACKED_FORMATS, "op.quant_format", f"one of {PACKED_FORMATS}", f)
+    mla_formats.check_float_input(x, "x", op.head_dim)
+    check(x.ndim == 3 and x.shape[1] == 1, "x", f"a [N, 1, {op.head_dim}] tensor", x.shape)
+    rows = check_row_ids(rows, x.shape[0])
+    if f == "mla_rope_aware":
+        raw, s = mla_formats.pack_rope_aware(x, op.rope_dim)
+        check(
+            tuple(op.rows.shape[1:]) == tuple(raw.shape[1:]) and op.rows.dtype == torch.uint8,
+            "op.rows",
+            f"uint8 rows of shape [*, {', '.join(map(str, raw.shape[1:]))}]",
+            f"{tuple(op.rows.shape)} {op.rows.dtype}",
+        )
+        check(
+            op.scales is not None and op.scales.dtype == torch.float32,
+            "op.scales",
+            "a float32 [rows, 1, 1] scale view",
+            None if op.scales is None else op.scales.dtype,
+        )
+        op.rows[rows] = raw
+        op.scales[rows] = s
+    elif f == "flashmla_v32":
+        check(
+            tuple(op.rows.shape[1:]) == (1, V32_BYTES) and op.rows.dtype == torch.uint8,
+            "op.rows",
+            f"uint8 rows of shape [*, 1, {V32_BYTES}]",
+            f"{tuple(op.rows.shape)} {op.rows.dtype}",
+        )
+        op.rows[rows] = mla_formats.pack_v32(x)
+    else:
+        data_view, trailer_view, st = model1_page_views(op)
+        data, scale_bytes = mla_formats.pack_model1_tokens(x)
+        page, off = rows // st, rows % st
+        data_view[page, off] = data
+        trailer_view[page, off] = scale_bytes
 
 
 def store_kv_reference(

@@ -22,8 +22,9 @@ import triton
 import triton.language as tl
 
 from ...operands import RowOperand
+from .._triton_interpreter import install_interpreter_shim
 from ..launch import launch
-from ..mha.triton_decode import _find_request, install_interpreter_shim
+from ..mha.triton_tiles import find_request
 
 install_interpreter_shim()
 
@@ -123,7 +124,7 @@ def _store_kv_kernel(
     o_hi = tl.load(q_offsets + t + 1, mask=in_rng, other=-1)
     b = t
     if (o_lo != t) | (o_hi != t + 1):
-        b = _find_request(q_offsets, batch, t, BLOCK_B)
+        b = find_request(q_offsets, batch, t, BLOCK_B)
         o_lo = tl.load(q_offsets + b)
     pos = tl.load(cache_lens + b) + (t - o_lo)
 

@@ -1,24 +1,41 @@
-"""Gluon (sm_90) MLA decode kernels of `triton_mla` (same contract, arguments and grid), and
-the Gluon helpers that `gluon_mla_ss` shares:
+"""Gluon sm_90 (Hopper) MLA decode kernels with 64-row and keys-as-M tiles, and the Gluon helpers
+that the other kernels of this package share.
 
-- `_mla_decode_sm90`: 64-row tiles (padded for small h_q), S split by keys between two
-  warpgroups, P exchanged through shared memory, O split by columns, a cp.async K ring.
-  Serves rope-aware FP8 caches (and BF16 / V32 when the seesaw kernel is turned off).
-  Why not tl.dot: Triton gives the S = Q K^T product of a chained attention loop all warps
-  along M ([num_warps, 1]); with 64 rows and 8 warps (the 64 x 512 accumulator takes 128
-  registers a thread with 8 warps) both warpgroups then compute the whole S tile with
-  n16/n32 wgmma instructions that re-read Q from shared memory, so S costs 2-3x its FLOPs.
-  H200 (bench/gpu_mla_dev.py): dense bf16 h_q 128 at 366 TFLOP/s against 164 for the tl
-  kernel; one CTA a SM (230 KB of shared memory) leaves 2 stages.
-- `_mla_decode_sm90_t`: tiles of at most 16-32 query rows (small h_q), keys as the MMA's M
-  dimension, so nothing is padded to 64 rows. BF16 and rope-aware FP8 caches. Its tile step
-  (`_t_tile`) and epilogue (`_t_store`) also run in `gluon_mla_tw`'s consumers.
+Both kernels have the contract, arguments and grid of the portable
+`triton_mla_kernel._mla_decode_kernel` (grid: tokens x head blocks, key partitions; SPLIT stores
+float32 partials that `triton_mla_combine` merges): bf16 q, d_qk 576 (512 latent + 64 rope), a
+paged cache (any page size) read densely or through sparse top-k indices, with 16-byte aligned
+rows.
+
+- `_mla_decode_sm90`: 64 query rows a tile (the heads of one token, or of up to 64 // h_q
+  tokens; padded), 8 warps. S = Q K^T is split by keys between the two warpgroups, P goes
+  through shared memory, O [64, 512] is split by columns; BN keys a tile are gathered with
+  cp.async into an NBUF-deep ring. BF16, V32 and rope-aware FP8 caches (FP8 tiles dequantized to
+  bf16 in shared memory; the rope-aware per-token scale folded into S and P). PIPE (BF16): a
+  tile's P V product is waited for behind the next S. The dispatcher takes it on sm_90 for the
+  64-row launches the seesaw kernels (`gluon_mla_ss`, `gluon_mla_st`) do not serve: rope-aware
+  FP8 with h_q > 16, and any format with the seesaw turned off. Limits: BN 64 with NBUF 2 takes
+  ~230 KB of shared memory (one CTA a SM).
+- `_mla_decode_sm90_t`: keys are the MMA's M dimension (S^T = K Q^T [BN, NR], O^T += V^T P^T
+  [512, NR]), so nothing is padded to 64 rows: NR = 16 or 32 query rows (the heads of a token or
+  of TPT tokens; padded), one warpgroup, BN 64, an NBUF-deep cp.async ring. BF16 caches with at
+  most 32 rows a tile, rope-aware FP8 with at most 16 (float16 MMAs on register operands read
+  straight from the e4m3 stage). The dispatcher takes it for BF16 with h_q <= 32; rope-aware
+  FP8 with h_q <= 16 goes to `gluon_mla_tw` unless that is turned off. Limits: a BF16 stage
+  takes 73 KB; FP8 NR 16 with NBUF 2 about 100 KB (two CTAs a SM).
+
+Shared helpers (public for the other modules of this package): `g_*` (a program's token, request
+and key range, tile addressing and cp.async issue, the LSE normalization, development traces),
+`t_*` (the keys-as-M tile step `t_tile`, its loop state, q's load and store, and the epilogue
+`t_store`, which `gluon_mla_tw`'s consumers run too).
+
+Design history and measurements: docs/kernels/gluon_mla.md.
 """
 
 from __future__ import annotations
 
-from ...gluon_imports import HAS_GLUON as _HAS_GLUON
 from ...gluon_imports import (
+    HAS_GLUON,
     cp,
     fence_async_shared,
     gl,
@@ -27,22 +44,22 @@ from ...gluon_imports import (
     warpgroup_mma_wait,
 )
 from ...pdl import g_pdl_signal
-from ..triton_mla_combine import LN2, LOG2E
+from ...triton_constants import LN2, LOG2E
 
 # A development tile trace (TRACE 2 of the V32 cluster seesaws), after a kernel's own trace
 # slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a
-# consumer) (`_g_tile_slots`, `_g_pair_slots`).
+# consumer) (`g_tile_slots`, `g_pair_slots`).
 TILE_TRACE_SLOTS = 32 * 8 + 2 * 16 * 4
 
-if _HAS_GLUON:
-    _TILE_TRACE = gl.constexpr(TILE_TRACE_SLOTS)
+if HAS_GLUON:
+    TILE_TRACE = gl.constexpr(TILE_TRACE_SLOTS)
 
     @gluon.constexpr_function
-    def _t_raw_layout(kswz):
+    def t_raw_layout(kswz):
         """Shared layout of the keys-as-M kernels' FP8 stages [NBUF, BN, 512] (bytes): 16-byte
         chunk c of row r sits at chunk c ^ f(r). kswz 0: f(r) = r % 8 (a plain swizzle: the
-        S loads (`_t_tile`'s kraw_l, rows r and r + 1 in each 8-lane phase, 4 chunks of 64
-        bytes) meet 2-way bank conflicts, ncu H100 2026-11-22: 2x the ideal wavefronts).
+        S loads (`t_tile`'s kraw_l, rows r and r + 1 in each 8-lane phase, 4 chunks of 64
+        bytes) meet 2-way bank conflicts; docs/kernels/gluon_mla.md, "t_raw_layout").
         kswz 1: f = (r0, r1, r0 ^ r2) in bits (0, 1, 2), so rows r and r + 1 land in
         opposite halves of the 128 bytes (S loads conflict-free) and two adjacent chunks of
         rows r, r + 2, r + 4, r + 6 in eight distinct 16-byte bank groups (the P V loads,
@@ -55,8 +72,8 @@ if _HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _g_keys(start, hi, b, tok, LUT, IDX, lut_stride, ps, idx_stride,
-                SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+    def g_keys(start, hi, b, tok, LUT, IDX, lut_stride, ps, idx_stride,
+               SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
         """The global load of a tile's addressing (index or page id), issued ahead."""
         pos = start + gl.arange(0, BN, layout=row_l)
         inb = pos < hi
@@ -67,8 +84,8 @@ if _HAS_GLUON:
         return key
 
     @gluon.jit
-    def _g_rows(start, hi, key, ps, psr, n_enc, n_pages,
-                SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
+    def g_rows(start, hi, key, ps, psr, n_enc, n_pages,
+               SPARSE: gl.constexpr, BN: gl.constexpr, row_l: gl.constexpr):  # fmt: skip
         """Physical rows (int64, clamped) and validity of key positions [start, start + BN)."""
         pos = start + gl.arange(0, BN, layout=row_l)
         inb = pos < hi
@@ -83,8 +100,8 @@ if _HAS_GLUON:
         return rows, valid
 
     @gluon.jit
-    def _g_issue_cols(dst, rows, valid, K, stride, c0: gl.constexpr, NC: gl.constexpr,
-                      ld_l: gl.constexpr):  # fmt: skip
+    def g_issue_cols(dst, rows, valid, K, stride, c0: gl.constexpr, NC: gl.constexpr,
+                     ld_l: gl.constexpr):  # fmt: skip
         """cp.async bf16 columns [c0, c0 + NC) of a tile's rows into the same columns of
         `dst` (a [BN, 512] stage)."""
         d = c0 + gl.arange(0, NC, layout=gl.SliceLayout(0, ld_l))
@@ -95,7 +112,7 @@ if _HAS_GLUON:
             cp.async_copy_global_to_shared(dst.slice(c0, NC, dim=1), ptr, mask=valid[:, None])
 
     @gluon.jit
-    def _g_issue_main(
+    def g_issue_main(
         k_main,
         k_sc,
         stage,
@@ -112,18 +129,18 @@ if _HAS_GLUON:
     ):
         """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) and its scales into `stage`
         (NW: the kernel's warps)."""
-        _g_issue_lat(k_main, stage, rows, valid, K, stride, FMT, ld_l, NW)
+        g_issue_lat(k_main, stage, rows, valid, K, stride, FMT, ld_l, NW)
         if FMT != 0:
-            _g_issue_scales(k_sc, stage, rows, valid, K, SC, stride_q, sc_stride, FMT, NW)
+            g_issue_scales(k_sc, stage, rows, valid, K, SC, stride_q, sc_stride, FMT, NW)
 
     @gluon.jit
-    def _g_issue_lat(k_main, stage, rows, valid, K, stride, FMT: gl.constexpr,
-                     ld_l: gl.constexpr, NW: gl.constexpr = 8, roff=None):  # fmt: skip
+    def g_issue_lat(k_main, stage, rows, valid, K, stride, FMT: gl.constexpr,
+                    ld_l: gl.constexpr, NW: gl.constexpr = 8, roff=None):  # fmt: skip
         """cp.async dims 0..511 of a tile (bf16 or e4m3 bytes) into `stage`. roff (FP8): the
         rows' byte offsets (rows * stride, int64, layout of rows), where a caller shares them
-        with `_g_issue_rope` (one row product)."""
+        with `g_issue_rope` (one row product)."""
         if FMT == 0:
-            _g_issue_cols(k_main.index(stage), rows, valid, K, stride, 0, 512, ld_l)
+            g_issue_cols(k_main.index(stage), rows, valid, K, stride, 0, 512, ld_l)
         else:
             # 16 e4m3 (16 B) a thread and copy.
             ld8_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])
@@ -139,8 +156,8 @@ if _HAS_GLUON:
             cp.async_copy_global_to_shared(k_main.index(stage), ptr, mask=v8[:, None])
 
     @gluon.jit
-    def _g_issue_scales(k_sc, stage, rows, valid, K, SC, stride_q, sc_stride,
-                        FMT: gl.constexpr, NW: gl.constexpr = 8):  # fmt: skip
+    def g_issue_scales(k_sc, stage, rows, valid, K, SC, stride_q, sc_stride,
+                       FMT: gl.constexpr, NW: gl.constexpr = 8):  # fmt: skip
         """cp.async an FP8 tile's scales into `stage` of k_sc: V32's 4 f32 at byte 512 of the
         row, rope-aware's one f32 a token from the scale buffer (into a [NBUF, BN] ring: rows
         as they are)."""
@@ -164,21 +181,21 @@ if _HAS_GLUON:
             cp.async_copy_global_to_shared(k_sc.index(stage), ptr, mask=vs[:, None])
 
     @gluon.jit
-    def _g_clock():
+    def g_clock():
         """The global nanosecond timer (int64), for development traces."""
         return gl.inline_asm_elementwise(
             "mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
         )
 
     @gluon.jit
-    def _g_cycles():
+    def g_cycles():
         """The SM's cycle counter (int64), for development traces (clock rate)."""
         return gl.inline_asm_elementwise(
             "mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1
         )
 
     @gluon.jit
-    def _g_smid():
+    def g_smid():
         """The SM the CTA runs on (int64), for development traces."""
         x = gl.inline_asm_elementwise(
             "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
@@ -186,42 +203,42 @@ if _HAS_GLUON:
         return x.to(gl.int64)
 
     @gluon.jit
-    def _g_trace_open(TR, RW: gl.constexpr = 10):
+    def g_trace_open(TR, RW: gl.constexpr = 10):
         """A traced CTA's row of int64 TR [CTAs, RW] (grid: program, partition), with the
         CTA's start time in slot 0, its SM in slot 6 and the SM's cycle counter in slot 8;
-        returns the row's pointer (`_g_trace_close` ends it). RW > 10: a tile trace's row
-        (`_g_tick` from slot 10)."""
+        returns the row's pointer (`g_trace_close` ends it). RW > 10: a tile trace's row
+        (`g_tick` from slot 10)."""
         trp = TR + (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * RW
-        gl.store(trp, _g_clock())
-        gl.store(trp + 6, _g_smid())
-        gl.store(trp + 8, _g_cycles())
+        gl.store(trp, g_clock())
+        gl.store(trp + 6, g_smid())
+        gl.store(trp + 8, g_cycles())
         return trp
 
     @gluon.jit
-    def _g_tick(tt, e: gl.constexpr):
+    def g_tick(tt, e: gl.constexpr):
         """Development tile trace: the SM's cycle counter into slot e of tt = (pointer,
         whether this step is traced)."""
-        gl.store(tt[0] + e, _g_cycles(), mask=tt[1])
+        gl.store(tt[0] + e, g_cycles(), mask=tt[1])
 
     @gluon.jit
-    def _g_tile_slots(trp, B: gl.constexpr, j):
-        """`_g_tick`'s (pointer, traced) for producer tile j of a tile trace at slot B."""
+    def g_tile_slots(trp, B: gl.constexpr, j):
+        """`g_tick`'s (pointer, traced) for producer tile j of a tile trace at slot B."""
         return trp + B + 8 * j, j < 32
 
     @gluon.jit
-    def _g_pair_slots(trp, B: gl.constexpr, W: gl.constexpr, i):
-        """`_g_tick`'s (pointer, traced) for consumer W's pair i of a tile trace at slot B."""
+    def g_pair_slots(trp, B: gl.constexpr, W: gl.constexpr, i):
+        """`g_tick`'s (pointer, traced) for consumer W's pair i of a tile trace at slot B."""
         return trp + (B + 256 + 64 * W) + 4 * i, i < 16  # (the constant folded)
 
     @gluon.jit
-    def _g_trace_close(trp):
+    def g_trace_close(trp):
         """A traced CTA's end: its time in slot 4 and the SM's cycle counter in slot 9 (with
         slot 8's: the SM clock over the CTA's life)."""
-        gl.store(trp + 4, _g_clock())
-        gl.store(trp + 9, _g_cycles())
+        gl.store(trp + 4, g_clock())
+        gl.store(trp + 9, g_cycles())
 
     @gluon.jit
-    def _g_program(NHB: gl.constexpr, PDL: gl.constexpr):
+    def g_program(NHB: gl.constexpr, PDL: gl.constexpr):
         """A decode program's (t, hb, part) (grid: token x head block, partition), the
         dependent launch signalled first where PDL (the combine may launch: it waits for this
         grid)."""
@@ -231,8 +248,8 @@ if _HAS_GLUON:
         return pid // NHB, pid % NHB, part
 
     @gluon.jit
-    def _g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
-                     h_off=None):  # fmt: skip
+    def g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
+                    h_off=None):  # fmt: skip
         """Pointers [BN, 64] (bf16, layout ld_l) to dims 512..575 of a tile's rows: BF16 at
         element 512, rope-aware FP8 at byte 512, V32 at byte 528 (after its 4 scales). h_off
         (FP8): the rows' offsets in bf16 elements (rows * stride_h), where a caller has them
@@ -249,27 +266,26 @@ if _HAS_GLUON:
         return ptr
 
     @gluon.jit
-    def _g_issue_rope(
+    def g_issue_rope(
         k_rope, rows, valid, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
         h_off=None,
     ):  # fmt: skip
         """cp.async dims 512..575 (bf16) of a tile into `k_rope` (a [BN, 64] buffer); h_off:
-        `_g_rope_ptrs`'."""
-        ptr = _g_rope_ptrs(rows, K, stride, stride_h, FMT, ld_l, h_off)
+        `g_rope_ptrs`'."""
+        ptr = g_rope_ptrs(rows, K, stride, stride_h, FMT, ld_l, h_off)
         cp.async_copy_global_to_shared(k_rope, ptr, mask=valid[:, None])
 
     @gluon.jit
-    def _g_tile_rows(r, t, hb, i0, q_len, H_Q: gl.constexpr, HPT: gl.constexpr,
-                     TPT: gl.constexpr):  # fmt: skip
+    def g_tile_rows(r, t, hb, i0, q_len, H_Q: gl.constexpr, HPT: gl.constexpr,
+                    TPT: gl.constexpr):  # fmt: skip
         """Query rows r of a tile (token-major: token r // HPT of the tile, head block hb):
         (ok, tq, tok int64, head int64); padding rows get ok False and token t, head 0."""
         tq = r // HPT
         head = hb * HPT + r % HPT
         if TPT == 1:
-            # i0 < q_len for every token (`_g_request`), so q's loads need not wait for the
-            # request offsets. H100 traces (2026-11-22, FP8 tw kernel, s_k 4096): tile 0 was
-            # issued 2.1-2.2 us after the CTA's start, against 2.6-3.0 in the previous build's
-            # (other machines of the kind); graph replays unchanged within noise.
+            # i0 < q_len for every token (`g_request`), so q's loads need not wait for the
+            # request offsets (H100 2026-11-22: tile 0 issued 2.1-2.2 us after the CTA's start
+            # against 2.6-3.0; docs/kernels/gluon_mla_tw.md).
             ok = (tq < 1) & (head < H_Q)
         else:
             ok = (tq < TPT) & (i0 + tq < q_len) & (head < H_Q)
@@ -279,10 +295,10 @@ if _HAS_GLUON:
     @gluon.jit
     def _g_load_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q: gl.constexpr,
                   HPT: gl.constexpr, TPT: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
-        """A 64-row query tile (`_g_tile_rows`; 0 in padded rows) into registers of the
+        """A 64-row query tile (`g_tile_rows`; 0 in padded rows) into registers of the
         calling warps' blocked layout ld_l: (dims 0..511 [64, 512], the rope dims [64, 64])."""
         rq = gl.arange(0, 64, layout=gl.SliceLayout(1, ld_l))
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_ok, _tq, q_tok, q_head = g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
         qp = Q + q_tok * stride_qt + q_head * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
@@ -300,9 +316,9 @@ if _HAS_GLUON:
         q_rope.store(qr)
 
     @gluon.jit
-    def _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope,
-                 H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
-                 ld_l: gl.constexpr):  # fmt: skip
+    def g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope,
+                H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
+                ld_l: gl.constexpr):  # fmt: skip
         """The query tile into q_lat [64, 512] and q_rope [64, 64], visible to wgmma: `early`
         (the registers of a `_g_load_q` issued before the request's loads; one token a tile)
         or, TPT > 1 (early a placeholder), `_g_store_q`'s."""
@@ -316,33 +332,33 @@ if _HAS_GLUON:
         gl.thread_barrier()
 
     @gluon.jit
-    def _g_seesaw_ids(TR, NHB: gl.constexpr, PDL: gl.constexpr, TRACE: gl.constexpr):
+    def g_seesaw_ids(TR, NHB: gl.constexpr, PDL: gl.constexpr, TRACE: gl.constexpr):
         """A seesaw CTA's trace row and program ids: (trp, t, hb, part); see
-        `_g_seesaw_start`."""
+        `g_seesaw_start`."""
         trp = gl.program_id(0)
         if TRACE:  # TRACE 2: `gluon_mla_ss`'s tile trace too
-            trp = _g_trace_open(TR, 10 + _TILE_TRACE if TRACE == 2 else 10)
-        t, hb, part = _g_program(NHB, PDL)
+            trp = g_trace_open(TR, 10 + TILE_TRACE if TRACE == 2 else 10)
+        t, hb, part = g_program(NHB, PDL)
         return trp, t, hb, part
 
     @gluon.jit
-    def _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q: gl.constexpr, HPT: gl.constexpr,
-                        TPT: gl.constexpr, NHB: gl.constexpr, PDL: gl.constexpr,
-                        TRACE: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+    def g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q: gl.constexpr, HPT: gl.constexpr,
+                       TPT: gl.constexpr, NHB: gl.constexpr, PDL: gl.constexpr,
+                       TRACE: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
         """A seesaw CTA's first steps: (trp, t, hb, part, early). trp: its trace row
-        (`_g_trace_open`; without TRACE a placeholder, as warp_specialize arguments cannot be
-        None); (t, hb, part): `_g_program`; early: where a tile holds one token, q's loads
-        (`_g_load_q`, for `_g_put_q`), issued before any load of the request's, as its rows
+        (`g_trace_open`; without TRACE a placeholder, as warp_specialize arguments cannot be
+        None); (t, hb, part): `g_program`; early: where a tile holds one token, q's loads
+        (`_g_load_q`, for `g_put_q`), issued before any load of the request's, as its rows
         need no request offsets; else `trp` as a placeholder (a jit function cannot return
         None)."""
-        trp, t, hb, part = _g_seesaw_ids(TR, NHB, PDL, TRACE)
+        trp, t, hb, part = g_seesaw_ids(TR, NHB, PDL, TRACE)
         early = trp
         if TPT == 1:
             early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
         return trp, t, hb, part, early
 
     @gluon.jit
-    def _g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
+    def g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
         """Token t's request b (live: b < batch), t's index i0 in it, whether t leads a tile
         of TPT tokens, and the request's query length (0 unless t leads)."""
         ob = gl.arange(0, B_P2, layout=one_l)
@@ -361,7 +377,7 @@ if _HAS_GLUON:
         return b, live, i0, leader, q_len
 
     @gluon.jit
-    def _g_key_range(
+    def g_key_range(
         K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
         SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr,
         CAUSAL: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
@@ -399,12 +415,12 @@ if _HAS_GLUON:
     ):  # fmt: skip
         """cp.async the tile of key positions [start, start + BN) (its `key`s loaded) into ring
         stage `stage`: dims 0..511 and scales, the rope dims, the validity mask; one group."""
-        rows, valid = _g_rows(
+        rows, valid = g_rows(
             start, hi, key, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, gl.SliceLayout(1, ld_l)
         )
-        _g_issue_main(k_main, k_sc, stage, rows, valid, K, K_SC, K_stride, K_stride_q,
-                      K_sc_stride, FMT, ld_l, NW)  # fmt: skip
-        _g_issue_rope(k_rope.index(stage), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
+        g_issue_main(k_main, k_sc, stage, rows, valid, K, K_SC, K_stride, K_stride_q,
+                     K_sc_stride, FMT, ld_l, NW)  # fmt: skip
+        g_issue_rope(k_rope.index(stage), rows, valid, K, K_stride, K_stride_h, FMT, ld_l)
         vbuf.index(stage).store(valid.to(gl.int32))
         cp.commit_group()
 
@@ -418,7 +434,7 @@ if _HAS_GLUON:
         """In the loop iteration of tile `start`: issue the copies of tile start + (NBUF - 1) BN
         into stage `ist` with its already loaded `key`s; return the keys of tile
         start + NBUF BN (the look-up-table load runs one iteration ahead of its copies)."""
-        key_next = _g_keys(
+        key_next = g_keys(
             start + NBUF * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE,
             BN, row_l,
         )  # fmt: skip
@@ -438,7 +454,7 @@ if _HAS_GLUON:
     ):  # fmt: skip
         """Before the loop: tiles 0 .. NBUF - 2 in flight (the loop's issue step for tiles
         -NBUF + 1 .. -1); returns the keys of tile NBUF - 1, loaded."""
-        key = _g_keys(
+        key = g_keys(
             lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN, row_l
         )
         for i in gl.static_range(NBUF - 1):
@@ -450,7 +466,7 @@ if _HAS_GLUON:
         return key
 
     @gluon.jit
-    def _g_normalize(m_i, l_i, SINK, head, rows_ok, USE_SINK: gl.constexpr):
+    def g_normalize(m_i, l_i, SINK, head, rows_ok, USE_SINK: gl.constexpr):
         """(lse, inv) of rows with running max m_i (log2 units) and row sum l_i: lse the
         natural-log LSE over keys (-inf where no key was seen), inv the output's factor: 1 / l,
         or 1 / (l + exp(sink - max)) with the sink logit [h_q] (loaded at `head`) joining the
@@ -483,7 +499,7 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _g_deq_k(raw, dot_l: gl.constexpr):
-        """[64 keys, 64] e4m3 stage columns (loaded in `_t_tile`'s kraw_l) -> float16 register
+        """[64 keys, 64] e4m3 stage columns (loaded in `t_tile`'s kraw_l) -> float16 register
         A operand in `_g_perm_s` order (the reshape/permute only relabels registers: no data
         moves between threads)."""
         x = raw.to(gl.float16)
@@ -496,12 +512,11 @@ if _HAS_GLUON:
         permuted rows: logical row 64 mb + 16 w + 8 h + g (M block mb, warp w, half h, lane
         g = lane // 4) holds cache column 128 w + 16 g + 2 mb + h, so that a thread's values
         are 16 contiguous bytes (the kernel's epilogue undoes the permutation); raw is loaded
-        in `_t_tile`'s vraw_l. Keys k and k + 1 (a register bit of vraw_l) have their bytes
+        in `t_tile`'s vraw_l. Keys k and k + 1 (a register bit of vraw_l) have their bytes
         interleaved first (one PRMT a 4 bytes), so that each two-element upcast gives an A
-        operand pair (k, k + 1) of one dim; upcast in cache order, the float16 pairs took two
-        PRMT a 4 elements. H200 (2026-11-28, `bench/mla_fp8_cvt_probe.py`, graph replays, b 128
-        h_q 16, s_k 4096 from HBM / L2-resident): `gluon_mla_tw` 0.1036 / 0.0898 ms against
-        0.1061 / 0.0931 (s_k 8192 0.2038 / 0.1719 against 0.2088 / 0.1784)."""
+        operand pair (k, k + 1) of one dim (upcast in cache order, the float16 pairs took two
+        PRMT a 4 elements: H200 2026-11-28, tw s_k 4096 0.1036 against 0.1061 ms from HBM,
+        docs/kernels/gluon_mla.md)."""
         a, b = gl.split(
             gl.permute(gl.reshape(raw.to(gl.int8, bitcast=True), [8, 2, 512]), (0, 2, 1))
         )
@@ -524,10 +539,7 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _mla_decode_sm90(
-        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
-        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
-        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
-        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        q_args, out_args, k_args,
         H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
@@ -541,6 +553,10 @@ if _HAS_GLUON:
         (NBUF - 1 tiles in flight while one is computed); the lookup-table / index load of a tile
         is issued one iteration before its copies. FP8 tiles are staged raw and dequantized to
         bf16 in shared memory (per-token scales are folded into S and P instead)."""
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
+        (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+         K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len) = k_args  # fmt: skip
         BM: gl.constexpr = 64
         gl.static_assert(not PIPE or FMT == 0, "PIPE needs a BF16 cache (no dequant buffer)")
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
@@ -562,8 +578,8 @@ if _HAS_GLUON:
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         NSC: gl.constexpr = 4 if FMT == 4 else 1
 
-        t, hb, part = _g_program(NHB, PDL)
-        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        t, hb, part = g_program(NHB, PDL)
+        b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
 
         # Shared memory: Q, the K ring (+ its validity masks), P.
         q_lat = gl.allocate_shared_memory(gl.bfloat16, [BM, 512], sm_l)
@@ -594,13 +610,13 @@ if _HAS_GLUON:
         _g_store_q(Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat, q_rope, H_Q, HPT, TPT, ld_l)
 
         # Key range of this partition.
-        cache_len, lo, hi = _g_key_range(
+        cache_len, lo, hi = g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
             SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
 
         rs = gl.arange(0, BM, layout=gl.SliceLayout(1, s_l))
-        rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
+        rows_ok_s, tqs, _tok, head_s = g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
         row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
         kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
 
@@ -696,9 +712,9 @@ if _HAS_GLUON:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
-        lse, inv = _g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
+        lse, inv = g_normalize(m_i, l_i, SINK, head_s, rows_ok_s, HAS_SINK and not SPLIT)
         ro = gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
-        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_ok_o, _tq, tok_o, head_o = g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = gl.arange(0, 512, layout=gl.SliceLayout(0, o_l))
         smask = row_ok_o[:, None] & (do < D_V)[None, :]
         if not SPLIT:
@@ -717,13 +733,13 @@ if _HAS_GLUON:
             gl.store(PL + prow, gl.convert_layout(lse, gl.SliceLayout(1, o_l)), mask=row_ok_o)
 
     @gluon.jit
-    def _t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q: gl.constexpr,
-                  HPT: gl.constexpr, TPT: gl.constexpr, NR: gl.constexpr, FMT: gl.constexpr,
-                  ld_l: gl.constexpr):  # fmt: skip
+    def t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q: gl.constexpr,
+                 HPT: gl.constexpr, TPT: gl.constexpr, NR: gl.constexpr, FMT: gl.constexpr,
+                 ld_l: gl.constexpr):  # fmt: skip
         """The loads of a keys-as-M tile's NR query rows (layout ld_l): q's latent part (FP8:
         its columns in `_g_perm_s` order) and its rope part; padding rows load 0."""
         rq = gl.arange(0, NR, layout=gl.SliceLayout(1, ld_l))
-        row_ok, _tq, q_tok, q_head = _g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_ok, _tq, q_tok, q_head = g_tile_rows(rq, t, hb, i0, q_len, H_Q, HPT, TPT)
         qp = Q + q_tok * stride_qt + q_head * stride_qh
         dA = gl.arange(0, 512, layout=gl.SliceLayout(0, ld_l))
         dT = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_l))
@@ -734,9 +750,9 @@ if _HAS_GLUON:
         return qa, qr
 
     @gluon.jit
-    def _t_state(t, hb, i0, q_len, cache_len, H_Q: gl.constexpr, HPT: gl.constexpr,
-                 TPT: gl.constexpr, NR: gl.constexpr, BN: gl.constexpr):  # fmt: skip
-        """The loop state of a keys-as-M consumer (`_t_tile`'s arguments): (row_lim, kpos,
+    def t_state(t, hb, i0, q_len, cache_len, H_Q: gl.constexpr, HPT: gl.constexpr,
+                TPT: gl.constexpr, NR: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+        """The loop state of a keys-as-M consumer (`t_tile`'s arguments): (row_lim, kpos,
         acc, m_i, l_acc, tau, zero_s). Row sums are kept per key slot (l_acc [BN, NR]) and
         reduced once after the loop (one cross-warp reduction a tile fewer); O's units tau
         are per column (FP8)."""
@@ -745,7 +761,7 @@ if _HAS_GLUON:
         )
         col_l: gl.constexpr = gl.SliceLayout(0, mma_l)
         rc = gl.arange(0, NR, layout=col_l)
-        rows_ok_c, tqc, _tok, _head = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        rows_ok_c, tqc, _tok, _head = g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
         row_lim = gl.where(rows_ok_c, cache_len + i0 + tqc + 1, 0)
         kpos = gl.arange(0, BN, layout=gl.SliceLayout(1, mma_l))
         acc = gl.zeros([512, NR], gl.float32, mma_l)
@@ -756,7 +772,7 @@ if _HAS_GLUON:
         return row_lim, kpos, acc, m_i, l_acc, tau, zero_s
 
     @gluon.jit
-    def _t_q_store(q_lat, q_rope, qa, qr, FMT: gl.constexpr):
+    def t_q_store(q_lat, q_rope, qa, qr, FMT: gl.constexpr):
         """q's latent part qa and rope part qr into shared memory; returns the factor of the
         latent logits: 1 (BF16), or 2^e for FP8, whose float16 latent part is 2^-e q with
         max |q| < 2^15 (an exact power-of-two scaling)."""
@@ -788,11 +804,11 @@ if _HAS_GLUON:
         p_smem.store(gl.permute(p.to(p_smem.dtype), (1, 0)))
 
     @gluon.jit
-    def _t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
-                tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
-                MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True,
-                FOLD: gl.constexpr = False, SPEC: gl.constexpr = False,
-                TH: gl.constexpr = 8.0, f_smem=None):  # fmt: skip
+    def t_tile(kl, kr, ksc, vb, q_lat, q_rope, p_smem, start, kpos, row_lim, acc, m_i, l_acc,
+               tau, zero_s, lat_scale, qk_scale, FMT: gl.constexpr,
+               MASK_CAUSAL: gl.constexpr, PF: gl.constexpr = True,
+               FOLD: gl.constexpr = False, SPEC: gl.constexpr = False,
+               TH: gl.constexpr = 8.0, f_smem=None):  # fmt: skip
         """One keys-as-M tile (`_mla_decode_sm90_t`): S^T = K Q^T [BN, NR] from stage views kl
         (dims 0..511), kr (rope), ksc (FP8 per-token scales) and vb (validity), the online
         softmax, O^T += V^T P^T (P through p_smem). Returns (acc, m_i, l_acc, tau); every MMA
@@ -953,10 +969,10 @@ if _HAS_GLUON:
         )
 
     @gluon.jit
-    def _t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
-                 stride_oh, LSE, PO, PL, SINK, H_Q: gl.constexpr, HPT: gl.constexpr,
-                 TPT: gl.constexpr, D_V: gl.constexpr, HAS_SINK: gl.constexpr,
-                 SPLIT: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+    def t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
+                stride_oh, LSE, PO, PL, SINK, H_Q: gl.constexpr, HPT: gl.constexpr,
+                TPT: gl.constexpr, D_V: gl.constexpr, HAS_SINK: gl.constexpr,
+                SPLIT: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
         """Epilogue of the keys-as-M kernels: O^T [512, NR] (acc in units tau, rows permuted
         for FP8) and the LSE of row max m_i (log2 units) and row sum l_i, normalized and stored
         (SPLIT: into this partition's float32 slots)."""
@@ -964,17 +980,16 @@ if _HAS_GLUON:
         col_l: gl.constexpr = gl.SliceLayout(0, acc.type.layout)
         cv_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
         rc = gl.arange(0, NR, layout=col_l)
-        rows_ok_c, _tq, _tok, head_c = _g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
-        lse, inv = _g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
+        rows_ok_c, _tq, _tok, head_c = g_tile_rows(rc, t, hb, i0, q_len, H_Q, HPT, TPT)
+        lse, inv = g_normalize(m_i, l_i, SINK, head_c, rows_ok_c, HAS_SINK and not SPLIT)
         o = acc * (inv * tau)[None, :]
         if not SPLIT:  # bf16 before any layout conversion (half the shared-memory bytes)
             o = o.to(gl.bfloat16)
         if FMT != 0:
             # Rows back to cache-column order (`_g_deq_v`): a thread's 16 rows of a column are
             # then 16 contiguous output dims, made consecutive registers (no data moves
-            # between threads) and stored as they are. H100 2026-11-22 (tw, s_k 4096, graph
-            # replays, two each): 122.9 us against 123.4 with a conversion through shared
-            # memory (10 fewer barriers); s_k 8192 the same.
+            # between threads) and stored as they are (H100 2026-11-22, tw s_k 4096: 122.9 us
+            # against 123.4 through shared memory; docs/kernels/gluon_mla.md).
             o = gl.reshape(gl.permute(gl.reshape(o, [8, 4, 2, 8, NR]), (1, 3, 0, 2, 4)), [512, NR])
             lin_l: gl.constexpr = gl.to_linear_layout(o.type.layout, [512, NR])
             o = gl.convert_layout(o, _g_rows_first(lin_l))
@@ -982,7 +997,7 @@ if _HAS_GLUON:
             o = gl.convert_layout(o, cv_l)
         out_l: gl.constexpr = o.type.layout
         ro = gl.arange(0, NR, layout=gl.SliceLayout(0, out_l))
-        row_ok_o, _tq, tok_o, head_o = _g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
+        row_ok_o, _tq, tok_o, head_o = g_tile_rows(ro, t, hb, i0, q_len, H_Q, HPT, TPT)
         do = gl.arange(0, 512, layout=gl.SliceLayout(1, out_l))
         smask = row_ok_o[None, :] & (do < D_V)[:, None]
         lse_o = gl.convert_layout(lse, gl.SliceLayout(0, out_l))
@@ -997,10 +1012,7 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _mla_decode_sm90_t(
-        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
-        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
-        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
-        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        q_args, out_args, k_args,
         H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
@@ -1024,19 +1036,23 @@ if _HAS_GLUON:
         holds: of d for S (the same permutation is applied to q's latent part when it is
         stored, so S is unchanged: `_g_perm_s`) and of the output rows for P V (`_g_deq_v`;
         undone on O in registers, whose 16 contiguous output dims a thread are stored as
-        vectors straight from them: `_t_store`).
+        vectors straight from them: `t_store`).
         The per-token scales go through a [NBUF, BN] ring read in S's row layout.
 
-        TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
+        TRACE (development, `dev/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start, before its loop, when its first tile has landed,
         after the loop and at its end (slots 0-4), its SM (6), tile count (7) and the SM's cycle
         counter at the start and end (8, 9)."""
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
+        (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+         K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len) = k_args  # fmt: skip
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
         sm_l: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
-        raw_l: gl.constexpr = _t_raw_layout(KSWZ)
+        raw_l: gl.constexpr = t_raw_layout(KSWZ)
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         if FMT == 0:
@@ -1044,10 +1060,10 @@ if _HAS_GLUON:
         else:
             QT: gl.constexpr = gl.float16
 
-        t, hb, part = _g_program(NHB, PDL)
+        t, hb, part = g_program(NHB, PDL)
         if TRACE:
-            trp = _g_trace_open(TR)
-        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+            trp = g_trace_open(TR)
+        b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
 
         q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)
         q_rope_buf = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
@@ -1074,14 +1090,14 @@ if _HAS_GLUON:
 
         # q's loads are issued first and used after the ring fill, so that their latency
         # overlaps the dependent loads of the key range and the first tiles' page ids.
-        qa, qr = _t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
+        qa, qr = t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
 
-        cache_len, lo, hi = _g_key_range(
+        cache_len, lo, hi = g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
             SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
 
-        row_lim, kpos, acc, m_i, l_acc, tau, zero_s = _t_state(
+        row_lim, kpos, acc, m_i, l_acc, tau, zero_s = t_state(
             t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
         )
 
@@ -1091,11 +1107,11 @@ if _HAS_GLUON:
             K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
         )  # fmt: skip
 
-        lat_scale = _t_q_store(q_lat, q_rope, qa, qr, FMT)
+        lat_scale = t_q_store(q_lat, q_rope, qa, qr, FMT)
 
         n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
         if TRACE:
-            gl.store(trp + 1, _g_clock())
+            gl.store(trp + 1, g_clock())
             gl.store(trp + 7, n_it.to(gl.int64))
         for it in range(n_it):
             st = it % NBUF
@@ -1111,13 +1127,13 @@ if _HAS_GLUON:
             gl.thread_barrier()
             if TRACE:
                 if it == 0:
-                    gl.store(trp + 2, _g_clock())
+                    gl.store(trp + 2, g_clock())
             # An index the compiler cannot fold to 0: the wgmma descriptors of fixed buffers
             # would be hoisted out of the loop (64-bit values that spill with NR = 32).
             zero = it // 2147483647
             q_lat = q_lat_buf.index(zero)
             q_rope = q_rope_buf.index(zero)
-            acc, m_i, l_acc, tau = _t_tile(
+            acc, m_i, l_acc, tau = t_tile(
                 k_main.index(st), k_rope.index(st), k_sc.index(st), vbuf.index(st), q_lat, q_rope,
                 p_smem, start, kpos, row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale,
                 FMT, CAUSAL and not SPARSE, PF,
@@ -1125,15 +1141,15 @@ if _HAS_GLUON:
             gl.thread_barrier()  # the stage and P may be overwritten from here on
         cp.wait_group(0)
         if TRACE:
-            gl.store(trp + 3, _g_clock())
+            gl.store(trp + 3, g_clock())
 
-        _t_store(
+        t_store(
             acc, m_i, gl.sum(l_acc, 0), tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
             stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, FMT,
         )  # fmt: skip
         if TRACE:
             gl.thread_barrier()
-            _g_trace_close(trp)
+            g_trace_close(trp)
 
 else:  # Triton without Gluon: the sm_90 paths are never taken (`triton_mla._use_sm90_path`)
     _mla_decode_sm90 = _mla_decode_sm90_t = None

@@ -1,116 +1,38 @@
-"""Gluon (sm_90) persistent cluster seesaw MLA decode: sparse V32 caches, two head blocks a
-token (h_q 65..128), d_qk 576. Opt-in (`triton_mla.TUNING["ss_persist"]`): slower than
-`gluon_mla_ss` on the H100 (below), kept as the base of the schedule that issue 5's sparse
-target needs.
+"""Gluon sm_90 persistent cluster seesaw MLA decode: sparse V32 caches, two head blocks a token
+(h_q 65..128), d_qk 576.
 
-The tile step is `gluon_mla_ss`'s cluster seesaw (`_ss_cross_tile` in the producers, `_ss_pair`
-in the consumers: each CTA of a 2-CTA cluster dequantizes half of every tile for both). What
-differs is the schedule. `gluon_mla_ss` launches a cluster for every token, and each CTA pays
-about 11.4 us beside its tiles (H100 trace 2026-11-23: launch gap, prologue, the first pair's
-fill and the epilogue). Here:
-
+`_mla_decode_sm90_ps` computes what `gluon_mla_ss._mla_decode_sm90_ss` does for these launches
+with the same tile step (`ss_cross_tile` in the producers, `ss_pair` in the consumers: each CTA
+of a 2-CTA cluster dequantizes half of every tile for both), on a different schedule:
 - G clusters (one a pair of SMs) walk the batch's work, which is every token's ceil(width /
   128) pairs of 64-key tiles (NPR pairs a token, `indices`' width, not its top-k length).
-  Cluster c takes the pairs [c L, (c + 1) L) of the work order, with L = ceil(tokens NPR /
-  G) >= NPR, so that no cluster has more than one pair of work more than another. Where all
+  Cluster c takes the pairs [c L, (c + 1) L) of the work order, with L = ceil(tokens NPR / G)
+  >= NPR, so that no cluster has more than one pair of work more than another. Where all
   requests have the same query length the work order takes the i-th token of every request,
-  then the (i + 1)-th (`_ps_order`, `_ps_token`; ORDER 1, the default), else (or with ORDER
-  0) the token order;
-- a segment is a token's part of that range. A token the range holds whole gets its output
-  and LSE stored as `gluon_mla_ss` would. A token cut at a cluster boundary leaves two
-  float32 partials (slot c - part, part 0 from the cluster it starts in, 1 from the next) and
-  its id: `triton_mla_combine` merges them afterwards and folds the sink in;
-- the ring's barrier phases run on across segments. Each consumer arrives on `qfree` once it
-  has done its last S of a segment. The producer then writes the next segment's info into
-  shared memory and loads its q (cp.async; both complete `qready`) while the consumers still
-  run that segment's last P V products and epilogue. It also fills the next segment's first
-  tiles as the ring frees;
+  then the (i + 1)-th (`_ps_order`, `_ps_token`; ORDER 1, the default), else (or with ORDER 0)
+  the token order;
+- a segment is a token's part of that range. A token the range holds whole gets its output and
+  LSE stored as `gluon_mla_ss` would. A token cut at a cluster boundary leaves two float32
+  partials (slot c - part, part 0 from the cluster it starts in, 1 from the next) and its id:
+  `triton_mla_combine` merges them afterwards and folds the sink in;
+- the ring's barrier phases run on across segments. Each consumer arrives on `qfree` once it has
+  done its last S of a segment. The producer then writes the next segment's info into shared
+  memory and loads its q (cp.async; both complete `qready`) while the consumers still run that
+  segment's last P V products and epilogue. It also fills the next segment's first tiles as
+  the ring frees;
 - the epilogue stores O from the accumulators (EPI 0, 4-byte stores) or through
   `convert_layout`'s scratch in 16-byte stores (EPI 1, the default): the ring stage that
-  `gluon_mla_ss._ss_finish` stages O in is already the next segment's.
+  `gluon_mla_ss.ss_finish` stages O in is already the next segment's.
 
-H100 (2026-11-23, `bench/gpu_mla_dev.py`, sparse V32 b 128 s_q 2 h_q 128 top-k 2048, graph
-replays against `gluon_mla_ss` in the same runs; record
-`bench/results/h100_2026-11-23_mla_v32_persistent.json`): 0.484-0.486 ms against 0.438-0.443
-from HBM, 0.444 (EPI 0) against 0.412 with every request's keys in L2, 0.373-0.375 against
-0.360-0.366 with no key loaded. Its traces (`--ps-trace`) show the switch between segments
-cheap and the tiles slow: the next q is ready 1.7-1.9 us after the previous segment's output is
-stored, the first pair takes 5.4-6.4 us (no fill beyond two tiles), the epilogue 4.0-4.4 us
-(EPI 1; 7.4 with EPI 0). But a whole token's 32 tiles take 116-120 us, 3.65-3.72 us a tile
-against `gluon_mla_ss`'s 3.16-3.18 in the same run, so each cluster's ~126 tiles take ~465 us.
-The SM clocks are the same (nvidia-smi, 3 s of back-to-back calls: 1939-1972 MHz either
-kernel). The loops' SASS is the same but for a few spills in consumer 0 (10 LDL a pair against
-8). The gap grows with the memory latency (none 3%, L2 8%, HBM 10%), so the producer's one tile
-of lookahead hides less of it when every SM streams all the time (here) than when ~10% of the
-CTAs' time is the gaps between them (`gluon_mla_ss`). Not the cause: the work order (token
-order 0.483 ms, the i-th tokens first 0.484-0.485), the consumer / producer registers (200 /
-104, giving consumer 0 200 instead of 192: 0.479 here, 0.446 against 0.438 for `gluon_mla_ss`).
-With each tile's rope part loaded into the producer's registers (`_ss_cross_tile`, 2026-11-23,
-`bench/results/h100_2026-11-23_mla_v32_rope_regs.json`) it takes 0.468 ms against
-`gluon_mla_ss`'s 0.430 from HBM, 0.414 against 0.397 in L2 and 0.382 against 0.366 with no key
-loaded: 4% slower even where no key loads, so the memory latency is not all of the gap.
+The selection (`ops.mla.triton_mla_plan`) takes it only where the tuning asks for it
+(`ss_persist`, off by default), for a launch the cluster seesaw would serve unsplit (P = 1):
+sparse V32, h_q 65..128. It is slower than
+`gluon_mla_ss` on the H100 and the H200 (H200 2026-11-28: 0.451 against 0.416 ms) and kept as the
+base of the schedule that issue 5's sparse target needs. Limits: launch with num_warps=4 in
+clusters of 2 (`launch(..., cluster=2)`), G = min(SM count / 2, tokens) unless overridden (more
+clusters run in waves); registers (consumer / producer) 200 / 104, as the cluster seesaw's.
 
-Nor is persistence the cause (H100 2026-11-23, record
-`bench/results/h100_2026-11-23_mla_v32_ps_bisect.json`): with G 256 clusters and ORDER 0
-(`triton_mla.TUNING["ps_g"]`, `["ps_order"]`: one token a cluster, in token order, which is
-`gluon_mla_ss`'s work split and order) this kernel takes 0.468-0.472 ms against 0.428-0.430 from
-HBM, 0.406 against 0.394 in L2 and 0.378 against 0.359 with no key loaded. Its start (q loaded by
-the producer: first pair done 16.3 us after the CTA's start against 13.5) and epilogue (3.8
-against 2.7 us) account for the L2 and no-key gaps; from HBM its 32-tile loop also takes 110 us
-against ~103 (3.34 against 3.07 us a tile). Nsight Compute sees the same DRAM bytes (379 against
-376 MB read), L2 hit rate (25%), SM clock (1.78 / 1.79 GHz) and 3% more instructions. Moving the
-consumers' `qfree` arrival out of the pair loop changed nothing (0.470-0.471 ms). The sm_90 SASS
-of the tile loops differs by one warpgroup barrier before the producer's `empty` wait, a spilled
-loop counter in the producer and a few more consumer-0 spills (12 / 5 LDL / STL a pair against 8
-/ 3). G 128 (two tokens a cluster) takes 0.465 ms, token order at G 66 0.463 against 0.464.
-
-Nor are the tile loads' cache hints (record `bench/results/h100_2026-11-23_mla_v32_loadhints.json`,
-graph replays, the same hints as `gluon_mla_ss`'s docstring gives): .cg 0.499-0.504 ms, .cg for
-the words and rope only 0.486, L1::evict_last 0.472 against 0.465-0.469. Nsight Compute (one
-launch each, G 256 in token order) finds the consumers' spill loads missing L1 almost always, in
-both kernels, and more of them here: 1.89 M local-load sectors, 1.60 M of them L1 misses, against
-1.11 M / 1.10 M for `gluon_mla_ss`. But `gluon_mla_ss` with consumer 0 nearly spill-free (200 /
-104 registers: 1 LDL and 2 STL in its code, sm_90 SASS) ran no faster (0.432 against 0.430 ms),
-so the spills alone do not explain the gap. No register split tried leaves both of this kernel's
-consumers spill-free (offline sm_90 compiles, LDL / STL in the two consumers' code: 200 / 112
-registers 5 / 5 and 32 / 32; 200 / 104 10 / 10 and 15 / 12; 192 / 112 16 / 14 and 15 / 12;
-184 / 112 74 / 58 and 9 / 7), so that test needs fewer live values in its consumers.
-
-With `gluon_mla_ss`'s new tile step (2026-11-28: the single store, the constant page size,
-int32 rows, 200 / 104 registers, which leave its tile loops spill-free in the sm_90 SASS) it
-took 0.453 ms (timed with the two barriers below removed) against 0.415-0.417 for
-`gluon_mla_ss` (H100, record
-`bench/results/h100_2026-11-28_mla_v32_producer.json`). Two warpgroup barriers that Triton's
-barrier pass put into its tile loops (after the producer's `qready` and the consumers' `qfree`
-arrivals it took an arrival for a pending write: the producer's loop 4 BAR.SYNC a tile against
-3) were removed by a `gl.thread_barrier()` after each arrival, with no change in time (0.469
-against 0.468-0.469 ms), so they are not kept. Its tile trace (G 256, token order, the same
-split as `gluon_mla_ss`) shows where its tiles lose: the producer waits 1.0-1.1 us a tile for
-its own half of a stage to be freed (0.13-0.30 in `gluon_mla_ss`) and its stores take 0.76-0.87
-us (the data is in by then; 1.3-1.4 with the wait for it), while the consumers' pairs take
-6.5-7.0 us against 5.7-6.4: here the consumers are the slower side, on the same SASS but for
-a few spills.
-
-Those spills are not in the tile loops (offline sm_90 compile of the same case, 2026-11-28,
-`bench/gpu_mla_dev.py`'s `compile_offline`): each consumer's pair loop is spill-free in both
-kernels (1158 / 1163 SASS instructions here against 1146 / 1153, 44 HGMMA each), and so is the
-producer's tile loop (683 against 679); this kernel's 35 STL and 38 LDL (an 80-byte stack
-against 8) sit in its per-segment code. On an H200 it is slower too (2026-11-28, record
-`bench/results/h200_2026-11-28_mla_v32_ps.json`, graph replays): 0.451 ms against
-`gluon_mla_ss`'s 0.416 from HBM, 0.397 against 0.393 with every request's keys in L2, 0.370
-against 0.357 with no key loaded; with G 256 in token order 0.449 / 0.403 / 0.373.
-
-Where the time goes, by Nsight Compute's warp-stall samples a SASS instruction (H200
-2026-11-28, `bench/ncu_ps_diag.sh`, one launch each, record
-`bench/results/h200_2026-11-28_mla_v32_ncu.json`; graph replays in the same lease 0.415 ms for
-`gluon_mla_ss`, 0.446 for G 256 in token order, 0.450 for G 66). The two kernels stall in the
-same places: the consumers' waits for a stage or the other's P take 29.9% of `gluon_mla_ss`'s
-46.4 k samples and 30.8% of this kernel's 49.8 k (G 256); the producer's first uses of its tile
-loads (long-scoreboard stalls: the first e4m3 conversion, a scale's product, the zeroing moves of
-the masked loads) 10.9% against 12.8%, its `empty` waits 5.4% against 4.7%. So at the same work
-split the producer waits about a quarter longer for the same loads here (5.1 k samples against
-6.4 k), and the consumers wait for it, on tile loops whose SASS differs little (above). Why
-the same loads take longer here is not known.
+Its measurements against `gluon_mla_ss`, and what they ruled out: docs/kernels/gluon_mla_ps.md.
 """
 
 from __future__ import annotations
@@ -120,27 +42,27 @@ from ...gluon_imports import HAS_GLUON, cp, fence_async_shared, gl, gluon, mbarr
 if HAS_GLUON:
     from ...gluon_cluster import cl_arrive, cl_fence_init, cl_sync, cl_wait
     from .gluon_mla import (
-        _TILE_TRACE,
-        _g_clock,
-        _g_cycles,
-        _g_key_range,
-        _g_keys,
-        _g_normalize,
-        _g_pair_slots,
-        _g_request,
-        _g_rows,
-        _g_smid,
-        _g_tick,
-        _g_tile_slots,
+        TILE_TRACE,
+        g_clock,
+        g_cycles,
+        g_key_range,
+        g_keys,
+        g_normalize,
+        g_pair_slots,
+        g_request,
+        g_rows,
+        g_smid,
+        g_tick,
+        g_tile_slots,
     )
     from .gluon_mla_ss import (
         SS_O_L,
         SS_S_L,
-        _ss_alloc,
-        _ss_cross_tile,
-        _ss_issue_q,
-        _ss_pair,
-        _ss_tick_ready,
+        ss_alloc,
+        ss_cross_tile,
+        ss_issue_q,
+        ss_pair,
+        ss_tick_ready,
     )
 
     @gluon.jit
@@ -186,8 +108,8 @@ if HAS_GLUON:
         p0 = gl.maximum(g0 - u * NPR, 0)
         p1 = gl.minimum(g1 - u * NPR, NPR)
         t = _ps_token(u, batch, sq)
-        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, 1, B_P2, one_l)
-        _cl, _lo, n_keys = _g_key_range(
+        b, live, i0, leader, q_len = g_request(QOFF, batch, t, 1, B_P2, one_l)
+        _cl, _lo, n_keys = g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len, True, HAS_TOPK,
             TOPK_TOK, False, 1, BN,
         )  # fmt: skip
@@ -226,7 +148,7 @@ if HAS_GLUON:
                      PS_C: gl.constexpr, ADDR: gl.constexpr):  # fmt: skip
         """Four warps: for each segment, its info (`_ps_put_info`) and q once the consumers
         are done with the last one's (`qfree`; q and info complete `qready`), then its tiles
-        (`_ss_cross_tile`; an odd last tile all masked) into stage j % 2, the barrier phases
+        (`ss_cross_tile`; an odd last tile all masked) into stage j % 2, the barrier phases
         counted over all pairs so far. PS_C, ADDR: as `gluon_mla_ss._ss_producer`'s."""
         (Q, stride_qt, stride_qh, QOFF, batch, n_tokens, K, K_IDX, K_CL, K_TOPK, K_stride,
          K_stride_h, K_stride_q, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len, L,
@@ -247,28 +169,28 @@ if HAS_GLUON:
             mbarrier.wait(qfree, (s + 1) & 1, pred=s > 0)  # both consumers' last S of s - 1
             # (after that wait: the consumers read segment s - 2's info in its epilogue)
             _ps_put_info(info.index(s % 2), t, lo, hi, whole, part)
-            _ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q, ld_l)
+            ss_issue_q(Q, stride_qt, stride_qh, t, hb, q_lat, q_rope, H_Q, ld_l)
             cp.mbarrier_arrive(qready, increment_count=False)
             gl.thread_barrier()
             mbarrier.arrive(qready, count=1)  # (release: the info)
             if TRACE:
-                gl.store(trp + 50 + 2 * s, _g_clock(), mask=s < 14)
+                gl.store(trp + 50 + 2 * s, g_clock(), mask=s < 14)
             n_it = gl.cdiv(gl.maximum(hi - lo, 0), BN)
             n_t = gl.cdiv(n_it, 2) * 2
-            key = _g_keys(lo, hi, b, t, K_IDX, K_IDX, 0, K_ps, K_idx_stride, True, BN, row_l)
+            key = g_keys(lo, hi, b, t, K_IDX, K_IDX, 0, K_ps, K_idx_stride, True, BN, row_l)
             for j in range(n_t):
                 start = lo + j * BN
-                key_next = _g_keys(start + BN, hi, b, t, K_IDX, K_IDX, 0, K_ps, K_idx_stride,
-                                   True, BN, row_l)  # fmt: skip
-                rows, valid = _g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, True, BN,
-                                      row_l)  # fmt: skip
+                key_next = g_keys(start + BN, hi, b, t, K_IDX, K_IDX, 0, K_ps, K_idx_stride,
+                                  True, BN, row_l)  # fmt: skip
+                rows, valid = g_rows(start, hi, key, K_ps, K_psr, K_nenc, K_npages, True, BN,
+                                     row_l)  # fmt: skip
                 # (TRACE 2: the tile trace's first 32 tiles)
-                tt = _g_tile_slots(trp, 80, 2 * gp + j) if TRACE == 2 else 0
-                _ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
-                               cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN, False,
-                               TRACE == 2, tt, DEQ1, ADDR)  # fmt: skip
+                tt = g_tile_slots(trp, 80, 2 * gp + j) if TRACE == 2 else 0
+                ss_cross_tile(K, K_stride, K_stride_h, K_stride_q, k_lat, k_rope, vbuf, bars,
+                              cl, j % 2, rows, valid, ((gp + j // 2) & 1) ^ 1, BN, False,
+                              TRACE == 2, tt, DEQ1, ADDR)  # fmt: skip
                 if TRACE:
-                    gl.store(trp + 51 + 2 * s, _g_clock(), mask=(s < 14) & (j == 0))
+                    gl.store(trp + 51 + 2 * s, g_clock(), mask=(s < 14) & (j == 0))
                 key = key_next
             gp += n_t // 2
         cl_sync()  # no CTA exits while the other may still signal it
@@ -295,9 +217,9 @@ if HAS_GLUON:
         l_i = l_buf.index(lb).load(srow) + l_buf.index(lb + 1).load(srow)
         head_s = hb * BM + gl.arange(0, BM, layout=srow)
         ok_s = head_s < H_Q
-        lse, inv = _g_normalize(m_fin, l_i, SINK, head_s, ok_s, HAS_SINK)
+        lse, inv = g_normalize(m_fin, l_i, SINK, head_s, ok_s, HAS_SINK)
         if HAS_SINK:  # a cut token's partials leave the sink to the combine
-            _lse, inv_p = _g_normalize(m_fin, l_i, SINK, head_s, ok_s, False)
+            _lse, inv_p = g_normalize(m_fin, l_i, SINK, head_s, ok_s, False)
             inv = gl.where(whole, inv, inv_p)
         o = acc * gl.convert_layout(inv, orow)[:, None]
         head_o = (hb * BM + gl.arange(0, BM, layout=orow)).to(gl.int64)
@@ -338,7 +260,7 @@ if HAS_GLUON:
                     HAS_SINK: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
                     EPI: gl.constexpr, TRACE: gl.constexpr):  # fmt: skip
         """Consumer warpgroup W: for each segment, wait for its q, run its pairs of tiles
-        (`_ss_pair`, order 1, half stages, cluster), then `_ps_finish`."""
+        (`ss_pair`, order 1, half stages, cluster), then `_ps_finish`."""
         if W == 1:  # (warpgroup 0 arrived at the end of the kernel's prologue)
             cl_arrive()
         cl_wait()
@@ -367,41 +289,38 @@ if HAS_GLUON:
             _t, lo, hi, _whole, _part = _ps_get_info(info.index(s % 2))
             n_pairs = gl.cdiv(gl.cdiv(gl.maximum(hi - lo, 0), BN), 2)
             if TRACE and W == 0:
-                gl.store(trp + 2 + 4 * s, _g_clock(), mask=s < 12)
+                gl.store(trp + 2 + 4 * s, g_clock(), mask=s < 12)
             mbarrier.arrive(qfree, count=1, pred=n_pairs == 0)  # no S reads this q
             for i in range(n_pairs):
                 if TRACE == 2:
-                    tt = _g_pair_slots(trp, 80, W, gp + i)
-                    _ss_tick_ready(tt, ready, W, (gp + i) & 1)
-                acc, m_o, m_w, l_w = _ss_pair(
+                    tt = g_pair_slots(trp, 80, W, gp + i)
+                    ss_tick_ready(tt, ready, W, (gp + i) & 1)
+                acc, m_o, m_w, l_w = ss_pair(
                     acc, m_o, m_w, l_w, (gp + i) // 2147483647, (gp + i) & 1, 2 * i, lo, q_lat,
                     q_rope, k_lat, k_rope, vbuf, m_buf, bars, cl, qfree, i == n_pairs - 1, kcol,
                     row_lim, zero_s, qk_scale, True, W, False, 1, True, True, BN, o_l,
                 )  # fmt: skip
                 if TRACE == 2:
-                    _g_tick(tt, 3)
+                    g_tick(tt, 3)
                 if TRACE and W == 0:
-                    gl.store(trp + 3 + 4 * s, _g_clock(), mask=(s < 12) & (i == 0))
+                    gl.store(trp + 3 + 4 * s, g_clock(), mask=(s < 12) & (i == 0))
             gp += n_pairs
             if TRACE and W == 0:
-                gl.store(trp + 4 + 4 * s, _g_clock(), mask=s < 12)
+                gl.store(trp + 4 + 4 * s, g_clock(), mask=s < 12)
             t, _lo, _hi, whole, part = _ps_get_info(info.index(s % 2))  # (not kept in registers)
             _ps_finish(acc, m_o, m_w, l_w, l_buf, lx, s, t, hb, whole, part, OUT, stride_ot,
                        stride_oh, LSE, PO, PL, CUT_T, SINK, W, H_Q, D_V, HAS_SINK, EPI, srow,
                        o_l)  # fmt: skip
             if TRACE and W == 0:
-                gl.store(trp + 5 + 4 * s, _g_clock(), mask=s < 12)
+                gl.store(trp + 5 + 4 * s, g_clock(), mask=s < 12)
         if TRACE and W == 0:
-            gl.store(trp + 78, _g_clock())
-            gl.store(trp + 76, _g_cycles())
+            gl.store(trp + 78, g_clock())
+            gl.store(trp + 76, g_cycles())
         cl_sync()  # no CTA exits while the other may still signal it
 
     @gluon.jit(do_not_specialize=["OFF_K", "OFF_READY", "OFF_REMPTY", "L", "NPR"])
     def _mla_decode_sm90_ps(
-        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
-        OUT, stride_ot, stride_oh, LSE, PO, PL, CUT_T, SINK, qk_scale,
-        K, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_ps, K_psr, K_nenc,
-        K_npages, K_idx_stride, K_idx_len, L, NPR,
+        q_args, out_args, k_args, L, NPR,
         H_Q: gl.constexpr, D_V: gl.constexpr, B_P2: gl.constexpr, HAS_SINK: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, BN: gl.constexpr,
         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -416,23 +335,27 @@ if HAS_GLUON:
         where the query lengths are equal, 0: token order; `_ps_order`). OFF_*: shared
         offsets of k_lat, ready and rempty (`gluon_cluster.smem_offsets`). Launch
         with num_warps=4 (consumer 0). TRACE: development timestamps into int64 TR [CTAs,
-        80] (`bench/gpu_mla_dev.py --trace ps`): 0 start, 1 SM, 2 + 4 s .. 5 + 4 s segment s's
+        80] (`dev/gpu_mla_dev.py --trace ps`): 0 start, 1 SM, 2 + 4 s .. 5 + 4 s segment s's
         q ready / first pair done / loop end / stored (consumer 0), 50 + 2 s, 51 + 2 s its q
         issued / first tile released (producer), 79 the segment count; 77 / 76 the SM's cycle
         counter at the start / end, 78 the end's time. TRACE 2: TR [CTAs, 464] with the tile
         trace of the first 32 tiles in slots 80 + 8 j + e (producer) and 336 + 64 W + 4 i + e
         (consumer W, pair i), as `gluon_mla_ss`'s TRACE 2 lays it out from slot 10."""
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+        OUT, stride_ot, stride_oh, LSE, PO, PL, CUT_T, SINK, qk_scale = out_args
+        (K, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_ps, K_psr, K_nenc,
+         K_npages, K_idx_stride, K_idx_len) = k_args  # fmt: skip
         BM: gl.constexpr = 64
         trp = gl.program_id(0)
         if TRACE:
-            trp = TR + gl.program_id(0) * (80 + _TILE_TRACE if TRACE == 2 else 80)
-            gl.store(trp, _g_clock())
-            gl.store(trp + 1, _g_smid())
-            gl.store(trp + 77, _g_cycles())
+            trp = TR + gl.program_id(0) * (80 + TILE_TRACE if TRACE == 2 else 80)
+            gl.store(trp, g_clock())
+            gl.store(trp + 1, g_smid())
+            gl.store(trp + 77, g_cycles())
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-        q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = _ss_alloc(
+        q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = ss_alloc(
             BN, 2
         )  # l_buf: a set a segment parity; rempty: the peer's consumers' arrivals
         qbar = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)  # qready, qfree
@@ -451,7 +374,7 @@ if HAS_GLUON:
         # every row is written (masked rows as zeros).
         for i in gl.static_range(2):
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
-        if H_Q < 2 * BM:  # padded query rows: zeros (`_ss_issue_q` skips them)
+        if H_Q < 2 * BM:  # padded query rows: zeros (`ss_issue_q` skips them)
             q_lat.index(0).store(gl.zeros([BM, 512], gl.bfloat16, ld_l))
             q_rope.index(0).store(gl.zeros([BM, 64], gl.bfloat16, ld_l))
         fence_async_shared()

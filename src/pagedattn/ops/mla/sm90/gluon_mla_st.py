@@ -1,70 +1,31 @@
-"""Gluon (sm_90) seesaw MLA decode fed by TMA, for dense BF16 caches whose pages hold whole
-64-key tiles (page size a multiple of 64).
+"""Gluon sm_90 seesaw MLA decode fed by TMA, for dense BF16 caches whose pages hold whole 64-key
+tiles (page size a multiple of 64).
 
-Same contract, arguments and grid as `gluon_mla_ss._mla_decode_sm90_ss` (64 query rows, one
-key partition a program, two consumer warpgroups splitting O by columns, the seesaw order of
-its products), with the ring fed differently:
-
+`_mla_decode_sm90_st` has the contract, arguments and grid of `gluon_mla_ss._mla_decode_sm90_ss`
+(64 query rows, one key partition a program, two consumer warpgroups splitting O by columns, the
+seesaw order of its products: `gluon_mla_ss` order 2), with the ring fed differently:
 - no producer warpgroup: a stage is refilled by the warpgroup that reads a part of it last, as
   soon as its product on that part is complete, by TMA into one of three `ready` mbarriers a
   stage (byte counts): the rope columns (read by the tile's S only; a [64 keys, 64 columns]
-  box), columns 0..255 (read by S and warpgroup 0's P V) and 256..511 (S and warpgroup 1's
-  P V; one [4, 64, 64] box of a 3D descriptor that sees a row's 64-column chunks as its
-  outer dimension, so the box lands as the four swizzled chunks the stage holds). No `empty`
-  barriers: the refill is issued after the reads it must follow.
-- S = Q K^T waits for each part as it needs it, in the order the parts are refilled: the
-  rope product (Q's rope columns in registers, so its 8 KB hold warpgroup 1's P) on the first
-  8 KB of a refilled stage, then columns 0..255, then 256..511. For warpgroup 1's tile that
-  order matters: columns 0..255 are refilled by warpgroup 0 after its P V of that tile,
-  256..511 by warpgroup 1 after its own last product of the pair. Starting on 256..511
-  instead (the order before 2026-11-22) left warpgroup 1 waiting a whole refill latency
-  before its S began: H100 (2026-11-22, `bench/gpu_mla_dev.py`, b 128 h_q 128 page 64, graph
-  replays, two runs, copy 3004 GB/s): s_k 8192 0.557 / 0.557 ms against 0.586 / 0.588, s_k
-  4096 0.304 / 0.298 against 0.312 / 0.315, and the same with the keys in L2 (0.470 against
-  0.472; `bench/results/h100_2026-11-22_mla_st_order_dev.json`).
-- P goes into its own buffers (one a warpgroup), not the stage's rope slot.
+  box), columns 0..255 (read by S and warpgroup 0's P V) and 256..511 (S and warpgroup 1's P V;
+  one [4, 64, 64] box of a 3D descriptor that sees a row's 64-column chunks as its outer
+  dimension, so the box lands as the four swizzled chunks the stage holds). No `empty`
+  barriers: the refill is issued after the reads it must follow;
+- S = Q K^T waits for each part as it needs it, in the order the parts are refilled: the rope
+  product (Q's rope columns in registers, so its 8 KB hold warpgroup 1's P) on the first 8 KB
+  of a refilled stage, then columns 0..255, then 256..511;
+- P goes into its own buffers (one a warpgroup), not the stage's rope slot;
 - rows of the last tile past the key range (a page's unwritten slots may hold NaN) are zeroed
   by the tile's S warpgroup before its P is published.
 
-Warpgroup 1's order in a pair of tiles (2 i, 2 i + 1): its own S and softmax, then tile 2 i's
-P V (the other's P from shared memory), then its own P V (`gluon_mla_ss` order 2). Two other
-orders were measured and dropped (H100, bench/gpu_mla_dev.py, 2026-11-22, b 128 h_q 128
-page 64, graph replays, copy 3005 GB/s, mm 712 TFLOP/s): its own P V first, then tile 2 i's
-with that P rescaled in registers (FlashMLA's order), 0.592 ms against this order's 0.584 at
-s_k 8192; tile 2 i's P V before its own S, 0.646.
+The selection (`ops.mla.triton_mla_plan`) takes it for every seesaw launch (see `gluon_mla_ss`) over
+a dense BF16 cache with pages of a multiple of 64 rows, unless the TMA seesaw is turned off.
+Limits: BF16, dense (no sparse indices), d_qk 576, BN 64 (asserted); the cache rows' base and
+stride 16-byte aligned (TMA descriptors from `st_descriptors`); launch with num_warps=4, one
+worker partition, REGS registers a thread (240).
 
-Served for every seesaw launch over such caches (`triton_mla._st_eligible`). H100 timings
-(same runs): s_k 8192 0.584 ms against the cp.async seesaw's 0.617; s_k 4096 0.302 against
-0.333; with every request's keys in L2 0.489 against 0.534 (about 600 TFLOP/s: the consumers'
-schedule is no longer the cap, the refill latency from HBM is). After the one-tile fix (in
-`_st_consume`; another H100 lease, two runs, graph replays): s_k 8192 0.589-0.592 ms against
-0.613-0.614, s_k 4096 0.308-0.309 against 0.324-0.330, keys in L2 0.488-0.496 against
-0.536-0.544. One call site for tile 2 i's P V in both branches (no second site, dummies for
-the missing tile) was correct too but 3-4% slower: 0.609-0.613 and 0.318-0.319.
-
-One box a column half (shipped) against four [64, 64] boxes, same runs, two H100 leases
-(2026-11-22, `bench/gpu_st_session.sh`, graph replays; copy 3003-3005 GB/s, mm 679-691
-TFLOP/s): s_k 8192 0.586-0.590 ms against 0.592-0.598, s_k 4096 0.308-0.315 against
-0.317-0.319, keys in L2 0.463-0.471 against 0.494-0.497 (0.247-0.251 against 0.261-0.262 at
-s_k 4096). Each TMA issue and each `expect` is followed by a warpgroup barrier (bar.sync, from
-Triton's shared-memory hazard analysis): 3 TMA issues a tile instead of 9, 59 bar.syncs in the
-kernel instead of 83. Tried and dropped in the same runs: a `ready` barrier for each [64, 64]
-box with S waiting box by box (FlashMLA's nine a tile; 131 bar.syncs): 0.589 / 0.314 ms, keys
-in L2 0.513 (slower); an L2 prefetch (cp.async.bulk.prefetch.L2, one thread of one head
-block) of each warpgroup's tile of the pair after next: 0.657 / 0.359 ms, and Nsight Compute
-counted 1.49 GB of DRAM reads against 1.24 (each row once) - prefetched lines were evicted
-before their TMA load.
-
-32-key tiles in a 4-stage ring (the same 128 keys of shared memory, so that a pair's stages
-are refilled a whole pair ahead; a barrier for warpgroup 0's P, which the next pair no longer
-orders), measured and dropped (H100 2026-11-22, `bench/gpu_mla_dev.py`, copy 3004 GB/s, eager
-/ graph replays, against the order before the one above): correct (the seesaw checks, the
-dense bf16 grid and tile-boundary tests) but s_k 8192 0.651 / 0.686 ms against 0.537 / 0.575,
-s_k 4096 0.354 / 0.368 against 0.297 / 0.308, and as slow with the keys in L2 (0.636 / 0.628
-against 0.503 / 0.458): S as m64n32k16 steps reads 3 KB of shared memory for half the MACs of
-m64n64k16's 4 KB (the S products at 64 keys already take the shared-memory bandwidth of the
-tensor cores' peak rate), so the consumers' schedule, not the refill latency, caps it near 450
-TFLOP/s (`bench/results/h100_2026-11-22_mla_st_order_dev.json`)."""
+Design history and measurements: docs/kernels/gluon_mla_st.md.
+"""
 
 from __future__ import annotations
 
@@ -84,9 +45,9 @@ from ...gluon_imports import (
 )
 
 
-def _st_descriptors(rows: torch.Tensor):
+def st_descriptors(rows: torch.Tensor):
     """The kernel's two Gluon TMA descriptors (128-byte swizzle) over BF16 cache rows
-    [rows, 1, 576] (16-byte aligned base and row stride: `triton_mla._use_sm90_path`): KD of
+    [rows, 1, 576] (16-byte aligned base and row stride: `triton_mla_plan.sm90_serves`): KD of
     [64, 64] boxes over [rows, 576] (the rope columns), KD3 of [4, 64, 64] boxes over the rows
     seen as [chunk, row, 64] (the nine 64-column chunks outermost: a box is the four swizzled
     chunks of a column half, as the stage holds them)."""
@@ -98,19 +59,19 @@ def _st_descriptors(rows: torch.Tensor):
 
 if HAS_GLUON:
     from .gluon_mla import (
-        _g_clock,
-        _g_key_range,
-        _g_put_q,
-        _g_request,
-        _g_seesaw_start,
-        _g_tile_rows,
-        _g_trace_close,
+        g_clock,
+        g_key_range,
+        g_put_q,
+        g_request,
+        g_seesaw_start,
+        g_tile_rows,
+        g_trace_close,
     )
     from .gluon_mla_ss import (
-        _ss_finish,
-        _ss_other,
-        _ss_pv_own,
-        _ss_softmax,
+        ss_finish,
+        ss_other,
+        ss_pv_own,
+        ss_softmax,
     )
 
     @gluon.jit
@@ -126,7 +87,7 @@ if HAS_GLUON:
     def _st_issue(kd, k_lat, k_rope, ready, st: gl.constexpr, g: gl.constexpr, row, pred):
         """TMA part g of a tile (0: columns 0..255, 1: 256..511, 2: the rope columns) at
         physical row `row` into stage st, completing on ready[3 st + g]; nothing unless pred.
-        kd = (KD, KD3) of `_st_descriptors`: the rope columns are a KD box, a column half one
+        kd = (KD, KD3) of `st_descriptors`: the rope columns are a KD box, a column half one
         KD3 box."""
         KD, KD3 = kd
         bar = ready.index(3 * st + g)
@@ -181,9 +142,9 @@ if HAS_GLUON:
         s = _st_own_s(q_l, q_rope, kl, kr, kd, k_lat, k_rope, ready, W, ph, zero_s, start, hi,
                       r_next, BN)  # fmt: skip
         keep = (start + kcol < hi)[None, :]
-        pb, m_new, m_w, l_w = _ss_softmax(s, m_prev, m_w, l_w, p_own, keep, m_buf, pm, start,
-                                          kcol, row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
-        acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
+        pb, m_new, m_w, l_w = ss_softmax(s, m_prev, m_w, l_w, p_own, keep, m_buf, pm, start,
+                                         kcol, row_lim, W, MASK_CAUSAL, qk_scale)  # fmt: skip
+        acc, m_o = ss_pv_own(acc, m_o, m_new, pb, kl, W, o_l)
         _st_issue(kd, k_lat, k_rope, ready, W, W, r_next, start + 2 * BN < hi)
         return acc, m_o, m_new, m_w, l_w
 
@@ -223,7 +184,7 @@ if HAS_GLUON:
         MASK_CAUSAL: gl.constexpr = CAUSAL
 
         rs = gl.arange(0, BM, layout=srow)
-        rows_ok_s, tqs, _tok, head_s = _g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
+        rows_ok_s, tqs, _tok, head_s = g_tile_rows(rs, t, hb, i0, q_len, H_Q, HPT, TPT)
         row_lim = gl.where(rows_ok_s, cache_len + i0 + tqs + 1, 0)
         kcol = gl.arange(0, BN, layout=gl.SliceLayout(0, s_l))
         zero_s = gl.zeros([BM, BN], gl.float32, s_l)
@@ -267,7 +228,7 @@ if HAS_GLUON:
                 if has1:
                     mbarrier.wait(pm.index(1), ph)  # P and max of tile 2 i + 1
                     m_prev = m_buf.index(1).load(srow)
-                    acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl1, p1, 0)
+                    acc, m_o = ss_other(acc, m_o, gl.convert_layout(m_prev, orow), kl1, p1, 0)
                     _st_issue(kd, k_lat, k_rope, ready, 1, 0, r1, s1 + 2 * BN < hi)
             elif has1:  # warpgroup 1: S and softmax of tile 2 i + 1, tile 2 i's P V, its P V
                 s = _st_own_s(q_l, q_rope, kl1, kr1, kd, k_lat, k_rope, ready, 1, ph, zero_s,
@@ -275,44 +236,40 @@ if HAS_GLUON:
                 mbarrier.wait(pm.index(0), ph)  # P and max of tile 2 i
                 m_x = m_buf.index(0).load(srow)
                 keep = (s1 + kcol < hi)[None, :]
-                pb, m_new, m_w, l_w = _ss_softmax(
+                pb, m_new, m_w, l_w = ss_softmax(
                     s, m_x, m_w, l_w, p1, keep, m_buf, pm, s1, kcol, row_lim, 1, MASK_CAUSAL,
                     qk_scale,
                 )  # fmt: skip
-                acc, m_o = _ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
+                acc, m_o = ss_other(acc, m_o, gl.convert_layout(m_x, orow), kl0, p0, 1)
                 _st_issue(kd, k_lat, k_rope, ready, 0, 1, r0, s0 + 2 * BN < hi)
-                acc, m_o = _ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
+                acc, m_o = ss_pv_own(acc, m_o, m_new, pb, kl1, 1, o_l)
                 _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, s1 + 2 * BN < hi)
             else:  # warpgroup 1, a last pair of one tile: that tile's P V
-                # P from shared memory into registers (the A operand), not `_ss_other` again:
+                # P from shared memory into registers (the A operand), not `ss_other` again:
                 # for a second call site of that product ptxas 12.8 (Triton 3.6) took the
                 # k-step 1-3 descriptors of P from a uniform register set only on the path
-                # above (SASS: HGMMA gdesc[UR20], UR20 set on the other path), so a key range
-                # of one tile summed P V over its first 16 keys, and a stale descriptor could
-                # fault (an illegal memory access). Once a request, so its cost is nil.
+                # above, so a key range of one tile summed P V over its first 16 keys, and a
+                # stale descriptor could fault (docs/kernels/gluon_mla_st.md). Once a request.
                 mbarrier.wait(pm.index(0), ph)
                 m_x = m_buf.index(0).load(srow)
-                acc, m_o = _ss_pv_own(acc, m_o, m_x, p0.load(s_l), kl0, 1, o_l)
+                acc, m_o = ss_pv_own(acc, m_o, m_x, p0.load(s_l), kl0, 1, o_l)
             if TRACE and W == 0:
                 if i == 0:
-                    gl.store(trp + 2, _g_clock())
+                    gl.store(trp + 2, g_clock())
 
         if TRACE:
-            gl.store(trp + 3 + 2 * W, _g_clock())
+            gl.store(trp + 3 + 2 * W, g_clock())
             gl.store(trp + 7, n_it.to(gl.int64))
-        _ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
-                   stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
-                   H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
+                  stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
+                  H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
         if TRACE and W == 0:
             gl.thread_barrier()
-            _g_trace_close(trp)
+            g_trace_close(trp)
 
     @gluon.jit
     def _mla_decode_sm90_st(
-        Q, stride_qt, stride_qh, QOFF, batch, n_tokens,
-        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P,
-        K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
-        K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len,
+        q_args, out_args, k_args,
         H_Q: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
         TPT: gl.constexpr, NHB: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
         HAS_SINK: gl.constexpr, SPLIT: gl.constexpr, SPARSE: gl.constexpr,
@@ -323,11 +280,15 @@ if HAS_GLUON:
         """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
         cache rows [rows, 576]. Launch with num_warps=4 (consumer 0); consumer 1 is the
-        worker partition. TRACE (development, `bench/gpu_mla_dev.py --trace`): int64 TR
+        worker partition. TRACE (development, `dev/gpu_mla_dev.py --trace`): int64 TR
         [CTAs, 10] gets the globaltimer at the CTA's start (slot 0), after its prologue (1),
         when warpgroup 0 is done with the first pair (2), after warpgroup 0's loop (3), after
         its epilogue (4) and after warpgroup 1's loop (5), its SM (6), tile count (7) and the
         SM's cycle counter at the start and end (8, 9)."""
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
+        (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+         K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len) = k_args  # fmt: skip
         gl.static_assert(FMT == 0, "BF16 caches")
         gl.static_assert(not SPARSE, "dense decode")
         gl.static_assert(D_QK == 576, "d_qk 576")
@@ -341,22 +302,20 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        # `_g_program`, `_g_request`, `_g_key_range`, with the loads that do not need the key
-        # range issued before them: q (`_g_seesaw_start`) and, unsplit (lo = 0), the
+        # `g_program`, `g_request`, `g_key_range`, with the loads that do not need the key
+        # range issued before them: q (`g_seesaw_start`) and, unsplit (lo = 0), the
         # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that the
-        # first copies wait for two dependent loads, not three. H100 traces (2026-11-22,
-        # `bench/gpu_mla_dev.py --trace`, b 128 h_q 128 s_k 4096 page 64): start to prologue
-        # end 7.7-8.0 -> 4.6-5.0 us a CTA, second-wave start to first pair done 10.2-10.5 ->
-        # 8.4-8.5 us, first CTA start to last end 260-264 -> 256-258 us.
-        trp, t, hb, part, early = _g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
-                                                  NHB, PDL, TRACE, ld_l)  # fmt: skip
-        b, live, i0, leader, q_len = _g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        # first copies wait for two dependent loads, not three (H100 2026-11-22: prologue
+        # 7.7-8.0 -> 4.6-5.0 us a CTA; docs/kernels/gluon_mla_st.md).
+        trp, t, hb, part, early = g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
+                                                 NHB, PDL, TRACE, ld_l)  # fmt: skip
+        b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
         if not SPLIT:
             # (an entry is loaded wherever the table has it: the key range is not known yet)
             r0 = _st_row(K_LUT, b, K_lut_stride, 0, live & (0 < K_lut_len), K_ps, K_psr, K_npages)
             r1 = _st_row(K_LUT, b, K_lut_stride, BN, live & (BN // K_ps < K_lut_len), K_ps,
                          K_psr, K_npages)  # fmt: skip
-        cache_len, lo, hi = _g_key_range(
+        cache_len, lo, hi = g_key_range(
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
             HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
         )  # fmt: skip
@@ -391,10 +350,10 @@ if HAS_GLUON:
         _st_issue(kd, k_lat, k_rope, ready, 1, 1, r1, lo + BN < hi)
 
         # Q's rope columns go to P's buffer of warpgroup 1 until the consumers hold them
-        _g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
-                 p_buf.index(1), H_Q, HPT, TPT, ld_l)  # fmt: skip
+        g_put_q(early, Q, stride_qt, stride_qh, t, hb, i0, q_len, q_lat.index(0),
+                p_buf.index(1), H_Q, HPT, TPT, ld_l)  # fmt: skip
         if TRACE:
-            gl.store(trp + 1, _g_clock())
+            gl.store(trp + 1, g_clock())
 
         args = (
             OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, kd, K_LUT,
