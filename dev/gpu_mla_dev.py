@@ -58,12 +58,12 @@ VARIANTS = {
     "sm90tw_a": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_psc=False),
     # the softmax's reduction of the pair (max, largest scale), as before 2026-11-28 (FOLD off)
     "sm90tw_nofold": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_fold=False),
-    # the reduction on every tile, without `_t_tile` SPEC (the default since 2026-11-28)
+    # the reduction on every tile, without `t_tile` SPEC (the default since 2026-11-28)
     "sm90tw_nospec": dict(gluon=True, sm90_t=True, sm90_tw=True, tw_spec=False),
-    # the FP8 stages' plain swizzle (2-way bank conflicts on the S loads), `_t_raw_layout`
+    # the FP8 stages' plain swizzle (2-way bank conflicts on the S loads), `t_raw_layout`
     "sm90tw_k0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_kswz=0),
     "sm90t_k0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_kswz=0),
-    # the e4m3 chunks loaded right before their upcast, not one chunk ahead (`_t_tile` PF)
+    # the e4m3 chunks loaded right before their upcast, not one chunk ahead (`t_tile` PF)
     "sm90tw_p0": dict(gluon=True, sm90_t=True, sm90_tw=True, t_pf=False),
     "sm90t_p0": dict(gluon=True, sm90_t=True, sm90_tw=False, t_pf=False),
     # tw: tiles issued by the CTA's warps before the partitions start (default 1)
@@ -451,7 +451,7 @@ def ps_trace_probe(variants=("ss_ps",)):
 def tile_trace_summary(a, ps):
     """`tile_trace_probe`'s medians (us) of one TRACE 2 buffer a (int64 [CTAs, 394] from
     `gluon_mla_ss`, [CTAs, 464] from `gluon_mla_ps` where ps): the producer's steps of tiles
-    2..29 (`_ss_cross_tile`'s ticks e0..e4) and the consumers' of pairs 1..14 (their start,
+    2..29 (`ss_cross_tile`'s ticks e0..e4) and the consumers' of pairs 1..14 (their start,
     own `ready` passed, end), in SM cycles over the median SM clock of the CTAs' lives."""
     import numpy as np
 

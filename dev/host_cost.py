@@ -25,7 +25,7 @@ from mla_cases import capture, make_case  # noqa: E402
 
 import pagedattn.ops.mla.triton_mla as M  # noqa: E402
 from pagedattn import mla_decode  # noqa: E402
-from pagedattn.ops.mla import _validate  # noqa: E402
+from pagedattn.ops.mla import validate_args  # noqa: E402
 from pagedattn.ops.mla.triton_mla_combine import mla_combine_triton  # noqa: E402
 
 ROUNDS = 3
@@ -85,7 +85,7 @@ def main() -> None:
             parts = {
                 "mla_decode": full,
                 "mla_decode_triton": direct,
-                "_validate": lambda P=P: _validate(
+                "validate_args": lambda P=P: validate_args(
                     q, kv, offs, 512, None, True, None, None, None, None, None, None, P, out
                 ),
                 "kernel launch only": lambda: kern[grid](*args, **kwargs),

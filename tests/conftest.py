@@ -15,10 +15,8 @@ import torch  # noqa: E402
 
 # xdist workers share the host's cores: torch's intra-op threads (one a core by default, their
 # OpenMP threads spinning between ops) in every worker would oversubscribe them, so each
-# worker takes its share. (On a 2-core machine, -n 2, `make test` took 214 -> 198 s back to
-# back, within its 190-230 s spread, 2026-11-28. On a 64-core host of four H200s, every GPU test
-# at -n 64 passed in 177 s with it, an MLA grid case 1.8 s; without it, at -n 56-60, a grid test
-# of 12 cases took ~300 s (~25 s a case): bench/results/h200x4_2026-11-28_gpu_tests.json.)
+# worker takes its share (measured 2026-11-28 on 2 cores and on a 64-core GPU host:
+# docs/performance.md).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     _share = (_cores or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])

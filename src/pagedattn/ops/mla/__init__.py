@@ -57,7 +57,7 @@ def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
     )
 
 
-def _validate(
+def validate_args(
     q: torch.Tensor,
     kv: RowOperand,
     q_row_offsets: torch.Tensor,
@@ -216,7 +216,7 @@ def mla_decode(
         num_partitions=num_partitions,
         out=out,
     )
-    _validate(q, kv, q_row_offsets, **kwargs)
+    validate_args(q, kv, q_row_offsets, **kwargs)
     kwargs["d_v"] = int(d_v)
     if torch.compiler.is_compiling():
         from ..compiled import mla_decode_compiled

@@ -26,7 +26,7 @@ from .._checks import describe as _describe
 from ..dispatch import choose_backend
 from ..linear.checks import W_SCALE_DTYPES
 from ..masks import Mask
-from ..mla import _validate as _validate_mla_decode
+from ..mla import validate_args as validate_mla_decode_args
 from .args import BranchArgs
 from .reference import mla_decode_branch_fp8_reference
 
@@ -240,7 +240,7 @@ def mla_decode_branch_fp8(
     tokens, h_q, _ = q.shape
     # Step 4's arguments, checked on a zero-copy stand-in for q_full [tokens, h_q, head_dim].
     q_full_spec = q[..., :1].expand(tokens, h_q, params.head_dim)
-    _validate_mla_decode(
+    validate_mla_decode_args(
         q_full_spec,
         a.cache(),
         input_row_offsets,
