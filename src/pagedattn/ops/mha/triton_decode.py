@@ -353,13 +353,43 @@ def _fp8_fast_loop(
 
 @triton.jit
 def _mha_decode_kernel(
-    q_args,  # (Q, stride_qt, stride_qh)
-    k_args,  # (K, stride_kr, stride_kh, K_lut, stride_klut, K_off, k_page_stride)
-    v_args,  # (V, stride_vr, stride_vh, V_lut, stride_vlut, V_off, v_page_stride)
-    scale_args,  # (KS, stride_ksr, stride_ksh, VS, stride_vsr, stride_vsh)
-    req_args,  # (cache_lens, q_offsets, batch, Sinks)
-    mask_args,  # (MaskT, stride_mt, mask_cols, mask_param)
-    out_args,  # (Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh)
+    Q,
+    stride_qt,
+    stride_qh,
+    K,
+    stride_kr,
+    stride_kh,
+    K_lut,
+    stride_klut,
+    K_off,
+    k_page_stride,
+    V,
+    stride_vr,
+    stride_vh,
+    V_lut,
+    stride_vlut,
+    V_off,
+    v_page_stride,
+    KS,
+    stride_ksr,
+    stride_ksh,
+    VS,
+    stride_vsr,
+    stride_vsh,
+    cache_lens,
+    q_offsets,
+    batch,
+    Sinks,
+    MaskT,
+    stride_mt,
+    mask_cols,
+    mask_param,
+    Out,
+    stride_ot,
+    stride_oh,
+    Lse,
+    stride_lt,
+    stride_lh,
     PO,
     PL,
     num_partitions,
@@ -413,13 +443,6 @@ def _mha_decode_kernel(
     Q [total_q, h_q, DK]; Out [total_q, h_q, DV] (q dtype); Lse [total_q, h_q] f32;
     PO [total_q, h_q, P, DV] f32 / PL [total_q, h_q, P] f32 partials when SPLIT.
     """
-    Q, stride_qt, stride_qh = q_args
-    K, stride_kr, stride_kh, K_lut, stride_klut, K_off, k_page_stride = k_args
-    V, stride_vr, stride_vh, V_lut, stride_vlut, V_off, v_page_stride = v_args
-    KS, stride_ksr, stride_ksh, VS, stride_vsr, stride_vsh = scale_args
-    cache_lens, q_offsets, batch, Sinks = req_args
-    MaskT, stride_mt, mask_cols, mask_param = mask_args
-    Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh = out_args
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hkv = pid % H_KV

@@ -147,26 +147,12 @@ def _kv_launch_args(
     return args + [scales, s_r, s_h], cx
 
 
-def _tl_args(
-    q, ka, va, dk, dv, k_box, v_box, q_row_offsets, sinks, mask_args, out, lse
-) -> tuple[tuple, dict, dict]:
-    """The leading tuple arguments that `_mha_decode_kernel` and `_mha_prefill_kernel` share:
-    (q_args, k_args, v_args, scale_args, req_args, mask_args, out_args); and K's and V's
-    constexprs. k_box / v_box: the TMA box rows of K / V, or None."""
-    k_all, kcx = _kv_launch_args(ka, dk, k_box)
-    v_all, vcx = _kv_launch_args(va, dv, v_box)
-    batch = q_row_offsets.shape[0] - 1
-    args = (
-        (q, q.stride(0), q.stride(1)),
-        tuple(k_all[:7]),
-        tuple(v_all[:7]),
-        tuple(k_all[7:] + v_all[7:]),
-        (ka.cache_lengths, q_row_offsets, batch, sinks if sinks is not None else q),
-        mask_args,
-        (out, out.stride(0), out.stride(1), lse if lse is not None else out,
-         lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0),
-    )  # fmt: skip
-    return args, kcx, vcx
+def _kv_pair_args(ka, va, dk, dv, k_box, v_box, gluon_layout=None) -> tuple[list, dict, dict]:
+    """The tl kernels' K/V arguments: K's and V's (base .. page_stride), then K's and V's
+    (scales, stride_sr, stride_sh); and the two operands' constexprs."""
+    k_args, kcx = _kv_launch_args(ka, dk, k_box, gluon_layout)
+    v_args, vcx = _kv_launch_args(va, dv, v_box, gluon_layout)
+    return k_args[:7] + v_args[:7] + k_args[7:] + v_args[7:], kcx, vcx
 
 
 def mha_triton(
@@ -267,14 +253,22 @@ def mha_triton(
     how = plan(
         q, ka, va, dk, dv, batch, mask, max_q_len, num_partitions, tuning, device_facts(q.device)
     )
-    mask_args = (mask_t, stride_mt, mask_cols, mask.param)
+    q_head = [q, q.stride(0), q.stride(1)]
+    common_tail = [
+        ka.cache_lengths, q_row_offsets, batch, sinks if sinks is not None else q,
+        mask_t, stride_mt, mask_cols, mask.param,
+    ]  # fmt: skip
+    out_tail = [
+        out, out.stride(0), out.stride(1), lse if lse is not None else out,
+        lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+    ]  # fmt: skip
 
     if isinstance(how, DecodePlan):
         cfg, parts, k_tma, v_tma = how.config, how.num_partitions, how.k_tma, how.v_tma
         bn = cfg.BLOCK_N
-        args, kcx, vcx = _tl_args(q, ka, va, dk, dv, bn if k_tma else None,
-                                  bn if v_tma else None, q_row_offsets, sinks, mask_args, out,
-                                  lse)  # fmt: skip
+        kv_args, kcx, vcx = _kv_pair_args(
+            ka, va, dk, dv, bn if k_tma else None, bn if v_tma else None
+        )
         split = parts > 1
         mma = mma_flags(cfg, prec, kcx, vcx)
         if split:
@@ -283,7 +277,7 @@ def mha_triton(
         else:
             po = pl = out
         launch(_mha_decode_kernel, (total_q * parts * h_kv,),
-            *args, po, pl, parts, sm_scale * LOG2E_F,
+            *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
             H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
             **fast_flags(cfg, ka, va, dk, dv, kcx, vcx, k_tma or v_tma, mma["MMA_F16"]),
             DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_N=bn,
@@ -305,12 +299,12 @@ def mha_triton(
         assert isinstance(how, PrefillPlan)
         cfg, k_tma, v_tma = how.config, how.k_tma, how.v_tma
         bm, bn = cfg.BLOCK_M, cfg.BLOCK_N
-        args, kcx, vcx = _tl_args(q, ka, va, dk, dv, bn if k_tma else None,
-                                  bn if v_tma else None, q_row_offsets, sinks, mask_args, out,
-                                  lse)  # fmt: skip
+        kv_args, kcx, vcx = _kv_pair_args(
+            ka, va, dk, dv, bn if k_tma else None, bn if v_tma else None
+        )
         n_tiles = min(triton.cdiv(total_q, bm) + batch, total_q)
         launch(_mha_prefill_kernel, (n_tiles * h_q,),
-            *args, sm_scale * LOG2E_F,
+            *q_head, *kv_args, *common_tail, *out_tail, sm_scale * LOG2E_F,
             H_Q=h_q, GROUP=group, DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_M=bm, BLOCK_N=bn,
             K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=same_rows(ka, va, k_tma, v_tma),
             K_QUANT=kcx["QUANT"], V_QUANT=vcx["QUANT"], KG=kcx["G"], VG=vcx["G"],

@@ -80,13 +80,43 @@ def block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: t
 
 @triton.jit
 def _mha_prefill_kernel(
-    q_args,  # (Q, stride_qt, stride_qh)
-    k_args,  # (K, stride_kr, stride_kh, K_lut, stride_klut, K_off, k_page_stride)
-    v_args,  # (V, stride_vr, stride_vh, V_lut, stride_vlut, V_off, v_page_stride)
-    scale_args,  # (KS, stride_ksr, stride_ksh, VS, stride_vsr, stride_vsh)
-    req_args,  # (cache_lens, q_offsets, batch, Sinks)
-    mask_args,  # (MaskT, stride_mt, mask_cols, mask_param)
-    out_args,  # (Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh)
+    Q,
+    stride_qt,
+    stride_qh,
+    K,
+    stride_kr,
+    stride_kh,
+    K_lut,
+    stride_klut,
+    K_off,
+    k_page_stride,
+    V,
+    stride_vr,
+    stride_vh,
+    V_lut,
+    stride_vlut,
+    V_off,
+    v_page_stride,
+    KS,
+    stride_ksr,
+    stride_ksh,
+    VS,
+    stride_vsr,
+    stride_vsh,
+    cache_lens,
+    q_offsets,
+    batch,
+    Sinks,
+    MaskT,
+    stride_mt,
+    mask_cols,
+    mask_param,
+    Out,
+    stride_ot,
+    stride_oh,
+    Lse,
+    stride_lt,
+    stride_lh,
     sm_scale_log2,
     H_Q: tl.constexpr,
     GROUP: tl.constexpr,
@@ -121,13 +151,6 @@ def _mha_prefill_kernel(
     BLOCKS_FASTEST: tl.constexpr = False,
 ):
     """Q [total_q, H_Q, DK] -> Out [total_q, H_Q, DV] (q dtype), Lse [total_q, H_Q] f32."""
-    Q, stride_qt, stride_qh = q_args
-    K, stride_kr, stride_kh, K_lut, stride_klut, K_off, k_page_stride = k_args
-    V, stride_vr, stride_vh, V_lut, stride_vlut, V_off, v_page_stride = v_args
-    KS, stride_ksr, stride_ksh, VS, stride_vsr, stride_vsh = scale_args
-    cache_lens, q_offsets, batch, Sinks = req_args
-    MaskT, stride_mt, mask_cols, mask_param = mask_args
-    Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh = out_args
     pid = tl.program_id(0)
     hq = pid % H_Q
     tile = pid // H_Q
