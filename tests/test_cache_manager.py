@@ -43,15 +43,16 @@ def run_prefill(m, rid, tokens, sampled=100, **claim_kw):
     return hit
 
 
-def by_hand(tokens, page_size, salt=b""):
-    """sha256 chain recomputed independently of the library."""
-    out, parent = [], b""
+def by_hand(tokens, page_size, salt=None):
+    """sha256 chain recomputed independently of the library (page_hash's documented encoding:
+    parent field, token count, int64 tokens, salt field; None tagged 0, a value tagged 1)."""
+    out, parent = [], None
     for k in range((len(tokens) - 1) // page_size):
-        blob = parent + b"".join(
-            int(t).to_bytes(8, "little", signed=True)
-            for t in tokens[k * page_size : (k + 1) * page_size]
-        )
-        parent = hashlib.sha256(blob + salt).digest()
+        page = tokens[k * page_size : (k + 1) * page_size]
+        blob = (b"\x00" if parent is None else b"\x01" + parent) + len(page).to_bytes(8, "little")
+        blob += b"".join(int(t).to_bytes(8, "little", signed=True) for t in page)
+        blob += b"\x00" if salt is None else b"\x01" + salt
+        parent = hashlib.sha256(blob).digest()
         out.append(parent)
     return out
 
@@ -233,16 +234,19 @@ def test_flatten_unflatten_round_trip(scales, meta, spec, is_mla):
     present = KVCacheInputsPerDevice.present_fields(p)
     assert [n for n in FIELD_ORDER if getattr(inp, n) is not None] == list(present)
     assert len(flat) == len(present)
-    again = KVCacheInputsPerDevice.unflatten(iter(flat), p)
-    for n in FIELD_ORDER:
-        a, b = getattr(inp, n), getattr(again, n)
-        assert (a is None and b is None) or a is b
-    assert again.flatten() == flat or all(x is y for x, y in zip(again.flatten(), flat))
+    for again in (KVCacheInputsPerDevice.from_flat(iter(flat), p), inp.unflatten(iter(flat))):
+        for n in FIELD_ORDER:
+            a, b = getattr(inp, n), getattr(again, n)
+            assert (a is None and b is None) or a is b
+        assert len(again.flatten()) == len(flat)
+        assert all(x is y for x, y in zip(again.flatten(), flat))
     # Every optional field is skipped when None, kept in order otherwise.
     for n in OPTIONAL_FIELDS:
         assert (getattr(inp, n) is None) == (n not in present)
     with pytest.raises(InvalidArgumentError, match="ran out"):
-        KVCacheInputsPerDevice.unflatten(iter(flat[:-1]), p)
+        KVCacheInputsPerDevice.from_flat(iter(flat[:-1]), p)
+    with pytest.raises(InvalidArgumentError, match="ran out"):
+        inp.unflatten(iter(flat[:-1]))
 
 
 def test_prefix_hit_returns_exact_bytes_written():

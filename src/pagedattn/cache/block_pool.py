@@ -15,24 +15,70 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import OutOfPagesError
+from ..errors import INT64_MAX, InvalidArgumentError, OutOfPagesError, check, check_int
+
+_NONE = b"\x00"  # tag of an absent parent / salt
+_SOME = b"\x01"  # tag of a present parent / salt
+HASH_BYTES = 32  # sha256 digest size
 
 
-def page_hash(parent: bytes | None, tokens: Sequence[int], salt: bytes | None = None) -> bytes:
-    """sha256(parent || int64 little-endian tokens || salt); parent is b"" for a first page."""
+def _page_hash(parent: bytes | None, tokens: Sequence[int], salt: bytes | None) -> bytes:
+    """`page_hash` without argument checks, for callers that validated (the manager)."""
     h = hashlib.sha256()
-    h.update(parent or b"")
+    if parent is None:
+        h.update(_NONE)
+    else:
+        h.update(_SOME)
+        h.update(parent)
+    h.update(len(tokens).to_bytes(8, "little"))
     h.update(np.asarray(tokens, dtype="<i8").tobytes())
-    if salt:
+    if salt is None:
+        h.update(_NONE)
+    else:
+        h.update(_SOME)
         h.update(salt)
     return h.digest()
 
 
+def page_hash(parent: bytes | None, tokens: Sequence[int], salt: bytes | None = None) -> bytes:
+    """The 32-byte prefix-cache key of one full page: sha256 over the self-delimiting message
+
+        parent_field || uint64 LE len(tokens) || each token as int64 LE || salt_field
+
+    where parent_field is b"\\x00" for a first page (parent None) or b"\\x01" + the parent
+    page's 32-byte digest, and salt_field is b"\\x00" for no salt (None) or b"\\x01" + salt.
+    Every field's length is fixed or announced before its bytes, so distinct (parent, tokens,
+    salt) never give the same message: in particular salt None and salt b"" differ, and no
+    salt can be chosen to make a page collide with an unsalted (or differently salted) one.
+
+    tokens: ints in [0, 2**63). salt: bytes or None (the manager encodes a str salt as UTF-8).
+    Raises `InvalidArgumentError` for a parent that is not None or 32 bytes, a salt that is not
+    bytes or None, or tokens that are not such ints.
+    """
+    check(
+        parent is None or (isinstance(parent, bytes) and len(parent) == HASH_BYTES),
+        "parent",
+        "None or a 32-byte digest",
+        repr(parent),
+    )
+    check(salt is None or isinstance(salt, bytes), "salt", "bytes or None", repr(salt))
+    check(
+        isinstance(tokens, (list, tuple))
+        and all(type(t) is int for t in tokens)
+        and (not tokens or (min(tokens) >= 0 and max(tokens) <= INT64_MAX)),
+        "tokens",
+        "a list or tuple of ints in [0, 2**63)",
+        repr(tokens)[:80],
+    )
+    return _page_hash(parent, tokens, salt)
+
+
 class BlockPool:
-    """Ref-counted pages with an LRU prefix cache. All mutators either succeed or change nothing."""
+    """Ref-counted pages with an LRU prefix cache. All mutators either succeed or change nothing:
+    bad arguments raise `InvalidArgumentError`, a short pool `OutOfPagesError`."""
 
     def __init__(self, total_num_pages: int) -> None:
-        self.total_num_pages = total_num_pages
+        self.total_num_pages = check_int("total_num_pages", total_num_pages, 1)
         self.ref_counts = np.zeros(total_num_pages, dtype=np.int32)
         self._free: list[int] = list(range(total_num_pages))  # heap of never-cached free pages
         self._evictable: OrderedDict[int, None] = OrderedDict()  # free cached pages, LRU first
@@ -64,16 +110,35 @@ class BlockPool:
     def lookup(self, hashes: Sequence[bytes]) -> list[int]:
         """Pages of the longest cached prefix of `hashes` (no state change)."""
         out = []
+        get = self.hash_to_page.get
         for h in hashes:
-            p = self.hash_to_page.get(h)
+            try:
+                p = get(h)
+            except TypeError:
+                raise InvalidArgumentError(f"hashes: expected digests (bytes), got {h!r}") from None
             if p is None:
                 break
             out.append(p)
         return out
 
     # Mutators --------------------------------------------------------------------------
+    # Each checks its arguments (typed `InvalidArgumentError`) before changing anything.
+    def _check_pages(self, name: str, pages: object) -> list[int]:
+        check(
+            isinstance(pages, (list, tuple)),
+            name,
+            "a list or tuple of page ids",
+            type(pages).__name__,
+        )
+        n = self.total_num_pages
+        for p in pages:
+            if not (type(p) is int and 0 <= p < n):
+                check_int(f"{name}[...]", p, 0, n - 1)  # raises unless a numpy int in range
+        return [int(p) for p in pages]
+
     def take(self, n: int) -> list[int]:
         """n fresh pages with ref count 1; raises OutOfPagesError (no change) if short."""
+        n = check_int("n", n, 0)
         if n > self.num_free:
             raise OutOfPagesError(
                 f"need {n} pages, only {self.num_free} free of {self.total_num_pages}"
@@ -91,7 +156,16 @@ class BlockPool:
         return out
 
     def acquire(self, pages: Sequence[int]) -> None:
-        """Add one owner to each (cached) page, pulling free ones out of the LRU."""
+        """Add one owner to each page, pulling free cached ones out of the LRU. Each page must
+        be owned already or cached (a free page that is not cached is handed out by `take`)."""
+        pages = self._check_pages("pages", pages)
+        for p in pages:
+            check(
+                self.ref_counts[p] > 0 or p in self._evictable,
+                "pages",
+                "owned or cached pages",
+                f"page {p}, free and not cached",
+            )
         for p in pages:
             if self.ref_counts[p] == 0:
                 del self._evictable[p]
@@ -100,9 +174,20 @@ class BlockPool:
     def release(self, pages: Sequence[int]) -> None:
         """Drop one owner of each page; at zero, cached pages become evictable (most recent
         last), others free. Release a request's pages tail first, so its deepest pages are
-        evicted before their parents."""
+        evicted before their parents. A page released more times than it has owners (a double
+        free) raises `InvalidArgumentError` before any change."""
+        pages = self._check_pages("pages", pages)
+        drops: dict[int, int] = {}
         for p in pages:
-            assert self.ref_counts[p] > 0, f"double free of page {p}"
+            drops[p] = drops.get(p, 0) + 1
+        for p, k in drops.items():
+            check(
+                int(self.ref_counts[p]) >= k,
+                "pages",
+                "pages released at most once per owner",
+                f"page {p} released {k}x with {int(self.ref_counts[p])} owner(s) (double free)",
+            )
+        for p in pages:
             self.ref_counts[p] -= 1
             if self.ref_counts[p] == 0:
                 if p in self.page_to_hash:
@@ -112,6 +197,9 @@ class BlockPool:
 
     def register(self, page: int, h: bytes) -> bool:
         """Record a full owned page under hash h; False if h (or the page) is already cached."""
+        page = check_int("page", page, 0, self.total_num_pages - 1)
+        check(self.ref_counts[page] > 0, "page", "an owned page", f"free page {page}")
+        check(isinstance(h, bytes) and len(h) == HASH_BYTES, "h", "a 32-byte digest", repr(h)[:80])
         if h in self.hash_to_page or page in self.page_to_hash:
             return False
         self.hash_to_page[h] = page
@@ -120,6 +208,8 @@ class BlockPool:
 
     def evict(self, n: int | None = None) -> int:
         """Forget up to n (default all) free cached pages, LRU first. Returns how many."""
+        if n is not None:
+            n = check_int("n", n, 0)
         k = len(self._evictable) if n is None else min(n, len(self._evictable))
         for _ in range(k):
             p, _ = self._evictable.popitem(last=False)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import check
+from ..errors import INT32_MAX, InvalidArgumentError, check, check_int
 from .params import KVCacheParams
 
 
@@ -29,22 +29,29 @@ def allocate_buffers(
 
     Blocks are left uninitialised (`torch.empty`): kernels must never read a slot no lookup
     table entry and cache length make valid. Per-tensor scales start at 1.0.
+
+    total_num_pages: an int in [1, 2**31 - 1] (the lookup table's int32 sentinel is
+    `total_num_pages`); memory_bytes: an int >= one page's bytes; device: a torch.device or a
+    str that parses as one (default params.devices[0]). Bad values raise InvalidArgumentError.
     """
+    check(isinstance(params, KVCacheParams), "params", "a KVCacheParams", type(params).__name__)
     check(
         (total_num_pages is None) != (memory_bytes is None),
         "total_num_pages/memory_bytes",
         "exactly one of them",
-        f"total_num_pages={total_num_pages}, memory_bytes={memory_bytes}",
+        f"total_num_pages={total_num_pages!r}, memory_bytes={memory_bytes!r}",
     )
     if total_num_pages is None:
-        total_num_pages = params.pages_for_memory(memory_bytes)
-    check(
-        isinstance(total_num_pages, int) and total_num_pages >= 1,
-        "total_num_pages",
-        "an int >= 1",
-        total_num_pages,
-    )
-    device = torch.device(device) if device is not None else params.devices[0]
+        total_num_pages = min(params.pages_for_memory(memory_bytes), INT32_MAX)
+    total_num_pages = check_int("total_num_pages", total_num_pages, 1, INT32_MAX)
+    if device is None:
+        device = params.devices[0]
+    elif not isinstance(device, torch.device):
+        check(isinstance(device, str), "device", "a torch.device or str", repr(device))
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise InvalidArgumentError(f"device: {device!r} is not a device ({e})") from None
     blocks = torch.empty(
         params.blocks_shape(total_num_pages), dtype=params.storage_dtype, device=device
     )

@@ -103,11 +103,16 @@ def mha_num_partitions(
     an element of the K/V storage (1 for FP8 caches); hbm3e: the device is `fast_hbm`."""
     if max_prompt_len > 1:
         return 1
-    if kv_bytes < 2:
-        ctas = MHA_FP8_CTAS_PER_SM
-    else:
-        ctas = MHA_CTAS_PER_SM_FAST_HBM if hbm3e else MHA_CTAS_PER_SM
+    ctas = mha_ctas_per_sm(kv_bytes, hbm3e)
     return choose_num_partitions(batch * n_kv_heads, max_cache_len, sms, ctas)
+
+
+def mha_ctas_per_sm(kv_bytes: int = 2, hbm3e: bool = False) -> int:
+    """Resident CTAs a SM that one wave of the MHA decode kernel counts on (the constants
+    above): by K/V element size (1: FP8) and HBM class."""
+    if kv_bytes < 2:
+        return MHA_FP8_CTAS_PER_SM
+    return MHA_CTAS_PER_SM_FAST_HBM if hbm3e else MHA_CTAS_PER_SM
 
 
 def mla_tile(

@@ -13,6 +13,12 @@ Lifecycle of a request:
 (or the one decode input), plus one per extra multi-step step or accepted draft token; the last
 sampled token is the input of the next step and is not cached yet.
 
+Prefix pages computed twice: requests with the same prefix claimed before any of them committed
+it (e.g. admitted in the same step) each compute it in pages of their own. When `step` commits a
+full page whose hash is already cached under another page, the request switches to that cached
+page (same index, same tokens, same salt) and its duplicate goes back to the free pool, so such
+requests share their prefix from then on (`CacheStats.deduplicated_pages` counts the switches).
+
 Every public method validates first and mutates after: a call that raises leaves every count,
 ref count and table exactly as it was.
 """
@@ -27,6 +33,8 @@ import numpy as np
 import torch
 
 from ..errors import (
+    INT32_MAX,
+    INT64_MAX,
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
@@ -34,8 +42,9 @@ from ..errors import (
     OutOfPagesError,
     UnknownRequestError,
     check,
+    check_int,
 )
-from .block_pool import BlockPool, page_hash
+from .block_pool import BlockPool, _page_hash
 from .buffers import DeviceBuffers, allocate_buffers
 from .dispatch import fast_hbm, mha_num_partitions, mla_num_partitions, mla_tile, num_sms
 from .inputs import KVCacheInputsPerDevice
@@ -67,6 +76,7 @@ class CacheStats:
     prefix_query_tokens: int
     prefix_hit_tokens: int
     evictions: int
+    deduplicated_pages: int = 0  # pages freed by `step` for a copy already cached
 
     @property
     def hit_rate(self) -> float:
@@ -75,52 +85,78 @@ class CacheStats:
         )
 
 
+_TOKEN_RANGE = "ints in [0, 2**63)"
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 def _as_tokens(name: str, tokens: object) -> list[int]:
+    """`tokens` as a list of Python ints in [0, 2**63) (token ids are hashed as int64), or
+    `InvalidArgumentError` naming `name`. Accepts a list/tuple of ints (numpy ints included),
+    a 1-D integer numpy array or a 1-D integer CPU tensor (a CUDA tensor syncs: avoid)."""
     tt = type(tokens)
-    if (tt is list or tt is tuple) and all(type(t) is int for t in tokens):
-        return list(tokens)  # fast path: the hot decode loop passes short int lists
-    if isinstance(tokens, torch.Tensor):
+    if tt is list or tt is tuple:
+        # Fast path: the hot decode loop passes short lists of Python ints.
+        if all(type(t) is int for t in tokens):
+            if tokens and (min(tokens) < 0 or max(tokens) > INT64_MAX):
+                bad = next(t for t in tokens if not 0 <= t <= INT64_MAX)
+                raise InvalidArgumentError(f"{name}: expected {_TOKEN_RANGE}, got token {bad}")
+            return list(tokens)
+    elif isinstance(tokens, torch.Tensor):
         check(
-            tokens.ndim == 1 and not tokens.is_floating_point(),
+            tokens.ndim == 1 and tokens.dtype in _INT_DTYPES and tokens.device.type != "meta",
             name,
             "a 1-D integer sequence",
-            f"tensor {tuple(tokens.shape)} {tokens.dtype}",
+            f"tensor {tuple(tokens.shape)} {tokens.dtype} on {tokens.device}",
         )
-        return tokens.tolist()
-    if isinstance(tokens, np.ndarray):
+        tokens = tokens.tolist()
+    elif isinstance(tokens, np.ndarray):
         check(
             tokens.ndim == 1 and np.issubdtype(tokens.dtype, np.integer),
             name,
             "a 1-D integer sequence",
             f"array {tokens.shape} {tokens.dtype}",
         )
-        return tokens.tolist()
-    check(
-        isinstance(tokens, Sequence) and not isinstance(tokens, (str, bytes)),
-        name,
-        "a sequence of ints",
-        type(tokens).__name__,
-    )
+        tokens = tokens.tolist()
+    else:
+        check(
+            isinstance(tokens, Sequence) and not isinstance(tokens, (str, bytes)),
+            name,
+            "a sequence of ints",
+            type(tokens).__name__,
+        )
     out = list(tokens)
-    check(
-        all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in out),
-        name,
-        "a sequence of ints",
-        out[:8],
-    )
+    for t in out:
+        if not (isinstance(t, (int, np.integer)) and not isinstance(t, bool)):
+            raise InvalidArgumentError(f"{name}: expected {_TOKEN_RANGE}, got {t!r}")
+        if not 0 <= t <= INT64_MAX:
+            raise InvalidArgumentError(f"{name}: expected {_TOKEN_RANGE}, got token {t}")
     return [int(t) for t in out]
 
 
-def _count(name: str, v: object, low: int) -> int:
-    if type(v) is int and v >= low:
-        return v
+def _as_ids(name: str, ids: object) -> Sequence:
+    """`ids` as a sequence of request ids; a str or bytes is one id, never a sequence of them."""
+    if type(ids) is list or type(ids) is tuple:
+        return ids
     check(
-        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= low,
+        isinstance(ids, Sequence) and not isinstance(ids, (str, bytes, bytearray)),
         name,
-        f"an int >= {low}",
-        v,
+        "a sequence (list or tuple) of request ids",
+        repr(ids)[:80],
     )
-    return int(v)
+    return ids
+
+
+def _encode_salt(salt: object) -> bytes | None:
+    check(
+        salt is None or isinstance(salt, (str, bytes)),
+        "salt",
+        "str, bytes or None",
+        type(salt).__name__,
+    )
+    if isinstance(salt, str):
+        # Any str has an encoding: lone surrogates pass through rather than raise.
+        return salt.encode("utf-8", "surrogatepass")
+    return salt
 
 
 class PagedKVCacheManager:
@@ -143,16 +179,19 @@ class PagedKVCacheManager:
         max_seq_len: int | None = None,
     ) -> None:
         check(isinstance(params, KVCacheParams), "params", "a KVCacheParams", type(params))
+        max_batch_size = check_int("max_batch_size", max_batch_size, 1, INT32_MAX)
+        if max_seq_len is not None:
+            max_seq_len = check_int("max_seq_len", max_seq_len, 1, INT32_MAX)
         self.params = params
         self._buffers: list[DeviceBuffers] = [
             allocate_buffers(params, total_num_pages, memory_bytes=memory_bytes, device=d)
             for d in params.devices
         ]
         self.total_num_pages = self._buffers[0].kv_blocks.shape[0]
-        self.max_batch_size = _count("max_batch_size", max_batch_size, 1)
-        if max_seq_len is None:
-            max_seq_len = self.total_num_pages * params.page_size
-        self.max_seq_len = _count("max_seq_len", max_seq_len, 1)
+        self.max_batch_size = max_batch_size
+        if max_seq_len is None:  # cache lengths are int32
+            max_seq_len = min(self.total_num_pages * params.page_size, INT32_MAX)
+        self.max_seq_len = max_seq_len
         self.max_pages_per_request = math.ceil(self.max_seq_len / params.page_size)
         dp = params.data_parallel_degree
         self.pools = [BlockPool(self.total_num_pages) for _ in range(dp)]
@@ -166,6 +205,7 @@ class PagedKVCacheManager:
         self._requests: dict[Hashable, _Request] = {}
         self._prefix_query_tokens = 0
         self._prefix_hit_tokens = 0
+        self._deduplicated_pages = 0
         self._sms = num_sms(params.devices[0])
         self._hbm3e = fast_hbm(params.devices[0])
         rope_fp8 = params.quant_format == "mla_rope_aware"
@@ -177,21 +217,30 @@ class PagedKVCacheManager:
         """One `DeviceBuffers` per device of params.devices."""
         return self._buffers
 
+    # Each of these raises UnknownRequestError for an id that is not claimed (or unhashable).
     def cache_length(self, rid: Hashable) -> int:
+        """Tokens of request `rid` whose K/V is cached (committed by `step` or a prefix hit)."""
         return int(self._cache_len[self._get(rid).slot])
 
     def pages(self, rid: Hashable) -> list[int]:
+        """Physical page ids of request `rid`, in order (its lookup-table row)."""
         r = self._get(rid)
         return self._table[r.slot, : self._num_pages[r.slot]].tolist()
 
     def tokens(self, rid: Hashable) -> list[int]:
+        """Every token of request `rid` known so far (prompt, then committed samples)."""
         return list(self._get(rid).tokens)
 
     def replica_of(self, rid: Hashable) -> int:
+        """The data-parallel replica that holds request `rid`."""
         return self._get(rid).replica
 
     def __contains__(self, rid: Hashable) -> bool:
-        return rid in self._requests
+        """Whether `rid` is claimed (False for an unhashable value, which never can be)."""
+        try:
+            return rid in self._requests
+        except TypeError:
+            return False
 
     @property
     def request_ids(self) -> list[Hashable]:
@@ -206,6 +255,7 @@ class PagedKVCacheManager:
             prefix_query_tokens=self._prefix_query_tokens,
             prefix_hit_tokens=self._prefix_hit_tokens,
             evictions=sum(p.num_evictions for p in self.pools),
+            deduplicated_pages=self._deduplicated_pages,
         )
 
     def snapshot(self) -> tuple:
@@ -233,22 +283,36 @@ class PagedKVCacheManager:
             tuple(self._free_slots),
             self._prefix_query_tokens,
             self._prefix_hit_tokens,
+            self._deduplicated_pages,
             tuple(p.snapshot() for p in self.pools),
         )
 
     # Lifecycle -------------------------------------------------------------------------
-    def _get(self, rid: Hashable) -> _Request:
+    def _get(self, rid: Hashable, name: str = "request_id") -> _Request:
         try:
             return self._requests[rid]
         except (KeyError, TypeError):
-            raise UnknownRequestError(f"request_id: {rid!r} is not claimed") from None
+            raise UnknownRequestError(f"{name}: {rid!r} is not a claimed request id") from None
+
+    def _get_all(self, request_ids: object) -> list[_Request]:
+        """The distinct claimed requests of `request_ids` (a list/tuple, not a str)."""
+        ids = _as_ids("request_ids", request_ids)
+        requests = self._requests
+        try:
+            reqs = [requests[rid] for rid in ids]
+        except (KeyError, TypeError):
+            for i, rid in enumerate(ids):
+                self._get(rid, f"request_ids[{i}]")
+            raise
+        check(len({id(r) for r in reqs}) == len(reqs), "request_ids", "no duplicates", list(ids))
+        return reqs
 
     def _prefix_hashes(self, tokens: list[int], salt: bytes | None) -> list[bytes]:
         """Hash chain of the full pages of tokens[:-1] (the last prompt token never hits)."""
         ps = self.params.page_size
         out, parent = [], None
         for k in range((len(tokens) - 1) // ps):
-            parent = page_hash(parent, tokens[k * ps : (k + 1) * ps], salt)
+            parent = _page_hash(parent, tokens[k * ps : (k + 1) * ps], salt)
             out.append(parent)
         return out
 
@@ -263,8 +327,20 @@ class PagedKVCacheManager:
         """Register a request and match its prompt against the prefix cache.
 
         Returns the number of prompt tokens already cached (a multiple of page_size, always
-        < len(prompt_tokens)). `salt` isolates tenants: pages hashed under one salt are never
-        reused under another. `replica` pins a data-parallel replica (default: least loaded).
+        < len(prompt_tokens)).
+
+        request_id: any hashable id not claimed yet (float NaN, never equal to itself, is
+          rejected).
+        prompt_tokens: a non-empty sequence of token ids, ints in [0, 2**63), at most
+          max_seq_len of them (see `step` for the accepted sequence types).
+        salt: None, or a str (hashed as its UTF-8 bytes) or bytes that isolates a tenant: a
+          request with a salt sees only pages cached under that same salt, a request without
+          one only pages cached without one. Every salt isolates, "" and b"" included.
+        replica: an int in [0, data_parallel_degree) pinning a data-parallel replica
+          (default: the least loaded).
+
+        Raises DuplicateRequestError, MaxLengthExceededError, CapacityError (no free batch
+        slot) or InvalidArgumentError naming the argument, with no state change.
         """
         try:
             hash(request_id)
@@ -272,6 +348,12 @@ class PagedKVCacheManager:
             raise InvalidArgumentError(
                 f"request_id: expected a hashable id, got {type(request_id).__name__}"
             ) from None
+        check(
+            not (isinstance(request_id, float) and request_id != request_id),
+            "request_id",
+            "an id equal to itself",
+            request_id,
+        )
         if request_id in self._requests:
             raise DuplicateRequestError(f"request_id: {request_id!r} is already claimed")
         tokens = _as_tokens("prompt_tokens", prompt_tokens)
@@ -280,11 +362,7 @@ class PagedKVCacheManager:
             raise MaxLengthExceededError(
                 f"prompt_tokens: {len(tokens)} tokens exceed max_seq_len={self.max_seq_len}"
             )
-        check(
-            salt is None or isinstance(salt, (str, bytes)), "salt", "str, bytes or None", type(salt)
-        )
-        if isinstance(salt, str):
-            salt = salt.encode()
+        salt = _encode_salt(salt)
         dp = len(self.pools)
         if replica is None:
             # Fewest active requests first, then most free pages, then lowest index.
@@ -292,21 +370,18 @@ class PagedKVCacheManager:
             for r in self._requests.values():
                 load[r.replica] += 1
             replica = min(range(dp), key=lambda i: (load[i], -self.pools[i].num_free, i))
-        check(
-            isinstance(replica, int) and 0 <= replica < dp,
-            "replica",
-            f"an int in [0, {dp})",
-            replica,
-        )
+        else:
+            replica = check_int("replica", replica, 0, dp - 1)
         if not self._free_slots:
             raise CapacityError(f"max_batch_size={self.max_batch_size} requests already claimed")
-        # -- validated; mutate --
         pool = self.pools[replica]
         hit_pages: list[int] = []
         hashes: list[bytes] = []
         if self.params.enable_prefix_caching:
             hashes = self._prefix_hashes(tokens, salt)
             hit_pages = pool.lookup(hashes)
+        # -- validated; mutate --
+        if self.params.enable_prefix_caching:
             pool.acquire(hit_pages)
             self._prefix_query_tokens += len(tokens)
         slot = self._free_slots.pop()
@@ -330,11 +405,16 @@ class PagedKVCacheManager:
         num_draft_tokens: int = 0,
     ) -> None:
         """Reserve pages for this step's new tokens, `num_steps - 1` more decode steps and
-        `num_draft_tokens` speculative slots. Raises OutOfPagesError with no state change."""
+        `num_draft_tokens` speculative slots.
+
+        num_new_tokens: an int in [1, tokens known but not cached]; num_steps: an int >= 1;
+        num_draft_tokens: an int >= 0. Raises UnknownRequestError, InvalidArgumentError or
+        MaxLengthExceededError naming the argument, or OutOfPagesError, with no state change.
+        """
         r = self._get(request_id)
-        n = _count("num_new_tokens", num_new_tokens, 1)
-        steps = _count("num_steps", num_steps, 1)
-        drafts = _count("num_draft_tokens", num_draft_tokens, 0)
+        n = check_int("num_new_tokens", num_new_tokens, 1)
+        steps = check_int("num_steps", num_steps, 1)
+        drafts = check_int("num_draft_tokens", num_draft_tokens, 0)
         cl = int(self._cache_len[r.slot])
         known = len(r.tokens) - cl
         check(
@@ -346,7 +426,8 @@ class PagedKVCacheManager:
         total = cl + n + steps - 1 + drafts
         if total > self.max_seq_len:
             raise MaxLengthExceededError(
-                f"request {request_id!r}: {total} tokens exceed max_seq_len={self.max_seq_len}"
+                f"num_new_tokens/num_steps/num_draft_tokens: request {request_id!r} would hold "
+                f"{total} tokens, more than max_seq_len={self.max_seq_len}"
             )
         have = int(self._num_pages[r.slot])
         need = math.ceil(total / self.params.page_size) - have
@@ -368,29 +449,28 @@ class PagedKVCacheManager:
         The batch is split by data-parallel replica (keeping order); each device of a replica
         gets that replica's requests. `padded_cols` fixes the lookup-table width (for CUDA
         graphs); by default it is the widest request of the batch.
+
+        request_ids: a list/tuple (not a str) of distinct claimed, allocated request ids.
+        num_steps: an int in [1, the num_steps each request was allocated for].
+        padded_cols: None or an int in [widest request's pages, max pages per request].
+        Raises UnknownRequestError or InvalidArgumentError naming the argument; reads only.
         """
-        steps = _count("num_steps", num_steps, 1)
-        reqs = [self._get(rid) for rid in request_ids]
-        check(
-            len({id(r) for r in reqs}) == len(reqs),
-            "request_ids",
-            "no duplicates",
-            list(request_ids),
-        )
-        for r in reqs:
-            if r.pending == 0 or steps > r.num_steps:
+        steps = check_int("num_steps", num_steps, 1)
+        reqs = self._get_all(request_ids)
+        for i, r in enumerate(reqs):
+            if r.pending == 0:
                 raise InvalidArgumentError(
-                    f"request_ids: {r.rid!r} has no allocation for {steps} step(s); "
+                    f"request_ids[{i}]: {r.rid!r} has no allocation; "
                     "call alloc(request_id, num_new_tokens, num_steps) first"
+                )
+            if steps > r.num_steps:
+                raise InvalidArgumentError(
+                    f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
+                    f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
                 )
         if padded_cols is not None:
             need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
-            check(
-                isinstance(padded_cols, int) and need <= padded_cols <= self.max_pages_per_request,
-                "padded_cols",
-                f"an int in [{need}, {self.max_pages_per_request}]",
-                padded_cols,
-            )
+            padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
         p = self.params
         out: list[KVCacheInputsPerDevice] = []
         for replica in range(len(self.pools)):
@@ -485,26 +565,49 @@ class PagedKVCacheManager:
         self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int]] | None = None
     ) -> None:
         """Commit this step's K/V. new_tokens[i]: the tokens sampled for request i (empty for
-        a prompt chunk that is not the last one). Full pages enter the prefix cache."""
-        reqs = [self._get(rid) for rid in request_ids]
-        check(len({id(r) for r in reqs}) == len(reqs), "request_ids", "no duplicates", request_ids)
+        a prompt chunk that is not the last one). Full pages enter the prefix cache.
+
+        request_ids: a list/tuple (not a str) of distinct claimed, allocated request ids.
+        new_tokens: None (nothing sampled) or a sequence (not a str) of one token sequence per
+          request: a list/tuple of ints, a 1-D integer numpy array or CPU tensor, each id in
+          [0, 2**63); at most num_steps + num_draft_tokens of them, none for a prompt chunk
+          that does not finish the prompt.
+
+        A newly full page whose hash is already cached under another page (another request
+        computed the same prefix first, possibly in this very step) is replaced by that page in
+        the request's table, and the duplicate is freed.
+
+        Atomic: every request's arguments are checked and every new page hash computed before
+        anything is committed, so a bad value for any request (UnknownRequestError or
+        InvalidArgumentError naming it, e.g. "new_tokens['h']") leaves all requests as they were.
+        """
+        reqs = self._get_all(request_ids)
+        for r in reqs:
+            if not r.pending:
+                i = reqs.index(r)
+                raise InvalidArgumentError(
+                    f"request_ids[{i}]: {r.rid!r} has no allocation to commit; call alloc first"
+                )
         if new_tokens is None:
-            new_tokens = [()] * len(reqs)
+            new_tokens = [[]] * len(reqs)
         check(
-            isinstance(new_tokens, Sequence) and len(new_tokens) == len(reqs),
+            isinstance(new_tokens, Sequence)
+            and not isinstance(new_tokens, (str, bytes))
+            and len(new_tokens) == len(reqs),
             "new_tokens",
             f"a sequence of {len(reqs)} token lists",
-            type(new_tokens).__name__,
+            repr(new_tokens)[:80],
         )
         plan = []
         cache_len = self._cache_len
+        ps = self.params.page_size
+        caching = self.params.enable_prefix_caching
         for r, nt in zip(reqs, new_tokens):
-            if not (type(nt) is list and all(type(t) is int for t in nt)):
+            if not (
+                type(nt) is list
+                and (not nt or (len(nt) == 1 and type(nt[0]) is int and 0 <= nt[0] <= INT64_MAX))
+            ):  # (the decode loop's one sampled token, or none, skips the general check)
                 nt = _as_tokens(f"new_tokens[{r.rid!r}]", nt)
-            if r.pending == 0:
-                raise InvalidArgumentError(
-                    f"request_ids: {r.rid!r} has no allocation to commit; call alloc first"
-                )
             cl = int(cache_len[r.slot])
             if nt and len(r.tokens) > cl + r.pending:
                 raise InvalidArgumentError(
@@ -517,24 +620,42 @@ class PagedKVCacheManager:
                     f"new_tokens[{r.rid!r}]: expected at most {r.num_steps + r.num_draft} "
                     f"tokens for this allocation, got {len(nt)}"
                 )
-            plan.append((r, nt, cl + r.pending + extra))
-        # -- validated; mutate --
-        ps = self.params.page_size
-        caching = self.params.enable_prefix_caching
-        for r, nt, new_len in plan:
+            new_len = cl + r.pending + extra
+            # Hash the pages this step fills now, before any mutation.
+            hashes: list[bytes] = []
+            if caching and new_len // ps > len(r.hashes):
+                start = len(r.hashes) * ps
+                toks = r.tokens[start:] + nt
+                parent = r.hashes[-1] if r.hashes else None
+                for k in range(new_len // ps - len(r.hashes)):
+                    parent = _page_hash(parent, toks[k * ps : (k + 1) * ps], r.salt)
+                    hashes.append(parent)
+            plan.append((r, nt, new_len, hashes))
+        # -- validated; mutate (nothing below can raise) --
+        for r, nt, new_len, hashes in plan:
             r.tokens.extend(nt)
             cache_len[r.slot] = new_len
             r.pending = 0
-            if caching and new_len // ps > len(r.hashes):  # a page filled up: hash it
+            if hashes:
                 pool = self.pools[r.replica]
-                parent = r.hashes[-1] if r.hashes else None
-                for k in range(len(r.hashes), new_len // ps):
-                    parent = page_hash(parent, r.tokens[k * ps : (k + 1) * ps], r.salt)
-                    r.hashes.append(parent)
-                    pool.register(int(self._table[r.slot, k]), parent)
+                k0 = len(r.hashes)
+                r.hashes.extend(hashes)
+                for k, h in enumerate(hashes, k0):
+                    page = int(self._table[r.slot, k])
+                    if pool.register(page, h):
+                        continue
+                    # The same prefix page is cached already (computed by another request
+                    # meanwhile, or earlier in this loop): share it, free the duplicate.
+                    cached = pool.hash_to_page.get(h)
+                    if cached is not None and cached != page:
+                        pool.acquire([cached])
+                        pool.release([page])
+                        self._table[r.slot, k] = cached
+                        self._deduplicated_pages += 1
 
     def release(self, request_id: Hashable) -> None:
-        """Drop a request: its pages lose an owner (tail first) and its slot is freed."""
+        """Drop a request: its pages lose an owner (tail first) and its slot is freed.
+        Raises UnknownRequestError (no change) for an id that is not claimed."""
         r = self._get(request_id)
         n = int(self._num_pages[r.slot])
         self.pools[r.replica].release(self._table[r.slot, :n][::-1].tolist())
@@ -542,12 +663,16 @@ class PagedKVCacheManager:
         self._num_pages[r.slot] = 0
         self._cache_len[r.slot] = 0
         self._free_slots.append(r.slot)
-        del self._requests[request_id]
+        del self._requests[r.rid]
 
     def evict(self, num_pages: int | None = None, replica: int | None = None) -> int:
-        """Eagerly forget up to num_pages free cached pages (LRU first). Returns how many."""
+        """Eagerly forget up to num_pages (None: all) free cached pages, LRU first, of one
+        replica (an int in [0, data_parallel_degree)) or of every replica (None, in replica
+        order). Returns how many. Raises InvalidArgumentError naming a bad argument."""
         if num_pages is not None:
-            _count("num_pages", num_pages, 0)
+            num_pages = check_int("num_pages", num_pages, 0, INT64_MAX)
+        if replica is not None:
+            replica = check_int("replica", replica, 0, len(self.pools) - 1)
         pools = self.pools if replica is None else [self.pools[replica]]
         done = 0
         for pool in pools:

@@ -14,13 +14,13 @@ A per-tensor FP8 cache keeps one static float32 scale per (K/V, layer): kv_scale
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 
-from ..errors import InvalidArgumentError, check
+from ..errors import INT32_MAX, InvalidArgumentError, check, check_bool, check_int
 from ..fp8.blockwise import FP8_DTYPE
 
 # FlashMLA's formats are fixed by its kernels; fp8/mla_formats.py holds their byte layouts.
@@ -47,6 +47,10 @@ class KVQuantConfig:
       - "flashmla_v32": FlashMLA's 656-byte row (d_qk 576).
       - "flashmla_model1": FlashMLA's MODEL1 page layout (d_qk 512).
     scale_dtype: float32 or float8_e8m0fnu (power-of-two scales). Fixed by the FlashMLA formats.
+
+    A format that is not one of these strings, a granularity that is not an int in
+    [1, 2**31 - 1] (or None), or a scale_dtype that is not one of these torch.dtypes raises
+    `InvalidArgumentError` naming the field ("KVQuantConfig.<field>").
     """
 
     format: QuantFormat = "blockwise"
@@ -54,21 +58,23 @@ class KVQuantConfig:
     scale_dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
+        # Types first, so that no comparison below can raise a TypeError.
         allowed = ("blockwise", "per_tensor", "mla_rope_aware", "flashmla_v32", "flashmla_model1")
-        check(self.format in allowed, "KVQuantConfig.format", f"one of {allowed}", self.format)
         check(
-            self.scale_dtype in SCALE_DTYPES,
+            isinstance(self.format, str) and self.format in allowed,
+            "KVQuantConfig.format",
+            f"one of {allowed}",
+            repr(self.format),
+        )
+        check(
+            isinstance(self.scale_dtype, torch.dtype) and self.scale_dtype in SCALE_DTYPES,
             "KVQuantConfig.scale_dtype",
             "torch.float32 or torch.float8_e8m0fnu",
-            self.scale_dtype,
+            repr(self.scale_dtype),
         )
         if self.granularity is not None:
-            check(
-                isinstance(self.granularity, int) and self.granularity >= 1,
-                "KVQuantConfig.granularity",
-                "a positive int or None",
-                self.granularity,
-            )
+            g = check_int("KVQuantConfig.granularity", self.granularity, 1, INT32_MAX)
+            object.__setattr__(self, "granularity", g)
             check(
                 self.format == "blockwise",
                 "KVQuantConfig.granularity",
@@ -111,12 +117,33 @@ class KVQuantConfig:
         return cls("flashmla_model1", None, E8M0_DTYPE)
 
 
-def _as_devices(devices: Sequence[str | torch.device] | str | torch.device) -> tuple:
+def _as_devices(devices: object) -> tuple:
+    """`devices` (one device or a list/tuple of them) as a tuple of torch.device."""
+    name = "KVCacheParams.devices"
     if isinstance(devices, (str, torch.device)):
         devices = [devices]
-    out = tuple(torch.device(d) for d in devices)
-    check(len(out) >= 1, "KVCacheParams.devices", "at least one device", devices)
-    return out
+    check(
+        isinstance(devices, (list, tuple)) and len(devices) >= 1,
+        name,
+        "a device or a non-empty list/tuple of devices (str or torch.device)",
+        repr(devices),
+    )
+    out = []
+    for d in devices:
+        if isinstance(d, torch.device):
+            out.append(d)
+            continue
+        check(
+            isinstance(d, (str, int, np.integer)) and not isinstance(d, bool),
+            name,
+            "devices given as str, int or torch.device",
+            repr(d),
+        )
+        try:
+            out.append(torch.device(d))
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"{name}: {d!r} is not a device ({e})") from None
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -130,7 +157,16 @@ class KVCacheParams:
     num_q_heads: query heads of the model (required for MLA; defaults to n_kv_heads for MHA).
     devices: every device of one data-parallel group after another; tensor-parallel degree is
       len(devices) // data_parallel_degree.
-    mla_rope_dim: rope part of an MLA row (64 for DeepSeek).
+    mla_rope_dim: rope part of an MLA row (64 for DeepSeek); in (0, head_dim) for MLA, any
+      int >= 0 (unused) for MHA.
+    is_mla / enable_prefix_caching / enable_dispatch_metadata / enable_speculative: bools.
+    quantization: a `KVQuantConfig`, or None for caches stored in `dtype`.
+
+    Every int field is a Python int (numpy integers are converted; bool, float and str are
+    rejected) in [1, 2**31 - 1] (num_q_heads may also be None, mla_rope_dim may be 0); bool
+    fields take only bools; `dtype` must be a torch.dtype and every device must parse as a
+    torch.device. Any other value raises `InvalidArgumentError` naming the field
+    ("KVCacheParams.<field>").
     """
 
     dtype: torch.dtype
@@ -149,16 +185,42 @@ class KVCacheParams:
     enable_speculative: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", _as_devices(self.devices))
+        # Every field's type first (normalising numpy scalars), then values, then how the fields
+        # fit together: no comparison below can meet a value of the wrong type.
+        def put(name: str, v: object) -> None:
+            object.__setattr__(self, name, v)
+
         check(
-            self.dtype in (torch.bfloat16, torch.float16, torch.float32),
+            isinstance(self.dtype, torch.dtype)
+            and self.dtype in (torch.bfloat16, torch.float16, torch.float32),
             "KVCacheParams.dtype",
             "torch.bfloat16, torch.float16 or torch.float32",
-            self.dtype,
+            repr(self.dtype),
         )
         for name in ("num_layers", "n_kv_heads", "head_dim", "page_size", "data_parallel_degree"):
-            v = getattr(self, name)
-            check(isinstance(v, int) and v >= 1, f"KVCacheParams.{name}", "an int >= 1", v)
+            put(name, check_int(f"KVCacheParams.{name}", getattr(self, name), 1, INT32_MAX))
+        if self.num_q_heads is not None:
+            put(
+                "num_q_heads",
+                check_int("KVCacheParams.num_q_heads", self.num_q_heads, 1, INT32_MAX),
+            )
+        put(
+            "mla_rope_dim", check_int("KVCacheParams.mla_rope_dim", self.mla_rope_dim, 0, INT32_MAX)
+        )
+        for name in (
+            "is_mla",
+            "enable_prefix_caching",
+            "enable_dispatch_metadata",
+            "enable_speculative",
+        ):
+            put(name, check_bool(f"KVCacheParams.{name}", getattr(self, name)))
+        put("devices", _as_devices(self.devices))
+        check(
+            self.quantization is None or isinstance(self.quantization, KVQuantConfig),
+            "KVCacheParams.quantization",
+            "a KVQuantConfig or None",
+            repr(self.quantization),
+        )
         dp = self.data_parallel_degree
         check(
             len(self.devices) % dp == 0,
@@ -169,7 +231,7 @@ class KVCacheParams:
         if self.is_mla:
             check(self.n_kv_heads == 1, "KVCacheParams.n_kv_heads", "1 for MLA", self.n_kv_heads)
             check(
-                self.num_q_heads is not None and self.num_q_heads >= 1,
+                self.num_q_heads is not None,
                 "KVCacheParams.num_q_heads",
                 "an int >= 1 for MLA",
                 self.num_q_heads,
@@ -182,7 +244,7 @@ class KVCacheParams:
             )
         else:
             if self.num_q_heads is None:
-                object.__setattr__(self, "num_q_heads", self.n_kv_heads)
+                put("num_q_heads", self.n_kv_heads)
             check(
                 self.num_q_heads % self.n_kv_heads == 0,
                 "KVCacheParams.num_q_heads",
@@ -201,9 +263,6 @@ class KVCacheParams:
         q = self.quantization
         if q is None:
             return
-        check(
-            isinstance(q, KVQuantConfig), "KVCacheParams.quantization", "a KVQuantConfig", type(q)
-        )
         if q.format == "blockwise":
             g = q.granularity or self.head_dim
             check(
@@ -314,8 +373,8 @@ class KVCacheParams:
 
     def pages_for_memory(self, memory_bytes: int) -> int:
         """Pages that fit a per-device memory budget in bytes."""
-        check(memory_bytes >= 0, "memory_bytes", "a non-negative int", memory_bytes)
-        n = int(memory_bytes) // self.bytes_per_page()
+        memory_bytes = check_int("memory_bytes", memory_bytes, 0)
+        n = memory_bytes // self.bytes_per_page()
         if n < 1:
             raise InvalidArgumentError(
                 f"memory_bytes: {memory_bytes} B is less than one page ({self.bytes_per_page()} B)"
@@ -323,5 +382,7 @@ class KVCacheParams:
         return n
 
     def replica_devices(self, replica: int) -> tuple:
+        """The tensor-parallel devices of data-parallel replica `replica` (in [0, dp))."""
+        replica = check_int("replica", replica, 0, self.data_parallel_degree - 1)
         tp = self.tp_degree
         return self.devices[replica * tp : (replica + 1) * tp]
