@@ -23,7 +23,7 @@ import torch
 
 from .cache.inputs import KVCacheInputsPerDevice
 from .cache.params import KVCacheParams
-from .errors import InvalidArgumentError, check
+from .errors import InvalidArgumentError, check, check_int
 from .fp8 import dequantize_blockwise, mla_formats
 from .fp8.mla_formats import MODEL1_BYTES, MODEL1_DATA_BYTES, MODEL1_SCALE_BYTES
 
@@ -342,12 +342,7 @@ def PagedOperand(
 ) -> RowOperand:
     """K or V of one layer of a paged cache (MLA: kv must be 'k'; V is the first d_v of K)."""
     check(kv in ("k", "v"), "kv", "'k' or 'v'", kv)
-    check(
-        0 <= layer_idx < params.num_layers,
-        "layer_idx",
-        f"in [0, {params.num_layers})",
-        layer_idx,
-    )
+    layer_idx = check_int("layer_idx", layer_idx, 0, params.num_layers - 1)
     if params.is_mla:
         check(kv == "k", "kv", "'k' for an MLA cache (V is the first d_v dims of K)", kv)
     kv_idx = 0 if kv == "k" else 1

@@ -13,6 +13,12 @@ operand's addressing (paged lookup table or row offsets). Formats:
 - packed MLA formats (rope-aware, FlashMLA V32 / MODEL1): written by the reference writer for
   now (`reference.write_rows`).
 Divisions are correctly rounded (`div_rn`) so results match the reference bit for bit.
+
+Index values live on the device and are not checked on the host here: a token is skipped
+(no byte of the cache or of its scales changes) by the rules of `reference.py`'s module
+docstring, which the kernel applies as a predicate on its stores: a token outside every
+request's q_row_offsets range, at a negative position, past the lookup table's reach, or on a
+page id outside [0, num_pages) (non-paged: a row outside [0, num_kv_rows)).
 """
 
 from __future__ import annotations
@@ -38,16 +44,18 @@ def _quantize_store(
     s_off,
     elem,
     m,
+    keep,
     QUANT: tl.constexpr,
     E8M0: tl.constexpr,
 ):
-    """x [HP, NGP, GP] f32 -> Dst (+ scales [HP, NGP] at S + s_off) for one token row."""
+    """x [HP, NGP, GP] f32 -> Dst (+ scales [HP, NGP] at S + s_off) for one token row;
+    nothing is stored unless `keep` (a scalar) holds."""
     if QUANT == 0:
-        tl.store(Dst + dst_off + elem, x.to(Dst.dtype.element_ty), mask=m)
+        tl.store(Dst + dst_off + elem, x.to(Dst.dtype.element_ty), mask=m & keep)
     elif QUANT == 1:
         s = tl.load(S)
         q = tl.clamp(tl.math.div_rn(x, s), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-        tl.store(Dst + dst_off + elem, q.to(tl.float8e4nv), mask=m)
+        tl.store(Dst + dst_off + elem, q.to(tl.float8e4nv), mask=m & keep)
     else:
         nan = tl.max((x != x).to(tl.int32), 2) > 0
         amax = tl.max(tl.where(m, tl.abs(x), 0.0), 2)
@@ -66,12 +74,12 @@ def _quantize_store(
             stored = scale
         q = tl.math.div_rn(x, scale[:, :, None])
         q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-        tl.store(Dst + dst_off + elem, q.to(tl.float8e4nv), mask=m)
+        tl.store(Dst + dst_off + elem, q.to(tl.float8e4nv), mask=m & keep)
         sm = tl.max(m.to(tl.int32), 2) > 0
-        tl.store(S + s_off, stored, mask=sm)
+        tl.store(S + s_off, stored, mask=sm & keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["reach", "limit", "reach2", "limit2"])  # bounds: one binary
 def _store_kv_kernel(
     X,
     stride_xt,
@@ -86,6 +94,8 @@ def _store_kv_kernel(
     S,
     stride_sr,
     stride_sh,
+    reach,
+    limit,
     X2,
     stride_x2t,
     stride_x2h,
@@ -99,6 +109,8 @@ def _store_kv_kernel(
     S2,
     stride_s2r,
     stride_s2h,
+    reach2,
+    limit2,
     cache_lens,
     q_offsets,
     batch,
@@ -117,7 +129,9 @@ def _store_kv_kernel(
     HAS_V: tl.constexpr,
     BLOCK_B: tl.constexpr,
 ):
-    """Token t of X [total, H, NG * G] (and X2) -> its cache row(s)."""
+    """Token t of X [total, H, NG * G] (and X2) -> its cache row(s); a token outside every
+    request, at a negative position, past the table's reach (`reach`) or on a page id outside
+    [0, limit) (non-paged: a row outside [0, limit)) is skipped (see reference.py)."""
     t = tl.program_id(0)
     in_rng = t < batch
     o_lo = tl.load(q_offsets + t, mask=in_rng, other=-1)
@@ -126,7 +140,10 @@ def _store_kv_kernel(
     if (o_lo != t) | (o_hi != t + 1):
         b = find_request(q_offsets, batch, t, BLOCK_B)
         o_lo = tl.load(q_offsets + b)
-    pos = tl.load(cache_lens + b) + (t - o_lo)
+        o_hi = tl.load(q_offsets + b + 1, mask=b < batch, other=-1)
+    ok = (o_lo <= t) & (t < o_hi)
+    pos = tl.load(cache_lens + b, mask=ok, other=-1) + (t - o_lo)
+    ok = ok & (pos >= 0)
 
     offs_h = tl.arange(0, HP)[:, None, None]
     offs_g = tl.arange(0, NGP)[None, :, None]
@@ -138,9 +155,13 @@ def _store_kv_kernel(
     sg = tl.arange(0, NGP)[None, :]
 
     if PAGE > 0:
-        row = tl.load(Lut + b * stride_lut + pos // PAGE).to(tl.int64) * page_stride + pos % PAGE
+        ok1 = ok & (pos < reach)
+        page = tl.load(Lut + b * stride_lut + pos // PAGE, mask=ok1, other=-1)
+        ok1 = ok1 & (page >= 0) & (page < limit)
+        row = page.to(tl.int64) * page_stride + pos % PAGE
     else:
-        row = tl.load(RowOff + b).to(tl.int64) + pos
+        row = tl.load(RowOff + b, mask=ok, other=0).to(tl.int64) + pos
+        ok1 = ok & (row >= 0) & (row < limit)
     x = tl.load(X + t64 * stride_xt + offs_h * stride_xh + d, mask=m, other=0.0).to(tl.float32)
     _quantize_store(
         x,
@@ -150,17 +171,19 @@ def _store_kv_kernel(
         row * stride_sr + sh * stride_sh + sg,
         offs_h * stride_dh + d,
         m,
+        ok1,
         QUANT,
         E8M0,
     )
     if HAS_V:
         if PAGE2 > 0:
-            row2 = (
-                tl.load(Lut2 + b * stride_lut2 + pos // PAGE2).to(tl.int64) * page_stride2
-                + pos % PAGE2
-            )
+            ok2 = ok & (pos < reach2)
+            page2 = tl.load(Lut2 + b * stride_lut2 + pos // PAGE2, mask=ok2, other=-1)
+            ok2 = ok2 & (page2 >= 0) & (page2 < limit2)
+            row2 = page2.to(tl.int64) * page_stride2 + pos % PAGE2
         else:
-            row2 = tl.load(RowOff2 + b).to(tl.int64) + pos
+            row2 = tl.load(RowOff2 + b, mask=ok, other=0).to(tl.int64) + pos
+            ok2 = ok & (row2 >= 0) & (row2 < limit2)
         x2 = tl.load(X2 + t64 * stride_x2t + offs_h * stride_x2h + d, mask=m, other=0.0)
         _quantize_store(
             x2.to(tl.float32),
@@ -170,6 +193,7 @@ def _store_kv_kernel(
             row2 * stride_s2r + sh * stride_s2h + sg,
             offs_h * stride_d2h + d,
             m,
+            ok2,
             QUANT2,
             E8M02,
         )
@@ -206,6 +230,8 @@ def _op_args(op: RowOperand, x: torch.Tensor) -> tuple[list, dict]:
         scales,
         s_r,
         s_h,
+        op.lut.shape[1] * op.page_size if paged else 0,
+        op.num_sparse_slots() // op.page_size if paged else op.num_kv_rows(),
     ]
     return args, dict(PAGE=op.page_size, QUANT=quant, E8M0=e8m0)
 
@@ -220,7 +246,8 @@ def store_kv_triton(
     """Write token i of request b at position cache_length(b) + i of each operand.
 
     k_new, v_new: [total_new_tokens, heads, head_dim] (v_new None for MLA); q_row_offsets:
-    [batch + 1] int32 (device). No host sync; every new token's row must be allocated.
+    [batch + 1] int32 (device). No host sync and no value check: tokens whose target lies
+    outside the operand are skipped (module docstring). `store_kv` validates the arguments.
     """
     packed = k_cache.quant_format not in (None, "per_tensor", "blockwise")
     if packed or (v_new is not None and v_cache.quant_format != k_cache.quant_format):
