@@ -254,7 +254,7 @@ if HAS_GLUON:
         den = l_i
         if HAS_SINKS:
             den = den + gl.exp2(gl.load(Sinks + hq) * LOG2E - m_fin)
-        inv = 1.0 / gl.where(den > 0, den, 1.0)
+        inv = 1.0 / gl.where(l_i != 0, den, 1.0)  # a row with no key: 0, any sink
         o = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
         orow = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, o_l))
         od = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
@@ -265,8 +265,9 @@ if HAS_GLUON:
             mask=(orow < q_len)[:, None],
         )
         if WRITE_LSE:
+            # l_i != 0 (not > 0): a NaN row sum (a NaN or +inf score) keeps its NaN
             lse = gl.where(
-                l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
+                l_i != 0, (m_i + gl.log2(gl.where(l_i != 0, l_i, 1.0))) * LN2, float("-inf")
             )
             gl.store(
                 Lse + (q_start + offs_m).to(gl.int64) * stride_lt + hq * stride_lh,

@@ -13,6 +13,15 @@ requests; everything inside is vectorised over queries, heads and keys):
   gives a partial (output, LSE), and `ops.combine.combine_partials` merges them and applies the
   sink. `P = 1` takes the same path, so every `P` agrees up to float32 rounding.
 
+NaN and inf (docs/ops.md, "NaN and inf"; the Triton kernels follow the same rule): a NaN or
++inf score at a key the query attends makes its (query, head) output row and LSE NaN (a NaN or
+inf in q's row, or in an attended K row); a -inf score weighs 0, as a mask does; a NaN or inf
+in an attended V reaches its column by IEEE arithmetic (the LSE stays finite). Masked scores
+are replaced by -inf whatever K holds, and slots outside the gathered range are never read. A
+row that attends nothing gets out 0 and LSE -inf whatever its sink; a NaN sink makes the other
+rows of its head NaN. A NaN partial LSE propagates through `combine_partials`, so NaN positions
+do not depend on P.
+
 This path synchronises with the host (per-request lengths); it is the CPU path and the oracle
 the Triton kernels are tested against, not a CUDA-graph path.
 """
@@ -80,7 +89,9 @@ def _partials(
     q [nq, h_kv, g, d] f32, k [span, h_kv, d] f32, v [span, h_kv, d_v] f32,
     allowed [nq, span] bool, bounds: (partition, start, end) slices of the span.
     Returns (out [P, nq, h_kv * g, d_v] f32 normalised per partition, lse [P, nq, h_kv * g] f32);
-    partitions not in `bounds`, or that see no key, keep out 0 and lse -inf.
+    partitions not in `bounds`, or that see no key, keep out 0 and lse -inf. A NaN or +inf
+    score at an allowed key makes the partition's row NaN (out and lse); masked scores are
+    replaced by -inf whatever K holds (module docstring, NaN and inf).
     """
     nq, h_kv, g, _ = q.shape
     d_v = v.shape[-1]
@@ -90,14 +101,14 @@ def _partials(
     s = s.masked_fill(~allowed[:, None, None, :], -math.inf)
     for p, a, e in bounds:
         sp = s[..., a:e]
-        m = sp.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        w = torch.exp(sp - m)  # exactly 0 at masked keys
+        m = sp.amax(dim=-1, keepdim=True)  # NaN / +inf propagate
+        m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+        w = torch.exp(sp - m)  # exactly 0 at masked keys; NaN from a NaN or +inf score
         denom = w.sum(dim=-1)
         o = torch.einsum("qhgk,khd->qhgd", w, v[a:e])
-        seen = denom > 0
-        out[p] = torch.where(seen[..., None], o / denom.clamp_min(1e-30)[..., None], 0.0)
-        lse[p] = m.squeeze(-1) + torch.log(denom)  # log(0) = -inf where nothing is seen
+        # as the kernels: divide where a key was seen (denom != 0 holds for NaN too)
+        out[p] = o / torch.where(denom != 0, denom, torch.ones_like(denom))[..., None]
+        lse[p] = m.squeeze(-1) + torch.log(denom)  # -inf where nothing is seen, NaN stays
     return out.flatten(2, 3), lse.flatten(2, 3)
 
 

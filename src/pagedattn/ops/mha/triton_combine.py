@@ -2,7 +2,8 @@
 
 Same math as `ops.combine.combine_partials` (the reference):
     lse = logsumexp_p(lse_p),  o = sum_p exp(lse_p - lse) * o_p,  o *= 1 / (1 + exp(sink - lse)).
-A query no partition saw gets o = 0 and lse = -inf; the returned LSE leaves the sink out.
+A query no partition saw gets o = 0 and lse = -inf; the returned LSE leaves the sink out. A
+partial LSE of NaN (a NaN or +inf score) makes o and lse NaN (docs/ops.md, "NaN and inf").
 """
 
 from __future__ import annotations
@@ -56,16 +57,17 @@ def _combine_kernel(
         mask=pmask[:, None] & dmask[None, :],
         other=0.0,
     )
-    o = tl.sum(w[:, None] * o_p, 0) / tl.where(den > 0, den, 1.0)
-    lse2 = m_use + tl.math.log2(tl.where(den > 0, den, 1.0))  # log2 units
+    # den != 0 (not > 0): a NaN partial LSE makes den, the output and the LSE NaN
+    o = tl.sum(w[:, None] * o_p, 0) / tl.where(den != 0, den, 1.0)
+    lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))  # log2 units
     if HAS_SINKS:
         sink = tl.load(Sinks + h) * LOG2E
         factor = 1.0 / (1.0 + tl.math.exp2(sink - lse2))
-        o = o * tl.where(den > 0, factor, 0.0)
+        o = o * tl.where(den != 0, factor, 0.0)
     tl.store(Out + row * stride_ot + h * stride_oh + offs_d, o.to(Out.dtype.element_ty), mask=dmask)
     if WRITE_LSE:
         tl.store(
-            Lse + row * stride_lt + h * stride_lh, tl.where(den > 0, lse2 * LN2, float("-inf"))
+            Lse + row * stride_lt + h * stride_lh, tl.where(den != 0, lse2 * LN2, float("-inf"))
         )
 
 

@@ -274,14 +274,15 @@ def _mha_prefill_kernel(
     den = l_i
     if HAS_SINKS:
         den = den + tl.math.exp2(tl.load(Sinks + hq) * LOG2E - m_fin)
-    o = acc / tl.where(den > 0, den, 1.0)[:, None]
+    o = acc / tl.where(l_i != 0, den, 1.0)[:, None]  # a row with no key: 0, any sink
     tl.store(
         Out + row_ids[:, None] * stride_ot + hq * stride_oh + offs_dv[None, :],
         o.to(Out.dtype.element_ty),
         mask=row_valid[:, None] & (offs_dv[None, :] < DV),
     )
     if WRITE_LSE:
+        # l_i != 0 (not > 0): a NaN row sum (a NaN or +inf score) keeps its NaN
         lse = tl.where(
-            l_i > 0, (m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf")
+            l_i != 0, (m_i + tl.math.log2(tl.where(l_i != 0, l_i, 1.0))) * LN2, float("-inf")
         )
         tl.store(Lse + row_ids * stride_lt + hq * stride_lh, lse, mask=row_valid)

@@ -236,9 +236,11 @@ def kv_operand(
 def q_to_f16(q, qk_scale):
     """q -> float16 for FP8 K/V (whose e4m3 values are exact in fp16, upcast by one native
     cvt per pair). q is scaled by 2^-e (exact) so that max|q| < 2^15 fits fp16; returns
-    (q16, qk_scale * 2^e)."""
+    (q16, qk_scale * 2^e). The maximum is over finite elements: an inf (or NaN) in one query
+    row stays in that row (it must not scale the other rows of the tile down to 0)."""
     qf = q.to(tl.float32)
-    qmax = tl.max(tl.max(tl.abs(qf), 1), 0)
+    qa = tl.abs(qf)
+    qmax = tl.max(tl.max(tl.where(qa < float("inf"), qa, 0.0), 1), 0)
     e = tl.minimum(tl.maximum(tl.ceil(tl.log2(qmax)) - 14.0, 0.0), 120.0).to(tl.int32)
     down = ((127 - e) << 23).to(tl.float32, bitcast=True)
     up = ((127 + e) << 23).to(tl.float32, bitcast=True)

@@ -15,6 +15,15 @@ are never loaded: their slot may hold NaN and must not reach the output.
 Split-K: the concatenated key axis of each request is cut into `num_partitions` contiguous
 chunks of `ceil(num_keys / P)` keys; each chunk yields a partial (out, lse) and
 `ops.combine.combine_partials` merges them and applies the sink.
+
+NaN and inf (docs/ops.md, "NaN and inf"; the Triton kernels follow the same rule): a NaN or
++inf score at a key the query attends (a NaN or inf in q's row, a NaN anywhere in an attended
+key, since V is part of K, or an inf in its rope whose score is +inf) makes the (token, head)
+output row and LSE NaN; a -inf score weighs 0, as a mask does. Scores of keys a query does not
+see are replaced by -inf whatever the slot holds, and invalid sparse entries are never loaded.
+A row that attends nothing gets out 0 and LSE -inf whatever its sink; a NaN sink makes the
+other rows of its head NaN. A NaN partial LSE propagates through `combine_partials`, so NaN
+positions do not depend on P.
 """
 
 from __future__ import annotations
@@ -121,16 +130,16 @@ def _attend(
     out = torch.zeros(n, h, d_v, dtype=torch.float32, device=q.device)
     if not pieces:
         return out, torch.full((n, h), float("-inf"), device=q.device)
-    m = torch.stack([s.amax(dim=-1) for s, _ in pieces]).amax(dim=0)  # [n, h]
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m = torch.stack([s.amax(dim=-1) for s, _ in pieces]).amax(dim=0)  # [n, h]; NaN, +inf stay
+    m_safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
     denom = torch.zeros(n, h, dtype=torch.float32, device=q.device)
     for s, v in pieces:
-        e = torch.exp(s - m_safe[..., None])  # 0 where not visible
+        e = torch.exp(s - m_safe[..., None])  # 0 where not visible; NaN from NaN / +inf scores
         denom += e.sum(dim=-1)
         out += torch.matmul(e, v)
-    seen = denom > 0
-    lse = torch.where(seen, m_safe + torch.log(denom), float("-inf"))
-    out = torch.where(seen[..., None], out / denom.clamp_min(1e-30)[..., None], 0.0)
+    lse = m_safe + torch.log(denom)  # -inf where no key is seen, NaN stays NaN
+    # as the kernels: divide where a key was seen (denom != 0 holds for NaN too)
+    out = out / torch.where(denom != 0, denom, torch.ones_like(denom))[..., None]
     return out, lse
 
 

@@ -6,7 +6,8 @@ Each partition p of a query row's keys left `o_p` (normalised over its keys, flo
     lse = logsumexp_p(lse_p),   o = sum_p exp(lse_p - lse) * o_p,
 
 and folds the sink logit in: o *= 1 / (1 + exp(sink - lse)) (sink = +inf gives 0). A row no
-partition saw gets o = 0 and lse = -inf. Same math as `pagedattn.ops.combine.combine_partials`.
+partition saw gets o = 0 and lse = -inf; a partial LSE of NaN (a NaN or +inf score) makes o
+and lse NaN (docs/ops.md, "NaN and inf"). Same math as `pagedattn.ops.combine.combine_partials`.
 
 With `cut` (the persistent decode, `gluon_mla_ps`) the partials are those of the tokens that a
 cluster boundary cuts in two: row slot s of [2, G, h_q] holds the token (CUT_T[s]) at pair
@@ -77,7 +78,7 @@ def _mla_combine_kernel(
     for p in tl.static_range(P):
         lp = tl.load(PL + p * n_rows + r64, mask=rmask, other=float("-inf"))
         w = tl.exp2(lp * LOG2E - m_safe)
-        seen = lp > float("-inf")
+        seen = lp != float("-inf")  # a NaN partial LSE is kept: it makes the row NaN
         o = tl.load(
             PO + (p * n_rows + r64)[:, None] * D_V + d[None, :],
             mask=rmask[:, None] & dmask[None, :],
@@ -86,7 +87,7 @@ def _mla_combine_kernel(
         acc += tl.where(seen[:, None], w[:, None] * o, 0.0)
         den += w
     lse2 = m_safe + tl.log2(den)  # log2 of sum_p exp(lse_p)
-    has = den > 0.0
+    has = den != 0.0  # NaN too
     inv = tl.where(has, 1.0 / tl.where(has, den, 1.0), 0.0)
     if HAS_SINK:
         sink = tl.load(SINK + h64, mask=rmask, other=0.0)

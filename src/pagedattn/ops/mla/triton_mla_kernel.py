@@ -605,7 +605,7 @@ def _mla_decode_kernel(
         )  # fmt: skip
 
     # Epilogue.
-    seen = l_i > 0.0
+    seen = l_i != 0.0  # not > 0: a NaN row sum (a NaN or +inf score) keeps its NaN
     l_safe = tl.where(seen, l_i, 1.0)
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
     dmask = dA < D_V

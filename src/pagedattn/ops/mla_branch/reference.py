@@ -13,6 +13,11 @@
 
 Intermediates (q_latent, roped q_rope, raw) are rounded to q.dtype, as MAX's kernel keeps them.
 Plain torch, fp32 math, any device; composes the reference ops only.
+
+NaN and inf (docs/ops.md, "NaN and inf"): step 4 follows `mla_decode`'s rule. A NaN or inf in
+a row's q_nope makes its whole q_latent NaN (step 1 quantizes it to NaN), one in a new token's
+latent makes its whole normed row NaN (step 2), and step 5 turns a decode row holding a NaN
+into a NaN output row; rows that attend no NaN stay finite.
 """
 
 from __future__ import annotations

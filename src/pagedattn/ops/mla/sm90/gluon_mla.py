@@ -471,7 +471,7 @@ if HAS_GLUON:
         natural-log LSE over keys (-inf where no key was seen), inv the output's factor: 1 / l,
         or 1 / (l + exp(sink - max)) with the sink logit [h_q] (loaded at `head`) joining the
         denominator only; 0 where no key was seen."""
-        seen = l_i > 0.0
+        seen = l_i != 0.0  # not > 0: a NaN row sum (a NaN or +inf score) keeps its NaN
         l_safe = gl.where(seen, l_i, 1.0)
         lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         if USE_SINK:
@@ -775,13 +775,16 @@ if HAS_GLUON:
     def t_q_store(q_lat, q_rope, qa, qr, FMT: gl.constexpr):
         """q's latent part qa and rope part qr into shared memory; returns the factor of the
         latent logits: 1 (BF16), or 2^e for FP8, whose float16 latent part is 2^-e q with
-        max |q| < 2^15 (an exact power-of-two scaling)."""
+        max |q| < 2^15 (an exact power-of-two scaling). The maximum is over finite elements:
+        an inf (or NaN) in one query row stays in that row (it must not scale the other rows
+        of the tile down to 0)."""
         lat_scale = 1.0
         if FMT == 0:
             q_lat.store(qa)
         else:
             qf = qa.to(gl.float32)
-            qmax = gl.max(gl.max(gl.abs(qf), 1), 0)
+            qabs = gl.abs(qf)
+            qmax = gl.max(gl.max(gl.where(qabs < float("inf"), qabs, 0.0), 1), 0)
             e = gl.minimum(gl.maximum(gl.ceil(gl.log2(qmax)) - 14.0, 0.0), 120.0).to(gl.int32)
             down = ((127 - e) << 23).to(gl.float32, bitcast=True)
             lat_scale = ((127 + e) << 23).to(gl.float32, bitcast=True)
