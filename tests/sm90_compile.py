@@ -45,6 +45,7 @@ from pagedattn.cache.dispatch import num_sms
 from pagedattn.ops import masks, offline
 from pagedattn.ops.mha import triton_combine as MC
 from pagedattn.ops.mha import triton_mha as TM
+from pagedattn.ops.mha import triton_worklist as WL
 from pagedattn.ops.mha.selection import Device, MHATuning
 from pagedattn.ops.mla import triton_mla as M
 from pagedattn.ops.mla import tuning as mla_tuning
@@ -203,7 +204,7 @@ def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, **kw):
             )  # fmt: skip
         )
 
-    made.extend(offline.capture(MC, call))
+    made.extend(offline.capture(MC, lambda: made.extend(offline.capture(WL, call))))
     return made
 
 

@@ -4,8 +4,10 @@ device facts only: no device data is read, so a plan is CUDA-graph safe.
 
 - `plan(...)` -> `DecodePlan` | `PrefillPlan` | `Sm90PrefillPlan`:
   - decode (`triton_decode`) where every request has one query: `max_q_len == 1`, or, with no
-    hint, `total_q == batch`. Split-K partitions from `cache.dispatch.mha_num_partitions`
-    (SM count, a host bound on the cache length) unless the call fixes them.
+    hint, `total_q == batch`. Unless the call fixes num_partitions, the balanced work list
+    (`triton_worklist`: about equal chunks over all rows, one wave of items a KV head); with
+    `balanced` off, split-K partitions from `cache.dispatch.mha_num_partitions` (SM count, a
+    host bound on the cache length).
   - the Gluon sm_90 prefill (`gluon_prefill_ws` where K/V tiles are TMA boxes, else
     `gluon_prefill`) on sm_90 for BF16/FP16 K/V of q's dtype, d_qk == d_v in (64, 128), a range
     mask, 16-byte aligned rows: every paged cache, and ragged / row-offset K/V where the
@@ -35,7 +37,7 @@ import torch
 import triton
 
 from ... import env
-from ...cache.dispatch import mha_num_partitions
+from ...cache.dispatch import mha_ctas_per_sm, mha_num_partitions
 from ...errors import InvalidArgumentError, check
 from ...operands import KernelArgs
 from ..gluon_imports import HAS_GLUON
@@ -58,7 +60,9 @@ class DecodeConfig(_Fields):
     (P as a hi + lo pair through P @ V), kv_lo (the same for float32-scaled blockwise K/V),
     mma_f16 (fp16 MMAs for FP8 per-token / per-tensor K/V). The FP8 fast loop's knobs
     (`fast_flags`): fast, addr, clamp, v_delta, v_sel, v_perm, gp_min (the padded query-head
-    tile), trans, k_cvt / v_cvt ("tl", "int" or "asm" e4m3 upcasts)."""
+    tile), trans, k_cvt / v_cvt ("tl", "int" or "asm" e4m3 upcasts). balanced: where the call
+    leaves num_partitions to the op, the balanced work list (`triton_worklist`) of `waves`
+    waves of resident CTAs instead of one partition count per batch."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -77,6 +81,9 @@ class DecodeConfig(_Fields):
     trans: bool = False
     k_cvt: str = "tl"
     v_cvt: str = "tl"
+    balanced: bool = True
+    waves: int = 1
+    min_chunk: int = 256
 
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V
@@ -204,10 +211,15 @@ class Device:
 
 @dataclass(frozen=True)
 class DecodePlan:
+    """target > 0: the balanced work list (`triton_worklist`) of at most target + batch items
+    a KV head, chunks of at least min_blocks tiles; else num_partitions per row."""
+
     config: DecodeConfig
     num_partitions: int
     k_tma: bool
     v_tma: bool
+    target: int = 0
+    min_blocks: int = 1
 
 
 @dataclass(frozen=True)
@@ -227,6 +239,9 @@ class Sm90PrefillPlan:
     tma: bool
     k_box: int | None
     v_box: int | None
+
+
+MAX_BALANCED_ROWS = 1024  # the mha launcher's BLOCK_B cap: rows of one work-list vector
 
 
 def _pow2_floor(x: int) -> int:
@@ -372,8 +387,21 @@ def decode_plan(
         dk, dv, kv_bytes, kv_kind, ctas_per_sm=total_q * parts * h_kv / sms,
         page_size=ka.page_size, hbm3e=device.hbm3e, tuning=tuning,
     )  # fmt: skip
+    target = min_blocks = 0
+    # the work list holds every row in one [BLOCK_B <= 1024] vector
+    if num_partitions is None and cfg.balanced and 0 < total_q < MAX_BALANCED_ROWS:
+        ctas = mha_ctas_per_sm(kv_bytes, device.hbm3e)
+        target = max(1, cfg.waves * ctas * sms // h_kv)
+        cfg = decode_config(
+            dk, dv, kv_bytes, kv_kind, ctas_per_sm=min(total_q, target) * h_kv / sms,
+            page_size=ka.page_size, hbm3e=device.hbm3e, tuning=tuning,
+        )  # fmt: skip
+        min_blocks = triton.cdiv(cfg.min_chunk, cfg.BLOCK_N)
+        parts = 1
     bn = cfg.BLOCK_N
-    return DecodePlan(cfg, parts, cfg.tma and tma_ok(ka, bn), cfg.tma and tma_ok(va, bn))
+    return DecodePlan(
+        cfg, parts, cfg.tma and tma_ok(ka, bn), cfg.tma and tma_ok(va, bn), target, min_blocks
+    )
 
 
 def prefill_plan(

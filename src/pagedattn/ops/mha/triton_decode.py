@@ -1,5 +1,6 @@
 """Triton MHA/GQA decode kernel: `_mha_decode_kernel`, one program per (query row, split-K
-partition, KV head), KV head fastest. The dispatcher (`selection.plan`) takes it where every
+partition, KV head), KV head fastest, or (BALANCED) per (item of the balanced work list
+`triton_worklist`, KV head). The dispatcher (`selection.plan`) takes it where every
 request has one query.
 
 The `GROUP` query heads of one KV head are packed into the M dimension of the tile (padded to
@@ -36,6 +37,7 @@ from .triton_tiles import (
     scales_at,
     visible_range,
 )
+from .triton_worklist import find_item, work_list
 
 
 @triton.jit
@@ -437,18 +439,34 @@ def _mha_decode_kernel(
     V_PERM: tl.constexpr = 0,
     TRANS: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    BALANCED: tl.constexpr = False,
+    TARGET: tl.constexpr = 1,
+    MIN_BLOCKS: tl.constexpr = 1,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
     Q [total_q, h_q, DK]; Out [total_q, h_q, DV] (q dtype); Lse [total_q, h_q] f32;
     PO [total_q, h_q, P, DV] f32 / PL [total_q, h_q, P] f32 partials when SPLIT.
+    BALANCED: one (work item, KV head) instead (`triton_worklist`: the grid is (TARGET +
+    batch) x H_KV, programs past the list exit); a row of several items writes partials
+    PO [items, h_q, DV] / PL [items, h_q] at its items, a row of one the output.
     """
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hkv = pid % H_KV
     rest = pid // H_KV
-    part = rest % num_partitions
-    row = rest // num_partitions
+    if BALANCED:
+        w_r, w_n, w_incl, w_lo, w_chunk = work_list(
+            cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
+        )
+        if rest >= tl.sum(w_n, 0):
+            return
+        row, n_row, part, _w_lo, chunk = find_item(w_r, w_n, w_incl, w_lo, w_chunk, rest)
+        split = n_row > 1
+    else:
+        part = rest % num_partitions
+        row = rest // num_partitions
+        split = SPLIT
 
     b, o_lo, o_hi = row_request(q_offsets, batch, row, BLOCK_B)
     cache_len = tl.load(cache_lens + b)
@@ -457,7 +475,10 @@ def _mha_decode_kernel(
     lo, hi = visible_range(pos, kv_len, MASK, mask_param)
     # Split [lo, hi) into num_partitions chunks of whole tiles (tile starts BLOCK_N-aligned).
     lo_al = (lo // BLOCK_N) * BLOCK_N
-    per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo_al, 0), num_partitions), BLOCK_N) * BLOCK_N
+    if BALANCED:  # the item's chunk of `chunk` tiles (a row of one item: all of it)
+        per = tl.where(split, chunk * BLOCK_N, tl.maximum(hi - lo_al, 0))
+    else:
+        per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo_al, 0), num_partitions), BLOCK_N) * BLOCK_N
     p_lo = lo_al + part * per
     p_hi = tl.minimum(p_lo + per, hi)
 
@@ -534,7 +555,9 @@ def _mha_decode_kernel(
     if V_QUANT == 1:
         acc = acc * tl.load(VS)
     m_fin = tl.where(m_i == float("-inf"), 0.0, m_i)
-    lse = tl.where(l_i > 0, (m_i + tl.math.log2(tl.where(l_i > 0, l_i, 1.0))) * LN2, float("-inf"))
+    # l_i != 0 (not > 0): a NaN row sum (a NaN or +inf score) keeps its NaN, in the LSE too
+    lse = tl.where(l_i != 0, (m_i + tl.math.log2(tl.where(l_i != 0, l_i, 1.0))) * LN2,
+                   float("-inf"))  # fmt: skip
     hq64 = hq.to(tl.int64)
     offs_out = offs_dv
     if V_PERM:  # acc columns are V's columns permuted by `_perm_cols` / `_perm_cols_t`
@@ -542,9 +565,12 @@ def _mha_decode_kernel(
             offs_out = _perm_index_t(offs_dv, DVP, V_PERM)
         else:
             offs_out = _perm_index(offs_dv, DVP, V_PERM)
-    if SPLIT:
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        pbase = (row64 * (H_KV * GROUP) + hq64) * num_partitions + part
+    if split:
+        o = acc / tl.where(l_i != 0, l_i, 1.0)[:, None]
+        if BALANCED:
+            pbase = rest.to(tl.int64) * (H_KV * GROUP) + hq64
+        else:
+            pbase = (row64 * (H_KV * GROUP) + hq64) * num_partitions + part
         tl.store(
             PO + pbase[:, None] * DV + offs_out[None, :],
             o,
@@ -556,7 +582,7 @@ def _mha_decode_kernel(
         if HAS_SINKS:
             sink = tl.load(Sinks + hq, mask=gmask, other=float("-inf")) * LOG2E
             den = den + tl.math.exp2(sink - m_fin)
-        o = acc / tl.where(den > 0, den, 1.0)[:, None]
+        o = acc / tl.where(l_i != 0, den, 1.0)[:, None]  # a row with no key: 0, any sink
         tl.store(
             Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_out[None, :],
             o.to(Out.dtype.element_ty),

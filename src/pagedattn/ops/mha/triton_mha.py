@@ -62,6 +62,7 @@ from .triton_combine import combine_triton
 from .triton_decode import _mha_decode_kernel
 from .triton_prefill import _mha_prefill_kernel
 from .triton_tiles import Q_BLOCK, Q_TENSOR, Q_TOKEN
+from .triton_worklist import worklist_combine_triton
 
 # causal-type masks: each request's heaviest query block runs first
 _REVERSE = ("causal", "sliding_window_causal", "chunked_causal")
@@ -269,14 +270,21 @@ def mha_triton(
         kv_args, kcx, vcx = _kv_pair_args(
             ka, va, dk, dv, bn if k_tma else None, bn if v_tma else None
         )
-        split = parts > 1
+        balanced = how.target > 0
+        split = parts > 1 or balanced
         mma = mma_flags(cfg, prec, kcx, vcx)
-        if split:
+        if balanced:  # partials at the work items: at most target + batch of them
+            items = how.target + batch
+            po = torch.empty((items, h_q, dv), dtype=torch.float32, device=q.device)
+            pl = torch.empty((items, h_q), dtype=torch.float32, device=q.device)
+        elif split:
+            items = total_q * parts
             po = torch.empty((total_q, h_q, parts, dv), dtype=torch.float32, device=q.device)
             pl = torch.empty((total_q, h_q, parts), dtype=torch.float32, device=q.device)
         else:
+            items = total_q
             po = pl = out
-        launch(_mha_decode_kernel, (total_q * parts * h_kv,),
+        launch(_mha_decode_kernel, (items * h_kv,),
             *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
             H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
             **fast_flags(cfg, ka, va, dk, dv, kcx, vcx, k_tma or v_tma, mma["MMA_F16"]),
@@ -284,13 +292,21 @@ def mha_triton(
             K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=same_rows(ka, va, k_tma, v_tma),
             K_QUANT=kcx["QUANT"], V_QUANT=vcx["QUANT"], KG=kcx["G"], VG=vcx["G"],
             K_E8M0=kcx["E8M0"], V_E8M0=vcx["E8M0"], MASK=mask.code,
-            HAS_SINKS=sinks is not None and not split, SPLIT=split,
-            WRITE_LSE=lse is not None and not split,
+            HAS_SINKS=sinks is not None and (balanced or not split),
+            SPLIT=split and not balanced,
+            WRITE_LSE=lse is not None and (balanced or not split),
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
             BLOCK_B=block_b, PDL=split and pdl_enabled(q),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+            **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks)
+               if balanced else {}),
         )  # fmt: skip
-        if split:
+        if balanced:
+            worklist_combine_triton(
+                ka.cache_lengths, q_row_offsets, mask.code, mask.param, po, pl, out, lse, sinks,
+                block_n=bn, target=how.target, min_blocks=how.min_blocks, block_b=block_b,
+            )  # fmt: skip
+        elif split:
             combine_triton(po, pl, out, lse, sinks)
     elif isinstance(how, Sm90PrefillPlan):
         _prefill_sm90(how, q, q_row_offsets, ka, va, dk, h_q, group, block_b, mask, sinks, out,

@@ -1,0 +1,227 @@
+"""The balanced work list of MHA/GQA decode, and the combine that merges its split rows.
+
+A decode launch's work is a list of items (row, chunk): row r (one query) sees keys [lo, hi)
+(`triton_tiles.visible_range`); its BLOCK_N-aligned tiles split into n_r chunks so that every
+item holds about `cb` tiles, the same for all rows of the step:
+
+    total = sum_r tiles_r,   cb = max(MIN_BLOCKS, cdiv(total, TARGET)),
+    n_r = max(1, round(tiles_r / cb)),   chunk_r = cdiv(tiles_r, n_r) tiles.
+
+Items are numbered row-major (a row's chunks consecutive). sum_r n_r <= TARGET + rows, so a grid
+of (TARGET + rows) x KV heads programs covers every step of that batch size: the host knows
+both, no length is read on the host, and a captured CUDA graph replays with new lengths (programs
+past the list exit). TARGET is one wave of resident CTAs over the KV heads
+(`selection.decode_plan`); a long request among short ones gets many items, so every SM shares
+it. Rounding n_r keeps an item within 1.5 cb tiles and gives a uniform batch the split it had
+from one partition count (b64 x 4k on 132 SMs: one item a row; b16 x 16k: four).
+
+Each program derives the list itself from cache_lens and q_offsets (a [BLOCK_B] vector: a load,
+a division and a prefix sum), so a launch needs no planner and no plan buffer; the combine
+derives the same list. The list assumes one query per request (q_offsets[r] == r); any other
+ragged batch of total_q == batch rows gets one item a row (correct, not balanced).
+
+A row of one item writes the final output (sinks folded in) and its LSE; a row of several writes
+normalised partials PO [items, H, DV] / PL [items, H] (natural-log LSE) at its items, and
+`_worklist_combine_kernel` merges them (sinks, LSE, NaN as in `ops.combine`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch import launch
+from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
+from ..triton_constants import LN2, LOG2E
+from .triton_tiles import visible_range
+
+
+@triton.jit
+def work_list(
+    cache_lens,
+    q_offsets,
+    batch,
+    mask_param,
+    MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TARGET: tl.constexpr,
+    MIN_BLOCKS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """(r [BLOCK_B] row ids, n [BLOCK_B] items a row (0 past batch), incl [BLOCK_B] inclusive
+    prefix sums of n, lo_al [BLOCK_B] first tile's key, chunk [BLOCK_B] tiles an item)."""
+    r = tl.arange(0, BLOCK_B)
+    rm = r < batch
+    o_lo = tl.load(q_offsets + r, mask=rm, other=0)
+    o_hi = tl.load(q_offsets + r + 1, mask=rm, other=0)
+    ragged = tl.sum(tl.where(rm & ((o_lo != r) | (o_hi != r + 1)), 1, 0), 0) > 0
+    cl = tl.maximum(tl.load(cache_lens + r, mask=rm, other=0), 0)
+    lo, hi = visible_range(cl, cl + 1, MASK, mask_param)
+    lo_al = (lo // BLOCK_N) * BLOCK_N
+    tiles = tl.where(rm, tl.cdiv(tl.maximum(hi - lo_al, 0), BLOCK_N), 0)
+    # 9/8: an item may hold 12.5% over the even share, so that a uniform batch keeps whole rows
+    cb = tl.maximum(tl.cdiv(tl.sum(tiles, 0) * 9, TARGET * 8), MIN_BLOCKS)
+    n = tl.maximum(tl.cdiv(tiles, cb), 1)
+    n = tl.where(rm, tl.where(ragged, 1, n), 0)
+    chunk = tl.cdiv(tiles, n)
+    incl = tl.cumsum(n, 0)
+    return r, n, incl, lo_al, chunk
+
+
+@triton.jit
+def find_item(r, n, incl, lo_al, chunk, item):
+    """(row, its items, this item's chunk index j, the row's first tile key, tiles a chunk) of
+    `item` in the list `work_list` returns."""
+    row = tl.sum(tl.where(incl <= item, 1, 0), 0)
+    at = r == row
+    n_row = tl.sum(tl.where(at, n, 0), 0)
+    j = item - (tl.sum(tl.where(at, incl, 0), 0) - n_row)
+    return (
+        row,
+        n_row,
+        j,
+        tl.sum(tl.where(at, lo_al, 0), 0),
+        tl.sum(tl.where(at, chunk, 0), 0),
+    )
+
+
+@triton.jit
+def _worklist_combine_kernel(
+    cache_lens,
+    q_offsets,
+    batch,
+    mask_param,
+    PO,
+    PL,
+    Sinks,
+    Out,
+    stride_ot,
+    stride_oh,
+    Lse,
+    stride_lt,
+    stride_lh,
+    H: tl.constexpr,
+    HP: tl.constexpr,
+    DV: tl.constexpr,
+    DVP: tl.constexpr,
+    MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TARGET: tl.constexpr,
+    MIN_BLOCKS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """One row, all H heads: merge the partials of its items when it has several (a row of
+    one item was written by the decode kernel)."""
+    pdl_wait(PDL)
+    row = tl.program_id(0)
+    r, n, incl, lo_al, chunk = work_list(
+        cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
+    )
+    at = r == row
+    n_row = tl.sum(tl.where(at, n, 0), 0)
+    if n_row > 1:
+        first = tl.sum(tl.where(at, incl, 0), 0) - n_row
+        offs_h = tl.arange(0, HP)
+        offs_d = tl.arange(0, DVP)
+        hmask = offs_h < H
+        dmask = offs_d < DV
+        m = tl.full([HP], float("-inf"), tl.float32)
+        den = tl.zeros([HP], tl.float32)
+        acc = tl.zeros([HP, DVP], tl.float32)
+        for j in range(0, n_row):
+            it = (first + j).to(tl.int64)
+            lp = tl.load(PL + it * H + offs_h, mask=hmask, other=float("-inf")) * LOG2E
+            m_new = tl.maximum(m, lp)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m - m_use)
+            w = tl.math.exp2(lp - m_use)
+            o = tl.load(
+                PO + (it * H + offs_h)[:, None] * DV + offs_d[None, :],
+                mask=hmask[:, None] & dmask[None, :],
+                other=0.0,
+            )
+            # an unseen partial (lse -inf, w 0) adds nothing; a NaN one makes the row NaN
+            acc = acc * alpha[:, None] + tl.where(
+                (lp != float("-inf"))[:, None], w[:, None] * o, 0.0
+            )
+            den = den * alpha + w
+            m = m_new
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        o = acc / tl.where(den != 0, den, 1.0)[:, None]
+        lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
+        if HAS_SINKS:
+            sink = tl.load(Sinks + offs_h, mask=hmask, other=float("-inf")) * LOG2E
+            o = o * tl.where(den != 0, 1.0 / (1.0 + tl.math.exp2(sink - lse2)), 0.0)[:, None]
+        row64 = row.to(tl.int64)
+        tl.store(
+            Out + row64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+            o.to(Out.dtype.element_ty),
+            mask=hmask[:, None] & dmask[None, :],
+        )
+        if WRITE_LSE:
+            tl.store(
+                Lse + row64 * stride_lt + offs_h * stride_lh,
+                tl.where(den != 0, lse2 * LN2, float("-inf")),
+                mask=hmask,
+            )
+
+
+def worklist_combine_triton(
+    cache_lens: torch.Tensor,
+    q_offsets: torch.Tensor,
+    mask_code: int,
+    mask_param: int,
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    *,
+    block_n: int,
+    target: int,
+    min_blocks: int,
+    block_b: int,
+) -> None:
+    """Merge the split rows of a balanced decode launch (same list arguments as the launch).
+
+    partial_out [items, H, DV] f32, partial_lse [items, H] f32; out [rows, H, DV] (last dim
+    contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None. No host sync."""
+    rows = q_offsets.shape[0] - 1
+    _, H, DV = partial_out.shape
+    if rows == 0:
+        return
+    launch(
+        _worklist_combine_kernel,
+        (rows,),
+        cache_lens,
+        q_offsets,
+        rows,
+        mask_param,
+        partial_out,
+        partial_lse,
+        sinks if sinks is not None else partial_lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse if lse is not None else partial_lse,
+        lse.stride(0) if lse is not None else 0,
+        lse.stride(1) if lse is not None else 0,
+        H=H,
+        HP=triton.next_power_of_2(H),
+        DV=DV,
+        DVP=triton.next_power_of_2(DV),
+        MASK=mask_code,
+        BLOCK_N=block_n,
+        TARGET=target,
+        MIN_BLOCKS=min_blocks,
+        BLOCK_B=block_b,
+        HAS_SINKS=sinks is not None,
+        WRITE_LSE=lse is not None,
+        PDL=(pdl := pdl_enabled(out)),
+        num_warps=4,
+        **pdl_launch_kwargs(pdl),
+    )

@@ -1,0 +1,189 @@
+"""The balanced decode work list (`ops/mha/triton_worklist.py`) against the float64 oracle.
+
+Where a call leaves num_partitions to the op, MHA decode splits each row into chunks of about
+the same number of tiles over the whole batch, so skewed lengths spread over every SM. These
+tests give it skewed batches (rows of 0 and 1 cached tokens beside long ones split into many
+items), sinks, the LSE, sliding windows, FP8 per-token K/V, ragged rows (which fall back to
+one item a row), and compare with the oracle and with the one-partition launch. The CPU runs
+go through the Triton interpreter at small shapes; the GPU tests (`-m gpu`) run serving sizes,
+a request split over every SM, and CUDA-graph replay with lengths that change between replays.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # CPU CI: before triton is imported
+
+from test_triton_mha import (  # noqa: E402
+    BF16,
+    DEV,
+    LSE_TOL,
+    big_paged,
+    build_paged,
+    call,
+    check,
+    gpu_reference,
+    offsets_of,
+    rand_q,
+)
+
+from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
+from pagedattn.ops import masks  # noqa: E402
+from pagedattn.ops.mha import selection as MS  # noqa: E402
+from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
+from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
+from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_  # noqa: E402
+
+LEGACY = MHATuning(decode=dict(balanced=False))
+
+
+def _plan(q, k, v, **kw):
+    dev = MS.Device(sm90=False, sms=132, hbm3e=False)
+    ka, va = k.kernel_args(), v.kernel_args()
+    return MS.decode_plan(q, ka, va, q.shape[2], v.head_dim, None, MS.NO_TUNING, dev, **kw)
+
+
+def test_plan_is_balanced_only_when_partitions_are_left_to_the_op(gen):
+    k, v, _, _ = build_paged(16, 2, 64, [5, 9], [1, 1], gen=gen)
+    q = rand_q(2, 8, 64, gen)
+    plan = _plan(q, k, v)
+    assert plan.target == 2 * 132 // 2 and plan.min_blocks == math.ceil(256 / plan.config.BLOCK_N)
+    ka, va = k.kernel_args(), v.kernel_args()
+    dev = MS.Device(sm90=False, sms=132, hbm3e=False)
+    fixed = MS.decode_plan(q, ka, va, 64, 64, 3, MS.NO_TUNING, dev)
+    assert fixed.target == 0 and fixed.num_partitions == 3
+    off = MS.decode_plan(q, ka, va, 64, 64, None, LEGACY, dev)
+    assert off.target == 0
+
+
+@pytest.mark.parametrize(
+    "page_size,group,mask",
+    [
+        (16, 4, masks.causal()),
+        (1, 1, masks.causal()),
+        (3, 8, masks.sliding_window_causal(300)),
+        (16, 2, masks.chunked_causal(512)),
+    ],
+)
+def test_skewed_batch_against_oracle(page_size, group, mask, gen):
+    """Rows of 0 and 1 cached tokens beside rows split into several items (1500 cached keys:
+    24 tiles of 64 in chunks of >= 4 tiles), with sinks and the LSE."""
+    h_kv, d = 2, 64
+    cache_lens = [0, 1500, 1, 700, 3, 40]
+    b = len(cache_lens)
+    k, v, ks, vs = build_paged(page_size, h_kv, d, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, h_kv * group, d, gen)
+    sinks = torch.randn(h_kv * group, generator=gen).to(DEV)
+    out, lse = check(q, k, v, ks, vs, cache_lens, offsets_of([1] * b), mask=mask, sinks=sinks)
+    one, lse1 = call(q, k, v, offsets_of([1] * b), mask=mask, sinks=sinks, num_partitions=1)
+    assert_close(out, one, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
+    assert_close(lse, lse1, **LSE_TOL)
+
+
+def test_fp8_per_token_fast_loop(gen):
+    """FP8 per-token K/V (the fast loop) through the work list."""
+    quant = KVQuantConfig.per_token()
+    cache_lens = [900, 2, 0, 333]
+    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * 4, quant=quant, gen=gen)
+    q = rand_q(4, 8, 64, gen)
+    check(q, k, v, ks, vs, cache_lens, offsets_of([1] * 4))
+
+
+def test_ragged_rows_fall_back_to_one_item_a_row(gen):
+    """total_q == batch but not one query a request: every row is one item, still exact."""
+    cache_lens, q_lens = [600, 7, 90], [2, 0, 1]
+    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, q_lens, gen=gen)
+    q = rand_q(3, 8, 64, gen)
+    check(q, k, v, ks, vs, cache_lens, offsets_of(q_lens), max_q_len=None)
+
+
+def test_nan_in_one_row_stays_in_that_row(gen):
+    """A NaN query row of a split request is NaN after the combine; the other rows are not."""
+    cache_lens = [1200, 5]
+    k, v, ks, vs = build_paged(16, 1, 64, cache_lens, [1, 1], gen=gen)
+    q = rand_q(2, 2, 64, gen)
+    q[0, 1, 3] = float("nan")
+    out, lse = call(q, k, v, offsets_of([1, 1]))
+    assert torch.isnan(out[0, 1]).all() and torch.isnan(lse[0, 1])
+    assert torch.isfinite(out[0, 0]).all() and torch.isfinite(out[1]).all()
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: serving sizes, one request over every SM, graph replay with new lengths
+# --------------------------------------------------------------------------------------------
+def skewed_paged(cache_lens, page, h_kv, d):
+    params = KVCacheParams(BF16, 1, h_kv, d, page, devices=["cuda"])
+    cache = make_paged_cache(params, cache_lens, [1] * len(cache_lens), device="cuda")
+    cache.inputs.kv_blocks.copy_(torch.randn(cache.inputs.kv_blocks.shape, device="cuda"))
+    return params, cache.inputs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [1, 16])
+def test_gpu_lognormal_lengths(page):
+    g = torch.Generator().manual_seed(5)
+    lens = (torch.empty(64).log_normal_(math.log(1500), 1.0, generator=g)).clamp(32, 32768)
+    cache_lens = lens.long().tolist()
+    cache_lens[:2] = [0, 1]
+    params, inp = skewed_paged(cache_lens, page, 8, 128)
+    k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")
+    q = torch.randn(64, 32, 128, device="cuda").to(BF16)
+    offs = torch.arange(65, dtype=torch.int32, device="cuda")
+    out = poison_(torch.empty_like(q))
+    mha_triton(q, k, v, offs, out=out)
+    rows = [0, 1, int(lens.argmax()), 17, 63]
+    assert_close(out[rows], gpu_reference(q, k, v, rows, 128**-0.5), **BF16_TOL)
+    legacy = mha_triton(q, k, v, offs, config=LEGACY)
+    assert_close(out, legacy, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_one_request_split_over_every_sm():
+    """One 64k request among requests of 0 and 1 tokens: its items outnumber the SMs."""
+    cache_lens = [65536, 0, 1, 0]
+    params, inp = skewed_paged(cache_lens, 64, 8, 128)
+    k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")
+    q = torch.randn(4, 32, 128, device="cuda").to(BF16)
+    offs = torch.arange(5, dtype=torch.int32, device="cuda")
+    out, lse = mha_triton(q, k, v, offs, return_lse=True)
+    assert_close(out, gpu_reference(q, k, v, range(4), 128**-0.5), **BF16_TOL)
+    assert torch.isfinite(lse).all()
+    plan = MS.decode_plan(
+        q, k.kernel_args(), v.kernel_args(), 128, 128, None, MS.NO_TUNING,
+        MS.Device(True, torch.cuda.get_device_properties(0).multi_processor_count, False),
+    )  # fmt: skip
+    tiles = math.ceil(65537 / plan.config.BLOCK_N)
+    assert tiles / max(plan.min_blocks, math.ceil(tiles / plan.target)) >= plan.target / 2
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_with_new_lengths():
+    """Capture the balanced launch once; change the lengths (skew included) and replay."""
+    b, ctx = 16, 8192
+    params, inp = big_paged(b, ctx, 16, 8, 128)
+    k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")
+    q = torch.randn(b, 32, 128, device="cuda").to(BF16)
+    offs = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    for _ in range(2):
+        mha_triton(q, k, v, offs, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mha_triton(q, k, v, offs, out=out)
+    for lens in ([ctx - 1] + [0] * (b - 1), [1] * b, None):
+        if lens is None:
+            lens = torch.randint(0, ctx, (b,)).tolist()
+        inp.cache_lengths.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        out.fill_(math.nan)
+        graph.replay()
+        eager = mha_triton(q, k, v, offs)
+        assert torch.equal(out, eager)
+        assert_close(out, gpu_reference(q, k, v, range(b), 128**-0.5), **BF16_TOL)
