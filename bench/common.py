@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 from dataclasses import asdict, dataclass, field
 from datetime import date
 
@@ -207,7 +209,7 @@ def flashinfer():
         return None
 
 
-def environment() -> dict:
+def environment(probe_flashinfer: bool = True) -> dict:
     env = {
         "date": str(date.today()),
         "torch": torch.__version__,
@@ -222,10 +224,36 @@ def environment() -> dict:
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(device=p.name, sms=p.multi_processor_count)
-    fi = flashinfer()
+    fi = flashinfer() if probe_flashinfer else None
     if fi is not None:
         env["flashinfer"] = getattr(fi, "__version__", "?")
     return env
+
+
+def device_tag(name: str) -> str:
+    """A short lower-case device name for file names: "NVIDIA H200" -> "h200", "NVIDIA H100
+    80GB HBM3" -> "h100"; "gpu" when no model number shows."""
+    m = re.search(r"\b([a-z]{1,2}\d{2,4}[a-z]?)\b", name.lower())
+    return m.group(1) if m else "gpu"
+
+
+def git_commit() -> str:
+    """The checkout's short commit, or "nogit" (a copy of the tree without .git)."""
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        return out.stdout.strip() or "nogit"
+    except Exception:  # noqa: BLE001 - no git binary
+        return "nogit"
+
+
+def default_out(env: dict, suffix: str = "") -> str:
+    """bench/results/<device>_<date>_<commit><suffix>.json (bench/results/README.md's names)."""
+    name = f"{device_tag(env.get('device', 'gpu'))}_{env.get('date', date.today())}_{git_commit()}"
+    return os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results", name + suffix + ".json"
+    )
 
 
 def fastest_of(rounds: list[list[Record]]) -> list[Record]:
@@ -246,7 +274,11 @@ def fastest_of(rounds: list[list[Record]]) -> list[Record]:
     return out
 
 
-def save(path: str, env: dict, ceilings: dict, records: list[Record]) -> None:
+def save(
+    path: str, env: dict, ceilings: dict, records: list[Record], meta: dict | None = None
+) -> None:
+    """Write the records (with GB/s, TFLOP/s and fractions of the ceilings) as JSON; `meta`'s
+    keys (a suite's seed, errors, ...) join the top level."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     rows = []
     for r in records:
@@ -258,7 +290,7 @@ def save(path: str, env: dict, ceilings: dict, records: list[Record]) -> None:
             d["frac_mm"] = round(r.tflops / ceilings["mm_tflops"], 3)
         rows.append(d)
     with open(path, "w") as f:
-        json.dump({"env": env, "ceilings": ceilings, "records": rows}, f, indent=1)
+        json.dump({"env": env, "ceilings": ceilings, "records": rows, **(meta or {})}, f, indent=1)
 
 
 def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") -> str:

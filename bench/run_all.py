@@ -1,11 +1,17 @@
 """The benchmark suite: ceilings, peers and pagedattn in one process, on the same data.
 
-Usage: python bench/run_all.py [--suites mha,mla] [--rounds 2] [--out bench/results/x.json]
-Writes JSON and a PNG plot beside it, and prints a ratio table and issue 5's MLA targets
-(`bench/targets.py`) last. With --rounds N (default 2) every suite runs N times (fresh inputs
-and allocations each round) and each (config, impl) keeps its fastest round; all rounds' times
-stay in extra["ms_rounds"]. On the H100 some configs ran 1.1-1.5x slow for a whole round (a
-different one each process).
+Usage: python bench/run_all.py [--suites mha,mla,real] [--rounds 2] [--seed 0]
+                               [--out bench/results/x.json]
+       python bench/run_all.py --suite real        # the real-workload suite alone (~5 min)
+Writes JSON and a PNG plot beside it (default name bench/results/<device>_<date>_<commit>.json),
+and prints a ratio table and issue 5's MLA targets (`bench/targets.py`). With --rounds N
+(default 2) the mha and mla suites run N times (fresh inputs and allocations each round) and
+each (config, impl) keeps its fastest round; all rounds' times stay in extra["ms_rounds"]. On
+the H100 some configs ran 1.1-1.5x slow for a whole round (a different one each process).
+
+The real-workload suite (`bench/bench_real.py`: skewed and mixed batches, sparse MLA, host
+cost) runs once, after the others, with the same ceilings, into its own `<out>_real.json` and
+`<out>_real.png`, and prints issue 56's targets and its short table last.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from common import (  # noqa: E402
     copy_bandwidth,
+    default_out,
     environment,
     fastest_of,
     matmul_tflops,
@@ -30,12 +37,16 @@ from common import (  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suites", default="mha,mla")
-    ap.add_argument("--out", default="bench/results/latest.json")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--suites", "--suite", dest="suites", default="mha,mla,real")
+    ap.add_argument("--out", default=None, help="default bench/results/<device>_<date>_<commit>")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the mha and mla suites")
+    ap.add_argument("--seed", type=int, default=0, help="the real suite's length generator")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("bench/run_all.py needs a CUDA device; the host benchmark is bench/bench_manager.py")
+        print(
+            "bench/run_all.py needs a CUDA device; the host benchmark is bench/bench_manager.py, "
+            "the real suite's CPU dry run `bench/bench_real.py --dry-run`"
+        )
         return
     env = environment()
     ceilings = {"copy_gbps": copy_bandwidth(), "mm_tflops": matmul_tflops()}
@@ -43,11 +54,24 @@ def main() -> None:
     print(
         f"[bench] copy {ceilings['copy_gbps']:.0f} GB/s, bf16 mm {ceilings['mm_tflops']:.0f} TF/s"
     )
+    suites = args.suites.split(",")
+    out = args.out or default_out(env)
+    if [s for s in suites if s != "real"]:
+        run_rounds(args, [s for s in suites if s != "real"], out, env, ceilings)
+    if "real" in suites:
+        import bench_real
+
+        real_out = out.rsplit(".", 1)[0] + "_real.json"
+        bench_real.run_and_save(real_out, env, ceilings, seed=args.seed)
+
+
+def run_rounds(args, suites: list[str], out: str, env: dict, ceilings: dict) -> None:
+    """The mha / mla suites, `args.rounds` times, each (config, impl) its fastest round."""
     rounds: list[list] = []
     for _ in range(max(1, args.rounds)):
         records: list = []
         rounds.append(records)
-        for suite in args.suites.split(","):
+        for suite in suites:
             try:
                 if suite == "mha":
                     import bench_mha
@@ -63,15 +87,16 @@ def main() -> None:
                 traceback.print_exc()
                 print(f"[bench] suite {suite} failed: {e}")
         records = fastest_of(rounds)
-        save(args.out, env, ceilings, records)
+        save(out, env, ceilings, records)
     from plot import plot
 
-    plot(args.out)
+    plot(out)
+    print(f"[bench] {out}")
     print(ratio_table(records, ceilings))
-    if "mla" in args.suites.split(","):
+    if "mla" in suites:
         from targets import target_table
 
-        print(target_table(args.out))
+        print(target_table(out))
 
 
 if __name__ == "__main__":
