@@ -1,0 +1,474 @@
+"""`ModelConfig`: the fields of a Hugging Face `config.json` the models use, parsed and frozen.
+
+`ModelConfig.from_hf(src)` accepts a `config.json` dict, a `transformers.PretrainedConfig` (read
+through its `to_dict()`; transformers itself is never imported here) or a checkpoint folder (a
+path holding `config.json`). Missing optional fields take transformers 5's defaults for the
+model type (head_dim: Qwen3 128, others hidden_size // heads; rope theta: gpt-oss 150000,
+others 10000; ...). Unknown architectures / model types raise `UnsupportedModelError` listing
+the supported ones; a supported model with an unsupported feature (a RoPE type, a hidden
+activation, partial rotary, per-layer RoPE) raises it too, naming the feature.
+
+`kv_cache_params(config, dtype=..., page_size=...)` builds the `KVCacheParams` of a model's
+paged KV cache: one cache of every layer (sliding-window layers keep every token too; their
+mask hides what is out of the window).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..cache.params import KVCacheParams, KVQuantConfig
+from ..errors import InvalidArgumentError, check
+
+# architecture (config.json "architectures"[0]) -> model_type. The registry (models/registry.py)
+# maps the same names to classes.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "GptOssForCausalLM": "gpt_oss",
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(SUPPORTED_ARCHITECTURES.values()))
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+# transformers 5.24's defaults for fields a config.json may leave out (configuration_*.py).
+_DEFAULT_THETA = {"gpt_oss": 150000.0}
+_DEFAULT_EPS = {"gpt_oss": 1e-5}
+_DEFAULT_HEAD_DIM = {"qwen3": 128, "gpt_oss": 64}
+_DEFAULT_MAX_POS = {
+    "llama": 2048,
+    "mistral": 131072,
+    "qwen2": 32768,
+    "qwen3": 32768,
+    "gpt_oss": 131072,
+}
+_GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class UnsupportedModelError(InvalidArgumentError):
+    """A checkpoint whose architecture, model type or a feature of it pagedattn's models do not
+    implement. The message lists what is supported."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """RoPE of a checkpoint, as transformers 5's `rope_parameters` after `standardize_rope_params`.
+
+    rope_type: "default", "linear", "llama3" or "yarn" (`layers.rope_inv_freq` computes the
+    frequencies as transformers' `ROPE_INIT_FUNCTIONS` / `compute_default_rope_parameters` do).
+    Fields a type does not use stay None.
+    """
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float | None = None  # llama3
+    high_freq_factor: float | None = None  # llama3
+    beta_fast: float | None = None  # yarn
+    beta_slow: float | None = None  # yarn
+    truncate: bool = True  # yarn
+    attention_factor: float | None = None  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    max_position_embeddings: int = 2048  # yarn's factor when `factor` is None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only checkpoint's architecture (the fields pagedattn's models read).
+
+    layer_types: per layer "full_attention" or "sliding_attention"; `layer_window(i)` is the
+    sliding window W of layer i (a query at position p sees keys in (p - W, p], as transformers'
+    `sliding_window_causal_mask_function`) or None.
+    num_experts: 0 for a dense MLP; else a top-`num_experts_per_tok` MoE (gpt-oss).
+    """
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    attention_sinks: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    hidden_act: str = "silu"
+    dtype: torch.dtype | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    quantization: Mapping | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v >= 1, f"config.{name}", "an int >= 1", v)
+        check(
+            isinstance(self.head_dim, int) and self.head_dim >= 2 and self.head_dim % 2 == 0,
+            "config.head_dim",
+            "an even int >= 2",
+            self.head_dim,
+        )
+        check(
+            self.num_heads % self.num_kv_heads == 0,
+            "config.num_attention_heads",
+            f"a multiple of num_key_value_heads={self.num_kv_heads}",
+            self.num_heads,
+        )
+        check(
+            len(self.layer_types) == self.num_layers,
+            "config.layer_types",
+            f"{self.num_layers} entries (one per layer)",
+            len(self.layer_types),
+        )
+        bad = sorted(set(self.layer_types) - {"full_attention", "sliding_attention"})
+        if bad:
+            raise UnsupportedModelError(
+                f"config.layer_types: {bad} not supported (supported: 'full_attention', "
+                "'sliding_attention')"
+            )
+        if self.sliding_window is not None:
+            check(
+                isinstance(self.sliding_window, int) and self.sliding_window >= 1,
+                "config.sliding_window",
+                "an int >= 1 or None",
+                self.sliding_window,
+            )
+        if self.num_experts:
+            check(
+                1 <= self.num_experts_per_tok <= self.num_experts,
+                "config.num_experts_per_tok",
+                f"in [1, num_experts={self.num_experts}]",
+                self.num_experts_per_tok,
+            )
+
+    # Derived -------------------------------------------------------------------------------
+    def layer_window(self, layer_idx: int) -> int | None:
+        """Sliding window of layer `layer_idx`, or None for full causal attention."""
+        if self.layer_types[layer_idx] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    # Parsing -------------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, src: object) -> ModelConfig:
+        """Parse a config.json dict, a transformers PretrainedConfig or a checkpoint folder."""
+        if isinstance(src, ModelConfig):
+            return src
+        return _parse(_as_dict(src))
+
+
+def _as_dict(src: object) -> dict:
+    if isinstance(src, Mapping):
+        return dict(src)
+    if isinstance(src, (str, os.PathLike)):
+        path = Path(src)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise InvalidArgumentError(f"config: no config.json at {str(path)!r}")
+        with open(path) as f:
+            return json.load(f)
+    to_dict = getattr(src, "to_dict", None)
+    if callable(to_dict):  # a transformers PretrainedConfig
+        d = to_dict()
+        # to_dict() leaves out some attributes set in __post_init__; read them directly.
+        for k in ("head_dim", "layer_types", "rope_parameters", "sliding_window"):
+            if hasattr(src, k):
+                d[k] = getattr(src, k)
+        return d
+    raise InvalidArgumentError(
+        "config: expected a config.json dict, a transformers PretrainedConfig or a checkpoint "
+        f"folder, got {type(src).__name__}"
+    )
+
+
+def _unsupported_arch(what: str) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"{what} is not supported; supported architectures: "
+        f"{', '.join(SUPPORTED_ARCHITECTURES)} (model types: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    )
+
+
+def _resolve_arch(d: dict) -> tuple[str, str]:
+    archs = d.get("architectures") or []
+    model_type = d.get("model_type")
+    if archs:
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise _unsupported_arch(f"architecture {arch!r}")
+        return arch, SUPPORTED_ARCHITECTURES[arch]
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise _unsupported_arch(f"model_type {model_type!r}")
+    arch = next(a for a, t in SUPPORTED_ARCHITECTURES.items() if t == model_type)
+    return arch, model_type
+
+
+def _required(d: dict, key: str) -> object:
+    if d.get(key) is None:
+        raise InvalidArgumentError(f"config.{key}: required, missing from the config")
+    return d[key]
+
+
+def _opt_float(v: object) -> float | None:
+    return None if v is None else float(v)
+
+
+def _parse_rope(d: dict, model_type: str, max_pos: int) -> RopeConfig:
+    """transformers 5's `convert_rope_params_to_dict` + `standardize_rope_params`: rope_parameters
+    (or the legacy rope_scaling) with rope_theta and original_max_position_embeddings folded in."""
+    rp = d.get("rope_parameters") or d.get("rope_scaling")
+    if rp is None and model_type == "gpt_oss":
+        rp = _GPT_OSS_ROPE
+    rp = dict(rp or {})
+    layer_types = set(d.get("layer_types") or ())
+    if layer_types & set(rp):
+        raise UnsupportedModelError(
+            f"config.rope_parameters: per-layer-type RoPE ({sorted(layer_types & set(rp))}) is "
+            "not supported; one RoPE for every layer is"
+        )
+    rope_type = rp.get("rope_type", rp.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"config.rope_parameters.rope_type: {rope_type!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    partial = rp.get("partial_rotary_factor", d.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        raise UnsupportedModelError(
+            f"config.partial_rotary_factor: {partial} is not supported (only full rotary, 1.0)"
+        )
+    theta = rp.get("rope_theta", d.get("rope_theta"))
+    theta = float(_DEFAULT_THETA.get(model_type, 10000.0) if theta is None else theta)
+    orig = None
+    if rope_type in ("llama3", "yarn"):
+        # standardize_rope_params: a top-level original_max_position_embeddings wins.
+        orig = d.get("original_max_position_embeddings") or rp.get(
+            "original_max_position_embeddings", max_pos
+        )
+        orig = int(orig)
+    factor = _opt_float(rp.get("factor"))
+    if rope_type in ("linear", "llama3"):
+        check(factor is not None, "config.rope_parameters.factor", "a number", None)
+    if rope_type == "llama3":
+        for k in ("low_freq_factor", "high_freq_factor"):
+            check(rp.get(k) is not None, f"config.rope_parameters.{k}", "a number", None)
+    return RopeConfig(
+        rope_type=rope_type,
+        theta=theta,
+        factor=factor,
+        original_max_position_embeddings=orig,
+        low_freq_factor=_opt_float(rp.get("low_freq_factor")),
+        high_freq_factor=_opt_float(rp.get("high_freq_factor")),
+        beta_fast=_opt_float(rp.get("beta_fast")),
+        beta_slow=_opt_float(rp.get("beta_slow")),
+        truncate=bool(rp.get("truncate", True)),
+        attention_factor=_opt_float(rp.get("attention_factor")),
+        mscale=_opt_float(rp.get("mscale")),
+        mscale_all_dim=_opt_float(rp.get("mscale_all_dim")),
+        max_position_embeddings=max_pos,
+    )
+
+
+def _window_and_types(d: dict, model_type: str, num_layers: int) -> tuple[int | None, tuple]:
+    """(sliding_window, layer_types) as transformers 5.24's config classes and attention modules
+    resolve them."""
+    full = ("full_attention",) * num_layers
+    if model_type == "llama":
+        return None, full  # LlamaAttention has no sliding window
+    if model_type == "mistral":
+        # MistralConfig ignores layer_types; every layer slides when sliding_window is set
+        # (MistralModel: create_sliding_window_causal_mask iff config.sliding_window).
+        w = d.get("sliding_window")
+        return (None, full) if w is None else (int(w), ("sliding_attention",) * num_layers)
+    if model_type in ("qwen2", "qwen3"):
+        # Qwen2Config/Qwen3Config.__post_init__: the window only with use_sliding_window; layer i
+        # slides when i >= max_window_layers unless layer_types is given.
+        w = d.get("sliding_window") if d.get("use_sliding_window", False) else None
+        w = None if w is None else int(w)
+        types = d.get("layer_types")
+        if types is None:
+            mwl = int(d.get("max_window_layers", 28))
+            types = [
+                "sliding_attention" if w is not None and i >= mwl else "full_attention"
+                for i in range(num_layers)
+            ]
+        if w is None:  # Qwen2Attention.sliding_window is None whatever the layer type
+            types = full
+        return w, tuple(types)
+    # gpt_oss: GptOssConfig.__post_init__ alternates sliding (even) and full (odd) layers.
+    w = d.get("sliding_window", 128)
+    types = d.get("layer_types")
+    if types is None:
+        types = [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)
+        ]
+    if w is None:
+        types = full
+    return (None if w is None else int(w)), tuple(types)
+
+
+def _parse(d: dict) -> ModelConfig:
+    arch, mt = _resolve_arch(d)
+    hidden = int(_required(d, "hidden_size"))
+    heads = int(_required(d, "num_attention_heads"))
+    layers = int(_required(d, "num_hidden_layers"))
+    kv_heads = d.get("num_key_value_heads")
+    kv_heads = heads if kv_heads is None else int(kv_heads)
+    # A missing head_dim takes the config class's default (Qwen3 128, gpt-oss 64); a null one
+    # (or a class without the field) is hidden_size // num_attention_heads.
+    head_dim = d["head_dim"] if "head_dim" in d else _DEFAULT_HEAD_DIM.get(mt)
+    head_dim = hidden // heads if head_dim is None else head_dim
+    max_pos = int(d.get("max_position_embeddings") or _DEFAULT_MAX_POS[mt])
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"config.hidden_act: {act!r} is not supported (only 'silu')")
+    window, types = _window_and_types(d, mt, layers)
+    eos = d.get("eos_token_id")
+    eos = (
+        ()
+        if eos is None
+        else (tuple(int(e) for e in eos) if isinstance(eos, Sequence) else (int(eos),))
+    )
+    dtype = d.get("dtype", d.get("torch_dtype"))
+    if isinstance(dtype, str):
+        dtype = _DTYPES.get(dtype.removeprefix("torch."))
+    elif not isinstance(dtype, torch.dtype):
+        dtype = None
+    attn_bias = bool(d.get("attention_bias", mt == "gpt_oss"))
+    quant = d.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+        if not (mt == "gpt_oss" and method == "mxfp4"):
+            raise UnsupportedModelError(
+                f"config.quantization_config: quant_method {method!r} is not supported for "
+                f"{mt!r} (supported: gpt_oss 'mxfp4', dequantized at load time)"
+            )
+        quant = dict(quant)
+    moe = mt == "gpt_oss"
+    return ModelConfig(
+        architecture=arch,
+        model_type=mt,
+        vocab_size=int(_required(d, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(_required(d, "intermediate_size")),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        rms_norm_eps=float(d.get("rms_norm_eps") or _DEFAULT_EPS.get(mt, 1e-6)),
+        rope=_parse_rope(d, mt, max_pos),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        # Qwen2Attention hard-codes bias=True on q/k/v and none on o_proj, MistralAttention no
+        # bias at all; Llama/Qwen3/gpt-oss read attention_bias for q, k, v and o.
+        qkv_bias=True if mt == "qwen2" else (attn_bias if mt != "mistral" else False),
+        o_bias=attn_bias if mt in ("llama", "qwen3", "gpt_oss") else False,
+        mlp_bias=bool(d.get("mlp_bias", False)) if mt == "llama" else False,
+        qk_norm=mt == "qwen3",
+        sliding_window=window,
+        layer_types=types,
+        attention_sinks=mt == "gpt_oss",
+        num_experts=int(d.get("num_local_experts", 128)) if moe else 0,
+        num_experts_per_tok=int(d.get("num_experts_per_tok", 4)) if moe else 0,
+        swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(d.get("swiglu_limit", 7.0)),
+        hidden_act=act,
+        dtype=dtype,
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=eos,
+        quantization=quant,
+    )
+
+
+def kv_cache_params(
+    config: object,
+    *,
+    dtype: torch.dtype,
+    page_size: int,
+    devices: Sequence[str | torch.device] | str | torch.device = ("cpu",),
+    quantization: KVQuantConfig | None = None,
+    data_parallel_degree: int = 1,
+    enable_prefix_caching: bool = True,
+    enable_dispatch_metadata: bool = True,
+    enable_speculative: bool = False,
+) -> KVCacheParams:
+    """`KVCacheParams` of a model's paged KV cache (every layer, K and V, all KV heads).
+
+    config: a `ModelConfig` or anything `ModelConfig.from_hf` accepts. dtype: the model's
+    compute dtype (the K/V the layers write); with `quantization` the storage is FP8.
+    """
+    cfg = ModelConfig.from_hf(config)
+    return KVCacheParams(
+        dtype=dtype,
+        num_layers=cfg.num_layers,
+        n_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        page_size=page_size,
+        num_q_heads=cfg.num_heads,
+        devices=devices,
+        data_parallel_degree=data_parallel_degree,
+        enable_prefix_caching=enable_prefix_caching,
+        quantization=quantization,
+        enable_dispatch_metadata=enable_dispatch_metadata,
+        enable_speculative=enable_speculative,
+    )
+
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "SUPPORTED_MODEL_TYPES",
+    "SUPPORTED_ROPE_TYPES",
+    "ModelConfig",
+    "RopeConfig",
+    "UnsupportedModelError",
+    "kv_cache_params",
+]

@@ -1,0 +1,319 @@
+"""Building blocks of the decoder models, in plain torch (any device), plus the paged attention
+call every model makes.
+
+- `Linear`, `RMSNorm`, `RotaryEmbedding` / `apply_rope`, `SwiGLUMLP`, `GptOssMoE`: the math of
+  transformers 5.24's modules (each cites the class it follows), with fused projections (q|k|v,
+  gate|up) whose weights the loader concatenates from the checkpoint's separate tensors.
+- `rope_inv_freq`: RoPE inverse frequencies and the cos/sin scale for the rope types of
+  `config.SUPPORTED_ROPE_TYPES`, computed as transformers' rope init functions do (float32).
+- `StepContext` + `paged_attention`: one layer's attention over the paged cache: `store_kv` of
+  the step's new K/V at `cache_length(b) + i`, then `mha` of the ragged queries over
+  `cache_length(b) + q_len(b)` keys through `PagedOperand`s.
+
+Parameters are created uninitialised (`torch.empty`, usually on the meta device) and filled by
+`models.loader`. Nothing here syncs with the host except `GptOssMoE`, which gathers each
+expert's tokens (eager only: not CUDA-graph safe yet).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache.inputs import KVCacheInputsPerDevice
+from ..cache.params import KVCacheParams
+from ..operands import PagedOperand
+from ..ops.masks import Mask
+from ..ops.mha import mha
+from ..ops.store_kv import store_kv
+from .config import ModelConfig, RopeConfig
+
+
+def _param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T (+ bias); weight [out, in] as nn.Linear (and HF checkpoints) store it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype=None) -> None:
+        super().__init__()
+        self.weight = _param(out_features, in_features, dtype=dtype)
+        self.bias = _param(out_features, dtype=dtype) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, statistics in float32.
+
+    weight_first=False (LlamaRMSNorm, Qwen2/Qwen3RMSNorm): `weight * x_normed.to(x.dtype)`.
+    weight_first=True (GptOssRMSNorm, whose weight transformers keeps in float32):
+    `(weight * x_normed).to(x.dtype)`.
+    `forward(x, residual)` adds the residual first (in x's dtype, as the decoder layers' `residual
+    + hidden_states`) and returns (normed, new residual).
+    """
+
+    def __init__(self, dim: int, eps: float, dtype=None, weight_first: bool = False) -> None:
+        super().__init__()
+        self.weight = _param(dim, dtype=dtype)
+        self.eps = float(eps)
+        self.weight_first = weight_first
+
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight_first:
+            return (self.weight * h).to(dt)
+        return self.weight * h.to(dt)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self.norm(x)
+        x = residual + x
+        return self.norm(x), x
+
+
+# RoPE ---------------------------------------------------------------------------------------
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """(inv_freq [head_dim // 2] float32 on the CPU, attention_scaling) for a RoPE config.
+
+    The same float32 arithmetic as transformers 5.24's `compute_default_rope_parameters` and
+    `modeling_rope_utils._compute_{linear_scaling,llama3,yarn}_parameters` (bit-identical)."""
+    dim, base = head_dim, rope.theta
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim
+    inv_freq = 1.0 / (base**exponents)
+    t = rope.rope_type
+    if t == "default":
+        return inv_freq, 1.0
+    if t == "linear":
+        return inv_freq / rope.factor, 1.0
+    if t == "llama3":
+        factor, old_ctx = rope.factor, rope.original_max_position_embeddings
+        low_wl = old_ctx / rope.low_freq_factor
+        high_wl = old_ctx / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wl, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if t == "yarn":
+        orig = rope.original_max_position_embeddings
+        factor = rope.factor
+        if factor is None:
+            factor = rope.max_position_embeddings / orig
+        att = rope.attention_factor
+        if att is None:
+            if rope.mscale and rope.mscale_all_dim:
+                att = _yarn_mscale(factor, rope.mscale) / _yarn_mscale(factor, rope.mscale_all_dim)
+            else:
+                att = _yarn_mscale(factor)
+        beta_fast = rope.beta_fast or 32
+        beta_slow = rope.beta_slow or 1
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if rope.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # as transformers: no singular ramp
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+        extrapolation = 1.0 / pos_freqs
+        interpolation = 1.0 / (factor * pos_freqs)
+        extra_factor = 1 - ramp
+        inv = interpolation * (1 - extra_factor) + extrapolation * extra_factor
+        return inv, float(att)
+    raise AssertionError(f"rope type {t!r} passed config validation")  # pragma: no cover
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin of absolute positions: `forward(positions [T] int64, dtype) -> (cos, sin)`, each
+    [T, head_dim // 2] in `dtype`: float32 `positions * inv_freq`, cos/sin, times the rope's
+    attention scaling, cast (LlamaRotaryEmbedding.forward / GptOssRotaryEmbedding.forward)."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int) -> None:
+        super().__init__()
+        self.rope, self.head_dim = rope, head_dim
+        inv_freq, self.attention_scaling = rope_inv_freq(rope, head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def reset_buffers(self, device: torch.device | str) -> None:
+        """Recompute inv_freq on `device` (after the model left the meta device)."""
+        self.inv_freq = rope_inv_freq(self.rope, self.head_dim)[0].to(device)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        cos = freqs.cos() * self.attention_scaling
+        sin = freqs.sin() * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style (rotate-half) RoPE: x [T, heads, d], cos/sin [T, d // 2]; the pairs are
+    (i, i + d/2), as HF Llama's `rotate_half` and gpt-oss's `_apply_rotary_emb`."""
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+# MLPs ---------------------------------------------------------------------------------------
+class SwiGLUMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) (LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP); gate and up are one
+    fused projection `gate_up_proj` [2 * inter, hidden] (the checkpoint's gate_proj; up_proj)."""
+
+    def __init__(self, hidden: int, inter: int, bias: bool, dtype=None) -> None:
+        super().__init__()
+        self.inter = inter
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype)
+        self.down_proj = Linear(inter, hidden, bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class GptOssRouter(nn.Module):
+    """GptOssTopKRouter: logits = x @ W.T + b; top-k of the logits; softmax over the k values
+    (in the logits' dtype). Returns (scores [T, k], expert ids [T, k])."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, dtype=None) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.weight = _param(num_experts, hidden, dtype=dtype)
+        self.bias = _param(num_experts, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.weight, self.bias)
+        top_v, top_i = torch.topk(logits, self.top_k, dim=-1)
+        return torch.softmax(top_v, dim=1, dtype=top_v.dtype), top_i
+
+
+class GptOssExperts(nn.Module):
+    """GptOssExperts: per expert e, gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e] with
+    gate/up interleaved (columns ::2 / 1::2), the clamped SwiGLU `_apply_gate` (gate clamped
+    above at `limit`, up to [-limit, limit], (up + 1) * gate * sigmoid(alpha * gate)), then
+    @ down_proj[e] + down_proj_bias[e], weighted by the routing score and summed over the
+    token's experts (in expert order, as transformers' index_add_ loop).
+
+    Weights keep the checkpoint's layout: gate_up_proj [E, hidden, 2 * inter], down_proj
+    [E, inter, hidden]."""
+
+    def __init__(self, cfg: ModelConfig, dtype=None) -> None:
+        super().__init__()
+        E, H, inter = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+        self.num_experts = E
+        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+        self.gate_up_proj = _param(E, H, 2 * inter, dtype=dtype)
+        self.gate_up_proj_bias = _param(E, 2 * inter, dtype=dtype)
+        self.down_proj = _param(E, inter, H, dtype=dtype)
+        self.down_proj_bias = _param(E, H, dtype=dtype)
+
+    def _gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate = gate_up[..., ::2].clamp(max=self.limit)
+        up = gate_up[..., 1::2].clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def forward(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
+        out = torch.zeros_like(x)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync
+        k = experts.shape[1]
+        tokens, slots = order // k, order % k
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            t, s = tokens[start : start + n], slots[start : start + n]
+            start += n
+            h = x[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+            h = self._gate(h) @ self.down_proj[e] + self.down_proj_bias[e]
+            out.index_add_(0, t, (h * scores[t, s, None]).to(x.dtype))
+        return out
+
+
+class GptOssMoE(nn.Module):
+    """GptOssMLP: router then experts."""
+
+    def __init__(self, cfg: ModelConfig, dtype=None) -> None:
+        super().__init__()
+        self.router = GptOssRouter(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, dtype)
+        self.experts = GptOssExperts(cfg, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores, experts = self.router(x)
+        return self.experts(x, scores, experts)
+
+
+# Attention over the paged cache ---------------------------------------------------------------
+@dataclass
+class StepContext:
+    """What every layer of one step reads: the device's cache inputs, the cache's params, the
+    [b + 1] int32 query offsets, and the step's RoPE cos/sin ([T, head_dim // 2])."""
+
+    kv_inputs: KVCacheInputsPerDevice
+    kv_params: KVCacheParams
+    q_row_offsets: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layer_idx: int,
+    ctx: StepContext,
+    *,
+    mask: Mask,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One layer's attention for a ragged step: q [T, h_q, d], k/v [T, h_kv, d] of the step's
+    tokens. Writes k/v into the cache at `cache_length(b) + i` (`store_kv`), then `mha` over
+    each request's `cache_length(b) + q_len(b)` keys. Returns [T, h_q, d]."""
+    inputs, params, offs = ctx.kv_inputs, ctx.kv_params, ctx.q_row_offsets
+    store_kv(k, v, inputs, params, layer_idx, offs)
+    return mha(
+        q,
+        PagedOperand(inputs, params, layer_idx, "k"),
+        PagedOperand(inputs, params, layer_idx, "v"),
+        offs,
+        mask=mask,
+        scale=scale,
+        sinks=sinks,
+    )
+
+
+__all__ = [
+    "GptOssExperts",
+    "GptOssMoE",
+    "GptOssRouter",
+    "Linear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "StepContext",
+    "SwiGLUMLP",
+    "apply_rope",
+    "paged_attention",
+    "rope_inv_freq",
+]
