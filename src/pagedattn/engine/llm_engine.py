@@ -1,0 +1,432 @@
+"""`LLMEngine`: requests in, tokens out, one model step at a time.
+
+    engine = LLMEngine("ckpt/", device="cuda", page_size=16, gpu_memory_utilization=0.9)
+    rid = engine.add_request("Hello", SamplingParams(max_tokens=32))
+    while engine.has_unfinished_requests():
+        for out in engine.step():        # the requests that got a token this step
+            print(out.request_id, out.outputs[0].new_text)
+
+A step: `Scheduler.schedule()` (admission, chunked prefill, preemption; `alloc` for each
+request) -> `build_step_inputs` (ids, positions, offsets, slots, logits rows, kv_inputs) ->
+`ModelRunner.execute` (the model writes the new K/V and returns the logits rows) -> `sample` on
+the device -> `Scheduler.update` (`manager.step`, stop checks, `release`).
+
+Faults: a prompt the cache could never hold raises `PromptTooLongError` in `add_request`, with
+nothing enqueued. An exception inside a step (the model, the sampler, a device error) propagates
+after nothing was committed: every request keeps its committed tokens (the step's allocations
+stay reserved and are reused), the manager's invariants hold, and the next `step()` retries the
+work; `abort_request` drops a request for good.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Sequence as SequenceABC
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..cache.manager import PagedKVCacheManager
+from ..cache.params import KVQuantConfig
+from ..errors import INT64_MAX, InvalidArgumentError, UnknownRequestError, check, check_int
+from ..models import kv_cache_params, load_model
+from .errors import NoTokenizerError, NotSupportedYetError, PromptTooLongError
+from .metrics import EngineStats
+from .model_runner import ModelRunner
+from .outputs import CompletionOutput, RequestOutput
+from .sampler import SamplingTensors, sample
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence
+from .step_inputs import build_step_inputs
+from .tokenizer import Tokenizer, load_tokenizer
+
+Prompt = str | dict | SequenceABC  # text, {"prompt_token_ids": [...]} or a list of token ids
+
+# Default pool without a memory budget (CPU): this many tokens (at most max_model_len * 4).
+_CPU_DEFAULT_TOKENS = 16384
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+class LLMEngine:
+    """An offline engine over one model and one paged KV cache.
+
+    model: a checkpoint folder (loaded with `models.load_model`) or a loaded model (an
+      `nn.Module` with the step `forward`, `config` (a models.ModelConfig), `dtype` and
+      `attach_kv_cache`).
+    device / dtype: where and in what dtype to load a folder (default: CUDA when available, the
+      checkpoint's dtype). A loaded model keeps its own.
+    page_size: tokens per KV page (any int >= 1).
+    num_pages / gpu_memory_utilization: the pool's size, at most one of them. The fraction of the
+      GPU's memory for the whole process (weights, activations and the cache; default 0.9 on
+      CUDA); on the CPU the default pool holds min(16384, 4 * max_model_len) tokens.
+    max_num_batched_tokens: the step's token budget (decodes + prefill chunks).
+    max_num_seqs: most requests running at once.
+    max_model_len: most tokens (prompt + generated) of a request (default: the config's
+      max_position_embeddings), capped by what the pool holds.
+    tensor_parallel_size: 1 (more raises NotSupportedYetError).
+    tokenizer: a folder or tokenizer object (default: the checkpoint folder's, if any).
+    enable_prefix_caching / kv_quantization: the cache's (`KVCacheParams`).
+    seed: seeds the per-request seeds of requests without one.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        page_size: int = 16,
+        num_pages: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
+        tokenizer: object | None = None,
+        enable_prefix_caching: bool = True,
+        kv_quantization: KVQuantConfig | None = None,
+        seed: int = 0,
+    ) -> None:
+        tp = check_int("tensor_parallel_size", tensor_parallel_size, 1)
+        if tp > 1:
+            raise NotSupportedYetError(
+                f"tensor_parallel_size={tp}: tensor parallelism is not implemented yet "
+                "(one device per engine for now)"
+            )
+        page_size = check_int("page_size", page_size, 1)
+        max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+        check(
+            num_pages is None or gpu_memory_utilization is None,
+            "num_pages/gpu_memory_utilization",
+            "at most one of them",
+            f"num_pages={num_pages!r}, gpu_memory_utilization={gpu_memory_utilization!r}",
+        )
+        folder = None
+        if isinstance(model, (str, os.PathLike)):
+            folder = Path(model)
+            dev = torch.device(device) if device is not None else _default_device()
+            model = load_model(folder, device=dev, dtype=dtype)
+        else:
+            check(isinstance(model, torch.nn.Module), "model", "a folder or an nn.Module", model)
+            dev = torch.device(device) if device is not None else _model_device(model)
+            check(
+                dtype is None or dtype == model.dtype,
+                "dtype",
+                f"None or the loaded model's dtype {model.dtype}",
+                dtype,
+            )
+        self.model = model
+        self.device = dev
+        self.config = cfg = model.config
+        self.tokenizer: Tokenizer | None = load_tokenizer(
+            tokenizer if tokenizer is not None else folder
+        )
+        if tokenizer is not None and self.tokenizer is None:
+            raise NoTokenizerError(f"tokenizer: no tokenizer files in {str(tokenizer)!r}")
+
+        # KV cache.
+        params = kv_cache_params(
+            cfg,
+            dtype=model.dtype,
+            page_size=page_size,
+            devices=[dev],
+            quantization=kv_quantization,
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        want_len = cfg.max_position_embeddings if max_model_len is None else max_model_len
+        want_len = check_int("max_model_len", want_len, 1, 2**31 - 1)
+        if num_pages is None:
+            num_pages = self._pool_pages(
+                params, gpu_memory_utilization, want_len, max_num_batched_tokens, max_num_seqs
+            )
+        num_pages = check_int("num_pages", num_pages, 1, 2**31 - 1)
+        capacity = num_pages * page_size
+        if max_model_len is not None and max_model_len > capacity:
+            raise InvalidArgumentError(
+                f"max_model_len: {max_model_len} tokens do not fit the KV cache "
+                f"({num_pages} pages of {page_size} = {capacity} tokens)"
+            )
+        self.max_model_len = min(want_len, capacity)
+        model.attach_kv_cache(params)
+        self.manager = PagedKVCacheManager(
+            params,
+            total_num_pages=num_pages,
+            max_batch_size=max_num_seqs,
+            max_seq_len=self.max_model_len,
+        )
+        self.kv_params = params
+        self.scheduler = Scheduler(
+            self.manager,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len,
+            eos_token_ids=self._eos_ids(folder),
+        )
+        self.runner = ModelRunner(model, dev)
+        self._rng = random.Random(check_int("seed", seed, 0))
+        self._ids = itertools.count()
+        self._seqs: dict[int, Sequence] = {}
+        self._stats = EngineStats()
+
+    # Construction helpers ----------------------------------------------------------------
+    def _pool_pages(
+        self, params, utilization: float | None, max_len: int, max_tokens: int, max_seqs: int
+    ) -> int:
+        dev = self.device
+        if dev.type != "cuda":
+            check(
+                utilization is None,
+                "gpu_memory_utilization",
+                "None on a CPU device (give num_pages)",
+                utilization,
+            )
+            tokens = min(_CPU_DEFAULT_TOKENS, 4 * max_len)
+            return math.ceil(tokens / params.page_size)
+        util = 0.9 if utilization is None else utilization
+        check(
+            isinstance(util, float) and 0 < util <= 1,
+            "gpu_memory_utilization",
+            "a float in (0, 1]",
+            util,
+        )
+        total = torch.cuda.get_device_properties(dev).total_memory
+        used = torch.cuda.memory_reserved(dev)  # the weights, loaded already
+        act = self._activation_bytes(max_tokens, max_seqs)
+        budget = int(total * util) - used - act
+        if budget < params.bytes_per_page():
+            raise InvalidArgumentError(
+                f"gpu_memory_utilization: {util} of {total / 2**30:.1f} GiB leaves no room for "
+                f"the KV cache ({used / 2**30:.1f} GiB in use, about {act / 2**30:.1f} GiB "
+                "kept for activations)"
+            )
+        return params.pages_for_memory(budget)
+
+    def _activation_bytes(self, max_tokens: int, max_seqs: int) -> int:
+        """A generous estimate of one step's peak activations (float32 worst case): the
+        layer's temporaries for every token, the logits and the sampler's copies of them for
+        every request, and 256 MiB of slack."""
+        c = self.config
+        qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv)
+        return max_tokens * per_token + 4 * max_seqs * c.vocab_size * 4 + (256 << 20)
+
+    def _eos_ids(self, folder: Path | None) -> tuple[int, ...]:
+        ids = set(self.config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen = folder / "generation_config.json" if folder is not None else None
+        if gen is not None and gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, list):
+                ids.update(int(e) for e in eos)
+        return tuple(sorted(ids))
+
+    # Requests ----------------------------------------------------------------------------
+    def _prompt_tokens(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        text = None
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise NoTokenizerError(
+                    "prompt: a text prompt needs a tokenizer (none in the checkpoint folder); "
+                    'give {"prompt_token_ids": [...]} instead'
+                )
+            text, tokens = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, dict):
+            check(
+                "prompt_token_ids" in prompt,
+                "prompt",
+                'a dict with "prompt_token_ids"',
+                sorted(prompt),
+            )
+            tokens = prompt["prompt_token_ids"]
+        else:
+            tokens = prompt
+        if isinstance(tokens, torch.Tensor) and tokens.ndim == 1:
+            tokens = tokens.tolist()
+        check(
+            isinstance(tokens, (list, tuple)),
+            "prompt_token_ids",
+            "a list of token ids",
+            type(tokens).__name__,
+        )
+        bad = [t for t in tokens if not isinstance(t, (int, np.integer)) or isinstance(t, bool)]
+        check(not bad, "prompt_token_ids", "ints", bad[:5])
+        tokens = [int(t) for t in tokens]
+        check(len(tokens) >= 1, "prompt_token_ids", "at least one token", len(tokens))
+        V = self.config.vocab_size
+        bad = [t for t in tokens if not 0 <= t < V]
+        check(not bad, "prompt_token_ids", f"token ids in [0, vocab_size={V})", bad[:5])
+        if len(tokens) > self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt: {len(tokens)} tokens exceed max_model_len={self.max_model_len} "
+                f"(the KV cache holds {self.manager.total_num_pages} pages of "
+                f"{self.kv_params.page_size} tokens)"
+            )
+        return tokens, text
+
+    def _new_sequence(self, prompt: Prompt, params: SamplingParams | None) -> Sequence:
+        params = SamplingParams() if params is None else params
+        check(isinstance(params, SamplingParams), "sampling_params", "a SamplingParams", params)
+        tokens, text = self._prompt_tokens(prompt)
+        seed = params.seed if params.seed is not None else self._rng.randrange(INT64_MAX)
+        return Sequence(next(self._ids), tokens, params, seed, prompt=text)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> int:
+        """Queue a request; returns its id. Raises PromptTooLongError, NoTokenizerError or
+        InvalidArgumentError (nothing queued, other requests undisturbed)."""
+        seq = self._new_sequence(prompt, sampling_params)
+        self._enqueue(seq)
+        return seq.request_id
+
+    def abort_request(self, request_id: int) -> None:
+        """Drop a queued or running request (its pages are freed). Raises UnknownRequestError
+        for an id that is not in flight."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            raise UnknownRequestError(f"request_id: {request_id!r} is not in flight")
+        self.scheduler.abort(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    # Steps -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one step; the outputs of the requests that got a token (with text deltas)."""
+        return [self._output(s, delta=True) for s in self._step()]
+
+    def _step(self) -> list[Sequence]:
+        """One step; the sequences that got a token (finished ones are dropped from _seqs)."""
+        t0 = time.perf_counter()
+        sched = self.scheduler
+        try:
+            batch = sched.schedule()
+            self._note_pages()
+            if not batch.seqs:
+                return []
+            inputs = build_step_inputs(
+                self.manager,
+                [(s.request_id, s.tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
+                self.device,
+            )
+            logits = self.runner.execute(inputs)
+            rows = [batch.seqs[i] for i in inputs.sample_index]
+            st = SamplingTensors.build(
+                [s.params for s in rows],
+                [s.seed for s in rows],
+                [len(s.output_token_ids) for s in rows],
+                logits.shape[-1],
+                self.device,
+            )
+            sampled = sample(logits, st).tolist()
+            prompt_tokens = sum(
+                n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
+            )
+            updated = sched.update(batch, sampled)
+        except BaseException:
+            self._stats.failed_steps += 1
+            raise
+        s = self._stats
+        s.num_steps += 1
+        s.step_time_s += time.perf_counter() - t0
+        s.prompt_tokens += prompt_tokens
+        s.generated_tokens += len(sampled)
+        for seq in updated:
+            if seq.finished:
+                s.finished_requests += 1
+                self._seqs.pop(seq.request_id, None)
+        return updated
+
+    def _note_pages(self) -> None:
+        used = self.manager.stats().used_pages
+        self._stats.peak_used_pages = max(self._stats.peak_used_pages, used)
+
+    # Outputs -----------------------------------------------------------------------------
+    def _output(self, seq: Sequence, *, delta: bool) -> RequestOutput:
+        toks = list(seq.output_token_ids)
+        text = new_text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(toks)
+            if delta:
+                sent = seq.text_sent
+                new_text = text[len(sent) :] if text.startswith(sent) else text
+                # Hold back a trailing incomplete character until its bytes are all there.
+                if text.endswith("\ufffd") and not seq.finished:
+                    new_text = new_text.rstrip("\ufffd")
+                seq.text_sent = sent + new_text
+        completion = CompletionOutput(
+            index=0,
+            token_ids=toks,
+            text=text,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            new_token_ids=toks[-1:] if delta else toks,
+            new_text=new_text if delta else text,
+        )
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=list(seq.prompt_token_ids),
+            outputs=[completion],
+            finished=seq.finished,
+            metrics=seq.metrics,
+        )
+
+    # Metrics -----------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """Counters since construction or `reset_stats()` (a copy)."""
+        m = self.manager.stats()
+        s = self._stats
+        sched = self.scheduler
+        return EngineStats(
+            **{
+                **s.__dict__,
+                "prefix_query_tokens": sched.prefix_query_tokens - self._base[0],
+                "prefix_hit_tokens": sched.prefix_hit_tokens - self._base[1],
+                "preemptions": sched.num_preemptions - self._base[2],
+                "deduplicated_pages": m.deduplicated_pages - self._base[3],
+                "total_pages": m.total_pages,
+                "used_pages": m.used_pages,
+            }
+        )
+
+    _base = (0, 0, 0, 0)
+
+    def reset_stats(self) -> None:
+        sched, m = self.scheduler, self.manager.stats()
+        self._base = (
+            sched.prefix_query_tokens,
+            sched.prefix_hit_tokens,
+            sched.num_preemptions,
+            m.deduplicated_pages,
+        )
+        self._stats = EngineStats()
+
+
+__all__ = ["LLMEngine", "Prompt"]

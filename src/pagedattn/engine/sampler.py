@@ -1,0 +1,140 @@
+"""Sampling on the device: greedy, temperature, top-k, top-p, reproducible per request.
+
+For row i of `logits [n, V]` with the request's parameters:
+- temperature 0: argmax of the logits (greedy; ties go to the lowest token id);
+- otherwise l = logits / temperature; top-k keeps the k largest of l (k = 0: all); top-p then
+  keeps token j iff the probability mass (softmax over the tokens top-k kept) of the tokens
+  ranked before j is < top_p (the smallest head of the ranking whose mass reaches top_p; the
+  most likely token always stays); the token is drawn from softmax(l) over the kept tokens.
+
+The draw is the Gumbel-max trick, argmax_j(l_j + g_j), with g_j = -log(-log(u_j)) and u_j a
+counter-based uniform: a hash of (the request's 64-bit seed, the index of the token being
+generated, j). No generator state exists anywhere, so a request's samples depend only on its
+seed and its own logits: the same seed gives the same tokens whatever else shares the batch,
+after a preemption, and on any device (integer math only; the hash is murmur3's 32-bit
+finalizer, with products kept below 2**63 by 16-bit halves so int64 never overflows).
+
+One call costs a few elementwise passes over [n, V] (plus a sort of each row when some row uses
+top-k or top-p); all-greedy batches are a single argmax. No host sync, no data-dependent shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .sampling_params import SamplingParams
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32) held in int64, without int64 overflow."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finalizer (a bijection of [0, 2**32) with full avalanche)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, vocab] float32 uniforms in (0, 1), a pure function of (seed, counter, column).
+
+    seeds [n] int64 (any value; its 64 bits are used), counters [n] int64 in [0, 2**32).
+    Each value is one of 2**23 midpoints (m + 0.5) / 2**23: never 0 or 1.
+    """
+    lo = seeds & _M32
+    hi = (seeds >> 32) & _M32
+    key = _fmix32(lo ^ 0x9E3779B9)
+    key = _fmix32(key ^ hi)
+    key = _fmix32(key ^ _fmix32((counters & _M32) ^ 0x7F4A7C15))
+    cols = _fmix32(torch.arange(vocab, dtype=torch.int64, device=seeds.device))
+    bits = _fmix32(_fmix32(key[:, None] ^ cols[None, :]) ^ 0x165667B1)
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters on the device (one row per logits row)."""
+
+    temperature: torch.Tensor  # [n] float32, 0 = greedy
+    top_k: torch.Tensor  # [n] int64, in [1, V] (V: off)
+    top_p: torch.Tensor  # [n] float32, inf = off
+    seeds: torch.Tensor  # [n] int64
+    counters: torch.Tensor  # [n] int64: index of the token being generated
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        counters: Sequence[int],
+        vocab: int,
+        device: str | torch.device,
+    ) -> SamplingTensors:
+        """From each row's SamplingParams, its request's seed (an int in [0, 2**63)) and the
+        number of tokens the request generated so far."""
+        temp = [p.temperature for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
+        sampled = [t > 0 for t in temp]
+        return cls(
+            temperature=torch.tensor(temp, dtype=torch.float32).to(device),
+            top_k=torch.tensor(top_k, dtype=torch.int64).to(device),
+            top_p=torch.tensor(top_p, dtype=torch.float32).to(device),
+            seeds=torch.tensor(list(seeds), dtype=torch.int64).to(device),
+            counters=torch.tensor(list(counters), dtype=torch.int64).to(device),
+            all_greedy=not any(sampled),
+            any_top_k=any(k < vocab for k, s in zip(top_k, sampled) if s),
+            any_top_p=any(p != float("inf") for p, s in zip(top_p, sampled) if s),
+        )
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """`logits` [n, V] with the tokens that top-k ([n] int64 in [1, V]) and then top-p ([n]
+    float32, inf = off) drop set to -inf (module docstring)."""
+    if top_k is None and top_p is None:
+        return logits
+    sorted_l, order = logits.sort(dim=-1, descending=True)
+    V = logits.shape[-1]
+    keep = torch.ones_like(sorted_l, dtype=torch.bool)
+    if top_k is not None:
+        keep &= torch.arange(V, device=logits.device)[None, :] < top_k[:, None]
+    if top_p is not None:
+        probs = sorted_l.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        keep &= mass_before < top_p[:, None]
+    keep_vocab = torch.empty_like(keep).scatter_(1, order, keep)
+    return logits.masked_fill(~keep_vocab, float("-inf"))
+
+
+def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device."""
+    greedy = logits.argmax(dim=-1)
+    if st.all_greedy or logits.shape[0] == 0:
+        return greedy
+    t = st.temperature
+    scaled = logits / torch.where(t > 0, t, 1.0)[:, None]
+    scaled = apply_top_k_top_p(
+        scaled, st.top_k if st.any_top_k else None, st.top_p if st.any_top_p else None
+    )
+    u = uniform_noise(st.seeds, st.counters, logits.shape[-1])
+    gumbel = -torch.log(-torch.log(u))
+    drawn = (scaled + gumbel).argmax(dim=-1)
+    return torch.where(t > 0, drawn, greedy)
+
+
+__all__ = ["SamplingTensors", "apply_top_k_top_p", "sample", "uniform_noise"]

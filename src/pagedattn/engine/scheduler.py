@@ -1,0 +1,210 @@
+"""Continuous batching with chunked prefill, prefix caching and preemption by recompute.
+
+Each `schedule()` builds one step under a budget of `max_num_batched_tokens` new tokens:
+
+1. Running requests first: every decode (1 token each), then the prompt chunks of requests
+   still prefilling (as many of their tokens as the budget has left), each group oldest first.
+2. Then waiting requests, oldest first, while the budget, the batch slots (`max_num_seqs`) and
+   the pages last: `claim` matches the prompt against the prefix cache, its first chunk is
+   allocated, and admission stops at the first request that does not fit (no overtaking). No
+   request is admitted in a step that preempted one.
+3. Pages: `alloc` of a running request that finds the pool empty preempts the newest running
+   request (frees its pages, `release`; it waits to be admitted again and then recomputes its
+   tokens, mostly from the prefix cache). A request is never preempted for a newer one, so the
+   oldest always progresses: every step finishes a token or a chunk of the oldest request, and
+   no request can starve (each fits the pool alone: `max_model_len` <= pool tokens).
+
+Requests with a shared prefix admitted before either committed it (the same step, say) both
+compute it; when the step commits, the manager switches the later one to the cached pages and
+frees its copies (cache/manager.py, `step`), so they share the prefix from then on.
+
+`update(batch, sampled)` commits the step (`manager.step`), appends the sampled tokens, finishes
+requests (a stop token, max_tokens, or max_model_len) and releases their pages.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+from ..cache.manager import PagedKVCacheManager
+from ..errors import OutOfPagesError, check_int
+from .sequence import Sequence, SequenceStatus
+
+
+def _key(s: Sequence) -> int:
+    return s.request_id
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: `seqs[i]` runs `num_new_tokens[i]` tokens (in this order)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, i: int) -> bool:
+        """Whether request i's chunk completes its known tokens (so it samples a token)."""
+        s = self.seqs[i]
+        return s.num_computed + self.num_new_tokens[i] == s.num_tokens
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    """FCFS continuous batching over a `PagedKVCacheManager` (module docstring)."""
+
+    def __init__(
+        self,
+        manager: PagedKVCacheManager,
+        *,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.manager = manager
+        self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+        self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1, manager.max_batch_size)
+        self.max_model_len = check_int("max_model_len", max_model_len, 1, manager.max_seq_len)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: list[Sequence] = []  # oldest first (request ids grow with arrival)
+        self.running: list[Sequence] = []  # oldest first
+        # Counters for the engine's metrics.
+        self.num_preemptions = 0
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # Queues ------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=_key)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is (its pages are released); it finishes as "abort"."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.manager.release(seq.request_id)
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = seq.finish_reason or "abort"
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.manager.release(seq.request_id)
+        self.running.remove(seq)
+        seq.num_computed = 0
+        seq.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
+
+    # Scheduling --------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        budget = self.max_num_batched_tokens
+        plan: dict[int, tuple[Sequence, int]] = {}  # request id -> (seq, tokens), in order
+        preempted: list[Sequence] = []
+        mgr = self.manager
+        decodes = [s for s in self.running if s.is_decode]
+        prefills = [s for s in self.running if not s.is_decode]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(seq.num_pending, budget)
+            while True:
+                try:
+                    mgr.alloc(seq.request_id, n)
+                    break
+                except OutOfPagesError:
+                    victim = self.running[-1]  # the newest; `seq` itself if none is newer
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is seq:
+                        break
+                    if victim.request_id in plan:  # scheduled earlier in this step: undo
+                        budget += plan.pop(victim.request_id)[1]
+            if seq.status is SequenceStatus.RUNNING:
+                plan[seq.request_id] = (seq, n)
+                budget -= n
+        if not preempted:
+            self._admit(plan, budget)
+        batch = ScheduledBatch(preempted=preempted)
+        for seq, n in plan.values():
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+        return batch
+
+    def _admit(self, plan: dict[int, tuple[Sequence, int]], budget: int) -> None:
+        mgr = self.manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            tokens = seq.tokens
+            hit = mgr.claim(seq.request_id, tokens)
+            n = min(len(tokens) - hit, budget)
+            try:
+                mgr.alloc(seq.request_id, n)
+            except OutOfPagesError:
+                mgr.release(seq.request_id)
+                return
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            seq.num_computed = hit
+            bisect.insort(self.running, seq, key=_key)
+            self.prefix_query_tokens += len(tokens)
+            self.prefix_hit_tokens += hit
+            m = seq.metrics
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = time.perf_counter()
+                m.prefix_hit_tokens = hit
+            plan[seq.request_id] = (seq, n)
+            budget -= n
+
+    # After the model ran -----------------------------------------------------------------
+    def update(self, batch: ScheduledBatch, sampled: list[int]) -> list[Sequence]:
+        """Commit the step: `sampled` holds one token for each request that samples (in batch
+        order). Returns the requests that got a token (finished ones included)."""
+        it = iter(sampled)
+        new_tokens = [[next(it)] if batch.samples(i) else [] for i in range(len(batch))]
+        self.manager.step([s.request_id for s in batch.seqs], new_tokens)
+        now = time.perf_counter()
+        out = []
+        for seq, n, nt in zip(batch.seqs, batch.num_new_tokens, new_tokens):
+            seq.num_computed += n
+            if not nt:
+                continue
+            tok = nt[0]
+            seq.output_token_ids.append(tok)
+            m = seq.metrics
+            m.num_generated_tokens += 1
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+            self._check_stop(seq, tok)
+            if seq.finish_reason is not None:
+                seq.status = SequenceStatus.FINISHED
+                m.finish_time = now
+                self.manager.release(seq.request_id)
+                self.running.remove(seq)
+            out.append(seq)
+        return out
+
+    def _check_stop(self, seq: Sequence, tok: int) -> None:
+        p = seq.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+            seq.finish_reason, seq.stop_reason = "stop", tok
+        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+
+
+__all__ = ["ScheduledBatch", "Scheduler"]

@@ -1,0 +1,78 @@
+"""`Sequence`: the engine's record of one request, from arrival to finish.
+
+A sequence is WAITING (not in the cache manager: never admitted, or preempted), RUNNING (claimed
+in the manager: prefilling or decoding) or FINISHED. Its tokens are the prompt then the
+generated tokens; `num_computed` mirrors the manager's cache length while it runs. After a
+preemption the manager forgets it; it is admitted again with all its tokens as the "prompt"
+(recompute; the prefix cache usually serves most of it), and generated tokens are never redrawn.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from .outputs import RequestMetrics
+from .sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        prompt: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.seed = seed  # the sampler's per-request key (params.seed or one the engine drew)
+        self.status = SequenceStatus.WAITING
+        self.num_computed = 0  # tokens whose K/V is cached (the manager's cache_length)
+        self.finish_reason: str | None = None
+        self.stop_reason: int | None = None
+        self.metrics = RequestMetrics(
+            arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_token_ids)
+        )
+        self.text_sent = ""  # detokenized text returned so far (streaming deltas)
+
+    @property
+    def tokens(self) -> list[int]:
+        """Every known token: the prompt, then the generated ones."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Known tokens not cached yet: a prompt's rest, or 1 (the last sample) when decoding."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_pending == 1 and bool(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id}, {self.status.value}, prompt={len(self.prompt_token_ids)}"
+            f", out={len(self.output_token_ids)}, computed={self.num_computed})"
+        )
+
+
+__all__ = ["Sequence", "SequenceStatus"]

@@ -1,0 +1,149 @@
+"""The inputs of one model step, built in one place from the manager's state.
+
+`build_step_inputs(manager, requests, device)` takes, for each request of the step in batch
+order, `(request_id, tokens, num_new_tokens)`: every token the request knows (prompt, then
+samples) and how many of those after its cached prefix run this step. `alloc` must have
+reserved them. It returns a `StepInputs`:
+
+- input_ids [T] int64: the step's tokens, request after request (`tokens[cl : cl + n]`, where
+  cl is the request's `cache_length`);
+- positions [T] int64: `cl + i`, the same cache lengths `runtime_inputs` puts into kv_inputs
+  (RoPE and attention then agree);
+- q_row_offsets [b + 1] int32: prefix sums of the new tokens per request;
+- slots [T] int64: each new token's row in the paged cache,
+  `page * page_size + position % page_size` with page = the request's page `position //
+  page_size` (for fused store kernels; the models derive the same rows from kv_inputs);
+- logits_rows [n] int64: the last row of each request whose chunk completes its known tokens
+  (a decode or a prompt's last chunk), and `sample_index`, the batch index of each such row;
+- kv_inputs: `manager.runtime_inputs(request_ids)`, one `KVCacheInputsPerDevice` per device;
+- plan: None (the attention plan of DESIGN.md 4b, later).
+
+The host arrays are packed into one int64 buffer and copied to the device once. CUDA graphs will
+copy the same arrays into static buffers instead (the seam: `HostStepInputs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..cache.inputs import KVCacheInputsPerDevice
+from ..cache.manager import PagedKVCacheManager
+from ..errors import InvalidArgumentError
+
+
+@dataclass
+class HostStepInputs:
+    """The step's index arrays on the host (numpy), before the copy to the device."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    q_row_offsets: np.ndarray
+    logits_rows: np.ndarray
+    cache_lengths: list[int]
+    sample_index: list[int]
+
+
+@dataclass
+class StepInputs:
+    request_ids: list[Hashable]
+    num_new_tokens: list[int]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    q_row_offsets: torch.Tensor
+    slots: torch.Tensor
+    logits_rows: torch.Tensor
+    sample_index: list[int]
+    kv_inputs: list[KVCacheInputsPerDevice]
+    host: HostStepInputs
+    plan: object | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.request_ids)
+
+
+def host_step_inputs(
+    manager: PagedKVCacheManager, requests: Sequence[tuple[Hashable, Sequence[int], int]]
+) -> HostStepInputs:
+    """The host half of `build_step_inputs` (no device, no runtime_inputs)."""
+    ps = manager.params.page_size
+    ids, pos, slots, rows, cls, sample_index = [], [], [], [], [], []
+    offsets = [0]
+    for b, (rid, tokens, n) in enumerate(requests):
+        cl = manager.cache_length(rid)
+        if not 1 <= n <= len(tokens) - cl:
+            raise InvalidArgumentError(
+                f"requests[{b}]: num_new_tokens {n} not in [1, {len(tokens) - cl}] "
+                f"(request {rid!r}: {len(tokens)} tokens known, {cl} cached)"
+            )
+        p = np.arange(cl, cl + n, dtype=np.int64)
+        pages = np.asarray(manager.pages(rid), dtype=np.int64)
+        if len(pages) * ps < cl + n:
+            raise InvalidArgumentError(
+                f"requests[{b}]: request {rid!r} has pages for {len(pages) * ps} tokens, the "
+                f"step needs {cl + n}; call manager.alloc(request_id, {n}) first"
+            )
+        ids.append(np.asarray(tokens[cl : cl + n], dtype=np.int64))
+        pos.append(p)
+        slots.append(pages[p // ps] * ps + p % ps)
+        offsets.append(offsets[-1] + n)
+        cls.append(cl)
+        if cl + n == len(tokens):
+            rows.append(offsets[-1] - 1)
+            sample_index.append(b)
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    return HostStepInputs(
+        input_ids=cat(ids),
+        positions=cat(pos),
+        slots=cat(slots),
+        q_row_offsets=np.asarray(offsets, dtype=np.int64),
+        logits_rows=np.asarray(rows, dtype=np.int64),
+        cache_lengths=cls,
+        sample_index=sample_index,
+    )
+
+
+def build_step_inputs(
+    manager: PagedKVCacheManager,
+    requests: Sequence[tuple[Hashable, Sequence[int], int]],
+    device: str | torch.device,
+) -> StepInputs:
+    """Everything a model step needs for `requests` (module docstring). Raises
+    InvalidArgumentError for a request without a fitting allocation, UnknownRequestError for
+    one the manager does not hold."""
+    host = host_step_inputs(manager, requests)
+    rids = [r[0] for r in requests]
+    kv_inputs = manager.runtime_inputs(rids)
+    T, b, n = len(host.input_ids), len(rids), len(host.logits_rows)
+    packed = np.concatenate(
+        [host.input_ids, host.positions, host.slots, host.q_row_offsets, host.logits_rows]
+    )
+    dev = torch.from_numpy(packed).to(device, non_blocking=True)
+    input_ids, positions, slots, offsets, rows = dev.split([T, T, T, b + 1, n])
+    return StepInputs(
+        request_ids=rids,
+        num_new_tokens=[r[2] for r in requests],
+        input_ids=input_ids,
+        positions=positions,
+        q_row_offsets=offsets.to(torch.int32),
+        slots=slots,
+        logits_rows=rows,
+        sample_index=host.sample_index,
+        kv_inputs=kv_inputs,
+        host=host,
+    )
+
+
+__all__ = ["HostStepInputs", "StepInputs", "build_step_inputs", "host_step_inputs"]

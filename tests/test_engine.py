@@ -1,0 +1,209 @@
+"""The engine end to end on a real model: a tiny random Llama written with `save_pretrained`
+(float32, CPU) and a word-level tokenizer saved beside it.
+
+- `LLM.generate` greedy == transformers' `generate(do_sample=False)` for each prompt alone, on
+  ragged prompts with shared prefixes, with chunked prefill forced by a small
+  `max_num_batched_tokens` and preemption forced by a small `num_pages` (a token may differ
+  only where HF's top-2 logits tie, gap < 1e-4: reported as a warning, compared up to there);
+- text prompts go through the checkpoint's tokenizer, outputs carry text, the stream's deltas
+  add up to the final output;
+- per-request metrics (TTFT, TPOT) and engine stats (throughput, prefix hit rate, pages).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from pagedattn.engine import LLM, SamplingParams
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+VOCAB = 256
+TIE_GAP = 1e-4
+NEW = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(4321)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():  # large weights: greedy tokens rarely near ties
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.normal_(0, 1.0)
+            else:
+                p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
+    path = tmp_path_factory.mktemp("llama")
+    hf.save_pretrained(path)
+    # A word-level tokenizer: "w0" .. "w253" plus [UNK] and <eos> (ids 254, 255).
+    words = {f"w{i}": i for i in range(VOCAB - 2)} | {"[UNK]": VOCAB - 2, "<eos>": VOCAB - 1}
+    raw = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    raw.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    raw.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw, unk_token="[UNK]", eos_token="<eos>"
+    )
+    fast.save_pretrained(path)
+    return str(path), hf
+
+
+@torch.no_grad()
+def hf_greedy(hf, prompt: list[int], max_new: int):
+    dev = next(hf.parameters()).device
+    out = hf.generate(
+        torch.tensor([prompt], device=dev),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=dev),
+        max_new_tokens=max_new,
+        min_new_tokens=max_new,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), torch.stack([s[0] for s in out.logits]).cpu()
+
+
+def compare(ours: list[list[int]], truth) -> int:
+    ties = 0
+    for i, (got, (want, logits)) in enumerate(zip(ours, truth)):
+        assert len(got) == len(want)
+        for j, (a, b) in enumerate(zip(got, want)):
+            if a != b:
+                top2 = logits[j].topk(2).values
+                gap = float(top2[0] - top2[1])
+                assert gap < TIE_GAP, f"request {i} token {j}: {a} != HF {b} (gap {gap:.3g})"
+                warnings.warn(f"request {i} token {j}: HF top-2 tie (gap {gap:.1e})", stacklevel=2)
+                ties += 1
+                break
+    return ties
+
+
+def prompts_of(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_generate_greedy_matches_hf_with_chunks_preemption_and_shared_prefixes(ckpt):
+    path, hf = ckpt
+    base = prompts_of([23], 1)[0]
+    other = prompts_of([5, 3, 9], 2)
+    prompts = [
+        base,
+        base[:13] + other[0],  # shares 3 pages of 4 with base
+        base + other[1],  # extends base
+        other[2],
+        base[:1],
+        base[:8],  # a pure prefix
+        base[:13] + other[0][:2],
+    ]
+    llm = LLM(path, device="cpu", dtype=torch.float32, page_size=4, num_pages=16,
+              max_num_batched_tokens=16, max_num_seqs=8)  # fmt: skip
+    assert llm.max_model_len == 64
+    params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outs)
+    ours = [o.outputs[0].token_ids for o in outs]
+    ties = compare(ours, [hf_greedy(hf, p, NEW) for p in prompts])
+    st = llm.stats()
+    print(
+        f"steps {st.num_steps}, preemptions {st.preemptions}, prefix hit rate "
+        f"{st.prefix_hit_rate:.2f}, deduplicated pages {st.deduplicated_pages}, peak pages "
+        f"{st.peak_used_pages}/{st.total_pages}, ties {ties}"
+    )
+    assert st.preemptions > 0  # the pool (64 tokens) cannot hold the batch
+    assert st.peak_used_pages <= 16 and st.total_pages == 16
+    assert st.prefix_hit_tokens + 4 * st.deduplicated_pages > 0  # the prefixes were shared
+    assert st.generated_tokens == NEW * len(prompts)
+    assert llm.manager.request_ids == [] and st.used_pages == 0
+
+
+def test_text_prompts_tokenizer_stream_and_metrics(ckpt):
+    path, hf = ckpt
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    llm = LLM(path, device="cpu", dtype=torch.float32, page_size=2, num_pages=32)
+    assert VOCAB - 1 in llm.scheduler.eos_token_ids  # the tokenizer's <eos>
+    texts = ["w5 w7 w9 w11", "w5 w7 w200"]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(texts, params)
+    for o, t in zip(outs, texts):
+        assert o.prompt == t and o.prompt_token_ids == tok.encode(t)
+        ids = o.outputs[0].token_ids
+        assert o.outputs[0].text == tok.decode(ids, skip_special_tokens=True)
+        want, _ = hf_greedy(hf, o.prompt_token_ids, 6)
+        assert ids == want
+        m = o.metrics
+        assert m.ttft is not None and m.ttft >= 0 and m.tpot is not None and m.tpot > 0
+        assert m.e2e >= m.ttft and m.num_generated_tokens == 6
+    # The stream: deltas add up to the final tokens and text.
+    acc_ids: dict[int, list[int]] = {}
+    acc_text: dict[int, str] = {}
+    finals = {}
+    for o in llm.stream(texts, params):
+        c = o.outputs[0]
+        acc_ids.setdefault(o.request_id, []).extend(c.new_token_ids)
+        acc_text[o.request_id] = acc_text.get(o.request_id, "") + c.new_text
+        if o.finished:
+            finals[o.request_id] = o
+    assert len(finals) == 2
+    for (rid, o), ref in zip(sorted(finals.items()), outs):
+        assert acc_ids[rid] == o.outputs[0].token_ids == ref.outputs[0].token_ids
+        assert acc_text[rid] == o.outputs[0].text == ref.outputs[0].text
+    st = llm.stats()
+    assert st.generation_throughput > 0 and 0 <= st.prefix_hit_rate <= 1
+    assert st.prefix_hit_tokens == 4  # the stream hit the pages ("w5 w7") generate cached
+
+
+@pytest.mark.gpu
+def test_generate_on_cuda_matches_hf(ckpt):
+    """The same schedule on CUDA (Triton kernels, float32) against HF on CUDA; the pool sized by
+    gpu_memory_utilization; a bfloat16 engine runs the same prompts."""
+    path, hf_cpu = ckpt
+    hf = hf_cpu.to("cuda")
+    try:
+        base = prompts_of([23], 1)[0]
+        prompts = [base, base[:13] + [7, 8, 9], prompts_of([9], 2)[0], base[:1]]
+        params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+        llm = LLM(path, device="cuda", dtype=torch.float32, page_size=4, num_pages=12,
+                  max_num_batched_tokens=16)  # fmt: skip
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        assert llm.stats().preemptions > 0
+        compare([o.outputs[0].token_ids for o in outs], [hf_greedy(hf, p, NEW) for p in prompts])
+        del llm
+        llm = LLM(path, device="cuda", dtype=torch.bfloat16, gpu_memory_utilization=0.05)
+        total = torch.cuda.get_device_properties(0).total_memory
+        assert 0 < llm.manager.total_num_pages * llm.kv_params.bytes_per_page() < 0.05 * total
+        sampled = SamplingParams(max_tokens=NEW, temperature=0.8, top_p=0.9, seed=3)
+        a = llm.generate([{"prompt_token_ids": p} for p in prompts], sampled)
+        b = llm.generate([{"prompt_token_ids": p} for p in prompts], sampled)
+        assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+        assert all(len(o.outputs[0].token_ids) == NEW for o in a)
+        del llm
+    finally:
+        hf_cpu.to("cpu")
+        torch.cuda.empty_cache()
