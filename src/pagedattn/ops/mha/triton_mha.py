@@ -62,7 +62,7 @@ from .triton_combine import combine_triton
 from .triton_decode import _mha_decode_kernel
 from .triton_prefill import _mha_prefill_kernel
 from .triton_tiles import Q_BLOCK, Q_TENSOR, Q_TOKEN
-from .triton_worklist import worklist_combine_triton
+from .triton_worklist import host_item_count, worklist_combine_triton
 
 # causal-type masks: each request's heaviest query block runs first
 _REVERSE = ("causal", "sliding_window_causal", "chunked_causal")
@@ -274,9 +274,14 @@ def mha_triton(
         split = parts > 1 or balanced
         mma = mma_flags(cfg, prec, kcx, vcx)
         if balanced:  # partials at the work items: at most target + batch of them
-            items = how.target + batch
-            po = torch.empty((items, h_q, dv), dtype=torch.float32, device=q.device)
-            pl = torch.empty((items, h_q), dtype=torch.float32, device=q.device)
+            items = bound = how.target + batch
+            if q.device.type == "cpu":  # host lengths: launch only the list's programs
+                items = host_item_count(
+                    ka.cache_lengths, q_row_offsets, mask.code, mask.param,
+                    block_n=cfg.BLOCK_N, target=how.target, min_blocks=how.min_blocks,
+                )  # fmt: skip
+            po = torch.empty((bound, h_q, dv), dtype=torch.float32, device=q.device)
+            pl = torch.empty((bound, h_q), dtype=torch.float32, device=q.device)
         elif split:
             items = total_q * parts
             po = torch.empty((total_q, h_q, parts, dv), dtype=torch.float32, device=q.device)

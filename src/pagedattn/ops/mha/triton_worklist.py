@@ -64,9 +64,39 @@ def work_list(
     cb = tl.maximum(tl.cdiv(tl.sum(tiles, 0) * 9, TARGET * 8), MIN_BLOCKS)
     n = tl.maximum(tl.cdiv(tiles, cb), 1)
     n = tl.where(rm, tl.where(ragged, 1, n), 0)
-    chunk = tl.cdiv(tiles, n)
+    chunk = tl.cdiv(tiles, tl.maximum(n, 1))  # (n is 0 past batch)
     incl = tl.cumsum(n, 0)
     return r, n, incl, lo_al, chunk
+
+
+def host_item_count(
+    cache_lens: torch.Tensor,
+    q_offsets: torch.Tensor,
+    mask_code: int,
+    mask_param: int,
+    *,
+    block_n: int,
+    target: int,
+    min_blocks: int,
+) -> int:
+    """The number of items `work_list` makes, from host tensors (torch arithmetic that mirrors
+    the kernel's). The launcher sizes the grid with it where the lengths are already on the host
+    (the CPU, where Triton's interpreter would otherwise run every program of the bound)."""
+    rows = q_offsets.shape[0] - 1
+    offs = q_offsets.to(torch.int64)
+    r = torch.arange(rows)
+    if not (torch.equal(offs[:-1], r) and torch.equal(offs[1:], r + 1)):
+        return rows
+    cl = cache_lens.to(torch.int64).clamp(min=0)
+    lo, hi, w = torch.zeros_like(cl), cl + 1, mask_param
+    if mask_code in (2, 3):  # sliding windows (`triton_tiles.visible_range`)
+        lo = (cl - w + 1).clamp(min=0)
+    elif mask_code == 4:  # chunked causal
+        lo = (cl // w) * w
+    tiles = (hi - (lo // block_n) * block_n).clamp(min=0).add(block_n - 1) // block_n
+    total = int(tiles.sum())
+    cb = max(-(-total * 9 // (target * 8)), min_blocks)
+    return int(((tiles + cb - 1) // cb).clamp(min=1).sum())
 
 
 @triton.jit
