@@ -25,7 +25,8 @@ def fingerprint(*objs: object) -> list:
     for o in objs:
         if isinstance(o, torch.Tensor):
             t = o.detach()
-            out.append((t.dtype, tuple(t.shape), t.cpu().contiguous().view(torch.uint8).clone()))
+            raw = t.cpu().contiguous().reshape(-1).view(torch.uint8).clone()  # 0-dim too
+            out.append((t.dtype, tuple(t.shape), raw))
         elif hasattr(o, "snapshot") and callable(o.snapshot):
             out.append(o.snapshot())
         elif isinstance(o, (list, tuple)):

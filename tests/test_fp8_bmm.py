@@ -153,6 +153,10 @@ def test_fp8_bmm_public_equals_reference_and_lazy_export(gen):
 
 
 def test_fp8_bmm_triton_refused_on_cpu(gen, monkeypatch):
+    # Triton decorates its own language functions when first imported, reading
+    # TRITON_INTERPRET then: import it before unsetting the variable, or later interpreter
+    # runs in this process fail ("Cannot call @triton.jit'd outside of the scope of a kernel").
+    pytest.importorskip("triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     wq, ws = quantize_weight_blocks(torch.randn(1, 8, 16, generator=gen), 8, 8)
     with pytest.raises(InvalidArgumentError, match="backend"):
@@ -172,7 +176,14 @@ def _bad_bmm_cases():
         ("scale_dtype", dict(w_scale=ws.to(torch.float16)), "w_scale"),
         ("k_gran_zero", dict(k_gran=0), "k_gran"),
         ("n_gran_float", dict(n_gran=8.0), "n_gran"),
+        ("n_gran_bool", dict(n_gran=True), "n_gran"),
+        ("k_gran_past_int32", dict(k_gran=2**31), "k_gran"),
         ("out_dtype", dict(out_dtype=torch.int8), "out_dtype"),
+        ("out_dtype_str", dict(out_dtype="bfloat16"), "out_dtype"),
+        ("scale_negative", dict(w_scale=-ws), "w_scale"),
+        ("scale_nan", dict(w_scale=ws * math.nan), "w_scale"),
+        ("scale_zero", dict(w_scale=ws * 0), "w_scale"),
+        ("backend_empty", dict(backend=""), "backend"),
     ], dict(x=x, w=wq, w_scale=ws, k_gran=8, n_gran=8)
 
 
@@ -183,8 +194,26 @@ BAD_BMM, GOOD_BMM = _bad_bmm_cases()
 def test_fp8_bmm_bad_arguments(over, match):
     kw = {**GOOD_BMM, **over}
     x, w, ws = kw.pop("x"), kw.pop("w"), kw.pop("w_scale")
+    kw.setdefault("backend", "reference")
     with pytest.raises(InvalidArgumentError, match=match):
-        fp8_bmm(x, w, ws, backend="reference", **kw)
+        fp8_bmm(x, w, ws, **kw)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_fp8_bmm_blocks_past_the_axes_cover_them(gen, backend):
+    """k_gran / n_gran beyond k / n: one block of the whole axis (no padding up to the block:
+    a block of 2^31 - 1 allocates nothing more), the same as blocks of exactly k / n."""
+    B, M, N, K = 2, 3, 24, 40
+    x = torch.randn(B, M, K, generator=gen).to(BF16)
+    wq, ws = quantize_weight_blocks(random_weights(B, N, K, gen), 2**31 - 1, 2**31 - 1)
+    assert ws.shape == (B, 1, 1)
+    big = fp8_bmm(x, wq, ws, k_gran=2**31 - 1, n_gran=2**31 - 1, backend=backend)
+    exact = fp8_bmm(x, wq, ws, k_gran=K, n_gran=N, backend="reference")
+    assert torch.equal(big, exact)
+    xq, sx = quantize_activation_groups(x, 2**31 - 1)
+    assert sx.shape == (B, M, 1)
+    xq_k, sx_k = quantize_activation_groups(x, K)
+    assert torch.equal(sx, sx_k) and torch.equal(xq.view(torch.uint8), xq_k.view(torch.uint8))
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,16 +2,100 @@
 
 Every helper raises `errors.InvalidArgumentError` (through `errors.check`) naming the argument;
 none reads tensor values, so callers stay free of host syncs (CUDA-graph safe).
+
+`typed_binding` makes a public op's bad call binding (a missing required argument, an unknown
+keyword, too many positional arguments) an `InvalidArgumentError` naming the argument instead
+of Python's bare `TypeError`, at no cost to a call that binds.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 
 import torch
 
-from ..errors import Lazy, check
+from ..errors import InvalidArgumentError, Lazy, check
+
+#: Upper bound of an explicit split-K partition count: the partitions are a CUDA grid
+#: dimension of the decode kernels (at most 65535), and past the number of keys more
+#: partitions only add empty ones.
+MAX_NUM_PARTITIONS = 65535
+#: Largest int32: sizes, positions and mask parameters the kernels index with.
+INT32_MAX = 2**31 - 1
+
+
+def is_int(x: object) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
+
+
+def binding_error(fn_name: str, sig: inspect.Signature, args: tuple, kwargs: dict) -> Exception:
+    """The `InvalidArgumentError` of a call `fn_name(*args, **kwargs)` that does not bind to
+    `sig`: it names the unknown keyword, the argument given twice, the missing required
+    argument, or the surplus positional arguments."""
+    params = sig.parameters
+    P = inspect.Parameter
+    positional = [
+        p.name for p in params.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)
+    ]
+    takes_var_kw = any(p.kind is P.VAR_KEYWORD for p in params.values())
+    where = f"{fn_name}{sig}"
+    for k in kwargs:
+        p = params.get(k)
+        if (p is None and not takes_var_kw) or (p is not None and p.kind is P.POSITIONAL_ONLY):
+            return InvalidArgumentError(
+                f"{k}: expected a keyword argument of {where}, got an unknown keyword {k!r}"
+            )
+    if len(args) > len(positional) and not any(p.kind is P.VAR_POSITIONAL for p in params.values()):
+        return InvalidArgumentError(
+            f"{fn_name}: expected at most {len(positional)} positional arguments "
+            f"({', '.join(positional)}; the rest are keyword-only), got {len(args)}"
+        )
+    given_pos = positional[: len(args)]
+    for k in given_pos:
+        if k in kwargs:
+            return InvalidArgumentError(
+                f"{k}: expected one value, got one positionally and one as a keyword"
+            )
+    given = set(given_pos) | set(kwargs)
+    for p in params.values():
+        if p.default is P.empty and p.kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
+            if p.name not in given:
+                kind = "keyword-only " if p.kind is P.KEYWORD_ONLY else ""
+                return InvalidArgumentError(
+                    f"{p.name}: expected a value (a required {kind}argument of {where}), got none"
+                )
+    try:  # not expected: the cases above cover Python's binding errors
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        return InvalidArgumentError(f"{fn_name}: expected arguments binding to {where}, got {e}")
+    return InvalidArgumentError(f"{fn_name}: expected arguments binding to {where}")
+
+
+def typed_binding(fn):
+    """Decorate a public op so that a call whose arguments do not bind to its signature raises
+    `InvalidArgumentError` (`binding_error`) instead of Python's `TypeError`.
+
+    The call is made as is; only a `TypeError` raised by the binding itself (its traceback
+    holds the wrapper's frame alone: the op's body never ran) is translated, so a TypeError
+    from inside the op is left alone, and a call that binds pays one extra frame (0.3-0.5 us
+    on the loaded 2-core CI host)."""
+    sig = inspect.signature(fn)
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            if e.__traceback__ is not None and e.__traceback__.tb_next is None:
+                raise binding_error(name, sig, args, kwargs) from None
+            raise
+
+    return wrapper
 
 
 def describe(x: object) -> str:
@@ -73,22 +157,22 @@ def check_scale(
 
 
 def check_granularities(k_gran: object, n_gran: object) -> None:
-    """Block sizes `k_gran` and `n_gran` of the blockwise-FP8 matmuls: each an int >= 1."""
+    """Block sizes `k_gran` and `n_gran` of the blockwise-FP8 matmuls: each an int in
+    [1, 2^31 - 1] (a block larger than its axis is one block of the whole axis)."""
     for name, g in (("k_gran", k_gran), ("n_gran", n_gran)):
-        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, name, "an int >= 1", g)
+        ok = isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= INT32_MAX
+        check(ok, name, f"an int in [1, {INT32_MAX}]", Lazy(lambda g=g: repr(g)))
 
 
 def check_num_partitions(num_partitions: object, name: str = "num_partitions") -> None:
-    """None or an int >= 1."""
+    """None or an int in [1, MAX_NUM_PARTITIONS]."""
     if num_partitions is None:
         return
     check(
-        isinstance(num_partitions, numbers.Integral)
-        and not isinstance(num_partitions, bool)
-        and num_partitions >= 1,
+        is_int(num_partitions) and 1 <= num_partitions <= MAX_NUM_PARTITIONS,
         name,
-        "None or an int >= 1",
-        num_partitions,
+        f"None or an int in [1, {MAX_NUM_PARTITIONS}]",
+        Lazy(lambda: repr(num_partitions)),
     )
 
 

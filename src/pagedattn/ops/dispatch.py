@@ -25,10 +25,18 @@ def triton_available() -> bool:
 
 
 def choose_backend(device: torch.device, backend: str | None = None) -> str:
-    """'triton' or 'reference' for tensors on `device`."""
-    backend = backend or env.read("BACKEND")
+    """'triton' or 'reference' for tensors on `device`. `backend`: None (by device, or
+    $PAGEDATTN_BACKEND) or one of BACKENDS; anything else (an empty string, 0, False, a
+    list) raises InvalidArgumentError naming "backend"."""
+    if backend is None:
+        backend = env.read("BACKEND")
     if backend is not None:
-        check(backend in BACKENDS, "backend", f"one of {BACKENDS}", backend)
+        check(
+            type(backend) is str and backend in BACKENDS,
+            "backend",
+            f"None or one of {BACKENDS}",
+            repr(backend),
+        )
         if backend == "triton":
             check(
                 triton_available() and (device.type == "cuda" or env.triton_interpreter()),

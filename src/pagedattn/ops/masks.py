@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import check
+from ..errors import INT32_MAX, check, check_int
 
 MASK_CODES = {
     "null": 0,
@@ -41,9 +41,9 @@ class Mask:
     def __post_init__(self) -> None:
         check(self.kind in MASK_CODES, "mask.kind", f"one of {list(MASK_CODES)}", self.kind)
         if self.kind.startswith("sliding"):
-            check(self.window >= 1, "mask.window", "an int >= 1", self.window)
+            object.__setattr__(self, "window", check_int("mask.window", self.window, 1, INT32_MAX))
         if self.kind == "chunked_causal":
-            check(self.chunk >= 1, "mask.chunk", "an int >= 1", self.chunk)
+            object.__setattr__(self, "chunk", check_int("mask.chunk", self.chunk, 1, INT32_MAX))
         if self.kind == "tensor":
             t = self.tensor
             check(

@@ -2,7 +2,8 @@
 blocks / 1x128 dynamic activation groups), RoPE and RMSNorm. See `reference.py` for the
 formats and the `freqs_cis` layout.
 
-`fp8_bmm` validates its arguments (`checks.check_fp8_bmm_args`: metadata only, no host sync)
+`fp8_bmm` validates its arguments (`checks.check_fp8_bmm_args`: metadata only, no host sync;
+the values of weight scales only when they are on the CPU, where reading them costs no sync)
 and dispatches with `ops.dispatch.choose_backend`: "triton" -> `triton_fp8_bmm.fp8_bmm_triton`
 (CUDA), "reference" -> `fp8_bmm_reference` (CPU). `rope` and `rmsnorm` are plain torch and run
 on any device.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import typed_binding
 from ..dispatch import choose_backend
 from .checks import check_fp8_bmm_args
 from .reference import (
@@ -26,6 +28,7 @@ from .reference import (
 )
 
 
+@typed_binding
 def fp8_bmm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -42,8 +45,15 @@ def fp8_bmm(
       float32 scale per row and group, amax / 448).
     w: [batch, n, k] float8_e4m3fn.
     w_scale: [batch, ceil(n/n_gran), ceil(k/k_gran)] float32 or float8_e8m0fnu, one per
-      n_gran x k_gran block of w (partial last blocks allowed).
+      n_gran x k_gran block of w (partial last blocks allowed), each finite and > 0. Values
+      are checked when w_scale is on the CPU (both backends); on a GPU they are trusted (no
+      host sync): a NaN scale there gives NaN products, as the reference computes them.
+    k_gran, n_gran: block sizes, ints in [1, 2^31 - 1] (a block past its axis covers it).
+    out_dtype: bf16, fp16 or fp32. backend: "triton" or "reference" (default: by device, or
+      $PAGEDATTN_BACKEND).
     Returns [batch, m, n] in out_dtype (fp32 accumulation).
+
+    Raises InvalidArgumentError naming the argument (a missing or unknown one included).
     """
     check_fp8_bmm_args(x, w, w_scale, k_gran, n_gran, out_dtype)
     if choose_backend(x.device, backend) == "triton":

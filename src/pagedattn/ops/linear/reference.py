@@ -25,10 +25,24 @@ import torch
 from ...errors import check
 from ...fp8 import FP8_MAX, dequantize_blockwise, quantize_blockwise, round_scale
 from ...fp8.blockwise import FP8_DTYPE, amax_over_fp8_max
+from .._checks import INT32_MAX
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _gran(name: str, g: object, extent: int) -> int:
+    """Block size `g` (an int in [1, 2^31 - 1]) of an axis of `extent` elements, clamped to
+    the extent: a block at least as long as the axis is one block of the whole axis, so the
+    padding below never exceeds the axis."""
+    check(
+        isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= INT32_MAX,
+        name,
+        f"an int in [1, {INT32_MAX}]",
+        repr(g),
+    )
+    return max(1, min(g, extent))
 
 
 def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -48,8 +62,8 @@ def quantize_activation_groups(
     scale = amax(|group|) / 448 (float32, floored at 2^-126; e8m0 rounds up to a power of 2).
     The last group may be partial.
     """
-    check(isinstance(k_gran, int) and k_gran >= 1, "k_gran", "an int >= 1", k_gran)
     k = x.shape[-1]
+    k_gran = _gran("k_gran", k_gran, k)
     q, s = quantize_blockwise(_pad_last(x, k_gran), k_gran, scale_dtype)
     return q[..., :k], s
 
@@ -59,6 +73,7 @@ def dequantize_activation_groups(
 ) -> torch.Tensor:
     """Inverse of `quantize_activation_groups`: [..., k] = x_q * scales[..., k // k_gran]."""
     k = x_q.shape[-1]
+    k_gran = _gran("k_gran", k_gran, k)
     return dequantize_blockwise(_pad_last(x_q.float(), k_gran), scales, k_gran, out_dtype)[..., :k]
 
 
@@ -74,10 +89,14 @@ def quantize_weight_blocks(
     scales [..., ceil(n / n_gran), ceil(k / k_gran)] in scale_dtype), one scale per
     n_gran x k_gran block (partial last blocks allowed): scale = amax(|block|) / 448.
     """
-    check(isinstance(n_gran, int) and n_gran >= 1, "n_gran", "an int >= 1", n_gran)
-    check(isinstance(k_gran, int) and k_gran >= 1, "k_gran", "an int >= 1", k_gran)
-    check(w.ndim >= 2, "w", "a [..., n, k] tensor", tuple(w.shape))
+    check(
+        isinstance(w, torch.Tensor) and w.ndim >= 2,
+        "w",
+        "a [..., n, k] tensor",
+        getattr(w, "shape", type(w)),
+    )
     n, k = w.shape[-2:]
+    n_gran, k_gran = _gran("n_gran", n_gran, n), _gran("k_gran", k_gran, k)
     nb, kb = _cdiv(n, n_gran), _cdiv(k, k_gran)
     wp = _pad_last(w.float(), k_gran)
     wp = _pad_last(wp.transpose(-1, -2), n_gran).transpose(-1, -2)  # [..., nb*n_gran, kb*k_gran]
@@ -98,6 +117,7 @@ def dequantize_weight_blocks(
 ) -> torch.Tensor:
     """Inverse of `quantize_weight_blocks`: [..., n, k] = w_q * scales[n // n_gran, k // k_gran]."""
     n, k = w_q.shape[-2:]
+    n_gran, k_gran = _gran("n_gran", n_gran, n), _gran("k_gran", k_gran, k)
     s = scales.float().repeat_interleave(n_gran, dim=-2).repeat_interleave(k_gran, dim=-1)
     return (w_q.float() * s[..., :n, :k]).to(out_dtype)
 

@@ -37,8 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...errors import check
+from ...errors import Lazy, check
 from ...fp8 import blockwise
+from .._checks import check_granularities, describe
 from .._triton_interpreter import install_interpreter_shim
 from ..launch import launch
 from .checks import X_DTYPES, check_fp8_bmm_args
@@ -371,8 +372,13 @@ def quantize_activation_groups_triton(
     x: [batch, m, k] bf16/fp16/f32 (any strides) -> (x_q [batch, m, k] e4m3 contiguous,
     scales [batch, m, ceil(k / k_gran)] float32 = max(amax / 448, 2^-126)).
     """
-    check(x.ndim == 3 and x.dtype in X_DTYPES, "x", "a [batch, m, k] bf16/fp16/f32 tensor", x.shape)
-    check(isinstance(k_gran, int) and k_gran >= 1, "k_gran", "an int >= 1", k_gran)
+    check(
+        isinstance(x, torch.Tensor) and x.ndim == 3 and x.dtype in X_DTYPES,
+        "x",
+        "a [batch, m, k] bf16/fp16/f32 tensor",
+        Lazy(lambda: describe(x)),
+    )
+    check_granularities(k_gran, 1)
     batch, m, k = x.shape
     n_groups = -(-k // k_gran)
     xq = torch.empty(batch, m, k, dtype=torch.float8_e4m3fn, device=x.device)
@@ -431,12 +437,21 @@ def fp8_bmm_triton(
         out = torch.empty(batch, m, n, dtype=out_dtype, device=x.device)
     else:
         check(
-            tuple(out.shape) == (batch, m, n) and out.dtype == out_dtype,
+            isinstance(out, torch.Tensor)
+            and out.shape == (batch, m, n)
+            and out.dtype == out_dtype
+            and out.device == x.device,
             "out",
-            f"a {out_dtype} tensor of shape {(batch, m, n)}",
-            f"{out.dtype} {tuple(out.shape)}",
+            Lazy(lambda: f"a {out_dtype} tensor of shape {(batch, m, n)} on {x.device}"),
+            Lazy(lambda: describe(out)),
         )
-        check(out.device == x.device, "out.device", str(x.device), out.device)
+    check(prequant is None or isinstance(prequant, bool), "prequant", "None or a bool", prequant)
+    check(
+        config is None or isinstance(config, Fp8BmmConfig),
+        "config",
+        "None or an Fp8BmmConfig",
+        type(config).__name__,
+    )
     if batch == 0 or m == 0 or n == 0:
         return out
     if k == 0:

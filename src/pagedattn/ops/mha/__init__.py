@@ -7,7 +7,9 @@ ragged operands, with any mask of `ops.masks`, attention sinks, split-K and an o
 `mha` validates its arguments' types, shapes, dtypes and devices (no host sync, so it stays
 CUDA-graph safe) and dispatches with `ops.dispatch.choose_backend`: the Triton kernels on CUDA,
 `mha_reference` elsewhere. The reference additionally checks values that need the host
-(offsets, cache lengths, lookup-table reach).
+(offsets, cache lengths, lookup-table reach); on CUDA those device values are the kernels'
+to guard. Every bad argument, a call that does not bind included, raises
+`InvalidArgumentError` naming it before anything is written.
 """
 
 from __future__ import annotations
@@ -16,40 +18,89 @@ import math
 
 import torch
 
-from ...errors import check
+from ...errors import Lazy, check
 from ...operands import RowOperand
-from .._checks import check_head_vector, check_num_partitions, check_out, check_scale
-from .._checks import describe as _describe
+from .._checks import (
+    INT32_MAX,
+    Described,
+    check_head_vector,
+    check_num_partitions,
+    check_out,
+    check_scale,
+    typed_binding,
+)
 from ..dispatch import choose_backend
 from ..masks import Mask, causal
 from .reference import mha_reference
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MHA_QUANT_FORMATS = (None, "blockwise", "per_tensor")
+_CAUSAL = causal()  # the default mask (immutable)
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
+    """k or v: a RowOperand of an MHA format on q's device, in q's dtype unless quantized.
+    (Messages are `Lazy`: formatting them cost several us a call.)"""
     check(
         isinstance(op, RowOperand),
         name,
         "an MHAOperand (PagedOperand, DenseOperand, ContinuousBatchingOperand, RaggedOperand)",
-        type(op).__name__,
+        Lazy(lambda: type(op).__name__),
     )
     check(
         op.quant_format in MHA_QUANT_FORMATS,
-        f"{name}.quant_format",
-        f"one of {MHA_QUANT_FORMATS} (packed MLA formats are for mla_decode)",
-        op.quant_format,
+        Lazy(lambda: f"{name}.quant_format"),
+        Lazy(lambda: f"one of {MHA_QUANT_FORMATS} (packed MLA formats are for mla_decode)"),
+        Lazy(lambda: repr(op.quant_format)),
     )
     if not op.quantization_enabled:
-        check(op.dtype == q.dtype, f"{name}.dtype", f"q.dtype={q.dtype}", op.dtype)
-    check(op.rows.device == q.device, f"{name}.device", f"q.device={q.device}", op.rows.device)
+        check(
+            op.dtype == q.dtype,
+            Lazy(lambda: f"{name}.dtype"),
+            Lazy(lambda: f"q.dtype={q.dtype}"),
+            Lazy(lambda: op.dtype),
+        )
     check(
-        op.cache_lengths.device == q.device,
-        f"{name}.cache_lengths.device",
-        f"q.device={q.device}",
-        op.cache_lengths.device,
+        op.rows.device == q.device and op.cache_lengths.device == q.device,
+        Lazy(lambda: f"{name}.device"),
+        Lazy(lambda: f"q.device={q.device} (its rows and cache lengths)"),
+        Lazy(lambda: f"{op.rows.device}, {op.cache_lengths.device}"),
     )
+    check(op.num_heads >= 1, name, "at least one KV head", Lazy(lambda: f"{op.num_heads} heads"))
+
+
+def _check_mask(mask: object, q: torch.Tensor) -> Mask:
+    """The resolved mask (None = causal): a Mask whose window / chunk is an int in
+    [1, 2^31 - 1] where its kind takes one, and whose tensor is a bool [total_q, max_keys >= 1]
+    tensor on q's device."""
+    mask = _CAUSAL if mask is None else mask
+    check(isinstance(mask, Mask), "mask", "a pagedattn.ops.masks.Mask or None", Described(mask))
+    kind = mask.kind
+    if kind == "causal" or kind == "null":
+        return mask
+    if kind == "tensor":
+        t = mask.tensor
+        check(
+            isinstance(t, torch.Tensor)
+            and t.dtype == torch.bool
+            and t.ndim == 2
+            and t.shape[0] == q.shape[0]
+            and t.shape[1] >= 1
+            and t.device == q.device,
+            "mask.tensor",
+            Lazy(lambda: f"a bool [total_q={q.shape[0]}, max_keys >= 1] tensor on {q.device}"),
+            Described(t),
+        )
+        return mask
+    field = "chunk" if kind == "chunked_causal" else "window"
+    v = getattr(mask, field)
+    check(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT32_MAX,
+        Lazy(lambda: f"mask.{field}"),
+        Lazy(lambda: f"an int in [1, {INT32_MAX}]"),
+        Lazy(lambda: repr(v)),
+    )
+    return mask
 
 
 def _validate(
@@ -69,60 +120,61 @@ def _validate(
         isinstance(q, torch.Tensor) and q.ndim == 3,
         "q",
         "a [total_q, h_q, d_qk] tensor",
-        _describe(q),
+        Described(q),
     )
-    check(q.dtype in Q_DTYPES, "q.dtype", f"one of {Q_DTYPES}", q.dtype)
+    check(q.dtype in Q_DTYPES, "q.dtype", Lazy(lambda: f"one of {Q_DTYPES}"), Lazy(lambda: q.dtype))
     total_q, h_q, d_qk = q.shape
     _check_operand(k, "k", q)
     _check_operand(v, "v", q)
     h_kv = k.num_heads
-    check(v.num_heads == h_kv, "v", f"{h_kv} heads like k", f"{v.num_heads} heads")
-    check(k.head_dim == d_qk, "k", f"head_dim d_qk={d_qk} (q.shape[-1])", k.head_dim)
+    check(
+        v.num_heads == h_kv,
+        "v",
+        Lazy(lambda: f"{h_kv} heads like k"),
+        Lazy(lambda: f"{v.num_heads} heads"),
+    )
+    check(
+        k.head_dim == d_qk,
+        "k",
+        Lazy(lambda: f"head_dim d_qk={d_qk} (q.shape[-1])"),
+        Lazy(lambda: k.head_dim),
+    )
     check(
         h_q >= 1 and h_q % h_kv == 0,
         "q",
-        f"a head count h_q that is a positive multiple of the operands' {h_kv} KV heads",
-        f"h_q={h_q}",
+        Lazy(
+            lambda: f"a head count h_q that is a positive multiple of the operands' {h_kv} KV heads"
+        ),
+        Lazy(lambda: f"h_q={h_q}"),
     )
     batch = k.batch_size
     check(
         v.batch_size == batch,
         "v",
-        f"batch size {batch} like k",
-        f"batch size {v.batch_size}",
+        Lazy(lambda: f"batch size {batch} like k"),
+        Lazy(lambda: f"batch size {v.batch_size}"),
     )
     check(
         isinstance(q_row_offsets, torch.Tensor)
         and q_row_offsets.dtype == torch.int32
-        and tuple(q_row_offsets.shape) == (batch + 1,),
+        and q_row_offsets.shape == (batch + 1,)
+        and q_row_offsets.device == q.device,
         "q_row_offsets",
-        f"an int32 tensor of shape ({batch + 1},) (batch + 1 prefix sums)",
-        _describe(q_row_offsets),
+        Lazy(
+            lambda: f"an int32 tensor of shape ({batch + 1},) (batch + 1 prefix sums) on {q.device}"
+        ),
+        Described(q_row_offsets),
     )
-    check(
-        q_row_offsets.device == q.device,
-        "q_row_offsets.device",
-        f"q.device={q.device}",
-        q_row_offsets.device,
-    )
-    mask = causal() if mask is None else mask
-    check(isinstance(mask, Mask), "mask", "a pagedattn.ops.masks.Mask or None", _describe(mask))
-    if mask.kind == "tensor":
-        t = mask.tensor
-        check(
-            t.shape[0] == total_q and t.device == q.device,
-            "mask.tensor",
-            f"a bool [total_q={total_q}, max_keys] tensor on {q.device}",
-            _describe(t),
-        )
+    mask = _check_mask(mask, q)
     check_scale(scale)
     check_head_vector(sinks, "sinks", h_q, q.device)
     check_num_partitions(num_partitions)
-    check(isinstance(return_lse, bool), "return_lse", "a bool", type(return_lse).__name__)
+    check(isinstance(return_lse, bool), "return_lse", "a bool", Lazy(lambda: repr(return_lse)))
     check_out(out, (total_q, h_q, v.head_dim), q)
     return mask
 
 
+@typed_binding
 def mha(
     q: torch.Tensor,
     k: RowOperand,
@@ -145,16 +197,21 @@ def mha(
     k, v: MHAOperands with h_kv heads, h_q % h_kv == 0 (query head h reads KV head
       h // (h_q // h_kv)); head dims d_qk and d_v. FP8 operands are dequantized on the fly.
     q_row_offsets: [batch + 1] int32 prefix sums of queries per request.
-    mask: a `pagedattn.ops.masks` mask on absolute positions (None = causal).
-    scale: softmax scale (None = 1/sqrt(d_qk)).
+    mask: a `pagedattn.ops.masks` mask on absolute positions (None = causal); a window or
+      chunk is an int in [1, 2^31 - 1], a tensor mask a bool [total_q, max_keys >= 1] tensor.
+    scale: softmax scale, a finite float > 0 (None = 1/sqrt(d_qk)).
     sinks: [h_q] float32 logits joining the softmax denominator only (+inf gives output 0).
-    num_partitions: split-K: each request's keys in P contiguous chunks, merged by LSE.
+    num_partitions: split-K: each request's keys in P contiguous chunks, merged by LSE
+      (None or an int in [1, 65535]; None: the dispatcher's choice).
     return_lse: also return the float32 [total_q, h_q] natural-log LSE over keys (sink left
       out; -inf for a query that sees no key, whose output is 0).
     out: optional preallocated [total_q, h_q, d_v] buffer in q.dtype, returned filled.
     backend: "triton" or "reference" (default: by device, or $PAGEDATTN_BACKEND).
 
     Returns out [total_q, h_q, d_v] in q.dtype, or (out, lse).
+
+    Raises InvalidArgumentError naming the argument (a missing or unknown one included) for a
+    bad type, dtype, shape, device or host value, before anything is written.
     """
     mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
     kwargs = dict(

@@ -4,19 +4,26 @@
 sync, so it stays CUDA-graph safe) and dispatches with `ops.dispatch.choose_backend`: the
 Triton kernel (`triton_mla.mla_decode_triton`) on CUDA, `mla_decode_reference` elsewhere. The
 reference additionally checks the values that need the host (row offsets, at most
-`MAX_Q_PER_REQUEST` queries a request, cache lengths, lookup-table reach).
+`MAX_Q_PER_REQUEST` queries a request, cache lengths, lookup-table reach); on CUDA those device
+values are the kernels' to guard (invalid sparse indices are skipped). Every bad argument, a
+call that does not bind included, raises `InvalidArgumentError` naming it.
 """
 
 from __future__ import annotations
-
-import numbers
 
 import torch
 
 from ...errors import Lazy, check
 from ...operands import RowOperand
 from .._checks import Described as _Described
-from .._checks import check_head_vector, check_num_partitions, check_out, check_scale
+from .._checks import (
+    check_head_vector,
+    check_num_partitions,
+    check_out,
+    check_scale,
+    is_int,
+    typed_binding,
+)
 from .._checks import check_int32 as _check_int32
 from ..dispatch import choose_backend
 from .reference import (
@@ -26,6 +33,7 @@ from .reference import (
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 D_QK_VALUES = (576, 512)  # DeepSeek V2/V3 (512 latent + 64 rope), V4 (448 + 64)
+MAX_D_V = 512  # V is (part of) the latent: the first d_v <= 512 dims of K
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
@@ -50,10 +58,10 @@ def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
             op.dtype,
         )
     check(
-        op.rows.device == q.device,
+        op.rows.device == q.device and op.cache_lengths.device == q.device,
         Lazy(lambda: f"{name}.device"),
-        Lazy(lambda: f"q.device={q.device}"),
-        op.rows.device,
+        Lazy(lambda: f"q.device={q.device} (its rows and cache lengths)"),
+        Lazy(lambda: f"{op.rows.device}, {op.cache_lengths.device}"),
     )
 
 
@@ -97,10 +105,10 @@ def validate_args(
     )
     check(h_q >= 1, "q", "at least one query head", Lazy(lambda: tuple(q.shape)))
     check(
-        isinstance(d_v, numbers.Integral) and not isinstance(d_v, bool) and 1 <= d_v <= d_qk,
+        is_int(d_v) and 1 <= d_v <= MAX_D_V,
         "d_v",
-        Lazy(lambda: f"an int in [1, d_qk={d_qk}] (V is the first d_v dims of K)"),
-        d_v,
+        Lazy(lambda: f"an int in [1, {MAX_D_V}] (V is the first d_v dims of K)"),
+        Lazy(lambda: repr(d_v)),
     )
     _check_operand(kv, "kv", q)
     batch = q_row_offsets.shape[0] - 1 if isinstance(q_row_offsets, torch.Tensor) else -1
@@ -159,6 +167,7 @@ def validate_args(
     check_out(out, (tokens, h_q, d_v), q)
 
 
+@typed_binding
 def mla_decode(
     q: torch.Tensor,
     kv: RowOperand,
@@ -185,7 +194,8 @@ def mla_decode(
     kv: operand of the latent cache, one head of head_dim d_qk (BF16 or any FP8 layout:
       blockwise, per-tensor, rope-aware, FlashMLA V32, MODEL1). V is its first d_v dims.
     q_row_offsets: [batch + 1] int32 prefix sums of query tokens per request.
-    d_v: value dims (default 512). scale: softmax scale (None = 1/sqrt(d_qk)).
+    d_v: value dims, an int in [1, 512] (default 512). scale: softmax scale, a finite float
+      > 0 (None = 1/sqrt(d_qk)).
     causal: dense mode only; query i sees keys `< cache_length(b) + i + 1`, otherwise all
       `cache_length(b) + q_len(b)` keys.
     indices: sparse mode, [tokens, stride] int32 encoded `block * page_size + offset`
@@ -196,12 +206,16 @@ def mla_decode(
     extra_kv / extra_indices / extra_topk_lengths: a second cache (own operand, so its own
       format and scales) attended through its own sparse indices, in the same softmax.
     attn_sink: [h_q] float32 logits joining the denominator only (+inf gives output 0).
-    num_partitions: split-K partitions of each request's keys (result does not depend on it).
+    num_partitions: split-K partitions of each request's keys (result does not depend on it):
+      None (the dispatcher's choice) or an int in [1, 65535].
     out: optional preallocated [tokens, h_q, d_v] buffer in q.dtype, returned filled.
     backend: "triton" or "reference" (default: by device, or $PAGEDATTN_BACKEND).
 
     Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] float32, natural log over keys
     only; a query that sees no key gets out 0 and lse -inf).
+
+    Raises InvalidArgumentError naming the argument (a missing or unknown one included) for a
+    bad type, dtype, shape, device or host value, before anything is written.
     """
     kwargs = dict(
         d_v=d_v,
