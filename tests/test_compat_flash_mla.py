@@ -16,6 +16,7 @@ block ids in unused block-table columns.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -24,6 +25,18 @@ from pagedattn import InvalidArgumentError
 from pagedattn.compat import UnsupportedFeatureError
 from pagedattn.compat import flash_mla as fm
 from pagedattn.testing import BF16_TOL, assert_close
+
+# The Triton backend on these CPU tensors runs in the interpreter, which conftest turns on only
+# without CUDA (tests/test_compat_edge_cases.py's `gpu` duplicates cover the CUDA kernels).
+BACKENDS = [
+    "reference",
+    pytest.param(
+        "triton",
+        marks=pytest.mark.skipif(
+            os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"
+        ),
+    ),
+]
 
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 LSE_TOL = dict(abs_tol=1e-4, rel_tol=1e-5, cos_tol=1e-10)
@@ -189,6 +202,45 @@ def test_dense(gen, fmt, causal):
             causal=not causal,
             is_fp8_kvcache=cache.is_fp8,
         )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_dense_requests_shorter_than_s_q(gen, backend, causal):
+    """FlashMLA accepts cache_seqlens below s_q, 0 included (its tests' `have_zero_seqlen_k`):
+    query i sees keys `< seqlen - s_q + i + 1` (causal) or `< seqlen`, and one that sees none
+    gets out 0 and lse +inf. The kernels take the negative cache length; the reference
+    backend attends the same keys through sparse indices."""
+    b, s_q, h, page = 3, 3, 2, 4
+    seqlens = [0, 2, 7]
+    n_blocks = [-(-n // page) for n in seqlens]
+    P = sum(n_blocks) + 1
+    perm = torch.randperm(P, generator=gen)
+    table = torch.full((b, max(n_blocks) + 1), P, dtype=torch.int32)
+    used = torch.zeros(P, page, dtype=torch.bool)
+    k = 0
+    for bi, (n, nb) in enumerate(zip(seqlens, n_blocks)):
+        table[bi, :nb] = perm[k : k + nb].int()
+        k += nb
+        t = torch.arange(n)
+        used[table[bi, t // page].long(), t % page] = True
+    cache = Cache(gen, "bf16", P, page, used)
+    cache.k_cache.div_(8)  # few keys: keep the Triton kernels' bf16 P @ V inside BF16_TOL
+    q = torch.randn(b, s_q, h, 576, generator=gen).to(BF16)
+    out, lse = fm.flash_mla_with_kvcache(
+        q, cache.k_cache, table, torch.tensor(seqlens, dtype=torch.int32), 512,
+        fm.get_mla_metadata()[0], causal=causal, backend=backend,
+    )  # fmt: skip
+    keys = []
+    for bi, n in enumerate(seqlens):
+        toks = [cache.token(int(table[bi, j // page]), j % page) for j in range(n)]
+        keys.append([toks[: max(n - s_q + i + 1, 0)] if causal else toks for i in range(s_q)])
+    ref_o, ref_l = oracle(q, keys, 512, 576**-0.5, None)
+    assert_close(out, ref_o, **BF16_TOL)
+    assert_close(lse, ref_l, **LSE_TOL, name="lse")
+    assert bool((out[0] == 0).all()) and bool((lse[0] == math.inf).all())
+    if causal:  # request 1 (2 keys, 3 queries): its first query sees none
+        assert bool((out[1, 0] == 0).all()) and bool((lse[1, :, 0] == math.inf).all())
 
 
 # --------------------------------------------------------------------------------------------

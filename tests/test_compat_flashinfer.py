@@ -14,6 +14,7 @@ Every case uses fresh random data, shuffled pages, NaN in every cache slot no re
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -25,6 +26,18 @@ from pagedattn.compat.flashinfer import (
     BatchPrefillWithPagedKVCacheWrapper,
 )
 from pagedattn.testing import BF16_TOL, assert_close
+
+# The Triton backend on these CPU tensors runs in the interpreter, which conftest turns on only
+# without CUDA (tests/test_compat_edge_cases.py's `gpu` duplicates cover the CUDA kernels).
+BACKENDS = [
+    "reference",
+    pytest.param(
+        "triton",
+        marks=pytest.mark.skipif(
+            os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1"
+        ),
+    ),
+]
 
 BF16, F32, E4M3 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
 LSE_TOL = dict(abs_tol=2e-4, rel_tol=1e-5, cos_tol=1e-10)
@@ -61,7 +74,8 @@ class Case:
         )
         self.indices = perm[: sum(n_pages)].to(torch.int32)
         self.last_page_len = torch.tensor(
-            [n - (p - 1) * page_size for n, p in zip(kv_lens, n_pages)], dtype=torch.int32
+            [n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, n_pages)],
+            dtype=torch.int32,
         )
         used = torch.zeros(total, page_size, dtype=torch.bool)
         for b, n in enumerate(kv_lens):
@@ -364,6 +378,67 @@ def test_prefill_custom_mask_and_head_dim_vo(gen, packed):
     assert_close(l, ref_l, **LSE_TOL, name="lse")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "causal,window,custom",
+    [(True, -1, False), (True, 2, False), (False, 3, False), (True, -1, True)],
+)
+def test_prefill_requests_shorter_than_their_queries(gen, backend, causal, window, custom):
+    """As FlashInfer: a request may hold fewer KV tokens than queries (an empty one too). Its
+    query i sits at kv_len - q_len + i, so causal queries before position 0 see no key (out 0,
+    LSE -inf); without the causal mask every query sees the kv_len keys. The kernels take the
+    negative cache length; the reference runs the rows that see a key."""
+    ps, h_kv, h_qo, d = 4, 1, 2, 16
+    kv_lens, q_lens = [2, 0, 5, 3], [4, 2, 5, 1]
+    case = Case(gen, kv_lens, page_size=ps, h_kv=h_kv, d_qk=d, kv_dtype=F32)
+    masks = None
+    kwargs = {}
+    if custom:
+        masks = [torch.rand(ql, kl, generator=gen) < 0.7 for ql, kl in zip(q_lens, kv_lens)]
+        kwargs["custom_mask"] = torch.cat([m.flatten() for m in masks])
+    w = BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD", pagedattn_backend=backend)
+    w.plan(
+        torch.tensor([0, 4, 6, 11, 12], dtype=torch.int32),
+        *case.plan_args(h_qo),
+        causal=causal,
+        window_left=window,
+        q_data_type=F32,
+        **kwargs,
+    )
+    q = torch.randn(12, h_qo, d, generator=gen)
+    sinks = torch.randn(h_qo, generator=gen)
+    out, lse = poisoned((12, h_qo, d), F32), poisoned((12, h_qo), F32)
+    o, l = w.run(q, case.single(), out=out, lse=lse, return_lse=True, sinks=sinks)
+    ref_o, ref_l = oracle(
+        case, q, q_lens, causal=causal, window_left=window, custom=masks, sinks=sinks
+    )
+    tol = dict(abs_tol=1e-5, rel_tol=1e-5, cos_tol=1e-12)
+    assert_close(o, ref_o, **tol)
+    assert_close(l, ref_l, **LSE_TOL, name="lse")
+    assert bool((o[4:6] == 0).all())  # the empty request
+    if causal and not custom:
+        assert bool((o[:2] == 0).all())  # request 0's queries at positions -2, -1
+    # Without a sink the empty request's LSE is -inf (FlashInfer's neutral element).
+    _, l0 = w.run(q, case.single(), return_lse=True)
+    assert bool((l0[4:6] == -math.inf).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_empty_requests(gen, backend):
+    """Decode with requests holding no KV token (0 pages, last_page_len 0): out 0, LSE -inf."""
+    ps, h_kv, h_qo, d = 4, 2, 4, 16
+    kv_lens = [0, 9, 0]
+    case = Case(gen, kv_lens, page_size=ps, h_kv=h_kv, d_qk=d, kv_dtype=BF16)
+    w = BatchDecodeWithPagedKVCacheWrapper(workspace(), "NHD", pagedattn_backend=backend)
+    w.plan(*case.plan_args(h_qo), q_data_type=BF16)
+    q = torch.randn(3, h_qo, d, generator=gen).to(BF16)
+    o, l = w.run(q, case.single(), out=poisoned((3, h_qo, d), BF16), return_lse=True)
+    ref_o, ref_l = oracle(case, q, [1] * 3)
+    assert_close(o, ref_o, **BF16_TOL)
+    assert_close(l, ref_l, **LSE_TOL, name="lse")
+    assert bool((o[0] == 0).all()) and bool((l[2] == -math.inf).all())
+
+
 # --------------------------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------------------------
@@ -383,8 +458,6 @@ def test_unsupported_features_and_bad_arguments(gen):
         w.plan(*args, q_data_type=BF16, kv_data_type=torch.float8_e5m2)
     with pytest.raises(InvalidArgumentError, match="kv_layout"):
         BatchDecodeWithPagedKVCacheWrapper(workspace(), "NDH")
-    with pytest.raises(InvalidArgumentError, match="query length"):
-        w.plan(*args, q_data_type=F32, q_len_per_req=4)  # request 1 has 3 KV tokens
     w.plan(*args, q_data_type=F32, window_left=3)
     with pytest.raises(InvalidArgumentError, match="window_left"):
         w.run(q, case.single(), window_left=2)

@@ -9,7 +9,11 @@
   is a multiple of the token stride).
 - Page table: `indptr [b + 1]`, `indices [indptr[-1]]`, `last_page_len [b]`; request b has
   `kv_len = (pages - 1) * page_size + last_page_len` tokens (or `seq_lens[b]`), and its query
-  tokens are the last `q_len` of them, so pagedattn's `cache_length = kv_len - q_len`.
+  tokens are the last `q_len` of them, so pagedattn's `cache_length = kv_len - q_len`. As in
+  FlashInfer a request may hold fewer KV tokens than queries (none too): query i sits at
+  `kv_len - q_len + i`, and one that sees no key gets out 0 and LSE -inf. The kernels take
+  the negative cache length as is; on the reference backend `plan()` keeps the query rows
+  that see a key (`_split_short_requests`) and `run()` gathers and scatters them.
 - `window_left = w >= 0`: query at position p sees keys `p - w .. p` (w + 1 keys); causal
   windows map to `masks.sliding_window_causal(w + 1)`.
 - `sinks [h_qo]`: join the softmax denominator; the returned LSE includes the sink. These are
@@ -25,6 +29,12 @@ metadata lives in static buffers that later `plan()` calls refresh in place. Bot
 FlashInfer's signatures and share one body each for `__init__`, `plan` and `run`
 (`_PagedWrapperBase`).
 
+Errors: every bad argument raises `InvalidArgumentError` naming the caller's argument (a call
+that does not bind included, `_args.typed_call`), before anything is written: a rejected
+`plan()` keeps the previous plan (and the CUDA-graph buffers), a rejected `run()` writes no
+byte. Page ids a request reads must lie in [0, num_pages) (negative: `plan()`; past the cache:
+`run()`, from the plan's host maximum, no sync). An empty batch is refused.
+
 Not supported (raise `UnsupportedFeatureError`): `logits_soft_cap > 0`, `pos_encoding_mode`
 other than "NONE", NVFP4 caches (`kv_cache_sf`), e5m2 caches, custom-kernel `*args`/`jit_args`,
 multi-item scoring (`prefix_len_ptr`, ...), `window_right != 0`.
@@ -35,18 +45,20 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..errors import InvalidArgumentError, check
 from ..operands import RowOperand
 from ..ops._checks import DescribedValue as _describe
-from ..ops._checks import check_scale
+from ..ops._checks import check_scale, is_positive_finite
 from ..ops.constants import LOG2E_F
+from ..ops.dispatch import BACKENDS
 from ..ops.masks import Mask, causal, null, sliding_window_causal, tensor_mask
 from ..ops.mha import mha
 from . import UnsupportedFeatureError
+from ._args import resolve_backend, typed_call
 from ._paging import paged_row_strides
 
 KV_LAYOUTS = ("NHD", "HND")
@@ -55,6 +67,7 @@ FLASHINFER_BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl", "cudnn", 
 LSE_BASES = ("log2", "ln")
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_KV_DTYPE = torch.float8_e4m3fn
+INT32_MAX = 2**31 - 1  # page ids, lengths and window sizes are int32 in the kernels
 # Lookup-table padding before the first run() tells the page count; run() rewrites it to
 # `total_num_pages` (DESIGN.md's sentinel) as soon as it sees the cache.
 _UNKNOWN_SENTINEL = 2**31 - 1
@@ -97,6 +110,48 @@ def _by_name(call: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {n: call[n] for n in names}
 
 
+class _Names(NamedTuple):
+    """The caller's names of the page-table arguments (they differ between the wrappers)."""
+
+    indptr: str
+    indices: str
+    last_page_len: str
+    head_dim: str
+    q_lens: str
+
+
+_DECODE_NAMES = _Names("indptr", "indices", "last_page_len", "head_dim", "q_len_per_req")
+_PREFILL_NAMES = _Names(
+    "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len", "head_dim_qk", "qo_indptr"
+)
+
+
+def _one_of(x: object, choices: tuple[str, ...], name: str) -> str:
+    """A string argument from `choices` (anything else, an unhashable object or a tensor
+    included, raises InvalidArgumentError naming `name`)."""
+    check(isinstance(x, str) and x in choices, name, f"one of {choices}", _describe(x))
+    return x
+
+
+def _check_bool(x: object, name: str) -> bool:
+    check(isinstance(x, bool), name, "a bool", _describe(x))
+    return x
+
+
+def _check_optional(x: object, name: str, kind: str) -> None:
+    """An accepted-and-unused argument: None or a value of `kind` ("int", "float", "bool",
+    "tensor")."""
+    if x is None:
+        return
+    ok = {
+        "int": isinstance(x, numbers.Integral) and not isinstance(x, bool),
+        "float": isinstance(x, numbers.Real) and not isinstance(x, bool),
+        "bool": isinstance(x, bool),
+        "tensor": isinstance(x, torch.Tensor),
+    }[kind]
+    check(ok, name, f"None or a {kind} (accepted and unused)", _describe(x))
+
+
 def _as_dtype(x: object, name: str) -> torch.dtype:
     """FlashInfer accepts a torch.dtype or its name ("float16", "bfloat16", ...)."""
     if isinstance(x, torch.dtype):
@@ -108,11 +163,11 @@ def _as_dtype(x: object, name: str) -> torch.dtype:
     raise InvalidArgumentError(f"{name}: expected a torch.dtype or its name, got {_describe(x)}")
 
 
-def _as_int(x: object, name: str, lo: int) -> int:
+def _as_int(x: object, name: str, lo: int, hi: int = INT32_MAX) -> int:
     check(
-        isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x) >= lo,
+        isinstance(x, numbers.Integral) and not isinstance(x, bool) and lo <= int(x) <= hi,
         name,
-        f"an int >= {lo}",
+        f"an int in [{lo}, {hi}]",
         _describe(x),
     )
     return int(x)
@@ -125,9 +180,10 @@ def _host_ints(t: object, name: str, length: int | None = None) -> torch.Tensor:
         and t.ndim == 1
         and not t.is_floating_point()
         and not t.is_complex()
-        and t.dtype != torch.bool,
+        and t.dtype != torch.bool
+        and t.device.type != "meta",
         name,
-        "a 1-D integer tensor",
+        "a 1-D integer tensor (on any device with data)",
         _describe(t),
     )
     if length is not None:
@@ -137,11 +193,12 @@ def _host_ints(t: object, name: str, length: int | None = None) -> torch.Tensor:
 
 def _scale_parts(s: object, name: str, device: torch.device) -> tuple[float, torch.Tensor | None]:
     """A FlashInfer calibration scale (None, a float or a one-element tensor) -> (host factor,
-    device tensor factor or None)."""
+    device tensor factor or None). A float must be finite and > 0 (q_scale and k_scale fold
+    into the softmax scale); a tensor's value lives on the device and is not read."""
     if s is None:
         return 1.0, None
     if isinstance(s, numbers.Real) and not isinstance(s, bool):
-        check(math.isfinite(float(s)), name, "a finite scale", s)
+        check(is_positive_finite(s), name, "a finite float > 0 (or a one-element tensor)", s)
         return float(s), None
     check(
         isinstance(s, torch.Tensor)
@@ -206,6 +263,57 @@ def _cache_view(c: torch.Tensor, layout: str, name: str) -> _CacheView:
     return _CacheView(rows, psr, P, ps, H, D)
 
 
+def _short_list(t: torch.Tensor) -> object:
+    """A host int tensor for an error message (its first 8 values when long)."""
+    return t.tolist() if t.shape[0] <= 16 else f"{t[:8].tolist()} ..."
+
+
+def _split_short_requests(
+    q_offs: torch.Tensor, q_lens: torch.Tensor, kv_lens: torch.Tensor, causal_rows: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference backend's view of a batch where some request has fewer KV tokens than
+    queries (its cache length kv - q would be negative, which the kernels take and the
+    reference does not): the same attention over only the query rows that see a key.
+
+    A request with kv >= q stays whole. Of a short one, under a causal mask (window or not)
+    query i sits at kv - q + i: its last kv queries form a request of cache length 0 and the
+    first q - kv see no key; otherwise (no mask, a tensor mask) every query sees the kv keys
+    (through its mask row), one request of cache length kv - 1 each, none when kv = 0.
+
+    Returns (kept rows [n] int64, the request each new request reads [m], their cache lengths
+    [m], their query counts [m]); the kept rows are ascending, each new request's contiguous.
+    """
+    keep: list[int] = []
+    req: list[int] = []
+    cls: list[int] = []
+    qls: list[int] = []
+    for b, (r0, ql, kl) in enumerate(zip(q_offs.tolist(), q_lens.tolist(), kv_lens.tolist())):
+        if kl >= ql:
+            keep.extend(range(r0, r0 + ql))
+            req.append(b)
+            cls.append(kl - ql)
+            qls.append(ql)
+        elif kl == 0:
+            continue
+        elif causal_rows:
+            keep.extend(range(r0 + ql - kl, r0 + ql))
+            req.append(b)
+            cls.append(0)
+            qls.append(kl)
+        else:
+            keep.extend(range(r0, r0 + ql))
+            req.extend([b] * ql)
+            cls.extend([kl - 1] * ql)
+            qls.extend([1] * ql)
+    i64 = torch.int64
+    return (
+        torch.tensor(keep, dtype=i64),
+        torch.tensor(req, dtype=i64),
+        torch.tensor(cls, dtype=i64),
+        torch.tensor(qls, dtype=i64),
+    )
+
+
 def _unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
     """Little-endian bits of a uint8 vector -> bool [n]."""
     bits = (packed.to(torch.int32).unsqueeze(-1) >> torch.arange(8)) & 1
@@ -231,11 +339,17 @@ class _Plan:
     sm_scale: float | None
     window_left: int
     mask: Mask
-    lut: torch.Tensor  # [batch, cols] int32
-    pad_mask: torch.Tensor  # [batch, cols] bool: the padding entries of lut
-    cache_lengths: torch.Tensor  # [batch] int32
-    q_row_offsets: torch.Tensor  # [batch + 1] int32
+    lut: torch.Tensor  # [requests, cols] int32
+    pad_mask: torch.Tensor  # [requests, cols] bool: the padding entries of lut
+    cache_lengths: torch.Tensor  # [requests] int32 (kv_len - q_len: negative when kv < q)
+    q_row_offsets: torch.Tensor  # [requests + 1] int32
     num_partitions: int | None
+    backend: str  # the pagedattn backend, resolved by plan()
+    max_page: int  # the largest page id a request reads (-1: none), checked by run()
+    max_page_at: str  # where it is, for run()'s message: "indices[7]"
+    # Reference backend with a request shorter than its queries (it takes no negative cache
+    # length): the query rows that see a key, and the requests above describe only them.
+    keep_rows: torch.Tensor | None = None
 
 
 def _check_graph_buffers(**buffers: object) -> None:
@@ -254,6 +368,7 @@ class _PagedWrapperBase:
 
     _api = "wrapper"
 
+    @typed_call
     def run_return_lse(
         self, q: torch.Tensor, paged_kv_cache: PagedKVCache, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -278,14 +393,24 @@ class _PagedWrapperBase:
         """`__init__`'s checks and state, shared by both wrappers; `fixed_batch_size` and
         `indices_capacity` are the CUDA-graph buffers' batch size and page capacity."""
         check(
-            isinstance(float_workspace_buffer, torch.Tensor),
+            isinstance(float_workspace_buffer, torch.Tensor)
+            and float_workspace_buffer.device.type in ("cpu", "cuda"),
             "float_workspace_buffer",
-            "a torch.Tensor (its device is the wrapper's device)",
+            "a CPU or CUDA torch.Tensor (its device is the wrapper's device)",
             _describe(float_workspace_buffer),
         )
-        check(kv_layout in KV_LAYOUTS, "kv_layout", f"one of {KV_LAYOUTS}", kv_layout)
-        check(isinstance(use_cuda_graph, bool), "use_cuda_graph", "a bool", use_cuda_graph)
-        check(backend in FLASHINFER_BACKENDS, "backend", f"one of {FLASHINFER_BACKENDS}", backend)
+        _one_of(kv_layout, KV_LAYOUTS, "kv_layout")
+        _check_bool(use_cuda_graph, "use_cuda_graph")
+        _one_of(backend, FLASHINFER_BACKENDS, "backend")
+        check(
+            pagedattn_backend is None
+            or (type(pagedattn_backend) is str and pagedattn_backend in BACKENDS),
+            "pagedattn_backend",
+            f"None or one of {BACKENDS}",
+            _describe(pagedattn_backend),
+        )
+        if max_pages_per_request is not None:
+            _as_int(max_pages_per_request, "max_pages_per_request", 1)
         if jit_args is not None:
             raise UnsupportedFeatureError(
                 "jit_args: custom JIT attention variants are FlashInfer-specific; pagedattn "
@@ -320,6 +445,7 @@ class _PagedWrapperBase:
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
 
+    @typed_call
     def reset_workspace_buffer(
         self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor
     ) -> None:
@@ -339,6 +465,7 @@ class _PagedWrapperBase:
         )
         self._float_workspace_buffer = float_workspace_buffer
 
+    @typed_call
     def end_forward(self) -> None:
         """Deprecated in FlashInfer; no effect."""
 
@@ -346,6 +473,7 @@ class _PagedWrapperBase:
     def _plan_impl(
         self,
         *,
+        names: _Names,
         q_lens: torch.Tensor | None,
         q_len_per_req: int,
         indptr: torch.Tensor,
@@ -371,7 +499,9 @@ class _PagedWrapperBase:
         packed_custom_mask: torch.Tensor | None = None,
     ) -> None:
         """The plan body of both wrappers: their `plan()` translate FlashInfer's arguments
-        (q_lens None: `q_len_per_req` queries a request) and call it. Host work only."""
+        (q_lens None: `q_len_per_req` queries a request) and call it. Host work only. Every
+        check comes before the first write: a rejected plan() leaves the previous plan (and
+        the CUDA-graph buffers) as they were."""
         # Scalars and features -------------------------------------------------------------
         num_qo_heads = _as_int(num_qo_heads, "num_qo_heads", 1)
         num_kv_heads = _as_int(num_kv_heads, "num_kv_heads", 1)
@@ -381,24 +511,19 @@ class _PagedWrapperBase:
             f"a multiple of num_kv_heads={num_kv_heads}",
             num_qo_heads,
         )
-        head_dim_qk = _as_int(head_dim_qk, "head_dim", 1)
+        head_dim_qk = _as_int(head_dim_qk, names.head_dim, 1)
         head_dim_vo = head_dim_qk if head_dim_vo is None else _as_int(head_dim_vo, "head_dim_vo", 1)
         page_size = _as_int(page_size, "page_size", 1)
         check(
             isinstance(window_left, numbers.Integral)
             and not isinstance(window_left, bool)
-            and window_left >= -1,
+            and -1 <= window_left < INT32_MAX,
             "window_left",
-            "-1 (no window) or an int >= 0",
+            f"-1 (no window) or an int in [0, {INT32_MAX - 1}]",
             _describe(window_left),
         )
         window_left = int(window_left)
-        check(
-            pos_encoding_mode in POS_ENCODING_MODES,
-            "pos_encoding_mode",
-            f"one of {POS_ENCODING_MODES}",
-            pos_encoding_mode,
-        )
+        _one_of(pos_encoding_mode, POS_ENCODING_MODES, "pos_encoding_mode")
         if pos_encoding_mode != "NONE":
             raise UnsupportedFeatureError(
                 f"pos_encoding_mode={pos_encoding_mode!r}: pagedattn does not apply RoPE/ALiBi "
@@ -421,7 +546,8 @@ class _PagedWrapperBase:
         if sm_scale is not None:
             check_scale(sm_scale, "sm_scale", describe_got=True)
             sm_scale = float(sm_scale)
-        check(isinstance(disable_split_kv, bool), "disable_split_kv", "a bool", disable_split_kv)
+        _check_bool(disable_split_kv, "disable_split_kv")
+        _check_bool(non_blocking, "non_blocking")
 
         q_dtype = _as_dtype(q_data_type, "q_data_type")
         kv_dtype = q_dtype if kv_data_type is None else _as_dtype(kv_data_type, "kv_data_type")
@@ -452,68 +578,79 @@ class _PagedWrapperBase:
             f"{compute} (the query's compute dtype) or torch.float8_e4m3fn",
             kv_dtype,
         )
+        backend = resolve_backend(self.device, self._pagedattn_backend, "pagedattn_backend")
 
         # Page table -> lookup table, cache lengths ----------------------------------------
-        last = _host_ints(last_page_len, "last_page_len")
+        last = _host_ints(last_page_len, names.last_page_len)
         batch = last.shape[0]
-        check(batch >= 1, "last_page_len", "at least one request", _describe(last_page_len))
+        check(
+            batch >= 1,
+            names.last_page_len,
+            "at least one request (FlashInfer plans batches of >= 1 request)",
+            _describe(last_page_len),
+        )
         if self._use_cuda_graph:
             check(
                 batch == self._fixed_batch_size,
-                "batch size",
-                f"{self._fixed_batch_size}, fixed by the CUDA-graph buffers given to __init__",
-                batch,
+                names.last_page_len,
+                f"{self._fixed_batch_size} requests, the batch size fixed by the CUDA-graph "
+                "buffers given to __init__",
+                f"{batch} requests",
             )
-        ip = _host_ints(indptr, "indptr", batch + 1)
-        idx = _host_ints(indices, "indices")
+        ip = _host_ints(indptr, names.indptr, batch + 1)
+        idx = _host_ints(indices, names.indices)
         n_pages = ip[1:] - ip[:-1]
         check(
             bool((n_pages >= 0).all()) and int(ip[0]) >= 0 and int(ip[-1]) <= idx.shape[0],
-            "indptr",
-            f"non-decreasing offsets into indices (length {idx.shape[0]})",
-            ip.tolist() if batch <= 16 else f"{ip[:8].tolist()} ...",
+            names.indptr,
+            f"non-decreasing offsets into {names.indices} (length {idx.shape[0]})",
+            _short_list(ip),
         )
+        used = idx[int(ip[0]) : int(ip[-1])]  # the page ids the requests read
+        max_page, max_page_at = -1, ""
+        if used.numel():
+            k = int(used.argmin())
+            if int(used[k]) < 0:
+                at = f"{names.indices}[{int(ip[0]) + k}]"
+                raise InvalidArgumentError(f"{at}: expected a page id >= 0, got {int(used[k])}")
+            k = int(used.argmax())
+            max_page, max_page_at = int(used[k]), f"{names.indices}[{int(ip[0]) + k}]"
         check(
             bool(((last >= 0) & (last <= page_size)).all()),
-            "last_page_len",
+            names.last_page_len,
             f"values in [0, page_size={page_size}]",
-            last.tolist() if batch <= 16 else f"{last[:8].tolist()} ...",
+            _short_list(last),
         )
         if seq_lens is None:
             kv_lens = (n_pages - 1).clamp_min(0) * page_size + last
+            kv_name = names.last_page_len
         else:
             kv_lens = _host_ints(seq_lens, "seq_lens", batch)
+            kv_name = "seq_lens"
         bad = (kv_lens < 0) | (kv_lens > n_pages * page_size)
         if bool(bad.any()):
             b = int(torch.nonzero(bad)[0])
             raise InvalidArgumentError(
-                f"request {b}: expected a KV length in [0, pages * page_size = "
-                f"{int(n_pages[b]) * page_size}], got {int(kv_lens[b])}"
+                f"{kv_name}[{b}]: expected a KV length in [0, pages * page_size = "
+                f"{int(n_pages[b])} * {page_size}] for request {b} ({names.indptr} gives it "
+                f"{int(n_pages[b])} pages), got {int(kv_lens[b])}"
             )
         if q_lens is None:
             q_lens = torch.full((batch,), q_len_per_req, dtype=torch.int64)
-        short = kv_lens < q_lens
-        if bool(short.any()):
-            b = int(torch.nonzero(short)[0])
-            raise InvalidArgumentError(
-                f"request {b}: expected its KV length ({int(kv_lens[b])}) >= its query length "
-                f"({int(q_lens[b])}); the new tokens' K/V must be in the cache (their queries "
-                "are the last q_len tokens of the request)"
-            )
         cols = max(int(n_pages.max()), 1)
         if self._use_cuda_graph:
             cap = self._lut_buf.shape[1]
             check(
                 idx.shape[0] <= self._indices_capacity,
-                "indices",
+                names.indices,
                 f"at most {self._indices_capacity} entries (the paged_kv_indices buffer)",
                 idx.shape[0],
             )
             check(
                 cols <= cap,
-                "pages per request",
-                f"<= {cap} (max_pages_per_request of this CUDA-graph wrapper)",
-                cols,
+                names.indptr,
+                f"at most {cap} pages a request (max_pages_per_request of this CUDA-graph wrapper)",
+                f"{cols} pages",
             )
             cols = cap
         if not idx.numel():
@@ -525,12 +662,16 @@ class _PagedWrapperBase:
         q_offs = torch.zeros(batch + 1, dtype=torch.int64)
         q_offs[1:] = q_lens.cumsum(0)
         total_q = int(q_offs[-1])
-        cache_lengths = (kv_lens - q_lens).to(torch.int32)
+        # Queries are the last q_len tokens of their request's KV: query i sits at position
+        # kv_len - q_len + i, negative when the request has fewer KV tokens than queries (as
+        # in FlashInfer, such a query sees no key under the causal mask).
+        cache_lengths = kv_lens - q_lens
 
         # Mask --------------------------------------------------------------------------------
         width = cols * page_size
         mask_host = None
-        if custom_mask is not None or packed_custom_mask is not None:
+        tensor_kind = custom_mask is not None or packed_custom_mask is not None
+        if tensor_kind:
             mask_host = self._custom_mask_rows(
                 custom_mask, packed_custom_mask, q_lens, kv_lens, width
             )
@@ -543,10 +684,31 @@ class _PagedWrapperBase:
         else:  # FlashInfer's non-causal window bounds the left side only
             mask_host = self._window_rows(q_lens, kv_lens, window_left, width)
 
-        # To the device ----------------------------------------------------------------------
+        keep_rows = None
+        if backend == "reference" and bool((cache_lengths < 0).any()):
+            keep, req, cache_lengths, q_lens = _split_short_requests(
+                q_offs, q_lens, kv_lens, causal_mask and not tensor_kind
+            )
+            lut, valid = lut[req], valid[req]
+            q_offs = torch.cat([torch.zeros(1, dtype=torch.int64), q_lens.cumsum(0)])
+            if mask_host is not None:
+                mask_host = mask_host[keep]
+            keep_rows = keep
+        static = self._use_cuda_graph and keep_rows is None
+        if static and mask_host is not None and self._mask_buf is not None:
+            check(
+                total_q <= self._mask_buf.shape[0] and width <= self._mask_buf.shape[1],
+                names.q_lens,
+                f"at most {self._mask_buf.shape[0]} query rows (the first plan's, with a "
+                "tensor mask under CUDA graphs)",
+                f"{total_q} rows",
+            )
+
+        # To the device (nothing above wrote any state) ----------------------------------------
         dev = self.device
         nb = non_blocking
-        if self._use_cuda_graph:
+        cache_lengths = cache_lengths.to(torch.int32)
+        if static:
             self._lut_buf.copy_(lut, non_blocking=nb)
             self._pad_buf.copy_(~valid, non_blocking=nb)
             self._cl_buf.copy_(cache_lengths, non_blocking=nb)
@@ -555,13 +717,6 @@ class _PagedWrapperBase:
             if mask_host is not None:
                 if self._mask_buf is None:
                     self._mask_buf = torch.zeros((total_q, width), dtype=torch.bool, device=dev)
-                check(
-                    total_q <= self._mask_buf.shape[0] and width <= self._mask_buf.shape[1],
-                    "query rows",
-                    f"<= {self._mask_buf.shape[0]} (the first plan's, with a tensor mask "
-                    "under CUDA graphs)",
-                    total_q,
-                )
                 buf = self._mask_buf[:total_q]
                 buf.zero_()
                 buf[:, :width].copy_(mask_host, non_blocking=nb)
@@ -573,6 +728,8 @@ class _PagedWrapperBase:
             qoff_d = q_offs.to(torch.int32).to(dev, non_blocking=nb)
             if mask_host is not None:
                 mask = tensor_mask(mask_host.to(dev, non_blocking=nb))
+            if keep_rows is not None:
+                keep_rows = keep_rows.to(dev, non_blocking=nb)
 
         self._plan = _Plan(
             batch=batch,
@@ -594,6 +751,10 @@ class _PagedWrapperBase:
             cache_lengths=cl_d,
             q_row_offsets=qoff_d,
             num_partitions=1 if disable_split_kv else None,
+            backend=backend,
+            max_page=max_page,
+            max_page_at=max_page_at,
+            keep_rows=keep_rows,
         )
 
     @staticmethod
@@ -696,6 +857,9 @@ class _PagedWrapperBase:
         kv_cache_sf: object,
         lse_base: str,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The run body of both wrappers. Every check comes before the first write (the
+        lookup table's sentinel, the FP8 scale scalars, `out`, `lse`): a rejected run()
+        changes nothing."""
         p = self._plan
         if p is None:
             raise InvalidArgumentError(f"{self._api}.run: call plan() before run()")
@@ -706,14 +870,16 @@ class _PagedWrapperBase:
             )
         if kv_cache_sf is not None:
             raise UnsupportedFeatureError("kv_cache_sf: NVFP4 KV caches are not supported")
-        check(lse_base in LSE_BASES, "lse_base", f"one of {LSE_BASES}", lse_base)
-        check(isinstance(return_lse, bool), "return_lse", "a bool", _describe(return_lse))
+        _one_of(lse_base, LSE_BASES, "lse_base")
+        _check_bool(return_lse, "return_lse")
         if window_left is not None:
             check(
-                window_left == p.window_left,
+                isinstance(window_left, numbers.Integral)
+                and not isinstance(window_left, bool)
+                and window_left == p.window_left,
                 "window_left",
                 f"None or the planned value {p.window_left} (re-plan to change it)",
-                window_left,
+                _describe(window_left),
             )
         dev = self.device
         check(
@@ -752,9 +918,11 @@ class _PagedWrapperBase:
             f"{kv_view.num_pages} and {vv_view.num_pages}",
         )
         num_pages = kv_view.num_pages
-        if num_pages != self._sentinel:  # DESIGN.md: padding entries hold total_num_pages
-            p.lut.masked_fill_(p.pad_mask, num_pages)
-            self._sentinel = num_pages
+        if p.max_page >= num_pages:
+            raise InvalidArgumentError(
+                f"{p.max_page_at}: expected a page id in [0, {num_pages}) (the pages of "
+                f"paged_kv_cache), got {p.max_page}"
+            )
 
         fp8 = p.kv_dtype == FP8_KV_DTYPE
         scale = p.sm_scale if p.sm_scale is not None else 1.0 / math.sqrt(p.head_dim_qk)
@@ -762,16 +930,7 @@ class _PagedWrapperBase:
         kf, kt = _scale_parts(k_scale, "k_scale", dev)
         vf, vt = _scale_parts(v_scale, "v_scale", dev)
         scale *= qf
-        post_v: tuple[float, torch.Tensor | None] = (1.0, None)
-        if fp8:
-            self._k_scale.fill_(kf)
-            for t in (kt, qt):
-                if t is not None:
-                    self._k_scale.mul_(t)
-            self._v_scale.fill_(vf)
-            if vt is not None:
-                self._v_scale.mul_(vt)
-        else:
+        if not fp8:
             for nm, t in (("q_scale", qt), ("k_scale", kt)):
                 if t is not None:
                     raise UnsupportedFeatureError(
@@ -779,9 +938,12 @@ class _PagedWrapperBase:
                         "sync; pass a Python float"
                     )
             scale *= kf
-            post_v = (vf, vt)
-        kop = self._operand(kv_view, p, fp8, self._k_scale, p.head_dim_qk)
-        vop = self._operand(vv_view, p, fp8, self._v_scale, p.head_dim_vo)
+        check(
+            is_positive_finite(scale),
+            "sm_scale * q_scale" + ("" if fp8 else " * k_scale"),
+            "a finite float > 0 (the softmax scale)",
+            scale,
+        )
 
         if sinks is not None:
             check(
@@ -815,22 +977,50 @@ class _PagedWrapperBase:
                 f"a float32 tensor of shape {out_shape[:2]} on {dev}",
                 _describe(lse),
             )
+
+        # Every argument is checked: write the sentinel and the FP8 scales, launch -----------
+        if num_pages != self._sentinel:  # DESIGN.md: padding entries hold total_num_pages
+            p.lut.masked_fill_(p.pad_mask, num_pages)
+            self._sentinel = num_pages
+        post_v: tuple[float, torch.Tensor | None] = (1.0, None)
+        if fp8:
+            self._k_scale.fill_(kf)
+            for t in (kt, qt):
+                if t is not None:
+                    self._k_scale.mul_(t)
+            self._v_scale.fill_(vf)
+            if vt is not None:
+                self._v_scale.mul_(vt)
+        else:
+            post_v = (vf, vt)
+        kop = self._operand(kv_view, p, fp8, self._k_scale, p.head_dim_qk)
+        vop = self._operand(vv_view, p, fp8, self._v_scale, p.head_dim_vo)
+
         qc = q if q.dtype == p.compute_dtype else q.to(p.compute_dtype)
-        direct = out is not None and out.dtype == p.compute_dtype
-        res = mha(
-            qc,
-            kop,
-            vop,
-            p.q_row_offsets,
+        attn = dict(
             mask=p.mask,
             scale=scale,
             sinks=sinks,
             num_partitions=p.num_partitions,
             return_lse=return_lse,
-            out=out if direct else None,
-            backend=self._pagedattn_backend,
+            backend=p.backend,
         )
-        o, l = res if return_lse else (res, None)
+        direct = out is not None and out.dtype == p.compute_dtype and p.keep_rows is None
+        if p.keep_rows is None:
+            res = mha(qc, kop, vop, p.q_row_offsets, out=out if direct else None, **attn)
+            o, l = res if return_lse else (res, None)
+        else:  # reference backend, a request shorter than its queries: rows that see a key
+            o = torch.zeros(out_shape, dtype=p.compute_dtype, device=dev)
+            l = None
+            if return_lse:
+                l = torch.full(out_shape[:2], float("-inf"), dtype=torch.float32, device=dev)
+            if p.keep_rows.numel():
+                qk = qc.index_select(0, p.keep_rows)
+                res = mha(qk, kop, vop, p.q_row_offsets, **attn)
+                o_k, l_k = res if return_lse else (res, None)
+                o.index_copy_(0, p.keep_rows, o_k)
+                if return_lse:
+                    l.index_copy_(0, p.keep_rows, l_k)
         if post_v[0] != 1.0:
             o.mul_(post_v[0])
         if post_v[1] is not None:
@@ -862,6 +1052,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
 
     _api = "BatchDecodeWithPagedKVCacheWrapper"
 
+    @typed_call
     def __init__(
         self,
         float_workspace_buffer: torch.Tensor,
@@ -886,7 +1077,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
         max_pages_per_request: CUDA-graph lookup-table width (default: the indices buffer's
         length).
         """
-        check(isinstance(use_tensor_cores, bool), "use_tensor_cores", "a bool", use_tensor_cores)
+        _check_bool(use_tensor_cores, "use_tensor_cores")
+        _check_bool(use_cuda_graph, "use_cuda_graph")
         fixed, cap = 0, 0
         if use_cuda_graph:
             _check_graph_buffers(
@@ -909,6 +1101,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
 
+    @typed_call
     def plan(
         self,
         indptr: torch.Tensor,
@@ -947,16 +1140,28 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
         disable_split_kv: one split-K partition. rope_scale, rope_theta, block_tables and
         fixed_split_size are accepted and unused.
         """
+        _check_optional(rope_scale, "rope_scale", "float")
+        _check_optional(rope_theta, "rope_theta", "float")
+        _check_optional(block_tables, "block_tables", "tensor")
+        _check_optional(fixed_split_size, "fixed_split_size", "int")
+        check(
+            isinstance(window_right, numbers.Integral) and not isinstance(window_right, bool),
+            "window_right",
+            "0 (an int)",
+            _describe(window_right),
+        )
         if window_right != 0:
             raise UnsupportedFeatureError(
                 f"window_right={window_right}: only causal (window_right=0) decode is supported"
             )
         if data_type is not None:  # deprecated alias: q and kv dtypes not given otherwise
+            _as_dtype(data_type, "data_type")
             if q_data_type is None or (isinstance(q_data_type, str) and q_data_type == "float16"):
                 q_data_type = data_type
             if kv_data_type is None:
                 kv_data_type = data_type
         self._plan_impl(
+            names=_DECODE_NAMES,
             q_lens=None,
             q_len_per_req=_as_int(q_len_per_req, "q_len_per_req", 1),
             indptr=indptr,
@@ -969,6 +1174,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
 
     begin_forward = plan
 
+    @typed_call
     def run(
         self,
         q: torch.Tensor,
@@ -997,6 +1203,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapperBase):
         outputs. enable_pdl and skip_softmax_threshold_scale_factor are accepted and unused
         (exact attention).
         """
+        _check_optional(enable_pdl, "enable_pdl", "bool")
+        _check_optional(
+            skip_softmax_threshold_scale_factor, "skip_softmax_threshold_scale_factor", "float"
+        )
+        if q_len_per_req is not None:
+            _as_int(q_len_per_req, "q_len_per_req", 1)
         if q_len_per_req is not None and self._plan is not None and isinstance(q, torch.Tensor):
             check(
                 q.shape[0] == self._plan.batch * q_len_per_req,
@@ -1020,6 +1232,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
 
     _api = "BatchPrefillWithPagedKVCacheWrapper"
 
+    @typed_call
     def __init__(
         self,
         float_workspace_buffer: torch.Tensor,
@@ -1043,6 +1256,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
         custom-mask buffers are not written). pagedattn_backend / max_pages_per_request: see
         `BatchDecodeWithPagedKVCacheWrapper`.
         """
+        _check_bool(use_cuda_graph, "use_cuda_graph")
         fixed, cap = 0, 0
         if use_cuda_graph:
             _check_graph_buffers(
@@ -1063,6 +1277,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
             cap = paged_kv_indices_buf.shape[0]
         self._init_common(fixed, cap, **_by_name(locals(), _INIT_ARGS))
 
+    @typed_call
     def plan(
         self,
         qo_indptr: torch.Tensor,
@@ -1118,13 +1333,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
         ):
             if t is not None:
                 raise UnsupportedFeatureError(f"{nm}: multi-item scoring is not supported")
-        check(isinstance(causal, bool), "causal", "a bool", _describe(causal))
-        check(
-            isinstance(use_fp16_qk_reduction, bool),
-            "use_fp16_qk_reduction",
-            "a bool",
-            _describe(use_fp16_qk_reduction),
-        )
+        _check_bool(causal, "causal")
+        _check_bool(use_fp16_qk_reduction, "use_fp16_qk_reduction")
+        for nm, x, kind in (
+            ("rope_scale", rope_scale, "float"),
+            ("rope_theta", rope_theta, "float"),
+            ("seq_lens_q", seq_lens_q, "tensor"),
+            ("block_tables", block_tables, "tensor"),
+            ("max_token_per_sequence", max_token_per_sequence, "int"),
+            ("max_sequence_kv", max_sequence_kv, "int"),
+            ("fixed_split_size", fixed_split_size, "int"),
+            ("token_pos_in_items_len", token_pos_in_items_len, "int"),
+        ):
+            _check_optional(x, nm, kind)
         qo = _host_ints(qo_indptr, "qo_indptr")
         check(qo.shape[0] >= 2, "qo_indptr", "batch + 1 >= 2 entries", _describe(qo_indptr))
         q_lens = qo[1:] - qo[:-1]
@@ -1144,6 +1365,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
             _describe(paged_kv_last_page_len),
         )
         self._plan_impl(
+            names=_PREFILL_NAMES,
             q_lens=q_lens,
             q_len_per_req=1,
             indptr=paged_kv_indptr,
@@ -1159,6 +1381,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
 
     begin_forward = plan
 
+    @typed_call
     def run(
         self,
         q: torch.Tensor,
@@ -1182,6 +1405,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapperBase):
         natural with lse_base="ln"; includes the sink when sinks are given). Other arguments
         as `BatchDecodeWithPagedKVCacheWrapper.run`.
         """
+        _check_optional(enable_pdl, "enable_pdl", "bool")
+        _check_optional(
+            skip_softmax_threshold_scale_factor, "skip_softmax_threshold_scale_factor", "float"
+        )
         return self._run_impl(
             q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
             window_left, sinks, kv_cache_sf, lse_base,
