@@ -8,9 +8,9 @@ edge here (a package's `__init__` importing its own children is how packages wor
 explicit import of a package (`from ..cache import X`) is an edge to its `__init__`.
 
 Layers: 0 `errors`, `env`, `fp8`; 1 `cache`; 2 `operands`; 3 `ops`; 4 `compat`, `demo`, `cli`,
-`testing` and the package's namespace (`pagedattn/__init__.py`). `testing` (assert_close and
-random paged caches for the tests, benchmarks and the demo) sits in layer 4: it builds caches
-(layer 1) and nothing below layer 4 may depend on test utilities.
+`__main__`, `models`, `engine`, `testing` and the package's namespace (`pagedattn/__init__.py`).
+`testing` (assert_close and random paged caches for the tests, benchmarks and the demo) sits in
+layer 4: it builds caches (layer 1) and nothing below layer 4 may depend on test utilities.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ LAYERS = {
     "compat": 4,
     "demo": 4,
     "cli": 4,
+    "__main__": 4,
     "testing": 4,
+    "models": 4,
+    "engine": 4,
 }
 NAMESPACE_LAYER = 4  # pagedattn/__init__.py
 
