@@ -37,8 +37,8 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     if mode == "mha":  # decode, its combine, the tl prefill and both Gluon prefills
-        served = {"_mha_decode_kernel", "_combine_kernel", "_mha_prefill_kernel",
-                  "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip
+        served = {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
+                  "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip
     elif mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
         assert out["cases"] == 4 * 2 * 2
         served = {"_mla_decode_sm90_ps"}
