@@ -12,42 +12,15 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
-from typing import TypeVar
-
 import torch
 
 from ..errors import InvalidArgumentError, check
-from ..ops._checks import binding_error
+from ..ops._checks import typed_binding
 from ..ops.dispatch import BACKENDS, choose_backend
 
-F = TypeVar("F", bound=Callable)
-
-
-def typed_call(fn: F) -> F:
-    """Decorate a compat function or method: a call that does not bind raises
-    `InvalidArgumentError` naming the offending argument (state is untouched: the body never
-    ran). Only a `TypeError` raised by the binding itself (its traceback holds the wrapper's
-    frame alone) is translated; a call that binds pays one extra frame (~0.1 us)."""
-    sig = inspect.signature(fn)
-    params = list(sig.parameters.values())
-    is_method = bool(params) and params[0].name == "self"
-    shown = sig.replace(parameters=params[1:]) if is_method else sig
-    name = fn.__qualname__
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TypeError as e:
-            if e.__traceback__ is not None and e.__traceback__.tb_next is None:
-                rest = args[1:] if is_method and args else args
-                raise binding_error(name, shown, rest, kwargs) from None
-            raise
-
-    return wrapper  # type: ignore[return-value]
+# A compat function or method whose call does not bind raises `InvalidArgumentError` naming the
+# offending argument (the body never ran, so state is untouched): `ops._checks.typed_binding`.
+typed_call = typed_binding
 
 
 def resolve_backend(device: torch.device, backend: object, name: str) -> str:

@@ -76,7 +76,8 @@ def binding_error(fn_name: str, sig: inspect.Signature, args: tuple, kwargs: dic
 
 
 def typed_binding(fn):
-    """Decorate a public op so that a call whose arguments do not bind to its signature raises
+    """Decorate a public op (or a method: a first parameter named `self` is left out of the
+    messages) so that a call whose arguments do not bind to its signature raises
     `InvalidArgumentError` (`binding_error`) instead of Python's `TypeError`.
 
     The call is made as is; only a `TypeError` raised by the binding itself (its traceback
@@ -84,7 +85,10 @@ def typed_binding(fn):
     from inside the op is left alone, and a call that binds pays one extra frame (0.3-0.5 us
     on the loaded 2-core CI host)."""
     sig = inspect.signature(fn)
-    name = fn.__name__
+    params = list(sig.parameters.values())
+    is_method = bool(params) and params[0].name == "self"
+    shown = sig.replace(parameters=params[1:]) if is_method else sig
+    name = fn.__qualname__
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -92,7 +96,8 @@ def typed_binding(fn):
             return fn(*args, **kwargs)
         except TypeError as e:
             if e.__traceback__ is not None and e.__traceback__.tb_next is None:
-                raise binding_error(name, sig, args, kwargs) from None
+                rest = args[1:] if is_method and args else args
+                raise binding_error(name, shown, rest, kwargs) from None
             raise
 
     return wrapper
