@@ -35,7 +35,7 @@ import torch
 from ..cache.manager import PagedKVCacheManager
 from ..cache.params import KVQuantConfig
 from ..errors import INT64_MAX, InvalidArgumentError, UnknownRequestError, check, check_int
-from ..models import kv_cache_params, load_model
+from ..models import ModelConfig, kv_cache_params, load_model, parallel
 from .errors import NoTokenizerError, NotSupportedYetError, PromptTooLongError
 from .metrics import EngineStats
 from .model_runner import ModelRunner
@@ -79,7 +79,11 @@ class LLMEngine:
     max_num_seqs: most requests running at once.
     max_model_len: most tokens (prompt + generated) of a request (default: the config's
       max_position_embeddings), capped by what the pool holds.
-    tensor_parallel_size: 1 (more raises NotSupportedYetError).
+    tensor_parallel_size: N > 1 shards the model over torch.distributed's N ranks (one process
+      each, the default group initialized with world size N; gloo on the CPU, nccl on CUDA,
+      `device` this rank's GPU): every rank builds the same engine on the same calls and gets
+      the same tokens (docs/engine.md). Llama family only (gpt-oss raises NotSupportedYetError);
+      num_heads, num_kv_heads and intermediate_size must divide by N.
     tokenizer: a folder or tokenizer object (default: the checkpoint folder's, if any).
     enable_prefix_caching / kv_quantization: the cache's (`KVCacheParams`).
     seed: seeds the per-request seeds of requests without one.
@@ -104,11 +108,13 @@ class LLMEngine:
         seed: int = 0,
     ) -> None:
         tp = check_int("tensor_parallel_size", tensor_parallel_size, 1)
-        if tp > 1:
+        if tp > 1 and not isinstance(model, (str, os.PathLike)) and not hasattr(model, "tp_size"):
             raise NotSupportedYetError(
-                f"tensor_parallel_size={tp}: tensor parallelism is not implemented yet "
-                "(one device per engine for now)"
+                f"tensor_parallel_size={tp}: {type(model).__name__} has no tensor-parallel "
+                "shards (give a checkpoint folder, or a model built with tp_size)"
             )
+        if tp > 1:
+            parallel.check_tp(tp)  # torch.distributed initialized, world size tp
         page_size = check_int("page_size", page_size, 1)
         max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
@@ -122,7 +128,11 @@ class LLMEngine:
         if isinstance(model, (str, os.PathLike)):
             folder = Path(model)
             dev = torch.device(device) if device is not None else _default_device()
-            model = load_model(folder, device=dev, dtype=dtype)
+            if tp > 1:
+                self._check_tp_config(ModelConfig.from_hf(folder), tp)
+                model = load_model(folder, device=dev, dtype=dtype, tp_size=tp)
+            else:
+                model = load_model(folder, device=dev, dtype=dtype)
         else:
             check(isinstance(model, torch.nn.Module), "model", "a folder or an nn.Module", model)
             dev = torch.device(device) if device is not None else _model_device(model)
@@ -132,7 +142,16 @@ class LLMEngine:
                 f"None or the loaded model's dtype {model.dtype}",
                 dtype,
             )
+            if tp > 1:
+                self._check_tp_config(model.config, tp)
+            check(
+                getattr(model, "tp_size", 1) == tp,
+                "model",
+                f"a model built with tp_size={tp} (tensor_parallel_size)",
+                f"tp_size={getattr(model, 'tp_size', 1)}",
+            )
         self.model = model
+        self.tp_size = tp
         self.device = dev
         self.config = cfg = model.config
         self.tokenizer: Tokenizer | None = load_tokenizer(
@@ -150,6 +169,9 @@ class LLMEngine:
             quantization=kv_quantization,
             enable_prefix_caching=enable_prefix_caching,
         )
+        # Tensor parallelism: this rank's cache holds its KV-head shard; the manager (and the
+        # scheduler) are the same on every rank, so every rank allocates the same page ids.
+        params = parallel.tp_kv_cache_params(params, tp)
         want_len = cfg.max_position_embeddings if max_model_len is None else max_model_len
         want_len = check_int("max_model_len", want_len, 1, 2**31 - 1)
         if num_pages is None:
@@ -186,6 +208,15 @@ class LLMEngine:
         self._stats = EngineStats()
 
     # Construction helpers ----------------------------------------------------------------
+    @staticmethod
+    def _check_tp_config(cfg, tp: int) -> None:
+        if cfg.is_moe:
+            raise NotSupportedYetError(
+                f"tensor_parallel_size={tp}: {cfg.architecture} (an MoE model) is not sharded "
+                "yet; tensor parallelism covers the Llama family (Llama, Mistral, Qwen2, Qwen3)"
+            )
+        parallel.check_divisible(cfg, tp)
+
     def _pool_pages(
         self, params, utilization: float | None, max_len: int, max_tokens: int, max_seqs: int
     ) -> int:
@@ -344,7 +375,9 @@ class LLMEngine:
                 logits.shape[-1],
                 self.device,
             )
-            sampled = sample(logits, st).tolist()
+            # Every rank has the same logits after the all-reduces; rank 0's tokens are taken
+            # anyway, so no rounding difference can make the ranks' schedulers diverge.
+            sampled = parallel.broadcast(sample(logits, st), self.tp_size).tolist()
             prompt_tokens = sum(
                 n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
             )

@@ -1,9 +1,10 @@
 """`ModelRunner`: runs the model on one step's inputs and returns the logits rows.
 
-Today one eager call on one device. The seams for what comes next live here, behind
-`execute(inputs) -> logits`: CUDA graphs (decode batches padded to a captured size, the step's
-arrays copied into static buffers, `padded_cols` fixed) and tensor parallelism (one runner per
-rank over torch.distributed, each fed the same step inputs, `inputs.kv_inputs[rank]`).
+Today one eager call on one device. Tensor parallelism is SPMD: one process per rank, each
+with its own runner, model shard and cache (its KV-head shard, so `inputs.kv_inputs[0]` is this
+rank's), fed the same step inputs; the model's all-reduces make the logits equal on every rank.
+The seam for CUDA graphs lives here, behind `execute(inputs) -> logits` (decode batches padded
+to a captured size, the step's arrays copied into static buffers, `padded_cols` fixed).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Building blocks of the decoder models, in plain torch (any device), plus the paged attention
 call every model makes.
 
-- `Linear`, `RMSNorm`, `RotaryEmbedding` / `apply_rope`, `SwiGLUMLP`, `GptOssMoE`: the math of
-  transformers 5.24's modules (each cites the class it follows), with fused projections (q|k|v,
-  gate|up) whose weights the loader concatenates from the checkpoint's separate tensors.
+- `Linear` (and its tensor-parallel shards `ColumnParallelLinear` / `RowParallelLinear`, see
+  `models.parallel`), `RMSNorm`, `RotaryEmbedding` / `apply_rope`, `SwiGLUMLP`, `GptOssMoE`:
+  the math of transformers 5.24's modules (each cites the class it follows), with fused
+  projections (q|k|v, gate|up) whose weights the loader concatenates from the checkpoint's
+  separate tensors.
 - `rope_inv_freq`: RoPE inverse frequencies and the cos/sin scale for the rope types of
   `config.SUPPORTED_ROPE_TYPES`, computed as transformers' rope init functions do (float32).
 - `StepContext` + `paged_attention`: one layer's attention over the paged cache: `store_kv` of
@@ -30,6 +32,7 @@ from ..operands import PagedOperand
 from ..ops.masks import Mask
 from ..ops.mha import mha
 from ..ops.store_kv import store_kv
+from . import parallel
 from .config import ModelConfig, RopeConfig
 
 
@@ -47,6 +50,30 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(Linear):
+    """A Linear whose out features are this rank's shard; the loader slices each checkpoint
+    tensor (weight and bias) along dim 0 (`tp_shard`)."""
+
+    tp_shard = {"weight": 0, "bias": 0}
+
+
+class RowParallelLinear(Linear):
+    """A Linear whose in features are this rank's shard: `all_reduce(x @ W_r.T) + bias` (the
+    bias once, after the sum); the loader slices the weight along dim 1, the bias stays whole."""
+
+    tp_shard = {"weight": 1}
+
+    def __init__(self, in_features, out_features, bias, dtype=None, tp_size: int = 1) -> None:
+        super().__init__(in_features, out_features, bias, dtype)
+        self.tp_size = tp_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = parallel.all_reduce(F.linear(x, self.weight), self.tp_size)
+        return y if self.bias is None else y + self.bias
 
 
 class RMSNorm(nn.Module):
@@ -180,11 +207,11 @@ class SwiGLUMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) (LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP); gate and up are one
     fused projection `gate_up_proj` [2 * inter, hidden] (the checkpoint's gate_proj; up_proj)."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool, dtype=None) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool, dtype=None, tp_size: int = 1) -> None:
         super().__init__()
-        self.inter = inter
-        self.gate_up_proj = Linear(hidden, 2 * inter, bias, dtype)
-        self.down_proj = Linear(inter, hidden, bias, dtype)
+        self.inter = inter = inter // tp_size  # this rank's shard (models/parallel.py)
+        self.gate_up_proj = ColumnParallelLinear(hidden, 2 * inter, bias, dtype)
+        self.down_proj = RowParallelLinear(inter, hidden, bias, dtype, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -305,12 +332,14 @@ def paged_attention(
 
 
 __all__ = [
+    "ColumnParallelLinear",
     "GptOssExperts",
     "GptOssMoE",
     "GptOssRouter",
     "Linear",
     "RMSNorm",
     "RotaryEmbedding",
+    "RowParallelLinear",
     "StepContext",
     "SwiGLUMLP",
     "apply_rope",

@@ -23,13 +23,16 @@ from torch import nn
 
 from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.params import KVCacheParams
-from ..errors import InvalidArgumentError, check
+from ..errors import InvalidArgumentError, check, check_int
 from ..ops import masks
+from . import parallel
 from .config import ModelConfig
 from .layers import (
+    ColumnParallelLinear,
     Linear,
     RMSNorm,
     RotaryEmbedding,
+    RowParallelLinear,
     StepContext,
     SwiGLUMLP,
     apply_rope,
@@ -41,13 +44,19 @@ class DecoderAttention(nn.Module):
     """Self-attention of one layer: fused qkv projection, (q/k RMSNorm), RoPE, paged attention
     (with the layer's mask and, for gpt-oss, its sinks), o projection."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype=None) -> None:
+    tp_shard = {"sinks": 0}  # one sink per query head: this rank's heads' (models/parallel.py)
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype=None, tp_size: int = 1) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.h_q, self.h_kv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias, dtype)
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, cfg.o_bias, dtype)
+        # This rank's heads (models/parallel.py): h_kv / tp KV heads and their query groups.
+        self.h_q, self.h_kv = cfg.num_heads // tp_size, cfg.num_kv_heads // tp_size
+        self.d = cfg.head_dim
+        self.q_size, self.kv_size = self.h_q * self.d, self.h_kv * self.d
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias, dtype
+        )
+        self.o_proj = RowParallelLinear(self.q_size, cfg.hidden_size, cfg.o_bias, dtype, tp_size)
         if cfg.qk_norm:  # Qwen3Attention: Qwen3RMSNorm over head_dim, before RoPE
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype)
@@ -56,7 +65,7 @@ class DecoderAttention(nn.Module):
         # GptOssAttention.sinks: one logit per query head, joining the softmax denominator;
         # kept float32 (mha's sinks dtype; a bf16 checkpoint value converts exactly).
         self.sinks = (
-            nn.Parameter(torch.empty(cfg.num_heads, dtype=torch.float32), requires_grad=False)
+            nn.Parameter(torch.empty(self.h_q, dtype=torch.float32), requires_grad=False)
             if cfg.attention_sinks
             else None
         )
@@ -86,9 +95,11 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)). The residual rides alongside
     (`RMSNorm.forward(x, residual)`), the sums equal to transformers' `residual + hidden`."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int, mlp: nn.Module, dtype, norm_kw: dict):
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, mlp: nn.Module, dtype, norm_kw: dict, tp_size=1
+    ):
         super().__init__()
-        self.self_attn = DecoderAttention(cfg, layer_idx, dtype)
+        self.self_attn = DecoderAttention(cfg, layer_idx, dtype, tp_size)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm_kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm_kw)
@@ -125,6 +136,11 @@ class DecoderForCausalLM(nn.Module):
     Parameter names follow the checkpoint's, except the fused projections
     (`packed_modules`: `qkv_proj` <- q_proj, k_proj, v_proj; `gate_up_proj` <- gate_proj,
     up_proj), which the loader concatenates.
+
+    tp_size / tp_rank: tensor parallelism (models/parallel.py): this rank's shard of the heads
+    and of the MLP, an all-reduce after o_proj and down_proj; tp_rank defaults to the rank in
+    torch.distributed's default group (which must be initialized with world size tp_size).
+    The attached cache then holds this rank's KV heads (`tp_kv_cache_params`).
     """
 
     packed_modules: dict[str, tuple[str, ...]] = {
@@ -140,9 +156,16 @@ class DecoderForCausalLM(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         kv_params: KVCacheParams | None = None,
+        tp_size: int = 1,
+        tp_rank: int | None = None,
     ) -> None:
         super().__init__()
         self.config = cfg = ModelConfig.from_hf(config)
+        self.tp_size = check_int("tp_size", tp_size, 1)
+        if tp_size > 1:
+            check(not cfg.is_moe, "tp_size", "1 for an MoE model (not sharded yet)", tp_size)
+            parallel.check_divisible(cfg, tp_size)
+        self.tp_rank = parallel.check_tp(tp_size, tp_rank)
         self.dtype = dtype or torch.get_default_dtype()
         norm_kw = dict(
             dtype=torch.float32 if self.norm_weight_first else dtype,
@@ -150,7 +173,9 @@ class DecoderForCausalLM(nn.Module):
         )
         self.model = DecoderModel(
             cfg,
-            lambda i: DecoderLayer(cfg, i, self.make_mlp(cfg, i, dtype), dtype, norm_kw),
+            lambda i: DecoderLayer(
+                cfg, i, self.make_mlp(cfg, i, dtype), dtype, norm_kw, self.tp_size
+            ),
             dtype,
             norm_kw,
         )
@@ -165,15 +190,23 @@ class DecoderForCausalLM(nn.Module):
             self.attach_kv_cache(kv_params)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, dtype) -> nn.Module:
-        return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype)
+        return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, self.tp_size)
 
     # Cache ---------------------------------------------------------------------------------
     def attach_kv_cache(self, params: KVCacheParams) -> None:
         """Bind the `KVCacheParams` of the cache the forward writes (checked against the
-        config: layers, KV heads, head dim, query heads, not MLA, dtype = the model's)."""
-        cfg = self.config
+        config: layers, KV heads, head dim, query heads, not MLA, dtype = the model's; with
+        tensor parallelism the heads are this rank's, `tp_kv_cache_params`)."""
+        cfg, tp = self.config, self.tp_size
         check(isinstance(params, KVCacheParams), "kv_params", "a KVCacheParams", type(params))
-        want = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.num_heads, False, self.dtype)
+        want = (
+            cfg.num_layers,
+            cfg.num_kv_heads // tp,
+            cfg.head_dim,
+            cfg.num_heads // tp,
+            False,
+            self.dtype,
+        )
         got = (
             params.num_layers,
             params.n_kv_heads,
@@ -186,7 +219,9 @@ class DecoderForCausalLM(nn.Module):
             want == got,
             "kv_params",
             "(num_layers, n_kv_heads, head_dim, num_q_heads, is_mla, dtype) = "
-            f"{want} (models.kv_cache_params(config, dtype=model.dtype, ...))",
+            f"{want} (models.kv_cache_params(config, dtype=model.dtype, ...)"
+            + (", sharded: models.parallel.tp_kv_cache_params" if tp > 1 else "")
+            + ")",
             got,
         )
         self.kv_params = params

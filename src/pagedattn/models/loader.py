@@ -16,6 +16,7 @@ A checkpoint folder holds `config.json` and either `model.safetensors` or a shar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..errors import InvalidArgumentError
 from .config import ModelConfig
+from .parallel import shard
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -52,6 +54,16 @@ class WeightSource:
 
     names: tuple[str, ...]
     combine: Callable[[list[torch.Tensor]], torch.Tensor] | None = None
+    # Tensor parallelism: each checkpoint tensor's slice `shard_rank` of `shard_size` along
+    # `shard_dim` (None: whole), taken before `combine` (models/parallel.py).
+    shard_dim: int | None = None
+    shard_rank: int = 0
+    shard_size: int = 1
+
+    def read(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.shard_dim is None or self.shard_size == 1:
+            return tensors
+        return [shard(t, self.shard_dim, self.shard_rank, self.shard_size) for t in tensors]
 
 
 def _cat0(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -86,14 +98,21 @@ def _mxfp4(ts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
 def weight_sources(model: nn.Module) -> dict[str, WeightSource]:
     """Parameter name -> its `WeightSource`. Fused modules (`model.packed_modules`, e.g.
     `qkv_proj` <- q_proj, k_proj, v_proj) concatenate their parts along dim 0; gpt-oss MXFP4
-    checkpoints give the expert matrices as `<name>_blocks` + `<name>_scales`."""
+    checkpoints give the expert matrices as `<name>_blocks` + `<name>_scales`. A model with
+    `tp_size > 1` reads this rank's slice of the tensors of its parallel linears (their
+    `tp_shard`: parameter -> dim)."""
     packed: dict[str, tuple[str, ...]] = getattr(model, "packed_modules", {})
     cfg: ModelConfig | None = getattr(model, "config", None)
     quant = (cfg.quantization or {}) if cfg is not None else {}
     mxfp4 = quant.get("quant_method") == "mxfp4"
+    tp, tp_rank = getattr(model, "tp_size", 1), getattr(model, "tp_rank", 0)
     out: dict[str, WeightSource] = {}
     for name, p in model.named_parameters():
         parts = name.split(".")
+        dim = None
+        if tp > 1:
+            mod = model.get_submodule(".".join(parts[:-1]))
+            dim = getattr(mod, "tp_shard", {}).get(parts[-1])
         src = WeightSource((name,))
         if len(parts) >= 2 and parts[-2] in packed:
             mod = parts[-2]
@@ -104,6 +123,8 @@ def weight_sources(model: nn.Module) -> dict[str, WeightSource]:
             src = WeightSource(
                 (f"{name}_blocks", f"{name}_scales"), lambda ts, dt=dt: _mxfp4(ts, dt)
             )
+        if dim is not None:
+            src = dataclasses.replace(src, shard_dim=dim, shard_rank=tp_rank, shard_size=tp)
         out[name] = src
     return out
 
@@ -182,7 +203,10 @@ def load_weights(
 
         for pname, src in sources.items():
             p = params[pname]
-            ts = [read(n) for n in src.names]
+            try:
+                ts = src.read([read(n) for n in src.names])
+            except InvalidArgumentError as e:
+                raise CheckpointError(f"tensor(s) {list(src.names)} for {pname}: {e}") from None
             if src.combine is None:
                 t = ts[0]
             else:
@@ -216,11 +240,15 @@ def load_model(
     dtype: torch.dtype | None = None,
     kv_params=None,
     strict: bool = True,
+    tp_size: int = 1,
+    tp_rank: int | None = None,
 ) -> nn.Module:
     """A model from a checkpoint folder, ready for `forward` once a KV cache is attached.
 
     dtype: the compute dtype (default: the checkpoint's `dtype`/`torch_dtype`, else float32).
     kv_params: optional `KVCacheParams` to attach (`model.attach_kv_cache` later otherwise).
+    tp_size / tp_rank: load this rank's tensor-parallel shard (models/parallel.py; Llama
+    family only).
     Raises UnsupportedModelError for an unsupported architecture, CheckpointError for a
     checkpoint that does not match its config.
     """
@@ -231,7 +259,9 @@ def load_model(
     dev = _as_device(device)
     cls = model_class(cfg)
     with torch.device("meta"):
-        model = cls(cfg, dtype=dtype)
+        model = cls(
+            cfg, dtype=dtype, **({"tp_size": tp_size, "tp_rank": tp_rank} if tp_size > 1 else {})
+        )
     model.to_empty(device=dev)
     model.rotary_emb.reset_buffers(dev)
     load_weights(model, path, strict=strict)

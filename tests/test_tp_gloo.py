@@ -1,0 +1,159 @@
+"""Tensor parallelism over torch.distributed on the CPU (gloo, 2 processes): a tiny random
+Llama (4 query heads, 2 KV heads) sharded 2 ways gives, on both ranks, the tokens of the
+single-process engine, and both ranks' managers hold the same pages at every step.
+
+Also the typed errors: tensor_parallel_size > 1 without torch.distributed, a world size that
+differs, heads that do not divide, and an MoE model (NotSupportedYetError).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+
+from pagedattn.engine import LLM, SamplingParams
+from pagedattn.errors import InvalidArgumentError
+
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = [[5, 17, 99, 3, 42, 7, 8], [11, 12], [200, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 77, 31]]
+NEW = 6
+ENGINE_KW = dict(device="cpu", page_size=4, num_pages=64, max_num_batched_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    torch.manual_seed(1234)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_bias=True,  # the row-parallel o_proj bias must be added once
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():  # large weights: greedy tokens rarely near ties
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.normal_(0, 1.0)
+            else:
+                p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
+    path = tmp_path_factory.mktemp("llama_tp")
+    hf.save_pretrained(path)
+    return str(path)
+
+
+def _run(llm: LLM) -> tuple[list[list[int]], list]:
+    """Greedy tokens of PROMPTS, and the manager's pages of every request after every step."""
+    pages = []
+    toks: dict[int, list[int]] = {}
+    for out in llm.stream(
+        [{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=NEW)
+    ):
+        toks[out.request_id] = out.outputs[0].token_ids
+        m = llm.manager
+        pages.append(sorted((repr(r), m.pages(r)) for r in m.request_ids))
+    return [toks[k] for k in sorted(toks)], pages
+
+
+def _worker(rank: int, world: int, port: int, path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        llm = LLM(path, tensor_parallel_size=world, **ENGINE_KW)
+        assert llm.kv_params.n_kv_heads == 1 and llm.kv_params.num_q_heads == 2
+        qkv = llm.model.model.layers[0].self_attn.qkv_proj.weight
+        assert tuple(qkv.shape) == (2 * 16 + 2 * 16, 64)
+        toks, pages = _run(llm)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"tokens": toks, "pages": pages}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tp2_gloo_tokens_equal_single_process(ckpt, tmp_path):
+    import torch.multiprocessing as mp
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ref_toks, ref_pages = _run(LLM(ckpt, **ENGINE_KW))
+    finally:
+        torch.set_num_threads(n)
+    assert all(len(t) == NEW for t in ref_toks)
+    mp.spawn(_worker, args=(2, _free_port(), ckpt, str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert got[0]["tokens"] == ref_toks
+    assert got[1]["tokens"] == ref_toks
+    assert got[0]["pages"] == got[1]["pages"]
+    # Same scheduler, same page ids as the single process (JSON turns tuples into lists).
+    assert got[0]["pages"] == json.loads(json.dumps(ref_pages))
+
+
+def test_tp_errors(ckpt):
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # pragma: no cover
+        pytest.skip("a process group is initialized in this process")
+    with pytest.raises(InvalidArgumentError, match="torch.distributed is not initialized"):
+        LLM(ckpt, tensor_parallel_size=2, **ENGINE_KW)
+
+
+def test_tp_world_size_and_divisibility(ckpt, tmp_path):
+    import torch.distributed as dist
+
+    from pagedattn.models import ModelConfig, parallel
+
+    if dist.is_available() and dist.is_initialized():  # pragma: no cover
+        pytest.skip("a process group is initialized in this process")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(InvalidArgumentError, match="world size is 1"):
+            LLM(ckpt, tensor_parallel_size=2, **ENGINE_KW)
+    finally:
+        dist.destroy_process_group()
+    cfg = ModelConfig.from_hf(ckpt)
+    with pytest.raises(InvalidArgumentError, match="num_key_value_heads=2"):
+        parallel.check_divisible(cfg, 4)
+
+
+def test_tp_moe_not_supported_yet():
+    from pagedattn.engine import LLMEngine
+    from pagedattn.engine.errors import NotSupportedYetError
+    from pagedattn.models import ModelConfig
+
+    hf = transformers.GptOssConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    with pytest.raises(NotSupportedYetError, match="MoE"):
+        LLMEngine._check_tp_config(ModelConfig.from_hf(hf), 2)
