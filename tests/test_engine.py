@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from tiny_llama import save_tiny_llama
 
 from pagedattn.engine import LLM, SamplingParams
 
@@ -37,29 +38,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    torch.manual_seed(4321)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.float32).eval()
-    with torch.no_grad():  # large weights: greedy tokens rarely near ties
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.normal_(0, 1.0)
-            else:
-                p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
     path = tmp_path_factory.mktemp("llama")
-    hf.save_pretrained(path)
+    hf = save_tiny_llama(path, 4321, VOCAB)
     # A word-level tokenizer: "w0" .. "w253" plus [UNK] and <eos> (ids 254, 255).
     words = {f"w{i}": i for i in range(VOCAB - 2)} | {"[UNK]": VOCAB - 2, "<eos>": VOCAB - 1}
     raw = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))

@@ -14,6 +14,7 @@ import socket
 
 import pytest
 import torch
+from tiny_llama import save_tiny_llama
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.errors import InvalidArgumentError
@@ -27,30 +28,9 @@ ENGINE_KW = dict(device="cpu", page_size=4, num_pages=64, max_num_batched_tokens
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    torch.manual_seed(1234)
-    cfg = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attention_bias=True,  # the row-parallel o_proj bias must be added once
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.float32).eval()
-    with torch.no_grad():  # large weights: greedy tokens rarely near ties
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.normal_(0, 1.0)
-            else:
-                p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
     path = tmp_path_factory.mktemp("llama_tp")
-    hf.save_pretrained(path)
+    # attention_bias: the row-parallel o_proj bias must be added once
+    save_tiny_llama(path, 1234, attention_bias=True)
     return str(path)
 
 
