@@ -24,15 +24,15 @@ DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device is visible (CPU, gra
 MIN_TOKENS_PER_PARTITION = 256  # below this, the combine pass costs more than it saves
 MAX_PARTITIONS = 64
 # Plan inputs (kernel facts; measurements in docs/kernels/split_k_plan.md): CTAs a SM, tile rows.
-# H100 2026-11-22, b16 ctx16384 32/8 heads d128: P 2 368.7 us, P 3 373.2, P 4 374.2.
+# H100, b16 ctx16384 32/8 heads d128: P 2 368.7 us, P 3 373.2, P 4 374.2.
 MHA_CTAS_PER_SM = 2
-# H200 (`fast_hbm`) 2026-11-28, b16 ctx16384: P 2 / 3 / 4 283 / 258 / 257 us (5 stages).
+# H200 (`fast_hbm`), b16 ctx16384: P 2 / 3 / 4 283 / 258 / 257 us (5 stages).
 MHA_CTAS_PER_SM_FAST_HBM = 4
-# FP8 K/V, H100 2026-11-22, b16 ctx16384: P 2 268.1 us, P 4 208.6, P 8 254.6.
+# FP8 K/V, H100, b16 ctx16384: P 2 268.1 us, P 4 208.6, P 8 254.6.
 MHA_FP8_CTAS_PER_SM = 4
 MLA_CTAS_PER_SM = 1  # the MLA decode kernels' shared memory holds one CTA a SM
 MLA_HEADS_PER_TILE = 64  # query rows of one MLA tile (one wgmma M)
-# gluon_mla_tw (rope-aware FP8, h_q <= 16): H100 2026-11-22 b 128 P 1 0.129 ms, P 2 0.144.
+# gluon_mla_tw (rope-aware FP8, h_q <= 16): H100 b 128 P 1 0.129 ms, P 2 0.144.
 MLA_FP8_SMALL_CTAS_PER_SM = 1
 MLA_FP8_SMALL_ROWS = 16  # query rows of one gluon_mla_tw tile
 

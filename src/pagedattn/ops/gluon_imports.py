@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - older Triton
 def nvmma_128b(rank: int = 2):
     """The 128-byte-swizzled shared layout of 16-bit elements of the given rank (Gluon TMA
     boxes, wgmma operands), built once: its constructor costs ~6 us of host time, paid on
-    every eager launch that builds a descriptor (2-core CI-class CPU, 2026-11-22)."""
+    every eager launch that builds a descriptor (2-core CI-class CPU)."""
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=rank)
 
 

@@ -9,7 +9,7 @@ global the kernel read has changed since it compiled (the kernels read module co
 only), and the launch's keyword handling.
 
 What that saves: an eager MLA decode call 78.7 -> 72.6 us (bf16, P = 1) on an H100 host
-(2026-11-22, docs/kernels/launch.md).
+(docs/kernels/launch.md).
 
 Anything that is not a compiled JIT function (Triton's interpreter on a CPU, a test's stand-in)
 takes `kernel[grid](...)`, and so does every first launch of a specialization.

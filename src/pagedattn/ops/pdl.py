@@ -7,7 +7,7 @@ kernel instead of after it. Both instructions are no-ops without PDL.
 
 Used when `pdl_enabled`: asked for with `PAGEDATTN_PDL=1` (read through `pagedattn.env`;
 docs/env.md), on a CUDA device of sm_90 or newer, with compiled kernels. Off by default: the
-gain measured within noise (H100 2026-11-22, docs/kernels/pdl.md).
+gain measured within noise (H100, docs/kernels/pdl.md).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class DecodeConfig(_Fields):
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V
 # addressed from K, column-permuted V, 4 padded query heads, Triton's e4m3 cast (inline PTX
-# measured the same, 0.5%). H100 2026-11-21: 190-197 us = 1.81-1.88x bf16 (mha_decode.md).
+# measured the same, 0.5%). H100: 190-197 us = 1.81-1.88x bf16 (mha_decode.md).
 FP8_FAST_LOOP = DecodeConfig(BLOCK_N=64, num_warps=2, num_stages=4, fast=True, addr=2,
                              clamp=True, v_delta=True, v_sel=False, v_perm=True, gp_min=4,
                              trans=True)  # fmt: skip
@@ -97,8 +97,8 @@ FP8_FAST_LOOP = DecodeConfig(BLOCK_N=64, num_warps=2, num_stages=4, fast=True, a
 @dataclass(frozen=True)
 class PrefillConfig(_Fields):
     """tl prefill launch (`triton_prefill._mha_prefill_kernel`); defaults: BF16/FP16 d <= 128
-    with 128-key TMA tiles. blocks_fastest orders the grid (request, head, block): H100
-    2026-11-21, causal 8 x 4096, 32 heads d128: 436 vs 417 TFLOP/s (mha_prefill.md)."""
+    with 128-key TMA tiles. blocks_fastest orders the grid (request, head, block): H100,
+    causal 8 x 4096, 32 heads d128: 436 vs 417 TFLOP/s (mha_prefill.md)."""
 
     BLOCK_M: int = 128
     BLOCK_N: int = 128
@@ -117,7 +117,7 @@ class Sm90PrefillConfig(_Fields):
     128 query rows, BLOCK_N keys a tile in an NBUF-deep ring, 12 warps at maxnreg registers a
     thread, moved by setmaxnreg to consumer_regs for each consumer warpgroup. Without ws:
     `gluon_prefill`, 16 * num_warps query rows, TMA boxes where tiles stay in one page (tma),
-    cp.async otherwise. H100 2026-11-22, ragged causal 8 x 4096: 509-515 TFLOP/s
+    cp.async otherwise. H100, ragged causal 8 x 4096: 509-515 TFLOP/s
     (gluon_prefill.md)."""
 
     BLOCK_N: int = 128
@@ -131,7 +131,7 @@ class Sm90PrefillConfig(_Fields):
 
 SM90_PREFILL_WS = Sm90PrefillConfig()
 # gluon_prefill where 128-key tiles are TMA boxes (128 x 3: ragged 426 TFLOP/s), else 64 x 4
-# (pages of 64: 396; of 16, cp.async: 352). H100 2026-11-22 (gluon_prefill.md).
+# (pages of 64: 396; of 16, cp.async: 352). H100 (gluon_prefill.md).
 SM90_PREFILL_TMA128 = Sm90PrefillConfig(BLOCK_N=128, NBUF=3, ws=False)
 SM90_PREFILL = Sm90PrefillConfig(BLOCK_N=64, NBUF=4, ws=False)
 
@@ -263,7 +263,7 @@ def decode_config(
     ctas_per_sm: the launch's programs over the SM count; page_size: the K cache's (0: rows);
     hbm3e: an H200-class device. Measurements: docs/kernels/mha_decode.md."""
     if kv_kind == "fp8_cols":
-        # H200 2026-11-28: 5 stages where the grid holds <= 4 CTAs a SM (b64 p16 145 vs 160 us)
+        # H200: 5 stages where the grid holds <= 4 CTAs a SM (b64 p16 145 vs 160 us)
         cfg = replace(FP8_FAST_LOOP, num_stages=5 if hbm3e and ctas_per_sm <= 4 else 4)
     elif kv_kind == "fp8_block":  # 319 us; a hi + lo K/V pair (kv_lo) costs 2x
         cfg = DecodeConfig(BLOCK_N=64, num_warps=4, num_stages=5)
@@ -466,8 +466,8 @@ def sm90_prefill_serves(
     """The Gluon prefill's plan where one serves the launch on an sm_90 device, else None:
     every paged cache, and ragged / row-offset K/V where the warp-specialized kernel applies
     (else the tl kernel). Overrides: "gluon" False forces the tl kernel, True a Gluon kernel
-    wherever the shapes allow; hi_lo / kv_lo need the tl kernel (P in q's dtype here). H100
-    2026-11-22, causal 8 x 4096 d128, tl vs Gluon: ragged 422 vs 509-515 TFLOP/s, pages of
+    wherever the shapes allow; hi_lo / kv_lo need the tl kernel (P in q's dtype here). H100,
+    causal 8 x 4096 d128, tl vs Gluon: ragged 422 vs 509-515 TFLOP/s, pages of
     16 317 vs 499 (gluon_prefill.md)."""
     want = tuning.prefill.get("gluon")
     if want is False or not HAS_GLUON:

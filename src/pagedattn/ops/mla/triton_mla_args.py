@@ -9,7 +9,7 @@ list (`tl_args`: `triton_mla_kernel._mla_decode_kernel`; `sm90_args`: the Gluon 
 kernels; `ps_args`: the persistent `gluon_mla_ps`), so every list is written once. Each list
 leads with small argument tuples the kernels unpack (q_args, out_args, k_args; x_args of the
 tl kernel): Triton specializes a tuple's members as it does plain arguments, so the PTX is the
-same (checked with dev/ptx_digest.py, 2026-11-29).
+same (checked with dev/ptx_digest.py).
 
 Formats: BF16 (q's dtype), blockwise / per-tensor e4m3 with a scale buffer, rope-aware
 (`mla_rope_aware`), FlashMLA V32 and MODEL1 (`fp8.mla_formats` has the byte layouts).

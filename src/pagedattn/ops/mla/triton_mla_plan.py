@@ -57,7 +57,7 @@ class LaunchPlan(NamedTuple):
     args: str  # the positional list: "tl_args", "sm90_args" or "ps_args" of DecodeArgs
     grid: tuple[int, ...]
     # constexprs, launch options, keyword runtime arguments: a dict made for this plan alone (a
-    # read-only view would cost the launch's ** 8 us more on the CI CPU, 2026-11-29)
+    # read-only view would cost the launch's ** 8 us more on the CI CPU)
     kwargs: dict[str, Any]
     partitions: int = 1  # P (split-K)
     cluster: int = 1
@@ -67,7 +67,7 @@ class LaunchPlan(NamedTuple):
 
 def _next_pow2(n: int) -> int:
     """`triton.next_power_of_2(n)` for n >= 1, without its 4.6 us a host call (a Triton
-    constexpr function: it unwraps its arguments and imports on every call; CI CPU 2026-11-29)."""
+    constexpr function: it unwraps its arguments and imports on every call; CI CPU)."""
     return 1 << (n - 1).bit_length()
 
 

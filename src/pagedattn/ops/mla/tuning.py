@@ -58,9 +58,9 @@ class Sm90Tuning:
     # H200 gpu_mla_dev run 3: BN 64 x 2 stages vs BN 32 x 3-4: dense bf16 h_q 128 0.80 vs 1.12 ms
     sm90_bn: int = 64
     sm90_nbuf: int | None = None  # cp.async ring stages; None: 4 at BN 32, else 2
-    # BF16: P V waited for behind the next S (H100 2026-11-21: h_q 128 s_k 8192 0.757 vs 0.797 ms)
+    # BF16: P V waited for behind the next S (H100: h_q 128 s_k 8192 0.757 vs 0.797 ms)
     sm90_pipe: bool = True
-    # BF16 / V32 tiles to the seesaw (H100 2026-11-22: dense bf16 h_q 128 s_k 8192 484 vs 387 TF/s)
+    # BF16 / V32 tiles to the seesaw (H100: dense bf16 h_q 128 s_k 8192 484 vs 387 TF/s)
     sm90_ss: bool = True
 
 
@@ -71,25 +71,23 @@ class KeysAsMTuning:
 
     sm90_t: bool = True  # False: the 64-row kernels take these tiles too
     sm90_t_nbuf: int = 2  # `_mla_decode_sm90_t`'s ring stages (BF16 73 KB tiles; FP8 two CTAs a SM)
-    t_pf: bool = True  # each e4m3 chunk loaded one chunk ahead (`t_tile` PF; H100 2026-11-22)
-    t_kswz: int = 1  # FP8 stages laid out without bank conflicts (`t_raw_layout`; H100 2026-11-22)
-    # Rope-aware FP8 <= 16 rows to the warp-specialized kernel (H100 2026-11-22: s_k 8192 237 us
+    t_pf: bool = True  # each e4m3 chunk loaded one chunk ahead (`t_tile` PF; H100)
+    t_kswz: int = 1  # FP8 stages laid out without bank conflicts (`t_raw_layout`; H100)
+    # Rope-aware FP8 <= 16 rows to the warp-specialized kernel (H100: s_k 8192 237 us
     # vs 253 at P = 2 on the one-warpgroup kernel)
     sm90_tw: bool = True
-    # TW ring stages. None: 3, 4 on an H200 (`hbm3e`; H200 2026-11-28, s_k 8192 0.1580 vs
-    # 0.1608 ms, bench/results/h200_2026-11-28_mla_fp8_power.json)
+    # TW ring stages. None: 3, 4 on an H200 (`hbm3e`; H200, s_k 8192 0.1580 vs
+    # 0.1608 ms)
     tw_nbuf: int | None = None
     tw_regs: tuple[int, int] = (232, 48)  # setmaxnreg (consumer, producer)
     tw_pre: int = 1  # tiles issued by the CTA's warps before the partitions start
-    # page size a compile-time constant (PS_C) and int32 rows (ADDR): H200 2026-11-28 s_k 8192
-    # 0.193 -> 0.186 ms (bench/results/h200_2026-11-28_mla_fp8_producer.json)
+    # page size a compile-time constant (PS_C) and int32 rows (ADDR): H200 s_k 8192
+    # 0.193 -> 0.186 ms
     tw_psc: bool = True
     tw_addr: bool = True
-    # the scale folded into the softmax max (FOLD): H200 2026-11-28 s_k 8192 0.186 -> 0.184 ms
-    # (bench/results/h200_2026-11-28_mla_fp8_fold.json)
+    # the scale folded into the softmax max (FOLD): H200 s_k 8192 0.186 -> 0.184 ms
     tw_fold: bool = True
-    # SPEC (needs FOLD): H200 2026-11-28 s_k 8192 0.193 -> 0.185 ms
-    # (bench/results/h200_2026-11-28_mla_fp8_spec.json)
+    # SPEC (needs FOLD): H200 s_k 8192 0.193 -> 0.185 ms
     tw_spec: bool = True
 
 
@@ -97,33 +95,30 @@ class KeysAsMTuning:
 class SeesawTuning:
     """The seesaw kernels (`gluon_mla_ss`, `gluon_mla_st`, `gluon_mla_ps`; `triton_mla_plan`)."""
 
-    # dense BF16 pages of whole tiles to the TMA-fed seesaw (H100 2026-11-22: s_k 8192 0.589
+    # dense BF16 pages of whole tiles to the TMA-fed seesaw (H100: s_k 8192 0.589
     # vs 0.613 ms)
     ss_tma: bool = True
     st_regs: int = 240  # the TMA-fed seesaw's setmaxnreg
-    # warpgroup 1's order in a pair of tiles. None: 2 for BF16, 1 for V32 (H100 2026-11-22:
+    # warpgroup 1's order in a pair of tiles. None: 2 for BF16, 1 for V32 (H100:
     # dense bf16 0.605 vs 0.626 ms, sparse V32 0.472 vs 0.492)
     ss_order: int | None = None
     ss_half: bool = True  # half-stage release (same measurement)
     # setmaxnreg (consumer, producer). None: (232, 48) for BF16, (200, 104) on the V32 cluster
-    # kernel (H100 2026-11-28: 0.415 vs 0.424 ms at 200 / 112,
-    # bench/results/h100_2026-11-28_mla_v32_producer.json), else (200, 112)
+    # kernel (H100: 0.415 vs 0.424 ms at 200 / 112), else (200, 112)
     ss_regs: tuple[int, int] | None = None
-    # V32 with two head blocks a token to the 2-CTA cluster kernel (H100 2026-11-22: sparse
+    # V32 with two head blocks a token to the 2-CTA cluster kernel (H100: sparse
     # 0.445 vs 0.468 ms from HBM)
     ss_cross: bool = True
     # the cluster kernel's groups copied to the peer once stored (SS_SPLITCP). None: dense only
-    # (H100 2026-11-23: dense V32 0.797 vs 0.820 ms, sparse 0.435 vs 0.428,
-    # bench/results/h100_2026-11-23_mla_v32_rope_regs.json)
+    # (H100: dense V32 0.797 vs 0.820 ms, sparse 0.435 vs 0.428)
     ss_splitcp: bool | None = None
-    # a half's two groups in one store (SS_DEQ1): H100 2026-11-28 sparse V32 0.419-0.424 vs
-    # 0.428-0.434 ms (same record as ss_splitcp)
+    # a half's two groups in one store (SS_DEQ1): H100 sparse V32 0.419-0.424 vs
+    # 0.428-0.434 ms (same measurement as ss_splitcp)
     ss_deq1: bool = True
     ps_const: bool = True  # the cluster producer's page size a compile-time constant (PS_C)
     ss_addr: bool = True  # the cluster producer's int32 rows (SS_ADDR)
     # q cp.async'ed (SS_QASYNC; one token a tile, whole 64-head blocks only). None: sparse V32
-    # cluster only (H200 2026-11-28: 0.414 vs 0.416 ms; dense slower,
-    # bench/results/h200_2026-11-28_mla_v32_prologue.json)
+    # cluster only (H200: 0.414 vs 0.416 ms; dense slower)
     ss_qasync: bool | None = None
     ss_persist: bool = False  # sparse V32 on the persistent cluster kernel (opt-in: slower)
     ps_epi: int = 1  # the persistent kernel's epilogue (0: 4-byte stores)

@@ -284,7 +284,7 @@ if HAS_GLUON:
         head = hb * HPT + r % HPT
         if TPT == 1:
             # i0 < q_len for every token (`g_request`), so q's loads need not wait for the
-            # request offsets (H100 2026-11-22: tile 0 issued 2.1-2.2 us after the CTA's start
+            # request offsets (H100: tile 0 issued 2.1-2.2 us after the CTA's start
             # against 2.6-3.0; docs/kernels/gluon_mla_tw.md).
             ok = (tq < 1) & (head < H_Q)
         else:
@@ -515,7 +515,7 @@ if HAS_GLUON:
         in `t_tile`'s vraw_l. Keys k and k + 1 (a register bit of vraw_l) have their bytes
         interleaved first (one PRMT a 4 bytes), so that each two-element upcast gives an A
         operand pair (k, k + 1) of one dim (upcast in cache order, the float16 pairs took two
-        PRMT a 4 elements: H200 2026-11-28, tw s_k 4096 0.1036 against 0.1061 ms from HBM,
+        PRMT a 4 elements: H200, tw s_k 4096 0.1036 against 0.1061 ms from HBM,
         docs/kernels/gluon_mla.md)."""
         a, b = gl.split(
             gl.permute(gl.reshape(raw.to(gl.int8, bitcast=True), [8, 2, 512]), (0, 2, 1))
@@ -991,7 +991,7 @@ if HAS_GLUON:
         if FMT != 0:
             # Rows back to cache-column order (`_g_deq_v`): a thread's 16 rows of a column are
             # then 16 contiguous output dims, made consecutive registers (no data moves
-            # between threads) and stored as they are (H100 2026-11-22, tw s_k 4096: 122.9 us
+            # between threads) and stored as they are (H100, tw s_k 4096: 122.9 us
             # against 123.4 through shared memory; docs/kernels/gluon_mla.md).
             o = gl.reshape(gl.permute(gl.reshape(o, [8, 4, 2, 8, NR]), (1, 3, 0, 2, 4)), [512, NR])
             lin_l: gl.constexpr = gl.to_linear_layout(o.type.layout, [512, NR])

@@ -27,7 +27,7 @@ of a 2-CTA cluster dequantizes half of every tile for both), on a different sche
 The selection (`ops.mla.triton_mla_plan`) takes it only where the tuning asks for it
 (`ss_persist`, off by default), for a launch the cluster seesaw would serve unsplit (P = 1):
 sparse V32, h_q 65..128. It is slower than
-`gluon_mla_ss` on the H100 and the H200 (H200 2026-11-28: 0.451 against 0.416 ms) and kept as the
+`gluon_mla_ss` on the H100 and the H200 (H200: 0.451 against 0.416 ms) and kept as the
 base of the schedule that issue 5's sparse target needs. Limits: launch with num_warps=4 in
 clusters of 2 (`launch(..., cluster=2)`), G = min(SM count / 2, tokens) unless overridden (more
 clusters run in waves); registers (consumer / producer) 200 / 104, as the cluster seesaw's.

@@ -507,8 +507,8 @@ if HAS_GLUON:
 
         The bf16 O goes through o_stage, ring stage W [BN, 512] (its columns W * 256.. are
         read by warpgroup W only, and no tile lands after the loop), and leaves it in 16-byte
-        stores, a warp a row, instead of the accumulator layout's 4-byte ones (H100
-        2026-11-22, st kernel: 0.290 against 0.301 ms; docs/kernels/gluon_mla_ss.md). The
+        stores, a warp a row, instead of the accumulator layout's 4-byte ones (H100, st
+        kernel: 0.290 against 0.301 ms; docs/kernels/gluon_mla_ss.md). The
         split's float32 partials (twice the bytes; small batches) are stored from the
         accumulator layout."""
         BM: gl.constexpr = 64
@@ -733,7 +733,7 @@ if HAS_GLUON:
 
         # One token a tile: q's loads are issued before `_ss_range`'s (`g_seesaw_start`), and
         # V32 stages are not zeroed (every row of a stage's latent part is written: masked
-        # rows as zeros). H100 2026-11-23: prologue 3.2-3.4 -> 2.5-2.7 us a CTA
+        # rows as zeros). H100: prologue 3.2-3.4 -> 2.5-2.7 us a CTA
         # (docs/kernels/gluon_mla_ss.md, "Fixed cost a CTA").
         if SS_QASYNC:
             q_lat, q_rope, k_lat, k_rope, vbuf, m_buf, l_buf, ready, empty, pm, lx, rempty = (

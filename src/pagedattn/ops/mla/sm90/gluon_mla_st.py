@@ -305,7 +305,7 @@ if HAS_GLUON:
         # `g_program`, `g_request`, `g_key_range`, with the loads that do not need the key
         # range issued before them: q (`g_seesaw_start`) and, unsplit (lo = 0), the
         # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that the
-        # first copies wait for two dependent loads, not three (H100 2026-11-22: prologue
+        # first copies wait for two dependent loads, not three (H100: prologue
         # 7.7-8.0 -> 4.6-5.0 us a CTA; docs/kernels/gluon_mla_st.md).
         trp, t, hb, part, early = g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
                                                  NHB, PDL, TRACE, ld_l)  # fmt: skip

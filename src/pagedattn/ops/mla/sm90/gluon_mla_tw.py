@@ -19,7 +19,7 @@ So a request's keys need no second CTA and no combine pass at batch >= the SM co
 The selection (`ops.mla.triton_mla_plan`) takes it on sm_90 for rope-aware FP8 caches with h_q <=
 16 (dense tiles hold the heads of up to 16 // h_q tokens), unless turned off (then
 `_mla_decode_sm90_t` serves). Limits: rope-aware FP8, d_qk 576, BN 64 (asserted), NR 16; NBUF 3,
-4 on an H200 (H200 2026-11-28: 0.158 against 0.161 ms at s_k 8192); registers 232 a consumer
+4 on an H200 (H200: 0.158 against 0.161 ms at s_k 8192); registers 232 a consumer
 thread, 48 for the producer; SPEC adds 4 KB of shared memory.
 
 Design history, measurements and the variants not kept: docs/kernels/gluon_mla_tw.md.
@@ -166,7 +166,7 @@ if HAS_GLUON:
                 p_smem = kr.slice(0, NR, dim=0)._reinterpret(gl.float16, [NR, BN], sm_l)
                 f_smem = p_smem
             # The extra tile of an odd tile count has no key: its stage is freed at once (a
-            # full tile step there sat on the CTA's critical path: H100 2026-11-22, last loop to
+            # full tile step there sat on the CTA's critical path: H100, last loop to
             # store 2.4 -> 1.5 us at s_k 4096 + 1; docs/kernels/gluon_mla_tw.md)
             if lo + j * BN < hi:
                 acc, m_i, l_acc, tau = t_tile(
