@@ -149,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
             "pagedattn/assets/tiny-stdlib, trained on the Python standard library)",
         )
 
+    def sampling(p: argparse.ArgumentParser, seed_help: str) -> None:
+        p.add_argument(
+            "--temperature", type=float, default=0.7, help="sampling temperature (0: greedy)"
+        )
+        p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass in (0, 1]")
+        p.add_argument("--seed", type=int, default=0, help=seed_help)
+
     d = command(
         "demo",
         "the main job: the engine streams code from a small language model for requests that "
@@ -169,24 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="pages in the KV cache (default: enough for --batch-size requests of the longest "
         "prompt plus --max-tokens, nothing shared)",
     )
-    d.add_argument(
-        "--temperature", type=float, default=0.7, help="sampling temperature (0: greedy)"
-    )
-    d.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass in (0, 1]")
-    d.add_argument("--seed", type=int, default=0, help="seed of the requests' samples (>= 0)")
+    sampling(d, "seed of the requests' samples (>= 0)")
 
     g = command("generate", "stream a completion of one prompt from a checkpoint")
     model(g)
     g.add_argument("--prompt", required=True, help="the text to continue")
     g.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
-    g.add_argument(
-        "--temperature", type=float, default=0.7, help="sampling temperature (0: greedy)"
-    )
-    g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass in (0, 1]")
+    sampling(g, "seed of the samples (>= 0)")
     g.add_argument(
         "--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: all)"
     )
-    g.add_argument("--seed", type=int, default=0, help="seed of the samples (>= 0)")
     g.add_argument(
         "--no-echo",
         action="store_true",
