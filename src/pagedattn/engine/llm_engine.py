@@ -8,8 +8,9 @@
 
 A step: `Scheduler.schedule()` (admission, chunked prefill, preemption; `alloc` for each
 request) -> `build_step_inputs` (ids, positions, offsets, slots, logits rows, kv_inputs) ->
-`ModelRunner.execute` (the model writes the new K/V and returns the logits rows) -> `sample` on
-the device -> `Scheduler.update` (`manager.step`, stop checks, `release`).
+`ModelRunner.execute` (the model writes the new K/V and returns the logits rows; on CUDA a pure
+decode step replays a captured CUDA graph, `cuda_graphs.py`) -> `sample` on the device ->
+`Scheduler.update` (`manager.step`, stop checks, `release`).
 
 Faults: a prompt the cache could never hold raises `PromptTooLongError` in `add_request`, with
 nothing enqueued. An exception inside a step (the model, the sampler, a device error) propagates
@@ -34,8 +35,16 @@ import torch
 
 from ..cache.manager import PagedKVCacheManager
 from ..cache.params import KVQuantConfig
-from ..errors import INT64_MAX, InvalidArgumentError, UnknownRequestError, check, check_int
+from ..errors import (
+    INT64_MAX,
+    InvalidArgumentError,
+    UnknownRequestError,
+    check,
+    check_bool,
+    check_int,
+)
 from ..models import ModelConfig, kv_cache_params, load_model, parallel
+from .cuda_graphs import GraphRunner, graph_mode
 from .errors import NoTokenizerError, NotSupportedYetError, PromptTooLongError
 from .metrics import EngineStats
 from .model_runner import ModelRunner
@@ -87,7 +96,15 @@ class LLMEngine:
     tokenizer: a folder or tokenizer object (default: the checkpoint folder's, if any).
     enable_prefix_caching / kv_quantization: the cache's (`KVCacheParams`).
     seed: seeds the per-request seeds of requests without one.
+    enforce_eager: never use CUDA graphs. Otherwise, on CUDA with a capturable model
+      (`supports_cuda_graphs`: the Llama family; not gpt-oss) and tensor_parallel_size 1, decode
+      steps replay graphs captured here for batch sizes `decode_buckets(min(max_num_seqs,
+      max_num_batched_tokens))`; the cache then holds one more page (the pad page, not counted
+      in `num_pages` or the stats).
     """
+
+    #: Tests only: run the decode graphs' static-buffer path eagerly ("emulated") on any device.
+    _emulate_cuda_graphs = False
 
     def __init__(
         self,
@@ -106,6 +123,7 @@ class LLMEngine:
         enable_prefix_caching: bool = True,
         kv_quantization: KVQuantConfig | None = None,
         seed: int = 0,
+        enforce_eager: bool = False,
     ) -> None:
         tp = check_int("tensor_parallel_size", tensor_parallel_size, 1)
         if tp > 1 and not isinstance(model, (str, os.PathLike)) and not hasattr(model, "tp_size"):
@@ -118,6 +136,7 @@ class LLMEngine:
         page_size = check_int("page_size", page_size, 1)
         max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1)
+        enforce_eager = check_bool("enforce_eager", enforce_eager)
         check(
             num_pages is None or gpu_memory_utilization is None,
             "num_pages/gpu_memory_utilization",
@@ -153,6 +172,10 @@ class LLMEngine:
         self.model = model
         self.tp_size = tp
         self.device = dev
+        mode = graph_mode(
+            model, dev, enforce_eager=enforce_eager, tp_size=tp, emulate=self._emulate_cuda_graphs
+        )
+        graph_batch = min(max_num_seqs, max_num_batched_tokens) if mode else 0
         self.config = cfg = model.config
         self.tokenizer: Tokenizer | None = load_tokenizer(
             tokenizer if tokenizer is not None else folder
@@ -176,7 +199,12 @@ class LLMEngine:
         want_len = check_int("max_model_len", want_len, 1, 2**31 - 1)
         if num_pages is None:
             num_pages = self._pool_pages(
-                params, gpu_memory_utilization, want_len, max_num_batched_tokens, max_num_seqs
+                params,
+                gpu_memory_utilization,
+                want_len,
+                max_num_batched_tokens,
+                max_num_seqs,
+                graph_batch,
             )
         num_pages = check_int("num_pages", num_pages, 1, 2**31 - 1)
         capacity = num_pages * page_size
@@ -187,10 +215,12 @@ class LLMEngine:
             )
         self.max_model_len = min(want_len, capacity)
         model.attach_kv_cache(params)
+        # With graphs, one more page and batch slot for the pad request (cuda_graphs.py).
+        self._reserved_pages = 1 if mode else 0
         self.manager = PagedKVCacheManager(
             params,
-            total_num_pages=num_pages,
-            max_batch_size=max_num_seqs,
+            total_num_pages=num_pages + self._reserved_pages,
+            max_batch_size=max_num_seqs + self._reserved_pages,
             max_seq_len=self.max_model_len,
         )
         self.kv_params = params
@@ -201,7 +231,12 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             eos_token_ids=self._eos_ids(folder),
         )
-        self.runner = ModelRunner(model, dev)
+        graphs = (
+            GraphRunner(model, self.manager, graph_batch, emulate=mode == "emulated")
+            if mode
+            else None
+        )
+        self.runner = ModelRunner(model, dev, graphs)
         self._rng = random.Random(check_int("seed", seed, 0))
         self._ids = itertools.count()
         self._seqs: dict[int, Sequence] = {}
@@ -218,7 +253,13 @@ class LLMEngine:
         parallel.check_divisible(cfg, tp)
 
     def _pool_pages(
-        self, params, utilization: float | None, max_len: int, max_tokens: int, max_seqs: int
+        self,
+        params,
+        utilization: float | None,
+        max_len: int,
+        max_tokens: int,
+        max_seqs: int,
+        graph_batch: int,
     ) -> int:
         dev = self.device
         if dev.type != "cuda":
@@ -239,7 +280,7 @@ class LLMEngine:
         )
         total = torch.cuda.get_device_properties(dev).total_memory
         used = torch.cuda.memory_reserved(dev)  # the weights, loaded already
-        act = self._activation_bytes(max_tokens, max_seqs)
+        act = self._activation_bytes(max_tokens, max_seqs, graph_batch)
         budget = int(total * util) - used - act
         if budget < params.bytes_per_page():
             raise InvalidArgumentError(
@@ -249,14 +290,16 @@ class LLMEngine:
             )
         return params.pages_for_memory(budget)
 
-    def _activation_bytes(self, max_tokens: int, max_seqs: int) -> int:
+    def _activation_bytes(self, max_tokens: int, max_seqs: int, graph_batch: int = 0) -> int:
         """A generous estimate of one step's peak activations (float32 worst case): the
         layer's temporaries for every token, the logits and the sampler's copies of them for
-        every request, and 256 MiB of slack."""
+        every request, and 256 MiB of slack; plus, with CUDA graphs of up to `graph_batch`
+        rows, the graphs' pool (the largest one's temporaries and logits) and static logits."""
         c = self.config
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
         per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv)
-        return max_tokens * per_token + 4 * max_seqs * c.vocab_size * 4 + (256 << 20)
+        graphs = graph_batch * (per_token + 2 * c.vocab_size * 4)
+        return max_tokens * per_token + 4 * max_seqs * c.vocab_size * 4 + graphs + (256 << 20)
 
     def _eos_ids(self, folder: Path | None) -> tuple[int, ...]:
         ids = set(self.config.eos_token_ids)
@@ -397,7 +440,7 @@ class LLMEngine:
         return updated
 
     def _note_pages(self) -> None:
-        used = self.manager.stats().used_pages
+        used = self.manager.stats().used_pages - self._reserved_pages
         self._stats.peak_used_pages = max(self._stats.peak_used_pages, used)
 
     # Outputs -----------------------------------------------------------------------------
@@ -444,8 +487,8 @@ class LLMEngine:
                 "prefix_hit_tokens": sched.prefix_hit_tokens - self._base[1],
                 "preemptions": sched.num_preemptions - self._base[2],
                 "deduplicated_pages": m.deduplicated_pages - self._base[3],
-                "total_pages": m.total_pages,
-                "used_pages": m.used_pages,
+                "total_pages": m.total_pages - self._reserved_pages,
+                "used_pages": m.used_pages - self._reserved_pages,
             }
         )
 

@@ -1,27 +1,47 @@
 """`ModelRunner`: runs the model on one step's inputs and returns the logits rows.
 
-Today one eager call on one device. Tensor parallelism is SPMD: one process per rank, each
-with its own runner, model shard and cache (its KV-head shard, so `inputs.kv_inputs[0]` is this
-rank's), fed the same step inputs; the model's all-reduces make the logits equal on every rank.
-The seam for CUDA graphs lives here, behind `execute(inputs) -> logits` (decode batches padded
-to a captured size, the step's arrays copied into static buffers, `padded_cols` fixed).
+`execute(inputs) -> logits` is the engine's one call. A pure decode step (every request one
+new token, every one sampling) that the runner's `GraphRunner` serves replays the captured
+CUDA graph of its batch-size bucket (`cuda_graphs.py`: the step's arrays copied into static
+buffers, the batch padded, the lookup table at a fixed width); every other step, and every step
+of a runner without graphs (`enforce_eager`, the CPU, a model that cannot be captured), is one
+eager call of the model.
+
+Tensor parallelism is SPMD: one process per rank, each with its own runner, model shard and
+cache (its KV-head shard, so `inputs.kv_inputs[0]` is this rank's), fed the same step inputs;
+the model's all-reduces make the logits equal on every rank. (TP steps run eagerly.)
 """
 
 from __future__ import annotations
 
 import torch
 
+from .cuda_graphs import GraphRunner
 from .step_inputs import StepInputs
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    """model: the step model (`models.DecoderForCausalLM.forward`'s signature) on `device`.
+    graphs: the decode graphs, or None (every step eager)."""
+
+    def __init__(
+        self, model: torch.nn.Module, device: torch.device, graphs: GraphRunner | None = None
+    ) -> None:
         self.model = model
         self.device = device
+        self.graphs = graphs
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits [len(inputs.logits_rows), vocab] float32 of the step."""
+        """Logits [len(inputs.logits_rows), vocab] float32 of the step (row i for request
+        `inputs.sample_index[i]`); after a graph replay, a view valid until the next call."""
+        if self.graphs is not None and self.graphs.serves(inputs):
+            return self.graphs.run(inputs)
+        return self.eager(inputs)
+
+    @torch.inference_mode()
+    def eager(self, inputs: StepInputs) -> torch.Tensor:
+        """The step as one eager model call (what `execute` does without a graph)."""
         return self.model(
             inputs.input_ids,
             inputs.positions,

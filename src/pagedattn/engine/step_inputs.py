@@ -18,8 +18,9 @@ reserved them. It returns a `StepInputs`:
 - kv_inputs: `manager.runtime_inputs(request_ids)`, one `KVCacheInputsPerDevice` per device;
 - plan: None (the attention plan of DESIGN.md 4b, later).
 
-The host arrays are packed into one int64 buffer and copied to the device once. CUDA graphs will
-copy the same arrays into static buffers instead (the seam: `HostStepInputs`).
+The host arrays are packed into one int64 buffer and copied to the device once. A decode step
+that a CUDA graph replays then has these device arrays (and kv_inputs) copied into the graph's
+static buffers (`cuda_graphs.DecodeBuffers`).
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ class GptOssForCausalLM(DecoderForCausalLM):
 
     packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
     norm_weight_first = True
+    # The MoE reads each expert's token count on the host (layers.GptOssExperts): eager only.
+    supports_cuda_graphs = False
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, dtype) -> nn.Module:
         return GptOssMoE(cfg, dtype)

@@ -149,6 +149,9 @@ class DecoderForCausalLM(nn.Module):
     }
     # RMSNorm style (see layers.RMSNorm) and whether norm weights stay float32 on load.
     norm_weight_first = False
+    # The step makes no host sync and no data-dependent allocation: the engine may capture it
+    # in a CUDA graph (engine/cuda_graphs.py).
+    supports_cuda_graphs = True
 
     def __init__(
         self,

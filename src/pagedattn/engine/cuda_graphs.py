@@ -1,0 +1,272 @@
+"""CUDA graphs for decode steps: `GraphRunner` replays one captured graph per batch-size bucket.
+
+A pure decode step (every request runs 1 new token and samples from it) of n requests replays
+the graph of the smallest bucket B >= n (`decode_buckets`: 1, 2, 4, 8, then every 16, up to the
+largest decode batch). Every other step (a prefill chunk in it) runs eagerly (`ModelRunner`).
+
+Static buffers (`DecodeBuffers`), one set for the largest bucket M, which every graph reads
+through views of its first B rows:
+- input_ids [M] int64, positions [M] int64, q_row_offsets [M + 1] int32 = arange (one query a
+  row), logits_rows [M] int64 = arange, logits [M, vocab] float32 (the graph's output);
+- kv: a `KVCacheInputsPerDevice` over the real cache (kv_blocks / kv_scales shared) with
+  cache_lengths [M] int32 and lookup_table [M, max_pages_per_request] int32 (`padded_cols`
+  fixed to the pages of max_seq_len), plus the step's max_lengths / dispatch metadata.
+
+A replay copies the step's device arrays into rows [0, n) (`KVCacheInputsPerDevice.copy_`
+sentinel-pads the narrower table), runs `graph.replay()`, and returns `logits[:n]`: no host
+sync, no allocation. Rows [n, B) are pad rows, each a request of one query (token 0 at
+position 0) over cache length 0, whose lookup row is [pad page, sentinel, ...]: the pad page is
+one page `GraphRunner` claims in the manager for `PAD_REQUEST` and never commits. Pad rows thus
+read and write that page only (the same values: same token, same position), and nothing a real
+request owns or the prefix cache holds. Why a page and not zero-query pad requests: a token
+outside every request's q_row_offsets range is skipped by `store_kv`, but the Triton decode
+kernel would look its request up past the batch, and the CPU references reject it; one query a
+row also keeps `mha` on its balanced decode work list.
+
+Capture: at construction, largest bucket first, all graphs in one memory pool (a smaller graph
+reuses the larger one's blocks, as vLLM does); each is warmed up once (Triton compiles, cuBLAS
+initializes) and captured while every row is a pad row, so capture touches the pad page only.
+`emulate=True` (tests, any device) builds the same buffers and replays by running the captured
+function eagerly instead of a `torch.cuda.CUDAGraph`: the padding and static-buffer logic then
+runs on the CPU.
+
+Models: a model class says it can be captured with `supports_cuda_graphs = True` (the Llama
+family); others stay eager (gpt-oss: its MoE reads expert counts on the host).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import torch
+
+from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
+from ..cache.manager import PagedKVCacheManager
+from ..errors import check, check_bool, check_int
+from .step_inputs import StepInputs
+
+
+def decode_buckets(max_batch: int) -> tuple[int, ...]:
+    """The captured batch sizes for decode batches of up to `max_batch` (an int >= 1):
+    1, 2, 4, 8, then multiples of 16 below max_batch, then max_batch itself."""
+    max_batch = check_int("max_batch", max_batch, 1)
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
+    sizes += range(16, max_batch, 16)
+    return (*sizes, max_batch)
+
+
+def supports_cuda_graphs(model: torch.nn.Module) -> bool:
+    """Whether `model`'s step can be captured: its class says so (`supports_cuda_graphs`)."""
+    return getattr(type(model), "supports_cuda_graphs", False) is True
+
+
+def graph_mode(
+    model: torch.nn.Module,
+    device: torch.device,
+    *,
+    enforce_eager: bool,
+    tp_size: int,
+    emulate: bool = False,
+) -> str | None:
+    """How decode steps run: "cuda" (captured graphs), "emulated" (tests: the graph path run
+    eagerly) or None (eager). Eager with `enforce_eager`, tensor parallelism (capturing the
+    all-reduces is not tested yet) or a model that cannot be captured; graphs need CUDA."""
+    enforce_eager = check_bool("enforce_eager", enforce_eager)
+    if enforce_eager or tp_size > 1 or not supports_cuda_graphs(model):
+        return None
+    if emulate:
+        return "emulated"
+    return "cuda" if torch.device(device).type == "cuda" else None
+
+
+class _PadRequest:
+    """The manager's id of the request that owns the pad page (one object per process)."""
+
+    def __repr__(self) -> str:
+        return "PAD_REQUEST"
+
+
+PAD_REQUEST = _PadRequest()
+
+
+class DecodeBuffers:
+    """The static inputs and output of every decode graph, sized for the largest bucket
+    (module docstring). Rows [0, n) hold the last loaded step, rows [n, max_batch) pad rows."""
+
+    BATCH_FIELDS = ("cache_lengths", "lookup_table")  # the kv fields with a batch dimension
+
+    def __init__(self, pad: KVCacheInputsPerDevice, max_batch: int, vocab_size: int) -> None:
+        """pad: the pad request's inputs (`runtime_inputs([PAD_REQUEST], padded_cols=...)`,
+        batch 1), the template of every pad row."""
+        M = self.max_batch = check_int("max_batch", max_batch, 1)
+        dev = pad.cache_lengths.device
+        self.input_ids = torch.zeros(M, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(M, dtype=torch.int64, device=dev)
+        self.q_row_offsets = torch.arange(M + 1, dtype=torch.int32, device=dev)
+        self.logits_rows = torch.arange(M, dtype=torch.int64, device=dev)
+        self.logits = torch.zeros(M, vocab_size, dtype=torch.float32, device=dev)
+        self.pad_cache_length = pad.cache_lengths[0].clone()
+        self.pad_lookup_row = pad.lookup_table[0].clone()
+        fields = {}
+        for name in FIELD_ORDER:
+            v = getattr(pad, name)
+            if name in self.BATCH_FIELDS:  # every row a pad row
+                fields[name] = v.expand(M, *v.shape[1:]).contiguous()
+            elif name in ("kv_blocks", "kv_scales") or v is None:
+                fields[name] = v  # the cache itself (shared)
+            else:
+                fields[name] = v.clone()
+        self.kv = KVCacheInputsPerDevice(**fields)
+        self._dirty = 0  # rows [0, _dirty) may hold a real step's values
+
+    def kv_rows(self, n: int) -> KVCacheInputsPerDevice:
+        """A view of rows [0, n) of the static kv inputs (the other fields as they are)."""
+        kv = self.kv
+        return KVCacheInputsPerDevice(
+            **{
+                name: getattr(kv, name)[:n] if name in self.BATCH_FIELDS else getattr(kv, name)
+                for name in FIELD_ORDER
+            }
+        )
+
+    def load(self, inputs: StepInputs) -> None:
+        """Copy a decode step of n <= max_batch requests into rows [0, n) and make rows
+        [n, max_batch) pad rows again. Device-to-device copies only (no host sync)."""
+        n = inputs.batch_size
+        check(
+            1 <= n <= self.max_batch and inputs.num_tokens == n,
+            "inputs",
+            f"a decode step of 1 to {self.max_batch} requests, one token each",
+            f"{n} requests, {inputs.num_tokens} tokens",
+        )
+        self.kv_rows(n).copy_(inputs.kv_inputs[0])  # checks every field first
+        self.input_ids[:n].copy_(inputs.input_ids)
+        self.positions[:n].copy_(inputs.positions)
+        if self._dirty > n:
+            rows = slice(n, self._dirty)
+            self.input_ids[rows].zero_()
+            self.positions[rows].zero_()
+            self.kv.cache_lengths[rows].copy_(self.pad_cache_length)
+            self.kv.lookup_table[rows].copy_(self.pad_lookup_row)
+        self._dirty = n
+
+
+class _EmulatedGraph:
+    """Stands in for `torch.cuda.CUDAGraph` (emulate=True): replay() runs the function."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def _capture(fn: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
+    """Warm `fn` up once (Triton compiles and cuBLAS initializes outside the capture), then
+    capture it into a graph that allocates from `pool`."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+class GraphRunner:
+    """Decode steps through captured graphs (module docstring).
+
+    model: a capturable model (`supports_cuda_graphs`) with the step forward of
+      `models.DecoderForCausalLM`, bound to `manager`'s cache.
+    manager: the engine's `PagedKVCacheManager` (one device); it must have a free batch slot
+      and a free page for `PAD_REQUEST`, which this claims for good.
+    max_batch: the largest decode batch (an int >= 1); buckets `decode_buckets(max_batch)`.
+    emulate: run the captured function eagerly instead of CUDA graphs (tests; any device).
+    """
+
+    @torch.inference_mode()
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        manager: PagedKVCacheManager,
+        max_batch: int,
+        *,
+        emulate: bool = False,
+    ) -> None:
+        self.model = model
+        self.emulate = check_bool("emulate", emulate)
+        self.buckets = decode_buckets(max_batch)
+        check(
+            len(manager.params.devices) == 1,
+            "manager",
+            "a cache on one device",
+            f"{len(manager.params.devices)} devices",
+        )
+        manager.claim(PAD_REQUEST, [0])
+        manager.alloc(PAD_REQUEST, 1)
+        self.pad_page = manager.pages(PAD_REQUEST)[0]
+        (pad,) = manager.runtime_inputs([PAD_REQUEST], padded_cols=manager.max_pages_per_request)
+        self.buffers = DecodeBuffers(pad, self.buckets[-1], model.config.vocab_size)
+        self.num_replays = 0
+        self.graphs: dict[int, torch.cuda.CUDAGraph | _EmulatedGraph] = {}
+        if self.emulate:
+            for b in self.buckets:
+                self.graphs[b] = _EmulatedGraph(self._forward_fn(b))
+            return
+        with torch.cuda.device(pad.cache_lengths.device):
+            pool = torch.cuda.graph_pool_handle()
+            for b in reversed(self.buckets):  # largest first: the others reuse its pool memory
+                try:
+                    self.graphs[b] = _capture(self._forward_fn(b), pool)
+                except Exception as e:
+                    if hasattr(e, "add_note"):  # Python >= 3.11
+                        e.add_note(f"capturing decode graph {b}; enforce_eager=True skips graphs")
+                    raise
+
+    def _forward_fn(self, b: int) -> Callable[[], None]:
+        """The step of bucket b on rows [0, b) of the static buffers, logits into them."""
+        s = self.buffers
+        ids, pos, kv = s.input_ids[:b], s.positions[:b], s.kv_rows(b)
+        offs, rows, out = s.q_row_offsets[: b + 1], s.logits_rows[:b], s.logits[:b]
+
+        def forward() -> None:
+            out.copy_(self.model(ids, pos, kv, offs, rows))
+
+        return forward
+
+    def bucket(self, n: int) -> int:
+        """The captured batch size that serves n requests (n <= the largest bucket)."""
+        return self.buckets[bisect.bisect_left(self.buckets, n)]
+
+    def serves(self, inputs: StepInputs) -> bool:
+        """Whether `inputs` is a pure decode step a graph replays: 1 to max_batch requests of
+        one new token each, every one sampling, on one device."""
+        n = inputs.batch_size
+        return (
+            1 <= n <= self.buckets[-1]
+            and inputs.num_tokens == n
+            and len(inputs.sample_index) == n
+            and len(inputs.kv_inputs) == 1
+        )
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [n, vocab] float32 of a step that `serves` accepts: a view of the static
+        output, valid until the next `run`."""
+        check(self.serves(inputs), "inputs", "a decode step the graphs serve", inputs.batch_size)
+        n = inputs.batch_size
+        self.buffers.load(inputs)
+        self.graphs[self.bucket(n)].replay()
+        self.num_replays += 1
+        return self.buffers.logits[:n]
+
+
+__all__ = [
+    "PAD_REQUEST",
+    "DecodeBuffers",
+    "GraphRunner",
+    "decode_buckets",
+    "graph_mode",
+    "supports_cuda_graphs",
+]
