@@ -6,8 +6,9 @@
 
 A file per concern: `sampling_params`, `sequence` (a request's state), `scheduler` (continuous
 batching, chunked prefill, prefix caching, preemption), `step_inputs` (what a model step
-needs), `model_runner` (the model call, eager or a replayed CUDA graph: `cuda_graphs`), `sampler` (on the device),
-`outputs`, `metrics`, `tokenizer`, `llm_engine` (the step loop) and `llm` (generate / stream).
+needs), `model_runner` (the model call, eager or a replayed CUDA graph: `cuda_graphs`),
+`sampler` (on the device), `outputs`, `metrics`, `tokenizer`, `llm_engine` (the step loop) and
+`llm` (generate / stream).
 docs/engine.md describes the API, the scheduler's policy and the step inputs.
 """
 
