@@ -134,7 +134,11 @@ def capture(call, sm90=False):
     from pagedattn.ops import offline
 
     (launch,) = offline.capture(
-        M, call, _use_sm90_path=lambda *a: sm90, mla_combine_triton=lambda *a, **k: None
+        M,
+        call,
+        _use_sm90_path=lambda *a: sm90,
+        mla_combine_triton=lambda *a, **k: None,
+        mla_worklist_combine_triton=lambda *a, **k: None,
     )
     return launch
 

@@ -31,6 +31,7 @@ from .triton_mla_args import OperandArgs, decode_args
 from .triton_mla_combine import mla_combine_triton
 from .triton_mla_plan import plan_decode, sm90_serves
 from .tuning import MLATuning
+from .worklist import mla_host_item_count, mla_worklist_combine_triton
 
 __all__ = ["MLATuning", "mla_decode_triton"]
 
@@ -84,6 +85,17 @@ def mla_decode_triton(
         pl = torch.empty(2, g, h_q, dtype=torch.float32, device=dev)
         cut_t = torch.empty(g, dtype=torch.int32, device=dev)
         args = a.ps_args(po, pl, cut_t, L, npr)
+    elif plan.balanced is not None:  # partials at the list's items (`worklist`)
+        target, min_blocks = plan.balanced
+        tpt, nhb, bn = plan.kwargs["TPT"], plan.kwargs["NHB"], plan.kwargs["BN"]
+        items = target + tokens
+        if not q.is_cuda:  # host lengths: launch only the list's programs
+            n = mla_host_item_count(a.q_row_offsets, a.K.cl, tpt=tpt, bn=bn, target=target,
+                                    min_blocks=min_blocks)  # fmt: skip
+            plan = plan._replace(grid=(max(n, 1) * nhb,))
+        po = torch.empty(items * tpt, h_q, a.d_v, dtype=torch.float32, device=dev)
+        pl = torch.empty(items * tpt, h_q, dtype=torch.float32, device=dev)
+        args = getattr(a, plan.args)(po, pl, 1)
     else:
         P = plan.partitions
         if P > 1:
@@ -94,7 +106,10 @@ def mla_decode_triton(
         args = getattr(a, plan.args)(po, pl, P)
     launch(plan.kernel, plan.grid, *args, cluster=plan.cluster, smem_args=plan.smem_args,
            **plan.kwargs)  # fmt: skip
-    if plan.ps is not None:
+    if plan.balanced is not None:
+        mla_worklist_combine_triton(a.q_row_offsets, a.K.cl, po, pl, a.out, a.lse, a.sink, tpt=tpt,
+                                    bn=bn, target=target, min_blocks=min_blocks)  # fmt: skip
+    elif plan.ps is not None:
         if L % npr:  # else every cluster boundary falls between tokens: none is cut
             mla_combine_triton(po, pl, a.out, a.lse, a.sink, cut=(L, npr, cut_t))
     elif plan.partitions > 1:

@@ -44,6 +44,7 @@ import triton.language as tl
 from .._triton_interpreter import install_interpreter_shim
 from ..pdl import pdl_signal
 from ..triton_constants import LN2, LOG2E
+from .worklist import mla_find_item, mla_work_list
 
 install_interpreter_shim()
 
@@ -509,8 +510,14 @@ def _mla_decode_kernel(
     K_ALIGN: tl.constexpr,
     X_ALIGN: tl.constexpr,
     PDL: tl.constexpr = False,
+    BALANCED: tl.constexpr = False,
+    TARGET: tl.constexpr = 1,
+    MIN_BLOCKS: tl.constexpr = 1,
 ):
-    """One (tile, partition): BM (token, head) rows of one request over one key partition."""
+    """One (tile, partition): BM (token, head) rows of one request over one key partition.
+    BALANCED (dense, no extra operand): one (item of the balanced work list `worklist`, head
+    block) instead: the grid is (TARGET + tokens) x NHB, programs past the list exit; a tile of
+    several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output."""
     Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
     OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
     (K, K_SC, K_LUT, K_ROFF, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
@@ -520,9 +527,26 @@ def _mla_decode_kernel(
      X_psb_h, X_nenc, X_idx_stride, X_idx_len) = x_args  # fmt: skip
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
-    part = tl.program_id(1)
-    t = pid // NHB
     hb = pid % NHB
+    if BALANCED:
+        tl.static_assert(not (K_SPARSE or HAS_X), "the balanced list is for dense decode")
+        w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
+            QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2
+        )
+        item = pid // NHB
+        valid, t, w_klo, w_khi, c_tile = mla_find_item(
+            w_r, w_c, w_n, w_incl, w_chunk, w_lo, item, TPT
+        )
+        if not valid:
+            return
+        split = c_tile > 1
+        part = item * TPT - t  # partial rows item * TPT + i (`worklist`)
+        p_tokens = 1
+    else:
+        part = tl.program_id(1)
+        t = pid // NHB
+        split = SPLIT
+        p_tokens = n_tokens
 
     # Request of token t: the last b with q_row_offsets[b] <= t (b == batch: orphan token).
     ob = tl.arange(0, B_P2)
@@ -576,9 +600,13 @@ def _mla_decode_kernel(
         n_x = _topk_len(X_TOPK, X_idx_len, t, b, live, X_HAS_TOPK, X_TOPK_TOK)
         n_x = tl.where(live & leader, n_x, 0)
     total = n_main + n_x
-    chunk = tl.cdiv(tl.cdiv(total, NUM_P), BN) * BN
-    lo = part * chunk
-    hi = tl.minimum(lo + chunk, total)
+    if BALANCED:
+        lo = w_klo
+        hi = tl.minimum(w_khi, total)
+    else:
+        chunk = tl.cdiv(tl.cdiv(total, NUM_P), BN) * BN
+        lo = part * chunk
+        hi = tl.minimum(lo + chunk, total)
 
     acc = tl.zeros([BM, 512], tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -610,7 +638,13 @@ def _mla_decode_kernel(
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
     dmask = dA < D_V
     smask = row_ok[:, None] & dmask[None, :]
-    if not SPLIT:
+    if split:
+        inv = tl.where(seen, 1.0 / l_safe, 0.0)
+        o = acc * inv[:, None]
+        prow = (part * p_tokens + tok_c) * H_Q + head_c
+        tl.store(PO + prow[:, None] * D_V + dA[None, :], o, mask=smask)
+        tl.store(PL + prow, lse, mask=row_ok)
+    else:
         inv = tl.where(seen, 1.0 / l_safe, 0.0)
         if HAS_SINK:
             sink = tl.load(SINK + head_c, mask=row_ok, other=0.0)
@@ -620,9 +654,3 @@ def _mla_decode_kernel(
         optr = OUT + tok_c[:, None] * stride_ot + head_c[:, None] * stride_oh + dA[None, :]
         tl.store(optr, o.to(OUT.dtype.element_ty), mask=smask)
         tl.store(LSE + tok_c * H_Q + head_c, lse, mask=row_ok)
-    else:
-        inv = tl.where(seen, 1.0 / l_safe, 0.0)
-        o = acc * inv[:, None]
-        prow = (part * n_tokens + tok_c) * H_Q + head_c
-        tl.store(PO + prow[:, None] * D_V + dA[None, :], o, mask=smask)
-        tl.store(PL + prow, lse, mask=row_ok)

@@ -19,7 +19,11 @@ cache, first match of:
 Everything else (other formats, d_qk 512, an extra cache, other GPUs, the CPU interpreter):
 the portable `triton_mla_kernel._mla_decode_kernel` (`_tile_config`, `_prefetch`).
 
-Partitions: `num_partitions`, else `cache.dispatch.mla_num_partitions` (one wave of tiles).
+Partitions: dense decode without an extra operand on the tl kernel, the keys-as-M kernels
+and the TMA-fed seesaw takes the balanced work list (`worklist`: every request's keys in
+chunks of about the same size, so a long request is shared by all SMs) unless
+`num_partitions` is given or `config.wl.balanced` is off; else `num_partitions`, or
+`cache.dispatch.mla_num_partitions` (one wave of tiles over the longest request).
 The measurements behind each choice: docs/kernels/triton_mla.md.
 """
 
@@ -31,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ...cache.dispatch import mla_num_partitions, mla_tile, num_sms
+from ...cache.dispatch import MLA_CTAS_PER_SM, mla_num_partitions, mla_tile, num_sms
 from ...errors import check
 from ..pdl import pdl_enabled
 from . import tuning as _tuning
@@ -63,6 +67,8 @@ class LaunchPlan(NamedTuple):
     cluster: int = 1
     smem_args: Mapping[str, str] | None = None
     ps: tuple[int, int, int] | None = None  # the persistent kernel's (G, L, NPR)
+    # the balanced work list's (TARGET, MIN_BLOCKS) (`worklist`): grid (TARGET + tokens) x NHB
+    balanced: tuple[int, int] | None = None
 
 
 def _next_pow2(n: int) -> int:
@@ -258,6 +264,26 @@ def _common(kwargs: dict, a: DecodeArgs, cfg: dict, P: int) -> dict:
     return kwargs
 
 
+def _balanced_eligible(a: DecodeArgs, config: MLATuning, num_partitions: int | None) -> bool:
+    """Whether the balanced work list (`worklist`) serves: dense decode without an extra
+    operand, no explicit `num_partitions`, `config.wl.balanced`."""
+    return config.wl.balanced and num_partitions is None and not a.sparse and not a.has_x
+
+
+def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: int) -> LaunchPlan:
+    """`plan` (one partition, grid x = tokens x head blocks [/ cluster]) on the balanced work
+    list: TARGET = `wl_waves` waves of `ctas_per_sm` resident CTAs a SM over the head blocks,
+    the grid (TARGET + tokens) x NHB, the kernel's BALANCED constexprs and PDL (the combine
+    follows)."""
+    nhb, wl = plan.kwargs["NHB"], config.wl
+    target = max(1, num_sms(a.q.device) * ctas_per_sm * wl.wl_waves // nhb)
+    kwargs = dict(plan.kwargs, BALANCED=True, TARGET=target, MIN_BLOCKS=wl.wl_min_blocks,
+                  SPLIT=False, PDL=pdl_enabled(a.q))  # fmt: skip
+    grid = ((target + a.tokens) * nhb,)
+    return plan._replace(grid=grid, kwargs=kwargs, partitions=1,
+                         balanced=(target, wl.wl_min_blocks))  # fmt: skip
+
+
 def _tl_plan(a: DecodeArgs, config: MLATuning, num_partitions: int | None) -> LaunchPlan:
     """The portable kernel's launch."""
     K, X, t = a.K, a.X, config.tl
@@ -275,8 +301,14 @@ def _tl_plan(a: DecodeArgs, config: MLATuning, num_partitions: int | None) -> La
         X_PREFETCH=_prefetch(X, cfg, t), K_ALIGN=K.align, X_ALIGN=X.align,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
+    balanced = _balanced_eligible(a, config, num_partitions)
+    P = 1 if balanced else P
     _common(kwargs, a, cfg, P)
-    return LaunchPlan(_mla_decode_kernel, "tl_args", (a.tokens * cfg["NHB"], P), kwargs, P)
+    plan = LaunchPlan(_mla_decode_kernel, "tl_args", (a.tokens * cfg["NHB"], P), kwargs, P)
+    if not balanced:
+        return plan
+    # BF16 tiles of <= 32 rows hold two CTAs a SM (`_tile_config`), others one
+    return _balance(plan, a, config, 2 if cfg["BM"] <= 32 and K.fmt == FMT_BF16 else 1)
 
 
 def _persistent_plan(
@@ -318,6 +350,7 @@ def _sm90_plan(
     K, h_q, sparse, s = a.K, a.h_q, a.sparse, config.ss
     cfg_t = _sm90_t_config(h_q, a.tokens, a.batch, sparse, K.fmt, hbm3e, config.t)
     cfg = cfg_t if cfg_t is not None else _sm90_config(h_q, sparse, K.fmt, config.sm90)
+    balanced = _balanced_eligible(a, config, num_partitions)
     P = _partitions(a, num_partitions, cfg_t is not None and K.fmt == FMT_ROPE_AWARE, a.q.device)
     cluster = 1
     if cfg_t is not None:
@@ -350,12 +383,17 @@ def _sm90_plan(
         kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
     if kernel is not _mla_decode_sm90:  # the traced kernels
         extra.update(_trace_kwargs(config.trace))
+    # the keys-as-M kernels and the TMA-fed seesaw take the balanced list (one CTA a SM)
+    balanced = balanced and kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw,
+                                       _mla_decode_sm90_st)  # fmt: skip
+    P = 1 if balanced else P
     kwargs = _common(extra, a, cfg, P)
     kwargs.update(SPARSE=sparse, HAS_TOPK=a.topk is not None, TOPK_TOK=a.topk_tok, FMT=K.fmt,
                   NBUF=cfg["NBUF"])  # fmt: skip
     grid = (a.tokens * cfg["NHB"] // cluster, P)  # grid x counts clusters
     smem = SS_CROSS_SMEM if cluster > 1 else None  # the kernel takes its own shared offsets
-    return LaunchPlan(kernel, "sm90_args", grid, kwargs, P, cluster, smem)
+    plan = LaunchPlan(kernel, "sm90_args", grid, kwargs, P, cluster, smem)
+    return _balance(plan, a, config, MLA_CTAS_PER_SM) if balanced else plan
 
 
 def plan_decode(

@@ -7,7 +7,8 @@ One frozen dataclass a kernel family, bundled in `MLATuning`:
   - `KeysAsMTuning`: the keys-as-M kernels for few query rows (`_mla_decode_sm90_t`,
     `gluon_mla_tw._mla_decode_sm90_tw`);
   - `SeesawTuning`: the warp-specialized seesaws (`gluon_mla_ss`, the TMA-fed `gluon_mla_st`,
-    the persistent `gluon_mla_ps`).
+    the persistent `gluon_mla_ps`);
+  - `WorkListTuning`: the balanced work list of dense decode (`worklist`).
 Each field's default is what ships, with the measurement it came from (history:
 docs/kernels/triton_mla.md). A default of None stands for a rule of the shipped selection
 (`triton_mla_plan`), which the field's comment states; a value forces that choice.
@@ -126,7 +127,26 @@ class SeesawTuning:
     ps_order: int = 1  # its work order (0: token order; 1: by query index where ragged)
 
 
-_FAMILIES = {"tl": TlTuning, "sm90": Sm90Tuning, "t": KeysAsMTuning, "ss": SeesawTuning}
+@dataclass(frozen=True)
+class WorkListTuning:
+    """The balanced work list of dense decode (`worklist`; `triton_mla_plan`)."""
+
+    # dense decode without num_partitions on the list (the tl kernel and, on sm_90, the
+    # keys-as-M and TMA-fed seesaw kernels). False: one partition count for the batch.
+    balanced: bool = True
+    # the list's target: items a head block, in waves of the kernel's resident CTAs
+    wl_waves: int = 1
+    # blocks of BN keys an item holds at least (its prologue stays a small part of it)
+    wl_min_blocks: int = 4
+
+
+_FAMILIES = {
+    "tl": TlTuning,
+    "sm90": Sm90Tuning,
+    "t": KeysAsMTuning,
+    "ss": SeesawTuning,
+    "wl": WorkListTuning,
+}
 
 
 @dataclass(frozen=True)
@@ -137,6 +157,7 @@ class MLATuning:
     sm90: Sm90Tuning = field(default_factory=Sm90Tuning)
     t: KeysAsMTuning = field(default_factory=KeysAsMTuning)
     ss: SeesawTuning = field(default_factory=SeesawTuning)
+    wl: WorkListTuning = field(default_factory=WorkListTuning)
     gluon: bool = True  # False: the portable kernel everywhere (no Gluon sm_90 kernel)
     # int64 [>= CTAs, slots] timestamps of the traced sm_90 kernels (development; module doc)
     trace: Any = field(default=None, compare=False)

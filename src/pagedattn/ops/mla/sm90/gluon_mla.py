@@ -248,6 +248,51 @@ if HAS_GLUON:
         return pid // NHB, pid % NHB, part
 
     @gluon.jit
+    def _g_add(a, b):
+        return a + b
+
+    @gluon.jit
+    def g_work_item(
+        QOFF, K_CL, batch, NHB: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
+        TARGET: gl.constexpr, MIN_BLOCKS: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr,
+        one_l: gl.constexpr,
+    ):  # fmt: skip
+        """A balanced program's work (grid: items of the list x head blocks; `ops.mla.worklist`,
+        whose `mla_work_list` / `mla_find_item` this mirrors): (ok, t, hb, lo, hi, split,
+        pbase). ok: the program has an item (else it exits); t: its tile's leader token;
+        [lo, hi): its chunk of the tile's keys (before the causal clamp); split: the tile has
+        several items (partials); pbase: the `part` that puts the tile's token t + i at
+        partial row item * TPT + i with n_tokens 1. The dependent launch is signalled first
+        where PDL."""
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        item = pid // NHB
+        r = gl.arange(0, B_P2, layout=one_l)
+        rm = r < batch
+        o_lo = gl.load(QOFF + r, mask=rm, other=0)
+        o_hi = gl.load(QOFF + r + 1, mask=rm, other=0)
+        q_len = gl.maximum(o_hi - o_lo, 0)
+        cl = gl.maximum(gl.load(K_CL + r, mask=rm, other=0), 0)
+        tiles = gl.where(rm, gl.cdiv(q_len, TPT), 0)
+        w = gl.cdiv(cl + q_len, BN)
+        total = gl.sum(tiles.to(gl.int64) * w, 0)
+        cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
+        c = gl.maximum(gl.cdiv(w, cb), 1)
+        n = tiles * c
+        chunk = gl.cdiv(w, c) * BN
+        incl = gl.associative_scan(n, 0, _g_add)
+        ok = item < gl.sum(n, 0)
+        b = gl.sum(gl.where(incl <= item, 1, 0), 0)
+        at = r == b
+        n_b = gl.sum(gl.where(at, n, 0), 0)
+        c_b = gl.maximum(gl.sum(gl.where(at, c, 0), 0), 1)
+        chunk_b = gl.sum(gl.where(at, chunk, 0), 0)
+        local = item - (gl.sum(gl.where(at, incl, 0), 0) - n_b)
+        t = gl.sum(gl.where(at, o_lo, 0), 0) + (local // c_b) * TPT
+        lo = (local % c_b) * chunk_b
+        return ok, t, pid % NHB, lo, lo + chunk_b, c_b > 1, item * TPT - t
+
+    @gluon.jit
     def g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
                     h_off=None):  # fmt: skip
         """Pointers [BN, 64] (bf16, layout ld_l) to dims 512..575 of a tile's rows: BF16 at
@@ -352,10 +397,18 @@ if HAS_GLUON:
         need no request offsets; else `trp` as a placeholder (a jit function cannot return
         None)."""
         trp, t, hb, part = g_seesaw_ids(TR, NHB, PDL, TRACE)
+        early = g_early_q(trp, Q, stride_qt, stride_qh, t, hb, H_Q, HPT, TPT, ld_l)
+        return trp, t, hb, part, early
+
+    @gluon.jit
+    def g_early_q(trp, Q, stride_qt, stride_qh, t, hb, H_Q: gl.constexpr, HPT: gl.constexpr,
+                  TPT: gl.constexpr, ld_l: gl.constexpr):  # fmt: skip
+        """Where a tile holds one token, q's loads (`_g_load_q`, for `g_put_q`); else `trp`
+        as a placeholder (`g_seesaw_start`)."""
         early = trp
         if TPT == 1:
             early = _g_load_q(Q, stride_qt, stride_qh, t, hb, 0, 1, H_Q, HPT, TPT, ld_l)
-        return trp, t, hb, part, early
+        return early
 
     @gluon.jit
     def g_request(QOFF, batch, t, TPT: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr):
@@ -1022,6 +1075,7 @@ if HAS_GLUON:
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PF: gl.constexpr = True,
         KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
+        BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1063,7 +1117,14 @@ if HAS_GLUON:
         else:
             QT: gl.constexpr = gl.float16
 
-        t, hb, part = g_program(NHB, PDL)
+        if BALANCED:  # one item of the balanced list (`g_work_item`)
+            ok, t, hb, w_lo, w_hi, split, part = g_work_item(
+                QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
+            )
+            if not ok:
+                return
+        else:
+            t, hb, part = g_program(NHB, PDL)
         if TRACE:
             trp = g_trace_open(TR)
         b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
@@ -1095,10 +1156,18 @@ if HAS_GLUON:
         # overlaps the dependent loads of the key range and the first tiles' page ids.
         qa, qr = t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
 
-        cache_len, lo, hi = g_key_range(
-            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
-            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-        )  # fmt: skip
+        if BALANCED:  # the item's chunk of the tile's keys
+            cache_len, lo, hi = g_key_range(
+                K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len,
+                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+            )  # fmt: skip
+            lo = w_lo
+            hi = gl.minimum(w_hi, hi)
+        else:
+            cache_len, lo, hi = g_key_range(
+                K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+            )  # fmt: skip
 
         row_lim, kpos, acc, m_i, l_acc, tau, zero_s = t_state(
             t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
@@ -1146,10 +1215,18 @@ if HAS_GLUON:
         if TRACE:
             gl.store(trp + 3, g_clock())
 
-        t_store(
-            acc, m_i, gl.sum(l_acc, 0), tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
-            stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, FMT,
-        )  # fmt: skip
+        l_i = gl.sum(l_acc, 0)
+        if BALANCED:  # partial rows item * TPT + i where the tile has several items
+            if split:
+                t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, 1, OUT, stride_ot, stride_oh,
+                        LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, True, FMT)  # fmt: skip
+            else:
+                t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, 1, OUT, stride_ot, stride_oh,
+                        LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, False, FMT)  # fmt: skip
+        else:
+            t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
+                    stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT,
+                    FMT)  # fmt: skip
         if TRACE:
             gl.thread_barrier()
             g_trace_close(trp)

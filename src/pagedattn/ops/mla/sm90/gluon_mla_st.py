@@ -60,12 +60,15 @@ def st_descriptors(rows: torch.Tensor):
 if HAS_GLUON:
     from .gluon_mla import (
         g_clock,
+        g_early_q,
         g_key_range,
         g_put_q,
         g_request,
         g_seesaw_start,
         g_tile_rows,
         g_trace_close,
+        g_trace_open,
+        g_work_item,
     )
     from .gluon_mla_ss import (
         ss_finish,
@@ -163,12 +166,12 @@ if HAS_GLUON:
     def _st_consume(args, W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr,
                     TPT: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
                     SPLIT: gl.constexpr, D_V: gl.constexpr, BN: gl.constexpr,
-                    TRACE: gl.constexpr):  # fmt: skip
+                    TRACE: gl.constexpr, BALANCED: gl.constexpr = False):  # fmt: skip
         """Consumer warpgroup W (see the module docstring); writes its 256 output columns
         (and, W = 0, the LSE)."""
         (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, kd, K_LUT,
          K_lut_stride, K_ps, K_psr, K_npages, trp,
-         t, hb, b, i0, q_len, part, cache_len, lo, hi,
+         t, hb, b, i0, q_len, part, cache_len, lo, hi, split,
          q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, bars) = args  # fmt: skip
         ready, pm, lx = bars
         BM: gl.constexpr = 64
@@ -260,9 +263,20 @@ if HAS_GLUON:
         if TRACE:
             gl.store(trp + 3 + 2 * W, g_clock())
             gl.store(trp + 7, n_it.to(gl.int64))
-        ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, k_lat.index(W), OUT,
-                  stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens, W,
-                  H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
+        o_stage = k_lat.index(W)
+        if BALANCED:  # partial rows item * TPT + i where the tile has several items
+            if split:
+                ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, o_stage, OUT,
+                          stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, 1, W,
+                          H_Q, HPT, TPT, D_V, HAS_SINK, True, srow, o_l)  # fmt: skip
+            else:
+                ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, o_stage, OUT,
+                          stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, 1, W,
+                          H_Q, HPT, TPT, D_V, HAS_SINK, False, srow, o_l)  # fmt: skip
+        else:
+            ss_finish(acc, m_o, m_w, l_w, l_buf, lx, head_s, rows_ok_s, o_stage, OUT,
+                      stride_ot, stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens,
+                      W, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT, srow, o_l)  # fmt: skip
         if TRACE and W == 0:
             gl.thread_barrier()
             g_trace_close(trp)
@@ -276,6 +290,7 @@ if HAS_GLUON:
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr,
         BN: gl.constexpr, NBUF: gl.constexpr, REGS: gl.constexpr, PDL: gl.constexpr = False,
         KD=None, KD3=None, K_lut_len=1, TRACE: gl.constexpr = False, TR=None,
+        BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
     ):  # fmt: skip
         """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
@@ -307,19 +322,39 @@ if HAS_GLUON:
         # look-up-table entries of tiles 0 and 1 (next to the cache length's load), so that the
         # first copies wait for two dependent loads, not three (H100: prologue
         # 7.7-8.0 -> 4.6-5.0 us a CTA; docs/kernels/gluon_mla_st.md).
-        trp, t, hb, part, early = g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
-                                                 NHB, PDL, TRACE, ld_l)  # fmt: skip
+        if BALANCED:  # one item of the balanced list (`g_work_item`), then q's loads
+            trp = gl.program_id(0)
+            if TRACE:
+                trp = g_trace_open(TR)
+            ok, t, hb, w_lo, w_hi, split, part = g_work_item(
+                QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
+            )
+            if not ok:
+                return
+            early = g_early_q(trp, Q, stride_qt, stride_qh, t, hb, H_Q, HPT, TPT, ld_l)
+        else:
+            trp, t, hb, part, early = g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
+                                                     NHB, PDL, TRACE, ld_l)  # fmt: skip
         b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
-        if not SPLIT:
+        if not (SPLIT or BALANCED):
             # (an entry is loaded wherever the table has it: the key range is not known yet)
             r0 = _st_row(K_LUT, b, K_lut_stride, 0, live & (0 < K_lut_len), K_ps, K_psr, K_npages)
             r1 = _st_row(K_LUT, b, K_lut_stride, BN, live & (BN // K_ps < K_lut_len), K_ps,
                          K_psr, K_npages)  # fmt: skip
-        cache_len, lo, hi = g_key_range(
-            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
-            HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-        )  # fmt: skip
-        if SPLIT:
+        if BALANCED:  # the item's chunk of the tile's keys
+            cache_len, lo, hi = g_key_range(
+                K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len, SPARSE,
+                HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+            )  # fmt: skip
+            lo = w_lo
+            hi = gl.minimum(w_hi, hi)
+        else:
+            cache_len, lo, hi = g_key_range(
+                K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
+                HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+            )  # fmt: skip
+            split = hi < 0  # (unused: a placeholder for the partitions' arguments)
+        if SPLIT or BALANCED:
             r0 = _st_row(K_LUT, b, K_lut_stride, lo, lo < hi, K_ps, K_psr, K_npages)
             r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, lo + BN < hi, K_ps, K_psr, K_npages)
 
@@ -358,14 +393,16 @@ if HAS_GLUON:
         args = (
             OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens, kd, K_LUT,
             K_lut_stride, K_ps, K_psr, K_npages, trp,
-            t, hb, b, i0, q_len, part, cache_len, lo, hi,
+            t, hb, b, i0, q_len, part, cache_len, lo, hi, split,
             q_lat, k_lat, k_rope, p_buf, m_buf, l_buf, (ready, pm, lx),
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
-                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, TRACE)),
-                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, TRACE)),
+                (_st_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, TRACE,
+                               BALANCED)),
+                (_st_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, D_V, BN, TRACE,
+                               BALANCED)),
             ],
             [4],
             [REGS],

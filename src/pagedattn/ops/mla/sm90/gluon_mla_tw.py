@@ -43,6 +43,7 @@ if HAS_GLUON:
         g_rows,
         g_trace_close,
         g_trace_open,
+        g_work_item,
         t_q_load,
         t_q_store,
         t_raw_layout,
@@ -90,7 +91,7 @@ if HAS_GLUON:
         _outs, cache, tok, smem = args  # `_mla_decode_sm90_tw`'s
         (K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_lut_stride,
          K_ps, K_psr, K_nenc, K_npages, K_idx_stride) = cache  # fmt: skip
-        t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp = tok
+        t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp, _split = tok
         q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, bars, p_buf, f_buf = smem
         ready, empty, xb = bars
         K_ps = PS_C if PS_C else K_ps  # a power-of-two page size: shifts, not divisions
@@ -124,13 +125,14 @@ if HAS_GLUON:
                     SPLIT: gl.constexpr, SPARSE: gl.constexpr, D_V: gl.constexpr,
                     BN: gl.constexpr, FMT: gl.constexpr, NBUF: gl.constexpr,
                     NR: gl.constexpr, PF: gl.constexpr, FOLD: gl.constexpr,
-                    TRACE: gl.constexpr, SPEC: gl.constexpr = False):  # fmt: skip
+                    TRACE: gl.constexpr, SPEC: gl.constexpr = False,
+                    BALANCED: gl.constexpr = False):  # fmt: skip
         """Consumer warpgroup W: tiles W, W + 2, ... of the key range; warpgroup 0 hands its
         state to warpgroup 1 (whose last tile lands last), which merges and stores the output
         (and the LSE)."""
         outs, _cache, tok, smem = args  # `_mla_decode_sm90_tw`'s
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens = outs
-        t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp = tok
+        t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp, split = tok
         q_lat_buf, q_rope_buf, k_main, k_sc, k_rope, vbuf, x_buf, bars, p_buf, f_buf = smem
         ready, empty, xb = bars
         mma_l: gl.constexpr = gl.NVMMADistributedLayout(
@@ -198,11 +200,21 @@ if HAS_GLUON:
             a_own = gl.exp2(m_i - m_use)
             a_x = gl.exp2(m_x - m_use)
             acc = acc * (tau * a_own)[None, :] + xo.load(mma_l) * a_x[None, :]
-            t_store(
-                acc, m, l_i * a_own + l_x * a_x, gl.full([NR], 1.0, gl.float32, col_l), t, hb, i0,
-                q_len, part, n_tokens, OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, H_Q, HPT,
-                TPT, D_V, HAS_SINK, SPLIT, FMT,
-            )  # fmt: skip
+            l_m = l_i * a_own + l_x * a_x
+            one = gl.full([NR], 1.0, gl.float32, col_l)
+            if BALANCED:  # partial rows item * TPT + i where the tile has several items
+                if split:
+                    t_store(acc, m, l_m, one, t, hb, i0, q_len, part, 1, OUT, stride_ot,
+                            stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, True,
+                            FMT)  # fmt: skip
+                else:
+                    t_store(acc, m, l_m, one, t, hb, i0, q_len, part, 1, OUT, stride_ot,
+                            stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, False,
+                            FMT)  # fmt: skip
+            else:
+                t_store(acc, m, l_m, one, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
+                        stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT,
+                        FMT)  # fmt: skip
             if TRACE:
                 gl.thread_barrier()
                 g_trace_close(trp)
@@ -220,6 +232,7 @@ if HAS_GLUON:
         FOLD: gl.constexpr = True, SPEC: gl.constexpr = False, PDL: gl.constexpr = False,
         TRACE: gl.constexpr = False,
         TR=None,
+        BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions. PS_C: the
@@ -249,17 +262,33 @@ if HAS_GLUON:
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
 
-        t, hb, part = g_program(NHB, PDL)
+        if BALANCED:  # one item of the balanced list (`g_work_item`)
+            ok, t, hb, w_lo, w_hi, split, part = g_work_item(
+                QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
+            )
+            if not ok:
+                return
+        else:
+            t, hb, part = g_program(NHB, PDL)
         trp = part  # a placeholder (warp_specialize arguments cannot be None)
         if TRACE:
             trp = g_trace_open(TR)
         b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
         # q's loads are issued before the dependent loads of the key range
         qa, qr = t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
-        cache_len, lo, hi = g_key_range(
-            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
-            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-        )  # fmt: skip
+        if BALANCED:  # the item's chunk of the tile's keys
+            cache_len, lo, hi = g_key_range(
+                K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len,
+                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+            )  # fmt: skip
+            lo = w_lo
+            hi = gl.minimum(w_hi, hi)
+        else:
+            cache_len, lo, hi = g_key_range(
+                K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
+            )  # fmt: skip
+            split = hi < 0  # (unused: a placeholder for the partitions' arguments)
 
         q_lat = gl.allocate_shared_memory(gl.float16, [1, NR, 512], sm_l)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
@@ -313,7 +342,7 @@ if HAS_GLUON:
         outs = (OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, n_tokens)
         cache = (K, K_SC, K_LUT, K_IDX, K_stride, K_stride_h, K_stride_q, K_sc_stride,
                  K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride)  # fmt: skip
-        tok = (t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp)
+        tok = (t, hb, b, i0, q_len, part, cache_len, lo, hi, lat_scale, trp, split)
         bars = (ready, empty, xb)
         args = (outs, cache, tok, (q_lat, q_rope, k_main, k_sc, k_rope, vbuf, x_buf, bars, p_buf,
                                    f_buf))  # fmt: skip
@@ -321,9 +350,9 @@ if HAS_GLUON:
         gl.warp_specialize(
             [
                 (_tw_consume, (args, 0, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, PF, FOLD, TRACE, SPEC)),
+                               FMT, NBUF, NR, PF, FOLD, TRACE, SPEC, BALANCED)),
                 (_tw_consume, (args, 1, H_Q, HPT, TPT, CAUSAL, HAS_SINK, SPLIT, SPARSE, D_V, BN,
-                               FMT, NBUF, NR, PF, FOLD, TRACE, SPEC)),
+                               FMT, NBUF, NR, PF, FOLD, TRACE, SPEC, BALANCED)),
                 (_tw_producer, (args, SPARSE, BN, FMT, NBUF, PRE, PS_C, ADDR, TRACE)),
             ],
             [4, 4],

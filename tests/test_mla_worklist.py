@@ -1,0 +1,182 @@
+"""The balanced work list of dense MLA decode (`pagedattn.ops.mla.worklist`) against the
+float64 oracle of test_triton_mla and against the one-partition-count launch.
+
+CPU runs use Triton's interpreter on the portable kernel; the GPU tests run the sm_90 kernels
+that take the list (keys-as-M BF16 / rope-aware FP8, the TMA-fed seesaw) at skewed lengths:
+one long request among empty and one-token ones, every SM sharing a single request, multi-token
+queries, sinks, NaN in every unowned cache slot, sentinel pages, poisoned outputs, and a CUDA
+graph replayed after the lengths changed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_triton_mla import (
+    DEV,
+    ON_GPU,
+    build_cache,
+    check,
+    dense_keys,
+    make_q,
+    make_sinks,
+    oracle,
+    run,
+    set_tuning,
+    tol_for,
+)
+
+from pagedattn.ops.mla import triton_mla
+from pagedattn.ops.mla.tuning import MLATuning
+from pagedattn.ops.mla.worklist import mla_host_item_count
+from pagedattn.testing import ragged_offsets
+
+
+def _plan(q, kv, q_lens, **kw):
+    """The launches `mla_decode_triton` makes (not run): (decode launch, combine called)."""
+    from pagedattn.ops import offline
+
+    calls = []
+    launches = offline.capture(
+        triton_mla,
+        lambda: triton_mla.mla_decode_triton(q, kv, ragged_offsets(q_lens, q.device), **kw),
+        mla_worklist_combine_triton=lambda *a, **k: calls.append(k),
+        mla_combine_triton=lambda *a, **k: None,
+    )
+    return launches[0], calls
+
+
+def _case(gen, fmt, cache_lens, q_lens, h_q=16, causal=True, sink=False, **kw):
+    cache = build_cache(fmt, 576, 16, cache_lens, q_lens, gen, h_q)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, 576, gen)
+    s = make_sinks(h_q, gen) if sink else None
+    o, lse = run(q, cache.operand(), q_lens, causal=causal, attn_sink=s, **kw)
+    ref = oracle(q, offs, dense_keys(cache, cache_lens, q_lens, causal), sink=s)
+    check(o, lse, *ref, tol_for(fmt, 576))
+    return q, cache, o, lse
+
+
+SKEWED = [
+    # format, cache_lens, q_lens, h_q, causal, sink
+    ("bf16", [700, 0, 1, 40, 3], [1, 1, 1, 1, 1], 16, True, False),  # one long, 0 and 1
+    ("bf16", [0, 0, 0], [1, 1, 1], 16, True, True),  # nothing cached
+    ("bf16", [300, 5, 129], [4, 2, 3], 16, True, True),  # multi-token tiles (TPT > 1)
+    ("bf16", [260, 17], [1, 3], 20, False, False),  # heads not a power of two, non-causal
+    ("rope_aware", [513, 2, 0, 64], [1, 1, 2, 1], 16, True, True),
+    ("fp8_g64_e8m0", [400, 1], [2, 1], 16, True, False),
+    ("bf16", [450], [1], 128, True, True),  # one request over every item, two head blocks
+]
+
+
+@pytest.mark.parametrize(
+    "fmt,cache_lens,q_lens,h_q,causal,sink",
+    SKEWED,
+    ids=[f"{c[0]}-b{len(c[1])}-max{max(c[1])}-sq{max(c[2])}-h{c[3]}" for c in SKEWED],
+)
+def test_balanced_list_matches_the_oracle(gen, fmt, cache_lens, q_lens, h_q, causal, sink):
+    """Skewed lengths on the list: long requests split into many items (min 4 blocks of BN
+    keys an item on the CPU's target), tiles of one item written directly."""
+    _case(gen, fmt, cache_lens, q_lens, h_q, causal, sink)
+
+
+def test_balanced_list_equals_one_partition_count(gen, monkeypatch):
+    """The list and the one-partition-count launch give the same outputs (both within the
+    oracle's bound, and close to each other)."""
+    q, cache, o, lse = _case(gen, "bf16", [900, 3, 0, 77], [1, 1, 1, 1], sink=True)
+    set_tuning(monkeypatch, {"balanced": False})
+    o2, lse2 = run(q, cache.operand(), [1, 1, 1, 1], attn_sink=None)
+    set_tuning(monkeypatch, {"balanced": True})
+    o3, lse3 = run(q, cache.operand(), [1, 1, 1, 1], attn_sink=None)
+    torch.testing.assert_close(o3.float(), o2.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse3, lse2, atol=1e-4, rtol=1e-5)
+
+
+def test_the_list_is_taken_and_splits_a_long_request(gen):
+    """Dense decode without num_partitions takes the list (grid (items) x head blocks on the
+    host-length path), a long request gets many items and the combine runs; num_partitions
+    and sparse keep one partition count."""
+    cache_lens, q_lens = [2000, 1, 0], [1, 1, 1]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 16)
+    q = make_q(3, 16, 576, gen)
+    launch, combines = _plan(q, cache.operand(), q_lens)
+    kw = launch.kwargs
+    assert kw["BALANCED"] and len(combines) == 1
+    items = mla_host_item_count(
+        ragged_offsets(q_lens), torch.tensor(cache_lens, dtype=torch.int32),
+        tpt=kw["TPT"], bn=kw["BN"], target=kw["TARGET"], min_blocks=kw["MIN_BLOCKS"],
+    )  # fmt: skip
+    assert items > 10 and launch.grid == (items * kw["NHB"],)
+    launch, combines = _plan(q, cache.operand(), q_lens, num_partitions=2)
+    assert not launch.kwargs.get("BALANCED") and launch.grid[1] == 2
+
+
+def test_host_item_count_bounds_the_grid():
+    """sum of items <= TARGET + tokens for any lengths (the CUDA grid's bound)."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(200):
+        b = int(torch.randint(1, 40, (1,), generator=g))
+        q_lens = torch.randint(0, 9, (b,), generator=g)
+        cl = (torch.exp(torch.randn(b, generator=g) * 2.5) * 50).long().clamp(max=2**20)
+        target = int(torch.randint(1, 300, (1,), generator=g))
+        tpt = int(torch.randint(1, 5, (1,), generator=g))
+        offs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)])
+        n = mla_host_item_count(offs, cl, tpt=tpt, bn=64, target=target, min_blocks=1)
+        assert n <= target + int(q_lens.sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+@pytest.mark.parametrize("fmt,h_q", [("bf16", 16), ("bf16", 128), ("rope_aware", 16)])
+@pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp"])
+def test_gpu_balanced_sm90_kernels(gen, fmt, h_q, shape):
+    """The sm_90 kernels on the list (keys-as-M BF16 and rope-aware FP8 at 16 heads, the
+    TMA-fed seesaw at 128): one 20k request among 0/1-token ones (every SM shares it),
+    lognormal lengths, and 2-token queries; against the oracle."""
+    g = torch.Generator().manual_seed(11)
+    if shape == "one_long":
+        cache_lens, q_lens = [20000] + [0, 1, 37] * 7, [1] * 22
+    elif shape == "lognormal":
+        cache_lens = (torch.exp(torch.randn(40, generator=g)) * 600).long().clamp(1, 9000)
+        cache_lens, q_lens = cache_lens.tolist(), [1] * 40
+    else:
+        cache_lens, q_lens = [3000, 5, 400, 0], [2, 2, 2, 2]
+    cache = build_cache(fmt, 576, 64, cache_lens, q_lens, gen, h_q)
+    offs = ragged_offsets(q_lens).tolist()
+    q = make_q(offs[-1], h_q, 576, gen)
+    s = make_sinks(h_q, gen)
+    o, lse = run(q, cache.operand(), q_lens, attn_sink=s)
+    check(o, lse, *oracle(q, offs, dense_keys(cache, cache_lens, q_lens), sink=s),
+          tol_for(fmt, 576))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
+def test_gpu_balanced_graph_replays_with_new_lengths(gen):
+    """A captured balanced launch replayed after the lengths changed (the long request cut to
+    one key, then others emptied) equals a fresh eager call."""
+    from pagedattn.ops.mla import mla_decode
+
+    q_lens = [1] * 8
+    cache = build_cache("bf16", 576, 64, [5000, 3, 0, 64, 1, 900, 2, 7], q_lens, gen, 16)
+    kv = cache.operand()
+    q = make_q(8, 16, 576, gen)
+    offs = ragged_offsets(q_lens, DEV)
+    out = torch.empty(8, 16, 512, dtype=torch.bfloat16, device=DEV)
+    mla_decode(q, kv, offs, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse_g = mla_decode(q, kv, offs, out=out)
+    cl = cache.inputs.cache_lengths
+    for lens in ([1, 3, 0, 64, 1, 900, 2, 7], [4000, 0, 0, 1, 1, 0, 2, 7]):  # within the pages
+        cl.copy_(torch.tensor(lens, dtype=cl.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh, lse = mla_decode(q, kv, offs)
+        torch.testing.assert_close(out, fresh, atol=0, rtol=0)
+        torch.testing.assert_close(lse_g, lse, atol=0, rtol=0)
+
+
+def test_tuning_can_turn_the_list_off():
+    assert MLATuning().replace(balanced=False).wl.balanced is False
