@@ -139,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="cpu, cuda or cuda:N (default: cuda when available, else cpu)",
         )
+        p.add_argument(
+            "--enforce-eager",
+            action="store_true",
+            help="run every step eagerly (on CUDA, decode steps replay CUDA graphs by default)",
+        )
 
     def model(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -308,6 +313,7 @@ def _demo(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         device=_device(args),
         model=args.model or _default_model(),
+        enforce_eager=args.enforce_eager,
     )
     _checked(lambda: demo.check_config(cfg, DEMO_OPTIONS), "demo")
     demo.run_demo(cfg)
@@ -340,7 +346,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     # One request of the model's whole length (the default pool on a GPU is most of its memory).
     pages = math.ceil(ModelConfig.from_hf(model).max_position_embeddings / 16)
-    llm = LLM(model, device=device, dtype=dtype, page_size=16, num_pages=pages, seed=args.seed)
+    llm = LLM(model, device=device, dtype=dtype, page_size=16, num_pages=pages, seed=args.seed,
+              enforce_eager=args.enforce_eager)  # fmt: skip
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -388,6 +395,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         out=args.out,
         plot=not args.no_plot,
+        enforce_eager=args.enforce_eager,
     )
     _checked(lambda: demo.check_bench_config(cfg, BENCH_OPTIONS), "bench-serve")
     demo.run_bench_serve(cfg)

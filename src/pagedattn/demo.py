@@ -102,6 +102,7 @@ class DemoConfig:
     top_p: float = 0.95
     device: str = "cpu"
     model: str | Path = field(default=DEFAULT_MODEL)
+    enforce_eager: bool = False  # True: no CUDA graphs (every step eager)
 
 
 def prompts(n: int) -> list[str]:
@@ -273,6 +274,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> dict:
         num_pages=num_pages,
         max_num_seqs=cfg.batch_size,
         seed=cfg.seed,
+        enforce_eager=cfg.enforce_eager,
     )
     n_params = sum(p.numel() for p in llm.model.parameters())
     # Warm-up (kernels compile on the GPU): a prompt shorter than a page, so nothing cached.
@@ -423,6 +425,7 @@ class BenchConfig:
     seed: int = 0
     out: str | Path | None = "bench-serve.json"
     plot: bool = True
+    enforce_eager: bool = False  # True: no CUDA graphs (every step eager)
 
 
 def check_bench_config(cfg: BenchConfig, names: Mapping[str, str] | None = None) -> None:
@@ -568,6 +571,7 @@ def run_bench_serve(cfg: BenchConfig, console: Console | None = None) -> dict:
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_len,
         seed=cfg.seed,
+        enforce_eager=cfg.enforce_eager,
     )
     # Warm-up: one prefill and a few decodes (the GPU compiles its kernels here).
     llm.generate([[1] * WARMUP_PROMPT], SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True))
