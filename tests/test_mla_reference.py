@@ -495,7 +495,8 @@ I32 = torch.int32
 BAD = [
     ("q_2d", dict(q=torch.zeros(3, 576, dtype=BF16)), "q"),
     ("q_int", dict(q=torch.zeros(3, 16, 576, dtype=I32)), "q.dtype"),
-    ("q_d256", dict(q=torch.zeros(3, 16, 256, dtype=BF16)), "d_qk"),
+    ("q_d640", dict(q=torch.zeros(3, 16, 640, dtype=BF16)), "d_qk"),
+    ("q_d256_vs_cache", dict(q=torch.zeros(3, 16, 256, dtype=BF16)), "d_v|kv.head_dim"),
     ("q_dtype_vs_cache", dict(q=torch.zeros(3, 16, 576, dtype=torch.float16)), "kv.dtype"),
     ("kv_not_operand", dict(kv=torch.zeros(4, 1, 576)), "kv"),
     ("offsets_int64", dict(q_row_offsets=torch.tensor([0, 2, 3])), "q_row_offsets"),

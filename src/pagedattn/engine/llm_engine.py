@@ -297,6 +297,9 @@ class LLMEngine:
         rows, the graphs' pool (the largest one's temporaries and logits) and static logits."""
         c = self.config
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        if c.is_mla:  # q, the 576-element latent row, and the expanded K and V of a context
+            qk = c.qk_nope_head_dim + c.qk_rope_head_dim
+            qkv = c.num_heads * (2 * qk + c.v_head_dim) + c.mla_head_dim
         per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv)
         graphs = graph_batch * (per_token + 2 * c.vocab_size * 4)
         return max_tokens * per_token + 4 * max_seqs * c.vocab_size * 4 + graphs + (256 << 20)

@@ -10,7 +10,9 @@ activation, partial rotary, per-layer RoPE) raises it too, naming the feature.
 
 `kv_cache_params(config, dtype=..., page_size=...)` builds the `KVCacheParams` of a model's
 paged KV cache: one cache of every layer (sliding-window layers keep every token too; their
-mask hides what is out of the window).
+mask hides what is out of the window). For DeepSeek-V3 (`is_mla`) it is an MLA cache: one
+latent head of kv_lora_rank + qk_rope_head_dim (576 for DeepSeek's) elements, mla_rope_dim the
+rope dim.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "GptOssForCausalLM": "gpt_oss",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(SUPPORTED_ARCHITECTURES.values()))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -48,7 +51,11 @@ _DEFAULT_MAX_POS = {
     "qwen2": 32768,
     "qwen3": 32768,
     "gpt_oss": 131072,
+    "deepseek_v3": 4096,
 }
+# The MLA geometry mla_decode takes (ops/mla): DeepSeek's d_qk 576 = latent 512 + rope 64 in
+# every cache format; over a BF16 / FP16 / FP32 cache any latent <= 512 with rope, d_qk <= 576.
+MLA_MAX_LATENT, MLA_MAX_D_QK = 512, 576
 _GPT_OSS_ROPE = {
     "rope_type": "yarn",
     "factor": 32.0,
@@ -103,6 +110,13 @@ class ModelConfig:
     sliding window W of layer i (a query at position p sees keys in (p - W, p], as transformers'
     `sliding_window_causal_mask_function`) or None.
     num_experts: 0 for a dense MLP; else a top-`num_experts_per_tok` MoE (gpt-oss).
+
+    DeepSeek-V3 (MLA, `is_mla`): kv_lora_rank (the latent, 512), q_lora_rank (None: one q_proj),
+    qk_nope_head_dim / qk_rope_head_dim / v_head_dim per head (head_dim is the rope dim, as
+    transformers sets it), rope_interleave (rope pairs (2i, 2i+1)); its MoE: num_experts routed
+    experts of moe_intermediate_size, n_shared_experts shared ones, sigmoid scores plus
+    `e_score_correction_bias`, top-`topk_group` of n_group groups, norm_topk_prob,
+    routed_scaling_factor; the first first_k_dense_replace layers are dense (intermediate_size).
     """
 
     architecture: str
@@ -130,6 +144,19 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     hidden_act: str = "silu"
+    kv_lora_rank: int = 0
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = False
+    first_k_dense_replace: int = 0
     dtype: torch.dtype | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -188,6 +215,16 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek): one latent cache row a token."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def mla_head_dim(self) -> int:
+        """Elements of one MLA cache row: kv_lora_rank + qk_rope_head_dim (576)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
     def q_size(self) -> int:
@@ -322,8 +359,8 @@ def _window_and_types(d: dict, model_type: str, num_layers: int) -> tuple[int | 
     """(sliding_window, layer_types) as transformers 5.24's config classes and attention modules
     resolve them."""
     full = ("full_attention",) * num_layers
-    if model_type == "llama":
-        return None, full  # LlamaAttention has no sliding window
+    if model_type in ("llama", "deepseek_v3"):
+        return None, full  # LlamaAttention / DeepseekV3Attention have no sliding window
     if model_type == "mistral":
         # MistralConfig ignores layer_types; every layer slides when sliding_window is set
         # (MistralModel: create_sliding_window_causal_mask iff config.sliding_window).
@@ -394,6 +431,8 @@ def _parse(d: dict) -> ModelConfig:
             )
         quant = dict(quant)
     moe = mt == "gpt_oss"
+    if mt == "deepseek_v3":
+        return _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos)
     return ModelConfig(
         architecture=arch,
         model_type=mt,
@@ -429,6 +468,76 @@ def _parse(d: dict) -> ModelConfig:
     )
 
 
+def _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos) -> ModelConfig:
+    """DeepseekV3Config's fields (transformers 5.24 defaults for the missing ones)."""
+    rank = int(d.get("kv_lora_rank", 512))
+    rope_dim = int(d.get("qk_rope_head_dim", 64))
+    if not (1 <= rank <= MLA_MAX_LATENT and rope_dim >= 2 and rope_dim % 2 == 0
+            and rank + rope_dim <= MLA_MAX_D_QK):  # fmt: skip
+        raise UnsupportedModelError(
+            f"config.kv_lora_rank / qk_rope_head_dim: ({rank}, {rope_dim}) is not supported; "
+            f"mla_decode takes a latent of at most {MLA_MAX_LATENT} and an even rope dim with "
+            f"kv_lora_rank + qk_rope_head_dim <= {MLA_MAX_D_QK} (DeepSeek's: 512 + 64)"
+        )
+    q_lora = d.get("q_lora_rank", 1536)
+    E = int(d.get("n_routed_experts", d.get("num_local_experts", 256)) or 0)
+    n_group = int(d.get("n_group") or 1)
+    topk_group = int(d.get("topk_group") or 1)
+    k = int(d.get("num_experts_per_tok") or 8)
+    if E:
+        check(
+            E % n_group == 0 and E // n_group >= 2,
+            "config.n_group",
+            f"a divisor of n_routed_experts={E} leaving >= 2 experts a group",
+            n_group,
+        )
+        check(1 <= topk_group <= n_group, "config.topk_group", f"in [1, {n_group}]", topk_group)
+        check(
+            k <= topk_group * (E // n_group),
+            "config.num_experts_per_tok",
+            f"<= topk_group * experts per group = {topk_group * (E // n_group)}",
+            k,
+        )
+    attn_bias = bool(d.get("attention_bias", False))
+    return ModelConfig(
+        architecture=arch,
+        model_type=mt,
+        vocab_size=int(_required(d, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(d.get("intermediate_size") or 18432),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,  # MLA: every query head reads the one latent
+        head_dim=rope_dim,  # DeepseekV3Config.head_dim: the rope dim (RotaryEmbedding's)
+        rms_norm_eps=float(d.get("rms_norm_eps") or 1e-6),
+        rope=_parse_rope(d, mt, max_pos),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        qkv_bias=attn_bias,  # q_a_proj and kv_a_proj_with_mqa
+        o_bias=attn_bias,
+        layer_types=("full_attention",) * layers,
+        num_experts=E,
+        num_experts_per_tok=k if E else 0,
+        hidden_act=act,
+        kv_lora_rank=rank,
+        q_lora_rank=None if q_lora is None else int(q_lora),
+        qk_nope_head_dim=int(d.get("qk_nope_head_dim", 128)),
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=int(d.get("v_head_dim") or 128),
+        rope_interleave=bool(d.get("rope_interleave", True)),
+        moe_intermediate_size=int(d.get("moe_intermediate_size") or 2048),
+        n_shared_experts=int(d.get("n_shared_experts") or 0),
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=float(d.get("routed_scaling_factor", 2.5)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", True)),
+        first_k_dense_replace=int(d.get("first_k_dense_replace", 3) or 0),
+        dtype=dtype,
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_ids=eos,
+    )
+
+
 def kv_cache_params(
     config: object,
     *,
@@ -441,12 +550,30 @@ def kv_cache_params(
     enable_dispatch_metadata: bool = True,
     enable_speculative: bool = False,
 ) -> KVCacheParams:
-    """`KVCacheParams` of a model's paged KV cache (every layer, K and V, all KV heads).
+    """`KVCacheParams` of a model's paged KV cache (every layer, K and V, all KV heads; MLA:
+    one latent row of `kv_lora_rank + qk_rope_head_dim` (576) a token, `is_mla`, one head).
 
     config: a `ModelConfig` or anything `ModelConfig.from_hf` accepts. dtype: the model's
     compute dtype (the K/V the layers write); with `quantization` the storage is FP8.
     """
     cfg = ModelConfig.from_hf(config)
+    if cfg.is_mla:
+        return KVCacheParams(
+            dtype=dtype,
+            num_layers=cfg.num_layers,
+            n_kv_heads=1,
+            head_dim=cfg.mla_head_dim,
+            page_size=page_size,
+            is_mla=True,
+            num_q_heads=cfg.num_heads,
+            mla_rope_dim=cfg.qk_rope_head_dim,
+            devices=devices,
+            data_parallel_degree=data_parallel_degree,
+            enable_prefix_caching=enable_prefix_caching,
+            quantization=quantization,
+            enable_dispatch_metadata=enable_dispatch_metadata,
+            enable_speculative=enable_speculative,
+        )
     return KVCacheParams(
         dtype=dtype,
         num_layers=cfg.num_layers,

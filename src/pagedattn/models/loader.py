@@ -12,6 +12,10 @@ A checkpoint folder holds `config.json` and either `model.safetensors` or a shar
   `strict`) a checkpoint tensor no parameter uses raise `CheckpointError` naming them.
   Ignored without complaint: `*.rotary_emb.inv_freq` buffers and `lm_head.weight` of a model
   with tied embeddings (transformers ignores it too).
+- Model hooks (optional methods): `model.checkpoint_source(param_name) -> WeightSource | None`
+  gives a parameter's source where the default rules do not (DeepSeek's stacked experts from
+  per-expert tensors); `model.ignores_checkpoint_tensor(name) -> bool` names checkpoint tensors
+  to ignore quietly (DeepSeek's multi-token-prediction layers).
 """
 
 from __future__ import annotations
@@ -106,8 +110,12 @@ def weight_sources(model: nn.Module) -> dict[str, WeightSource]:
     quant = (cfg.quantization or {}) if cfg is not None else {}
     mxfp4 = quant.get("quant_method") == "mxfp4"
     tp, tp_rank = getattr(model, "tp_size", 1), getattr(model, "tp_rank", 0)
+    custom = getattr(model, "checkpoint_source", None)
     out: dict[str, WeightSource] = {}
     for name, p in model.named_parameters():
+        if custom is not None and (src := custom(name)) is not None:
+            out[name] = src
+            continue
         parts = name.split(".")
         dim = None
         if tp > 1:
@@ -185,7 +193,14 @@ def load_weights(
     cfg = getattr(model, "config", None)
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     used = {n for s in sources.values() for n in s.names}
-    unexpected = [n for n in index if n not in used and not _ignored(n, tied)]
+    model_ignores = getattr(model, "ignores_checkpoint_tensor", None)
+    unexpected = [
+        n
+        for n in index
+        if n not in used
+        and not _ignored(n, tied)
+        and not (model_ignores is not None and model_ignores(n))
+    ]
     if strict and unexpected:
         raise CheckpointError(
             f"checkpoint {str(path)!r} has {len(unexpected)} tensor(s) the model does not use: "

@@ -32,8 +32,11 @@ from .reference import (
 )
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-D_QK_VALUES = (576, 512)  # DeepSeek V2/V3 (512 latent + 64 rope), V4 (448 + 64)
-MAX_D_V = 512  # V is (part of) the latent: the first d_v <= 512 dims of K
+# DeepSeek V2/V3 (512 latent + 64 rope), V4 (448 + 64): every cache format; BF16 / FP16 /
+# FP32 caches also take any other d_qk <= MAX_D_QK (kv_lora_rank + rope dim of a checkpoint)
+D_QK_VALUES = (576, 512)
+MAX_D_QK = 576
+MAX_D_V = 512  # V is (part of) the latent: the first d_v <= min(512, d_qk) dims of K
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
@@ -56,6 +59,13 @@ def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
             Lazy(lambda: f"{name}.dtype"),
             Lazy(lambda: f"q.dtype={q.dtype}"),
             op.dtype,
+        )
+    else:
+        check(
+            op.head_dim in D_QK_VALUES,
+            Lazy(lambda: f"{name}.head_dim"),
+            Lazy(lambda: f"one of {D_QK_VALUES} for an FP8 cache (BF16 caches take any d_qk)"),
+            op.head_dim,
         )
     check(
         op.rows.device == q.device and op.cache_lengths.device == q.device,
@@ -98,16 +108,16 @@ def validate_args(
     check(q.dtype in Q_DTYPES, "q.dtype", Lazy(lambda: f"one of {Q_DTYPES}"), q.dtype)
     tokens, h_q, d_qk = q.shape
     check(
-        d_qk in D_QK_VALUES,
+        1 <= d_qk <= MAX_D_QK,
         "q",
-        Lazy(lambda: f"d_qk = q.shape[-1] in {D_QK_VALUES}"),
+        Lazy(lambda: f"d_qk = q.shape[-1] in [1, {MAX_D_QK}]"),
         Lazy(lambda: tuple(q.shape)),
     )
     check(h_q >= 1, "q", "at least one query head", Lazy(lambda: tuple(q.shape)))
     check(
-        is_int(d_v) and 1 <= d_v <= MAX_D_V,
+        is_int(d_v) and 1 <= d_v <= min(MAX_D_V, d_qk),
         "d_v",
-        Lazy(lambda: f"an int in [1, {MAX_D_V}] (V is the first d_v dims of K)"),
+        Lazy(lambda: f"an int in [1, {min(MAX_D_V, d_qk)}] (V is the first d_v dims of K)"),
         Lazy(lambda: repr(d_v)),
     )
     _check_operand(kv, "kv", q)
@@ -188,14 +198,16 @@ def mla_decode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA decode (FlashMLA's `flash_mla_with_kvcache` semantics) over a latent cache.
 
-    q: [tokens, h_q, d_qk] bf16 (fp16/fp32 also accepted), d_qk 576 (V2/V3) or 512 (V4);
+    q: [tokens, h_q, d_qk] bf16 or fp16 (fp32 runs the reference on any device), d_qk 576
+      (V2/V3) or 512 (V4) for
+      every cache format, any d_qk in [1, 576] over a BF16 / FP16 / FP32 cache;
       query i of request b sits at absolute position `cache_length(b) + i`, at most
       MAX_Q_PER_REQUEST = 8 queries a request.
     kv: operand of the latent cache, one head of head_dim d_qk (BF16 or any FP8 layout:
       blockwise, per-tensor, rope-aware, FlashMLA V32, MODEL1). V is its first d_v dims.
     q_row_offsets: [batch + 1] int32 prefix sums of query tokens per request.
-    d_v: value dims, an int in [1, 512] (default 512). scale: softmax scale, a finite float
-      > 0 (None = 1/sqrt(d_qk)).
+    d_v: value dims, an int in [1, min(512, d_qk)] (default 512). scale: softmax scale, a
+      finite float > 0 (None = 1/sqrt(d_qk)).
     causal: dense mode only; query i sees keys `< cache_length(b) + i + 1`, otherwise all
       `cache_length(b) + q_len(b)` keys.
     indices: sparse mode, [tokens, stride] int32 encoded `block * page_size + offset`
@@ -236,7 +248,8 @@ def mla_decode(
         from ..compiled import mla_decode_compiled
 
         return mla_decode_compiled(q, kv, q_row_offsets, backend=backend, **kwargs)
-    if choose_backend(q.device, backend) == "triton":
+    # float32 queries take the reference on every device (the kernels' MMAs are 16-bit)
+    if choose_backend(q.device, backend) == "triton" and q.dtype != torch.float32:
         from .triton_mla import mla_decode_triton
 
         return mla_decode_triton(q, kv, q_row_offsets, **kwargs)

@@ -89,6 +89,13 @@ class OperandArgs:
             ),
             Lazy(lambda: f"{rows.dtype} {tuple(rows.shape)} strides {rows.stride()}"),
         )
+        if fmt != FMT_BF16:
+            check(
+                d_qk in (576, 512),
+                name,
+                "d_qk 576 or 512 for an FP8 cache (BF16 / FP16 caches take any d_qk <= 576)",
+                Lazy(lambda: f"d_qk {d_qk} and format {a.quant_format!r}"),
+            )
         if fmt == FMT_V32:
             check(d_qk == 576, name, "d_qk 576 for the V32 format", d_qk)
         if fmt == FMT_MODEL1:
@@ -289,7 +296,7 @@ def decode_args(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths,
         "torch.bfloat16 or torch.float16 (use the reference backend for float32)",
         q.dtype,
     )
-    check(d_qk in (576, 512), "q.shape[-1]", "576 or 512", d_qk)
+    check(1 <= d_qk <= 576, "q.shape[-1]", "d_qk in [1, 576]", d_qk)
     check(q.stride(2) == 1, "q", "a last dim of stride 1", q.stride())
     check(1 <= d_v <= 512 and d_v <= d_qk, "d_v", f"in [1, {min(512, d_qk)}]", d_v)
     check(

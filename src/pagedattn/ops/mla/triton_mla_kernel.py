@@ -28,6 +28,11 @@ FP8 caches are dequantized in the kernel; the query stays BF16:
     bf16 once (A_CHUNK);
   - any other G: a per-element scale gather (A_GATHER, the slow path).
 
+Dimensions: the FP8 formats take d_qk 576 (512 latent + 64 rope) or 512; BF16 / FP16 caches
+take any d_qk <= 576 (a checkpoint's kv_lora_rank + rope dim, e.g. 128 + 32): the tile keeps its
+512 + 64 columns, the dims past d_qk load as 0 (masked loads: only the row's bytes are read)
+and V is the first d_v <= min(512, d_qk) of them.
+
 Invalid keys (past a length, masked by causality, invalid sparse indices, sentinel pages) are
 loaded from clamped in-bounds addresses with masked loads (value 0) and their scores set to -inf
 with `tl.where`, so NaN in unreferenced cache slots never reaches the output.
@@ -155,9 +160,9 @@ def _load_raw(
 ):
     """Issue the loads of one K tile; returns its raw pieces (xa, sa, xt, st, xr):
 
-    xa [BN, NC, CW] dims 0..511 in storage dtype (NC * CW = 512); sa their float32 scales
-    ([BN, NC]; [BN, 512] per element in A_GATHER mode; ones for bf16); xt [BN, 64] dims
-    512..575 (D_QK == 576) in storage dtype, st their per-element scales ([BN, 64], blockwise
+    xa [BN, NC, CW] dims 0..511 in storage dtype (NC * CW = 512; dims >= D_QK are 0); sa their
+    float32 scales ([BN, NC]; [BN, 512] per element in A_GATHER mode; ones for bf16); xt [BN, 64]
+    dims 512..575 (D_QK > 512; dims >= D_QK are 0) in storage dtype, st their per-element scales ([BN, 64], blockwise
     only); xr [BN, 64] bf16 rope placed in the last chunk (rope-aware d_qk 512, MODEL1).
     Invalid rows load as 0 (masked loads at clamped addresses). ALIGN: every row starts on a
     16-byte boundary (checked by the host), which lets the loads use 16-byte vectors.
@@ -179,10 +184,11 @@ def _load_raw(
         base = tl.multiple_of(base, 16 // kv.dtype.element_ty.primitive_bitwidth * 8)
         rh = tl.multiple_of(rh, 8)
         rq = tl.multiple_of(rq, 4)
-    if FMT == 0:  # plain 16-bit rows of D_QK elements
-        xa = tl.load(kv + base[:, None, None] + cj, mask=v3, other=0.0)
-        if D_QK == 576:
-            xt = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=vm, other=0.0)
+    if FMT == 0:  # plain 16-bit rows of D_QK elements (any D_QK <= 576: dims past it are 0)
+        xa = tl.load(kv + base[:, None, None] + cj, mask=v3 & (cj < D_QK), other=0.0)
+        if D_QK > 512:
+            tm = vm & (512 + dT < D_QK)[None, :]
+            xt = tl.load(kv + base[:, None] + 512 + dT[None, :], mask=tm, other=0.0)
     elif FMT == 1 or FMT == 2:  # e4m3 rows of D_QK elements + scale buffer / one scale
         xa = tl.load(kv + base[:, None, None] + cj, mask=v3, other=0.0)
         if D_QK == 576:
@@ -295,14 +301,14 @@ def _update(
     """One online-softmax step over a K tile (scores in log2 units)."""
     s = tl.dot(q_a, tl.trans(k_a))
     if AMODE == 1:
-        if D_QK == 576:
+        if D_QK > 512:
             if FOLD_T:
                 s = (s + tl.dot(q_t, tl.trans(k_t))) * s_tok[None, :]
             else:
                 s = s * s_tok[None, :] + tl.dot(q_t, tl.trans(k_t))
         else:
             s = s * s_tok[None, :]
-    elif D_QK == 576:
+    elif D_QK > 512:
         s = s + tl.dot(q_t, tl.trans(k_t))
     keep = valid[None, :]
     if CAUSAL:
@@ -573,9 +579,10 @@ def _mla_decode_kernel(
     qp = Q + tok_c * stride_qt + head_c * stride_qh
     dA = tl.arange(0, 512)
     dT = tl.arange(0, 64)
-    q_a = tl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None], other=0.0)
-    if D_QK == 576:
-        q_t = tl.load(qp[:, None] + 512 + dT[None, :], mask=row_ok[:, None], other=0.0)
+    q_a = tl.load(qp[:, None] + dA[None, :], mask=row_ok[:, None] & (dA < D_QK)[None, :], other=0.0)
+    if D_QK > 512:
+        tm = row_ok[:, None] & (512 + dT < D_QK)[None, :]
+        q_t = tl.load(qp[:, None] + 512 + dT[None, :], mask=tm, other=0.0)
     else:
         q_t = tl.zeros([BM, 64], Q.dtype.element_ty)
 

@@ -1,0 +1,520 @@
+"""DeepSeek-V3 (transformers 5.24's DeepseekV3ForCausalLM) on a paged MLA cache.
+
+Multi-head latent attention (`DeepseekMLA`, after DeepseekV3Attention):
+- q: `q_proj` (q_lora_rank None) or `q_b_proj(q_a_layernorm(q_a_proj(x)))`, [T, h, nope + rope];
+- the latent: `kv_a_proj_with_mqa(x)` = [c (kv_lora_rank, 512) | k_pe (rope, 64)]; c goes through
+  `kv_a_layernorm`; k_pe and q's rope dims get RoPE at `positions` (with `rope_interleave` the
+  pairs are (2i, 2i + 1) and the result is laid out [even | odd], exactly as transformers'
+  `apply_rotary_pos_emb_interleave`; otherwise rotate-half); the YaRN attention scaling rides on
+  cos/sin and the softmax scale is `qk_head_dim ** -0.5 * mscale(factor, mscale_all_dim) ** 2`
+  (transformers' `yarn_apply_mscale`);
+- every step first writes each new token's row `[RMSNorm(c) | RoPE(k_pe)]` (rank + rope) into
+  the MLA cache (`store_kv`, one latent head), then attends in one of two forms per request:
+  * absorbed (requests with at most `MLA_ABSORBED_MAX_Q` queries this step: decodes, short
+    chunks): `q_lat = q_nope @ w_uk` per head, `mla_decode` of [q_lat | q_pe] over the paged
+    latent cache (V = the first kv_lora_rank dims), then `@ w_uv` (`split_kv_b_proj`);
+  * expanded (longer prefill chunks): the request's cached rows (prefix + this chunk) are read
+    back through the cache operand, `kv_b_proj` expands them into per-head K [nope | rope] and
+    V [v_head_dim], and `mha` (d_qk = nope + rope, d_v = v_head_dim) attends causally over
+    absolute positions (cache_length(b) + i), the keys addressed as a ragged operand whose
+    cache length is the request's prefix.
+- o_proj on [T, h * v_head_dim].
+
+MoE (`DeepseekMoE`, after DeepseekV3MoE): float32 router logits, sigmoid scores; choice by
+score + `e_score_correction_bias` within the top-`topk_group` of `n_group` groups (a group
+scores its top-2 sum), top-k of those; weights = the chosen sigmoid scores (normalised with
+norm_topk_prob), times routed_scaling_factor; routed experts (SwiGLU, transformers 5's fused
+[E, 2I, H] / [E, H, I] layout, read from the checkpoint's per-expert tensors) plus the shared
+experts' SwiGLU. Layers below `first_k_dense_replace` have a dense SwiGLU MLP.
+
+Limits: kv_lora_rank <= 512 and kv_lora_rank + qk_rope_head_dim <= 576 (mla_decode's d_qk;
+other geometries than DeepSeek's 512 + 64 need a BF16 / FP16 / FP32 cache); no tensor
+parallelism; FP8 (block-quantized) weights
+are rejected by the config parser; the multi-token-prediction layers of real checkpoints
+(`model.layers.{num_layers}...`) are ignored on load. The step reads the queries-per-request
+and cache lengths on the host and the MoE its expert counts: eager only
+(`supports_cuda_graphs = False`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..cache.inputs import KVCacheInputsPerDevice
+from ..cache.params import KVCacheParams
+from ..errors import InvalidArgumentError, check, check_int
+from ..operands import PagedOperand, RowOperand
+from ..ops import masks
+from ..ops.mha import mha
+from ..ops.mla import mla_decode
+from ..ops.mla.reference import MAX_Q_PER_REQUEST
+from ..ops.store_kv import store_kv
+from .config import ModelConfig
+from .layers import Linear, RMSNorm, RotaryEmbedding, SwiGLUMLP, apply_rope
+from .llama import DecoderForCausalLM, DecoderModel
+from .loader import WeightSource
+
+# A request with at most this many queries in a step attends in the absorbed form (mla_decode
+# over the latent cache); longer prefill chunks in the expanded form (kv_b_proj over the
+# request's cached latent, then mha). mla_decode takes at most MAX_Q_PER_REQUEST (8) queries a
+# request, which caps it. By FLOPs (per head and key: absorbed 2 * 576 + 2 * 512 a query;
+# expanded 2 * 512 * (nope + v) once for the decompression plus 2 * (nope + rope + v) a query)
+# the absorbed form stays cheaper up to ~100 queries for V3's nope = v = 128; the measured
+# crossover on a GPU is not taken yet.
+MLA_ABSORBED_MAX_Q = MAX_Q_PER_REQUEST
+
+
+def split_kv_b_proj(
+    weight: torch.Tensor, num_heads: int, qk_nope_head_dim: int, v_head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_b_proj's weight [h * (nope + v), rank] (nn.Linear layout; per head the nope rows of
+    K, then the v rows of V) -> the absorbed projections, views without a copy:
+    w_uk [h, nope, rank]: `q_lat[t, h] = q_nope[t, h] @ w_uk[h]` ([rank]);
+    w_uv [h, rank, v]: `o[t, h] = o_lat[t, h] @ w_uv[h]` ([v])."""
+    check(
+        isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and weight.shape[0] == num_heads * (qk_nope_head_dim + v_head_dim),
+        "weight",
+        f"a [{num_heads} * ({qk_nope_head_dim} + {v_head_dim}), rank] tensor",
+        tuple(getattr(weight, "shape", ())),
+    )
+    w = weight.view(num_heads, qk_nope_head_dim + v_head_dim, weight.shape[1])
+    return w[:, :qk_nope_head_dim, :], w[:, qk_nope_head_dim:, :].transpose(1, 2)
+
+
+def _yarn_get_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_softmax_scale(cfg: ModelConfig) -> float:
+    """DeepseekV3Attention.scaling: qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim)
+    squared for a non-default RoPE with mscale_all_dim (yarn_apply_mscale)."""
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    r = cfg.rope
+    if r.rope_type != "default" and r.mscale_all_dim:
+        m = _yarn_get_mscale(r.factor, r.mscale_all_dim)
+        scale = scale * m * m
+    return scale
+
+
+@dataclass
+class MLAStepPlan:
+    """How one step's requests split between the two attention forms (host-built once a step,
+    shared by every layer). Token indices are int64 rows of the step; offsets int32.
+
+    dec_tokens / pre_tokens: the step's rows of the absorbed / expanded requests (None when
+      that group is empty; dec_tokens is also None when every request is absorbed).
+    dec_inputs / dec_offsets: the absorbed requests' cache inputs and [bd + 1] query offsets.
+    pre_offsets [bp + 1]: the expanded requests' query offsets; pre_cache_lengths [bp] their
+      prefixes; ctx_rows [sum(prefix + q_len)]: the physical cache rows of their whole contexts
+      (request after request), ctx_offsets [bp + 1] their prefix sums.
+    """
+
+    all_absorbed: bool
+    dec_tokens: torch.Tensor | None = None
+    dec_inputs: KVCacheInputsPerDevice | None = None
+    dec_offsets: torch.Tensor | None = None
+    pre_tokens: torch.Tensor | None = None
+    pre_offsets: torch.Tensor | None = None
+    pre_cache_lengths: torch.Tensor | None = None
+    ctx_rows: torch.Tensor | None = None
+    ctx_offsets: torch.Tensor | None = None
+
+    @staticmethod
+    def build(
+        inputs: KVCacheInputsPerDevice, params: KVCacheParams, q_row_offsets: torch.Tensor
+    ) -> MLAStepPlan:
+        offs = q_row_offsets.tolist()  # host sync (eager only)
+        q_lens = [b - a for a, b in zip(offs, offs[1:])]
+        dec = [i for i, n in enumerate(q_lens) if n <= MLA_ABSORBED_MAX_Q]
+        if len(dec) == len(q_lens):
+            return MLAStepPlan(all_absorbed=True)
+        dev = q_row_offsets.device
+        cls = inputs.cache_lengths.tolist()
+        pre = [i for i, n in enumerate(q_lens) if n > MLA_ABSORBED_MAX_Q]
+
+        def rows_of(reqs: list[int]) -> torch.Tensor:
+            r = [t for i in reqs for t in range(offs[i], offs[i + 1])]
+            return torch.tensor(r, dtype=torch.int64, device=dev)
+
+        def prefix(lens: list[int]) -> torch.Tensor:
+            out = [0]
+            for n in lens:
+                out.append(out[-1] + n)
+            return torch.tensor(out, dtype=torch.int32, device=dev)
+
+        plan = MLAStepPlan(all_absorbed=False)
+        if dec:
+            idx = torch.tensor(dec, dtype=torch.int64, device=dev)
+            plan.dec_tokens = rows_of(dec)
+            plan.dec_inputs = dataclasses.replace(
+                inputs,
+                cache_lengths=inputs.cache_lengths[idx].contiguous(),
+                lookup_table=inputs.lookup_table[idx].contiguous(),
+                attention_dispatch_metadata=None,
+                draft_attention_dispatch_metadata=None,
+            )
+            plan.dec_offsets = prefix([q_lens[i] for i in dec])
+        plan.pre_tokens = rows_of(pre)
+        plan.pre_offsets = prefix([q_lens[i] for i in pre])
+        plan.pre_cache_lengths = torch.tensor([cls[i] for i in pre], dtype=torch.int32, device=dev)
+        ctx = [cls[i] + q_lens[i] for i in pre]
+        plan.ctx_offsets = prefix(ctx)
+        b_idx = torch.tensor([i for i, n in zip(pre, ctx) for _ in range(n)], device=dev)
+        pos = torch.cat([torch.arange(n, device=dev) for n in ctx])
+        plan.ctx_rows = PagedOperand(inputs, params, 0, "k").physical_rows(b_idx, pos)
+        return plan
+
+
+@dataclass
+class MLAStepContext:
+    """What every MLA layer of one step reads: the cache inputs and params, the [b + 1] query
+    offsets, the step's RoPE cos/sin ([T, rope / 2]) and the request split."""
+
+    kv_inputs: KVCacheInputsPerDevice
+    kv_params: KVCacheParams
+    q_row_offsets: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    plan: MLAStepPlan
+
+
+class DeepseekMLA(nn.Module):
+    """DeepseekV3Attention on the paged MLA cache (module docstring): parameter names are the
+    checkpoint's (q_proj | q_a_proj, q_a_layernorm, q_b_proj; kv_a_proj_with_mqa,
+    kv_a_layernorm, kv_b_proj; o_proj)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype=None) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.h = cfg.num_heads
+        self.nope, self.rope, self.v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.rank = cfg.kv_lora_rank
+        self.interleave = cfg.rope_interleave
+        H, qk = cfg.hidden_size, self.nope + self.rope
+        bias = cfg.qkv_bias
+        if cfg.q_lora_rank is None:
+            self.q_proj = Linear(H, self.h * qk, False, dtype)
+            self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
+        else:
+            self.q_proj = None
+            self.q_a_proj = Linear(H, cfg.q_lora_rank, bias, dtype)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)  # HF's default eps
+            self.q_b_proj = Linear(cfg.q_lora_rank, self.h * qk, False, dtype)
+        self.kv_a_proj_with_mqa = Linear(H, self.rank + self.rope, bias, dtype)
+        self.kv_a_layernorm = RMSNorm(self.rank, 1e-6, dtype)  # DeepseekV3RMSNorm(kv_lora_rank)
+        self.kv_b_proj = Linear(self.rank, self.h * (self.nope + self.v), False, dtype)
+        self.o_proj = Linear(self.h * self.v, H, cfg.o_bias, dtype)
+        self.scale = mla_softmax_scale(cfg)
+        self.mask = masks.causal()
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.interleave:  # pairs (2i, 2i+1), output [even | odd] (HF's interleave variant)
+            x = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+        return apply_rope(x, cos, sin)
+
+    def forward(self, x: torch.Tensor, ctx: MLAStepContext) -> torch.Tensor:
+        T = x.shape[0]
+        if self.q_proj is not None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(T, self.h, self.nope + self.rope)
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        q_pe = self._rope(q_pe, ctx.cos, ctx.sin)
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        c = self.kv_a_layernorm(c)
+        k_pe = self._rope(k_pe[:, None, :], ctx.cos, ctx.sin)
+        params = ctx.kv_params
+        row = torch.cat((c[:, None, :], k_pe), dim=-1).to(params.dtype)  # [T, 1, 576]
+        store_kv(row, None, ctx.kv_inputs, params, self.layer_idx, ctx.q_row_offsets)
+
+        plan = ctx.plan
+        if plan.all_absorbed:
+            o = self._absorbed(q_nope, q_pe, ctx.kv_inputs, ctx.q_row_offsets, params)
+        else:
+            o = x.new_empty(T, self.h, self.v)
+            if plan.dec_tokens is not None:
+                t = plan.dec_tokens
+                o[t] = self._absorbed(q_nope[t], q_pe[t], plan.dec_inputs, plan.dec_offsets, params)
+            t = plan.pre_tokens
+            o[t] = self._expanded(q_nope[t], q_pe[t], ctx)
+        return self.o_proj(o.reshape(T, self.h * self.v))
+
+    def _absorbed(self, q_nope, q_pe, inputs, offsets, params) -> torch.Tensor:
+        """[n, h, v]: mla_decode of [q_nope @ w_uk | q_pe] over the latent cache, @ w_uv."""
+        w_uk, w_uv = split_kv_b_proj(self.kv_b_proj.weight, self.h, self.nope, self.v)
+        q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, h, rank]
+        q = torch.cat((q_lat, q_pe), dim=-1).to(params.dtype)
+        o_lat, _ = mla_decode(
+            q,
+            PagedOperand(inputs, params, self.layer_idx, "k"),
+            offsets,
+            d_v=self.rank,
+            scale=self.scale,
+        )
+        o_lat = o_lat.to(q_nope.dtype)
+        return torch.bmm(o_lat.transpose(0, 1), w_uv).transpose(0, 1)  # [n, h, v]
+
+    def _expanded(self, q_nope, q_pe, ctx: MLAStepContext) -> torch.Tensor:
+        """[n, h, v]: the expanded requests' cached latent through kv_b_proj, then mha."""
+        plan, dt = ctx.plan, q_nope.dtype
+        op = PagedOperand(ctx.kv_inputs, ctx.kv_params, self.layer_idx, "k")
+        lat = op.load_rows(plan.ctx_rows, dt)[:, 0]  # [N, 576], dequantized
+        N = lat.shape[0]
+        kv = self.kv_b_proj(lat[:, : self.rank]).view(N, self.h, self.nope + self.v)
+        k = torch.cat(
+            (kv[..., : self.nope], lat[:, None, self.rank :].expand(N, self.h, self.rope)), dim=-1
+        )
+        v = kv[..., self.nope :].contiguous()
+        starts = plan.ctx_offsets[:-1].contiguous()
+        k_op = RowOperand(k, plan.pre_cache_lengths, row_offsets=starts)
+        v_op = RowOperand(v, plan.pre_cache_lengths, row_offsets=starts)
+        q = torch.cat((q_nope, q_pe), dim=-1).contiguous()
+        return mha(q, k_op, v_op, plan.pre_offsets, mask=self.mask, scale=self.scale)
+
+
+class DeepseekRouter(nn.Module):
+    """DeepseekV3TopkRouter (noaux_tc): weight [E, H] and e_score_correction_bias [E], both
+    float32 (transformers' `_keep_in_fp32_modules_strict`). Returns (weights [T, k] float32,
+    expert ids [T, k] int64)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        E = cfg.num_experts
+        self.E, self.k = E, cfg.num_experts_per_tok
+        self.n_group, self.topk_group = cfg.n_group, cfg.topk_group
+        self.norm, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
+        f32 = torch.float32
+        self.weight = nn.Parameter(torch.empty(E, cfg.hidden_size, dtype=f32), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=f32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        choice = scores + self.e_score_correction_bias
+        per = self.E // self.n_group
+        group_scores = choice.view(-1, self.n_group, per).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, self.n_group, per).reshape(-1, self.E)
+        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        idx = torch.topk(choice, k=self.k, dim=-1, sorted=False)[1]
+        w = scores.gather(1, idx)
+        if self.norm:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return w * self.scaling, idx
+
+
+class DeepseekExperts(nn.Module):
+    """DeepseekV3Experts: per expert e, `down_proj[e] @ (silu(g) * u)` with (g, u) the halves of
+    `gate_up_proj[e] @ x`, times the token's routing weight (float32), summed in expert order.
+    gate_up_proj [E, 2I, H], down_proj [E, H, I] (transformers 5's layout; the loader stacks the
+    checkpoint's experts.{e}.gate_proj / up_proj / down_proj)."""
+
+    def __init__(self, cfg: ModelConfig, dtype=None) -> None:
+        super().__init__()
+        E, H, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.E, self.inter = E, inter
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H, dtype=dtype), False)
+        self.down_proj = nn.Parameter(torch.empty(E, H, inter, dtype=dtype), False)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+        out = torch.zeros_like(x)
+        k = experts.shape[1]
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.E).tolist()  # host sync
+        tokens, slots = order // k, order % k
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            t, s = tokens[start : start + n], slots[start : start + n]
+            start += n
+            gate, up = F.linear(x[t], self.gate_up_proj[e]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.down_proj[e])
+            out.index_add_(0, t, (h * weights[t, s, None]).to(x.dtype))
+        return out
+
+
+class DeepseekMoE(nn.Module):
+    """DeepseekV3MoE: routed experts plus the shared experts' SwiGLU (intermediate
+    moe_intermediate_size * n_shared_experts)."""
+
+    def __init__(self, cfg: ModelConfig, dtype=None) -> None:
+        super().__init__()
+        self.experts = DeepseekExperts(cfg, dtype)
+        self.gate = DeepseekRouter(cfg)
+        n = cfg.n_shared_experts
+        self.shared_experts = (
+            SwiGLUMLP(cfg.hidden_size, cfg.moe_intermediate_size * n, False, dtype) if n else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, idx = self.gate(x)
+        out = self.experts(x, w, idx)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
+
+
+class DeepseekDecoderLayer(nn.Module):
+    """DeepseekV3DecoderLayer: pre-norm MLA, then pre-norm MLP (dense below
+    first_k_dense_replace, else the MoE); the residual rides alongside as in llama.py."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, dtype=None) -> None:
+        super().__init__()
+        self.self_attn = DeepseekMLA(cfg, layer_idx, dtype)
+        if cfg.is_moe and layer_idx >= cfg.first_k_dense_replace:
+            self.mlp = DeepseekMoE(cfg, dtype)
+        else:
+            self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, False, dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+    def forward(self, h, residual, ctx: MLAStepContext):
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x = self.self_attn(x, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+_EXPERT_PARAM = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_LAYER_OF = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class DeepseekV3ForCausalLM(DecoderForCausalLM):
+    """DeepSeek-V3 layout (transformers' DeepseekV3ForCausalLM) on a paged MLA cache; the step
+    contract is `DecoderForCausalLM.forward`'s (docs/models.md). kv_params: an MLA
+    `KVCacheParams` (`kv_cache_params(config, ...)`: is_mla, one head of 576, mla_rope_dim 64)."""
+
+    packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
+    # The step reads query counts and cache lengths on the host (MLAStepPlan) and the MoE its
+    # expert counts: eager only.
+    supports_cuda_graphs = False
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype | None = None,
+        kv_params: KVCacheParams | None = None,
+        tp_size: int = 1,
+        tp_rank: int | None = None,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.config = cfg = ModelConfig.from_hf(config)
+        check(cfg.is_mla, "config", "a DeepSeek (MLA) config", cfg.architecture)
+        self.tp_size = check_int("tp_size", tp_size, 1, 1)  # not sharded yet
+        self.tp_rank = 0
+        self.dtype = dtype or torch.get_default_dtype()
+        norm_kw = dict(dtype=dtype)
+        self.model = DecoderModel(
+            cfg, lambda i: DeepseekDecoderLayer(cfg, i, dtype), dtype, norm_kw
+        )
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+        )
+        self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.qk_rope_head_dim)
+        self.kv_params: KVCacheParams | None = None
+        if kv_params is not None:
+            self.attach_kv_cache(kv_params)
+
+    # Loading -------------------------------------------------------------------------------
+    def checkpoint_source(self, name: str) -> WeightSource | None:
+        """The routed experts' stacked parameters <- the checkpoint's per-expert tensors
+        (`...experts.{e}.gate_proj.weight` / `up_proj` / `down_proj`)."""
+        m = _EXPERT_PARAM.match(name)
+        if m is None:
+            return None
+        base, which = m.groups()
+        E = self.config.num_experts
+        if which == "gate_up_proj":
+            names = tuple(
+                f"{base}.{e}.{p}.weight" for e in range(E) for p in ("gate_proj", "up_proj")
+            )
+            return WeightSource(
+                names,
+                lambda ts: torch.stack(
+                    [torch.cat(ts[2 * e : 2 * e + 2], dim=0) for e in range(len(ts) // 2)]
+                ),
+            )
+        names = tuple(f"{base}.{e}.down_proj.weight" for e in range(E))
+        return WeightSource(names, torch.stack)
+
+    def ignores_checkpoint_tensor(self, name: str) -> bool:
+        """The multi-token-prediction layers (`model.layers.{i}.` with i >= num_layers)."""
+        m = _LAYER_OF.match(name)
+        return m is not None and int(m.group(1)) >= self.config.num_layers
+
+    # Cache ---------------------------------------------------------------------------------
+    def attach_kv_cache(self, params: KVCacheParams) -> None:
+        """Bind the MLA `KVCacheParams` the forward writes (checked: layers, is_mla, one head
+        of kv_lora_rank + rope, the rope dim, the query heads, dtype = the model's)."""
+        cfg = self.config
+        check(isinstance(params, KVCacheParams), "kv_params", "a KVCacheParams", type(params))
+        want = (cfg.num_layers, True, 1, cfg.mla_head_dim, cfg.qk_rope_head_dim, cfg.num_heads)
+        got = (
+            params.num_layers,
+            params.is_mla,
+            params.n_kv_heads,
+            params.head_dim,
+            params.mla_rope_dim,
+            params.num_q_heads,
+        )
+        check(
+            want == got and params.dtype == self.dtype,
+            "kv_params",
+            "(num_layers, is_mla, n_kv_heads, head_dim, mla_rope_dim, num_q_heads) = "
+            f"{want}, dtype {self.dtype} (models.kv_cache_params(config, dtype=model.dtype))",
+            f"{got}, dtype {params.dtype}",
+        )
+        self.kv_params = params
+
+    # Step ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_inputs: KVCacheInputsPerDevice,
+        q_row_offsets: torch.Tensor,
+        logits_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """One step of a ragged batch; arguments and result as `DecoderForCausalLM.forward`."""
+        self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
+        if q_row_offsets.shape[0] < 2:
+            raise InvalidArgumentError("q_row_offsets: a step needs at least one request")
+        cos, sin = self.rotary_emb(positions, self.dtype)
+        plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets)
+        ctx = MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan)
+        h = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, ctx)
+        h = h[logits_rows] + residual[logits_rows]
+        h = self.model.norm(h)
+        return F.linear(h, self.lm_head_weight).float()
+
+
+__all__ = [
+    "MLA_ABSORBED_MAX_Q",
+    "DeepseekExperts",
+    "DeepseekMLA",
+    "DeepseekMoE",
+    "DeepseekRouter",
+    "DeepseekV3ForCausalLM",
+    "MLAStepPlan",
+    "split_kv_b_proj",
+]

@@ -1,0 +1,309 @@
+"""pagedattn.models' DeepSeek-V3 against transformers' DeepseekV3ForCausalLM, on tiny random
+float32 checkpoints written with `save_pretrained`, on the CPU (reference ops).
+
+Two checkpoints keep DeepSeek's MLA geometry (kv_lora_rank 512, qk_rope_head_dim 64, so
+mla_decode's d_qk 576) and shrink the rest: hidden 64, 4 heads, 3 layers (layer 0 dense,
+first_k_dense_replace=1), 8 routed experts in 4 groups (topk_group 2, top-3), one shared
+expert, random `e_score_correction_bias`:
+- "qlora-yarn": q_lora_rank 48, rope_interleave, YaRN with mscale / mscale_all_dim (so the
+  softmax scale carries mscale^2 and cos/sin the attention factor), nope 32, v 48;
+- "q_proj-rotate-half": q_lora_rank None, rotate-half RoPE (default), nope 64, v 32.
+
+Checked:
+- one ragged step's logits (every row) against one HF forward per prompt, the step mixing
+  absorbed (<= MLA_ABSORBED_MAX_Q queries: mla_decode) and expanded (kv_b_proj + mha) requests;
+- greedy tokens against HF's `generate(do_sample=False)` under chunked prefill (a 24-token
+  budget, page size 1, shared prefixes hitting the prefix cache, prompts up to 49 tokens):
+  decodes and prefill chunks share steps, and chunks over a cached prefix run in both forms;
+- the engine (`LLM(folder)`) serving a checkpoint, greedy, against HF;
+- `split_kv_b_proj`'s absorbed projections give the expanded form's scores and values;
+- typed errors: another MLA geometry and FP8 checkpoints raise UnsupportedModelError; the
+  checkpoint's multi-token-prediction layers are ignored on load.
+A token may differ only at an HF top-2 tie (gap < TIE_GAP), reported as a warning.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_models_hf import GreedyDriver, compare_greedy, hf_greedy
+
+from pagedattn import PagedKVCacheManager
+from pagedattn.models import UnsupportedModelError, kv_cache_params, load_model
+from pagedattn.models import deepseek as ds
+from pagedattn.testing import ragged_offsets
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+VOCAB = 256
+NEW_TOKENS = 8
+# the third: a latent other than DeepSeek's (kv_lora_rank 128, rope 32, nope 64, v 64)
+VARIANTS = ["qlora-yarn", "q_proj-rotate-half", "small-latent"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def hf_config(variant: str, **over):
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        n_routed_experts=8,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=3,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=2.5,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    if variant == "qlora-yarn":
+        rope = dict(
+            rope_type="yarn",
+            rope_theta=10000.0,
+            factor=4.0,
+            original_max_position_embeddings=64,
+            mscale=1.0,
+            mscale_all_dim=0.707,
+            beta_fast=32.0,
+            beta_slow=1.0,
+        )
+        kw = dict(q_lora_rank=48, qk_nope_head_dim=32, v_head_dim=48, rope_interleave=True)
+        kw["rope_parameters"] = rope
+    elif variant == "small-latent":
+        kw = dict(q_lora_rank=48, qk_nope_head_dim=64, v_head_dim=64, rope_interleave=True,
+                  kv_lora_rank=128, qk_rope_head_dim=32)  # fmt: skip
+    else:
+        kw = dict(q_lora_rank=None, qk_nope_head_dim=64, v_head_dim=32, rope_interleave=False)
+    return transformers.DeepseekV3Config(**(common | kw | over))
+
+
+@torch.no_grad()
+def randomize_(hf) -> None:
+    """Large random weights (greedy tokens rarely near ties; routing and norms matter)."""
+    for name, p in hf.named_parameters():
+        if name.endswith("norm.weight"):
+            p.copy_(1 + 0.2 * torch.randn_like(p))
+        elif "embed_tokens" in name:
+            p.normal_(0, 1.0)
+        elif name.endswith("mlp.gate.weight"):
+            p.normal_(0, 0.5)
+        else:
+            p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
+    for m in hf.modules():
+        if hasattr(m, "e_score_correction_bias"):
+            m.e_score_correction_bias.normal_(0, 0.1)
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def ckpt(request, tmp_path_factory):
+    torch.manual_seed(4321 + VARIANTS.index(request.param))
+    hf = transformers.DeepseekV3ForCausalLM._from_config(
+        hf_config(request.param), dtype=torch.float32
+    ).eval()
+    randomize_(hf)
+    path = tmp_path_factory.mktemp(request.param.replace("-", "_"))
+    hf.save_pretrained(path)
+    return request.param, str(path), hf
+
+
+def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Every MLAStepPlan a test's steps build, with the step's per-request (q_len, cache_len)."""
+    seen = []
+    build = ds.MLAStepPlan.build
+
+    def spy(inputs, params, q_row_offsets):
+        offs = q_row_offsets.tolist()
+        reqs = list(zip([b - a for a, b in zip(offs, offs[1:])], inputs.cache_lengths.tolist()))
+        seen.append(reqs)
+        return build(inputs, params, q_row_offsets)
+
+    monkeypatch.setattr(ds.MLAStepPlan, "build", staticmethod(spy))
+    return seen
+
+
+def test_first_step_logits_match_hf_forward(ckpt, plans):
+    variant, path, hf = ckpt
+    model = load_model(path)
+    assert type(model) is ds.DeepseekV3ForCausalLM and not model.supports_cuda_graphs
+    params = kv_cache_params(model.config, dtype=model.dtype, page_size=4)
+    cfg = model.config
+    assert params.is_mla and params.n_kv_heads == 1
+    assert params.head_dim == cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    model.attach_kv_cache(params)
+    mgr = PagedKVCacheManager(params, total_num_pages=64)
+    prompts = prompts_of([13, 1, 29, 6], seed=7)  # 13 and 29 expanded, 1 and 6 absorbed
+    for i, p in enumerate(prompts):
+        mgr.claim(i, p)
+        mgr.alloc(i, len(p))
+    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
+    ids = torch.tensor([t for p in prompts for t in p])
+    pos = torch.cat([torch.arange(len(p)) for p in prompts])
+    offs = ragged_offsets([len(p) for p in prompts])
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
+    assert [n for n, _ in plans[0]] == [13, 1, 29, 6]
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    err, scale = float((logits - ref).abs().max()), float(ref.abs().max())
+    print(f"deepseek {variant}: first-step logits max abs err {err:.2e} (scale {scale:.1f})")
+    assert err <= 2e-5 * max(scale, 1.0), err
+
+
+def test_chunked_prefill_greedy_matches_hf_generate(ckpt, plans):
+    """A 24-token budget splits prompts into chunks mixed with decodes; later prompts share
+    prefixes with earlier ones (prefix-cache hits); page size 1."""
+    variant, path, hf = ckpt
+    model = load_model(path)
+    base = prompts_of([37], seed=3)[0]
+    other = prompts_of([30, 12, 5], seed=5)
+    prompts = [base, other[0], base[:21] + other[1], base + other[2], base[:9]]
+    drv = GreedyDriver(model, page_size=1, token_budget=24)
+    ours, hits = drv.generate(prompts, NEW_TOKENS, [0, 0, 4, 5, 6])
+    assert hits[2] == 21 and hits[3] == 37 and hits[4] == 8, hits
+    assert max(drv.step_sizes) <= 24
+    steps = [[(n, c) for n, c in s] for s in plans]
+    mixed = [s for s in steps if any(n == 1 for n, _ in s) and any(n > 1 for n, _ in s)]
+    cap = ds.MLA_ABSORBED_MAX_Q
+    assert mixed, steps  # decodes and prefill chunks in one step
+    assert any(n > cap and c > 0 for s in steps for n, c in s), steps  # expanded over a prefix
+    assert any(1 < n <= cap and c > 0 for s in steps for n, c in s), steps  # absorbed chunk
+    truth = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    compare_greedy(f"deepseek {variant}", "chunked prefill", ours, truth)
+
+
+def test_engine_serves_deepseek(ckpt):
+    from pagedattn.engine import LLM, SamplingParams
+
+    variant, path, hf = ckpt
+    if variant != VARIANTS[0]:
+        pytest.skip("one checkpoint suffices for the engine's wiring")
+    llm = LLM(path, device="cpu", dtype=torch.float32, page_size=4, num_pages=64,
+              max_num_batched_tokens=16, max_num_seqs=4)  # fmt: skip
+    assert llm.kv_params.is_mla
+    base = prompts_of([23], seed=13)[0]
+    prompts = [base, base[:10] + prompts_of([4], seed=14)[0], prompts_of([3], seed=15)[0]]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    ours = [o.outputs[0].token_ids for o in outs]
+    truth = [hf_greedy(hf, p, 6) for p in prompts]
+    compare_greedy(f"deepseek {variant}", "engine", ours, truth)
+
+
+def test_split_kv_b_proj_absorbs_the_expansion():
+    g = torch.Generator().manual_seed(0)
+    h, nope, v, r = 3, 8, 5, 16
+    w = torch.randn(h * (nope + v), r, generator=g, dtype=torch.float64)
+    w_uk, w_uv = ds.split_kv_b_proj(w, h, nope, v)
+    assert w_uk.shape == (h, nope, r) and w_uv.shape == (h, r, v)
+    c = torch.randn(7, r, generator=g, dtype=torch.float64)  # latents of 7 keys
+    kv = (c @ w.T).view(7, h, nope + v)
+    q = torch.randn(h, nope, generator=g, dtype=torch.float64)
+    expanded = torch.einsum("hn,khn->hk", q, kv[..., :nope])
+    absorbed = torch.einsum("hr,kr->hk", torch.einsum("hn,hnr->hr", q, w_uk), c)
+    torch.testing.assert_close(absorbed, expanded)
+    p = torch.softmax(torch.randn(h, 7, generator=g, dtype=torch.float64), -1)
+    torch.testing.assert_close(
+        torch.einsum("hr,hrv->hv", p @ c, w_uv), torch.einsum("hk,khv->hv", p, kv[..., nope:])
+    )
+    with pytest.raises(Exception, match="weight"):
+        ds.split_kv_b_proj(w[:-1], h, nope, v)
+
+
+def test_unsupported_deepseek_configs_are_typed(tmp_path):
+    cfg = hf_config(VARIANTS[1]).to_dict()
+    cfg["architectures"] = ["DeepseekV3ForCausalLM"]
+    with pytest.raises(UnsupportedModelError, match="kv_lora_rank"):
+        from pagedattn.models import ModelConfig
+
+        ModelConfig.from_hf(cfg | {"kv_lora_rank": 1024})
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(UnsupportedModelError, match="quant_method"):
+        ModelConfig.from_hf(cfg | {"quantization_config": fp8})
+
+
+def test_mtp_layers_are_ignored_on_load(ckpt, tmp_path):
+    variant, path, hf = ckpt
+    if variant != VARIANTS[1]:
+        pytest.skip("one checkpoint suffices")
+    sd = safetensors_torch.load_file(f"{path}/model.safetensors")
+    sd["model.layers.3.eh_proj.weight"] = torch.zeros(2, 2)  # an MTP layer (num_layers = 3)
+    safetensors_torch.save_file(sd, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(json.load(open(f"{path}/config.json"))))
+    load_model(tmp_path)  # strict: still loads
+    sd["model.layers.2.mystery"] = torch.zeros(2)
+    safetensors_torch.save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(Exception, match=r"model\.layers\.2\.mystery"):
+        load_model(tmp_path)
+
+
+# GPU: the same schedule through the Triton kernels (store_kv, mla_decode, mha) -----------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_gpu_float32_greedy_matches_hf_generate(ckpt, page_size):
+    import copy
+
+    variant, path, hf = ckpt
+    model = load_model(path, device="cuda")
+    hf = copy.deepcopy(hf).to("cuda")
+    base = prompts_of([37], seed=3)[0]
+    other = prompts_of([30, 12, 5], seed=5)
+    prompts = [base, other[0], base[:21] + other[1], base + other[2], base[:9]]
+    drv = GreedyDriver(model, page_size=page_size, token_budget=24)
+    ours, _ = drv.generate(prompts, NEW_TOKENS, [0, 0, 4, 5, 6])
+    truth = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    compare_greedy(f"deepseek {variant}", f"gpu chunked prefill page {page_size}", ours, truth)
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_logits_close_to_hf(ckpt):
+    """bfloat16 on CUDA (the dtype mla_decode's sm_90 kernels are built for): every row of a
+    ragged step, both forms, against HF's bfloat16 forward."""
+    import copy
+
+    from pagedattn.testing import cos_diff
+
+    variant, path, hf = ckpt
+    model = load_model(path, device="cuda", dtype=torch.bfloat16)
+    hf = copy.deepcopy(hf).to("cuda", torch.bfloat16)
+    params = kv_cache_params(model.config, dtype=model.dtype, page_size=64, devices=["cuda"])
+    model.attach_kv_cache(params)
+    mgr = PagedKVCacheManager(params, total_num_pages=16)
+    prompts = prompts_of([13, 1, 29, 6], seed=7)
+    for i, p in enumerate(prompts):
+        mgr.claim(i, p)
+        mgr.alloc(i, len(p))
+    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
+    ids = torch.tensor([t for p in prompts for t in p], device="cuda")
+    pos = torch.cat([torch.arange(len(p)) for p in prompts]).cuda()
+    offs = ragged_offsets([len(p) for p in prompts], "cuda")
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids), device="cuda"))
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p], device="cuda")).logits[0] for p in prompts]).float()
+    cd = cos_diff(logits, ref)
+    agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
+    print(f"deepseek {variant} bf16: cos diff {cd:.2e}, argmax agreement {agree:.2f}")
+    assert cd < 1e-3 and agree >= 0.8, (cd, agree)
