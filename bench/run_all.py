@@ -1,6 +1,6 @@
 """The benchmark suite: ceilings, peers and pagedattn in one process, on the same data.
 
-Usage: python bench/run_all.py [--suites mha,mla,real] [--rounds 2] [--seed 0]
+Usage: python bench/run_all.py [--suites mha,mla,real,model] [--rounds 2] [--seed 0]
                                [--out bench/results/x.json]
        python bench/run_all.py --suite real        # the real-workload suite alone (~5 min)
 Writes JSON and a PNG plot beside it (default name bench/results/<device>_<date>_<commit>.json),
@@ -12,6 +12,10 @@ the H100 some configs ran 1.1-1.5x slow for a whole round (a different one each 
 The real-workload suite (`bench/bench_real.py`: skewed and mixed batches, sparse MLA, host
 cost) runs once, after the others, with the same ceilings, into its own `<out>_real.json` and
 `<out>_real.png`, and prints issue 56's targets and its short table last.
+
+The model suite (`bench/bench_model.py`: the engine's decode step on Llama-3-8B / 3.2-1B shapes
+with random weights, against the roofline and transformers) is not in the default list; with
+`--suite model` it runs last, with the same ceilings, into `<out>_model.json` and `.png`.
 """
 
 from __future__ import annotations
@@ -56,13 +60,19 @@ def main() -> None:
     )
     suites = args.suites.split(",")
     out = args.out or default_out(env)
-    if [s for s in suites if s != "real"]:
-        run_rounds(args, [s for s in suites if s != "real"], out, env, ceilings)
+    kernel_suites = [s for s in suites if s not in ("real", "model")]
+    if kernel_suites:
+        run_rounds(args, kernel_suites, out, env, ceilings)
     if "real" in suites:
         import bench_real
 
         real_out = out.rsplit(".", 1)[0] + "_real.json"
         bench_real.run_and_save(real_out, env, ceilings, seed=args.seed)
+    if "model" in suites:
+        import bench_model
+
+        model_out = out.rsplit(".", 1)[0] + "_model.json"
+        bench_model.run_and_save(model_out, env, ceilings, seed=args.seed)
 
 
 def run_rounds(args, suites: list[str], out: str, env: dict, ceilings: dict) -> None:

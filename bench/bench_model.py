@@ -1,0 +1,766 @@
+"""Whole-model decode (issue 57): the engine (`pagedattn.engine.LLMEngine`) serving Llama-shaped
+models with random weights, each decode step against its memory roofline, and the 1B shape
+against transformers' `generate` on the same weights.
+
+- Models: `SHAPES` (Llama-3-8B and Llama-3.2-1B shapes, bf16). Built in memory, no checkpoint:
+  `models.model_class(config)` on the meta device, materialised on the GPU, every parameter
+  filled there with seeded `normal_` (`build_model`): linear weights N(0, 1/fan_in), embeddings
+  N(0, 1), norm weights 1. The engine takes the loaded model (`LLMEngine(model, ...)`).
+- A case (`CASES`): `b` requests of `prompt` random tokens (greedy, `ignore_eos`). The engine
+  prefills them (chunked under `PREFILL_BUDGET` tokens a step; not timed), runs `WARMUP` decode
+  steps, then `STEPS` timed `engine.step()` calls, each between two CUDA events (the step syncs
+  on its sampled tokens, so this is the step loop's wall time: host scheduling, input building,
+  the graph replay, sampling and outputs). Once with CUDA graphs (the engine's default) and once
+  with `enforce_eager=True`, each on a fresh engine over the same model. Every timed step must
+  be a pure decode of all b requests (and, with graphs, a replay): else the case records an
+  error. Also timed: the captured graph's replay alone (the model's device time).
+- Roofline of a step: max(bytes / copy bandwidth, FLOPs / bf16 matmul), both ceilings measured
+  in the same process (`common.copy_bandwidth`, `common.matmul_tflops`). Bytes: every weight a
+  decode step reads in full (all parameters except an untied input embedding, of which the b
+  gathered rows count) + the batch's KV read once, layers x 2 x kv_heads x head_dim x itemsize
+  x the mean over timed steps of the sum of context lengths (each request's keys, its new token
+  included). FLOPs: 2 x b x (linear weights incl. lm_head) + 4 x layers x h_q x head_dim x sum
+  of contexts.
+- transformers (`hf: True` cases): `transformers.LlamaForCausalLM` (sdpa, bf16) holding a copy
+  of the same weights (`hf_model`, through the loader's `weight_sources` map), greedy `generate`
+  of the same prompts: decode tokens/s = b x (n - 1) / (time(n tokens) - time(1 token)), n up
+  to `HF_TOKENS`, fewer when a step is slow (`HF_BUDGET_S` for the n-token call).
+- Profile (`profile: True` cases): `torch.profiler` over `PROFILE_REPLAYS` replays of the
+  captured decode graph; device kernels grouped by name, the top `TOP_KERNELS` with their share
+  of the step's kernel time (a graph whose kernels the profiler does not see is profiled as
+  one eager model call on the same static inputs, and the record says so).
+
+Usage:
+  python bench/bench_model.py [--only 1b] [--seed 0] [--out PATH.json]   # GPU
+  python bench/run_all.py --suite model                                   # the same
+  python bench/bench_model.py --dry-run     # CPU: tiny shapes, float32, reference backend,
+                                            # graphs emulated; no timing claims
+Output: JSON (`common.save`, suite "model") and a PNG beside it, then a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import sys
+import time
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import Record, call_times, environment, save
+
+from pagedattn.engine import LLMEngine, SamplingParams
+from pagedattn.models import ModelConfig, model_class
+from pagedattn.models.loader import weight_sources
+
+SUITE = "model"
+PAGE_SIZE = 16
+PREFILL_BUDGET = 16384  # max_num_batched_tokens: b256 x 512 prefills in 8 steps
+WARMUP = 4  # decode steps before the timed ones
+STEPS = 32  # timed decode steps
+HF_TOKENS = 16  # transformers: most new tokens of the timed generate
+HF_BUDGET_S = 20.0  # ... fewer when its estimate exceeds this
+PROFILE_REPLAYS = 3
+TOP_KERNELS = 10
+X_HF_GOAL = 30.0  # issue 57: our decode tokens/s over transformers', 1B b64
+
+# Hugging Face config.json fields of each shape (random weights; no tokenizer).
+SHAPES: dict[str, dict] = {
+    "llama3-8b": dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+        max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False,
+    ),
+    "llama3.2-1b": dict(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
+        max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192),
+    ),
+}  # fmt: skip
+# CPU dry run: the same families at toy sizes (GQA 4:1 kept, tying kept).
+DRY_SHAPE = dict(
+    vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Case:
+    """One served batch: `b` requests of `prompt` tokens on shape `shape`. goal: the fraction
+    of the roofline issue 57 asks of the graph step; hf: also time transformers; profile:
+    also profile one replayed step."""
+
+    name: str
+    shape: str
+    b: int
+    prompt: int
+    goal: float
+    hf: bool = False
+    profile: bool = False
+    steps: int = STEPS
+    warmup: int = WARMUP
+    hf_tokens: int = HF_TOKENS
+    prefill_budget: int = PREFILL_BUDGET
+
+
+CASES = [
+    Case("llama3-8b b64 p512", "llama3-8b", 64, 512, 0.8, profile=True),
+    Case("llama3-8b b256 p512", "llama3-8b", 256, 512, 0.8),
+    Case("llama3.2-1b b64 p512", "llama3.2-1b", 64, 512, 0.6, hf=True, profile=True),
+]
+
+
+def shrink(c: Case) -> Case:
+    """The case at CPU dry-run size: tiny batch, prompt and step counts (shape: `DRY_SHAPE`)."""
+    return replace(
+        c, b=max(2, c.b // 32), prompt=20, steps=3, warmup=1, hf_tokens=3, prefill_budget=32
+    )
+
+
+def hf_config_dict(shape: str, dry: bool = False) -> dict:
+    """The shape's config.json fields (`DRY_SHAPE` over them in a dry run); no BOS/EOS/pad."""
+    d = dict(SHAPES[shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return d | DRY_SHAPE if dry else d
+
+
+# --- the model -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def build_model(cfg_dict: dict, device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """A pagedattn Llama of the config.json fields `cfg_dict` with random weights, built and
+    filled on `device` (no host copy): linear weights N(0, 1/fan_in), embeddings N(0, 1), norm
+    weights 1; seeded by `seed` (the same seed and device give the same weights)."""
+    cfg = ModelConfig.from_hf(
+        dict(cfg_dict, architectures=["LlamaForCausalLM"], model_type="llama")
+    )
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    with torch.device("meta"):
+        model = model_class(cfg)(cfg, dtype=dtype)
+    model.to_empty(device=dev)
+    model.rotary_emb.reset_buffers(dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif "embed_tokens" in name:
+            p.normal_(0.0, 1.0, generator=gen)
+        else:
+            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_model(model: torch.nn.Module, cfg_dict: dict):
+    """transformers' LlamaForCausalLM (sdpa) of the same config, on the model's device and in
+    its dtype, holding a copy of `model`'s weights: each fused parameter (`weight_sources`:
+    qkv_proj <- q, k, v; gate_up_proj <- gate, up) split back along dim 0."""
+    import transformers  # noqa: PLC0415 - only the transformers peer needs it
+
+    dev = next(model.parameters()).device
+    hcfg = transformers.LlamaConfig(**cfg_dict, attn_implementation="sdpa")
+    with torch.device(dev):
+        hf = transformers.LlamaForCausalLM._from_config(hcfg, dtype=model.dtype)
+    hf_params = dict(hf.named_parameters())
+    ours = dict(model.named_parameters())
+    for name, src in weight_sources(model).items():
+        parts = [hf_params[n] for n in src.names]
+        if len(parts) == 1:
+            parts[0].copy_(ours[name])
+        else:
+            for dst, piece in zip(parts, ours[name].split([t.shape[0] for t in parts], dim=0)):
+                dst.copy_(piece)
+    gc_ = hf.generation_config
+    gc_.bos_token_id = gc_.eos_token_id = None
+    gc_.pad_token_id = 0
+    return hf.eval()
+
+
+def weight_bytes(model: torch.nn.Module, b: int) -> tuple[int, int, int]:
+    """(bytes of every parameter, bytes a decode step of b requests reads, linear weights'
+    elements a token multiplies): an untied input embedding is read as its b gathered rows."""
+    cfg = model.config
+    emb = model.model.embed_tokens.weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    read = total
+    if not cfg.tie_word_embeddings:
+        read -= emb.numel() * emb.element_size() - b * cfg.hidden_size * emb.element_size()
+    linear = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2)
+    if not cfg.tie_word_embeddings:
+        linear -= emb.numel()  # a gather, not a matmul (a tied table is the lm_head's matmul)
+    return total, read, linear
+
+
+def step_cost(model: torch.nn.Module, b: int, mean_ctx_sum: float) -> dict:
+    """Bytes and FLOPs of one decode step of b requests whose contexts sum to mean_ctx_sum."""
+    cfg = model.config
+    item = torch.empty((), dtype=model.dtype).element_size()
+    total, read, linear = weight_bytes(model, b)
+    kv = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item * mean_ctx_sum
+    flops = 2 * b * linear + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * mean_ctx_sum
+    return dict(param_bytes=total, weight_bytes=read, kv_bytes=kv, bytes=read + kv, flops=flops)
+
+
+# --- running one case --------------------------------------------------------------------------
+
+
+class _EmulatedGraphsEngine(LLMEngine):
+    """The dry run's "graphs" engine: the decode-graph path (static buffers, buckets, replay
+    count) run eagerly on the CPU (`LLMEngine._emulate_cuda_graphs`)."""
+
+    _emulate_cuda_graphs = True
+
+
+class Ctx:
+    """Device, dtype, ceilings, seed, the records and the errors of one run."""
+
+    def __init__(self, records, ceilings, seed, dry):
+        self.records, self.ceilings, self.seed, self.dry = records, ceilings, seed, dry
+        self.dev = torch.device("cpu" if dry else "cuda")
+        self.dtype = torch.float32 if dry else torch.bfloat16
+        self.errors: list[str] = []
+
+    def sync(self) -> None:
+        if not self.dry:
+            torch.cuda.synchronize()
+
+    def times_ms(self, fn, n: int) -> list[float]:
+        """ms of each of n calls: CUDA events around each (`common.call_times`, L2 left warm)
+        on the GPU, perf_counter in a dry run."""
+        if not self.dry:
+            return call_times(fn, n, flush=False)
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+    def roofline_ms(self, nbytes: float, flops: float) -> tuple[float, str]:
+        t_copy = nbytes / (self.ceilings["copy_gbps"] * 1e6)
+        t_mm = flops / (self.ceilings["mm_tflops"] * 1e9)
+        return (t_copy, "copy") if t_copy >= t_mm else (t_mm, "mm")
+
+    def error(self, case: Case, msg: str) -> None:
+        line = f"{case.name}: {msg}"
+        print(f"[model] ERROR {line}")
+        self.errors.append(line)
+
+
+def make_engine(ctx: Ctx, model, case: Case, graphs: bool) -> LLMEngine:
+    """An engine over `model` for the case: b slots, a pool just large enough (so a graph and
+    an eager engine fit one after the other), prefill under the case's token budget."""
+    max_tokens = max_new_tokens(case)
+    max_len = case.prompt + max_tokens + 1
+    cls = _EmulatedGraphsEngine if (ctx.dry and graphs) else LLMEngine
+    return cls(
+        model,
+        page_size=PAGE_SIZE,
+        num_pages=case.b * math.ceil(max_len / PAGE_SIZE) + case.b,
+        max_num_batched_tokens=case.prefill_budget,
+        max_num_seqs=case.b,
+        max_model_len=max_len,
+        seed=ctx.seed,
+        enforce_eager=not graphs,
+    )
+
+
+def max_new_tokens(case: Case) -> int:
+    """Enough tokens that no request finishes before the timed steps end: one a step while
+    the batch prefills (at most one step per budget of prompt tokens, plus one), then warm-up
+    and timed steps."""
+    prefill_steps = math.ceil(case.b * case.prompt / case.prefill_budget) + 1
+    return prefill_steps + case.warmup + case.steps + 4
+
+
+def prompts(case: Case, vocab: int, seed: int) -> list[list[int]]:
+    """b random prompts of `case.prompt` token ids in [0, vocab), from a generator seeded
+    with `seed` alone."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (case.b, case.prompt), generator=g).tolist()
+
+
+def serve(ctx: Ctx, case: Case, model, toks: list[list[int]], graphs: bool) -> dict:
+    """Prefill the batch, warm up, time `case.steps` decode steps of a fresh engine; returns
+    the step times, the mean context sum of the timed steps, the engine (still alive) and
+    what was checked."""
+    t0 = time.perf_counter()
+    eng = make_engine(ctx, model, case, graphs)
+    t_build = time.perf_counter() - t0
+    params = SamplingParams(max_tokens=max_new_tokens(case), temperature=0.0, ignore_eos=True)
+    ids = [eng.add_request({"prompt_token_ids": t}, params) for t in toks]
+    n_out = dict.fromkeys(ids, 0)
+
+    def note(outs) -> int:
+        for o in outs:
+            n_out[o.request_id] = len(o.outputs[0].token_ids)
+        return len(outs)
+
+    t0 = time.perf_counter()
+    prefill_steps = 0
+    while min(n_out.values()) == 0:  # every prompt done: each request has its first token
+        note(eng.step())
+        prefill_steps += 1
+        if prefill_steps > 10 * max_new_tokens(case):
+            raise RuntimeError("the batch did not finish its prefill")
+    ctx.sync()
+    t_prefill = time.perf_counter() - t0
+    for _ in range(case.warmup):
+        note(eng.step())
+    runner = eng.runner.graphs
+    replays0 = runner.num_replays if runner is not None else 0
+    # The first timed step's sum of contexts (each request's keys, its new token included);
+    # each later step adds one token a request (every timed step is checked to be that).
+    ctx0 = sum(case.prompt + n for n in n_out.values())
+    sizes: list[int] = []  # each timed step's requests that got a token
+
+    def step() -> None:
+        sizes.append(note(eng.step()))
+
+    ms = ctx.times_ms(step, case.steps)
+    replays = (runner.num_replays - replays0) if runner is not None else 0
+    if any(s != case.b for s in sizes):
+        ctx.error(case, f"timed steps were not all decodes of {case.b} requests: {sizes}")
+    if graphs and replays != case.steps:
+        ctx.error(case, f"{replays} graph replays in {case.steps} timed steps")
+    if max(n_out.values()) >= max_new_tokens(case):
+        ctx.error(case, "a request finished during the timed steps")
+    return dict(
+        engine=eng,
+        ms=ms,
+        ctx_sum=ctx0 + case.b * (case.steps - 1) / 2,
+        prefill_steps=prefill_steps,
+        prefill_s=round(t_prefill, 3),
+        build_s=round(t_build, 3),
+        replays=replays,
+    )
+
+
+def graph_of(eng: LLMEngine, b: int):
+    """The captured (or emulated) decode graph that serves b requests, its buffers loaded with
+    the last step's inputs."""
+    g = eng.runner.graphs
+    return g.graphs[g.bucket(b)]
+
+
+def replay_ms(ctx: Ctx, eng: LLMEngine, b: int, n: int) -> float:
+    """Median ms of a replay of the last decode step's graph alone (rewrites that step's K/V
+    with the same values)."""
+    g = graph_of(eng, b)
+    with torch.inference_mode():  # an emulated replay runs the model (dry run)
+        g.replay()
+        ctx.sync()
+        times = sorted(ctx.times_ms(g.replay, n))
+    return times[len(times) // 2]
+
+
+def kernel_table(prof, replays: int, on_gpu: bool) -> tuple[float, list[dict]]:
+    """(kernel us a step, the top kernels by name: us a step, calls a step, share of the
+    step's kernel time). GPU: device events (kernels, memcpy/memset); CPU (dry run): leaf ops."""
+    from torch.autograd import DeviceType  # noqa: PLC0415
+
+    us: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    for e in prof.events():
+        if on_gpu:
+            if e.device_type != DeviceType.CUDA:
+                continue
+        elif e.device_type != DeviceType.CPU or e.cpu_children:
+            continue
+        us[e.name] += e.time_range.elapsed_us()
+        calls[e.name] += 1
+    total = sum(us.values())
+    top = sorted(us, key=us.get, reverse=True)[:TOP_KERNELS]
+    rows = [
+        dict(
+            name=name[:160],
+            us=round(us[name] / replays, 2),
+            calls=round(calls[name] / replays, 2),
+            share=round(us[name] / total, 4) if total else 0.0,
+        )
+        for name in top
+    ]
+    return total / replays, rows
+
+
+def profile_step(ctx: Ctx, eng: LLMEngine, case: Case) -> dict:
+    """Kernel times of `PROFILE_REPLAYS` replays of the decode graph (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    g = graph_of(eng, case.b)
+    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
+    with torch.inference_mode():  # an emulated replay runs the model (dry run)
+        g.replay()
+        ctx.sync()
+    with torch.inference_mode(), profile(activities=acts) as prof:
+        for _ in range(PROFILE_REPLAYS):
+            g.replay()
+        ctx.sync()
+    source = "graph replay" if not ctx.dry else "emulated graph replay (CPU leaf ops)"
+    total, rows = kernel_table(prof, PROFILE_REPLAYS, not ctx.dry)
+    if not ctx.dry and not rows:  # the profiler saw no kernels inside the graph
+        bufs, b = eng.runner.graphs.buffers, case.b
+        model = eng.model
+
+        def eager() -> None:
+            model(bufs.input_ids[:b], bufs.positions[:b], bufs.kv_rows(b),
+                  bufs.q_row_offsets[: b + 1], bufs.logits_rows[:b])  # fmt: skip
+
+        eager()
+        ctx.sync()
+        with torch.inference_mode(), profile(activities=acts) as prof:
+            for _ in range(PROFILE_REPLAYS):
+                eager()
+            ctx.sync()
+        source = "eager model call on the graph's inputs (no kernel events from the replay)"
+        total, rows = kernel_table(prof, PROFILE_REPLAYS, True)
+    return dict(source=source, replays=PROFILE_REPLAYS, kernel_us=round(total, 2), top=rows)
+
+
+def hf_decode(ctx: Ctx, case: Case, model, cfg_dict: dict, toks: list[list[int]]) -> dict:
+    """transformers' greedy decode tokens/s on the same weights and prompts (module docstring)."""
+    hf = hf_model(model, cfg_dict)
+    ids = torch.tensor(toks, dtype=torch.int64, device=ctx.dev)
+    mask = torch.ones_like(ids)
+
+    def gen(n: int) -> float:
+        ctx.sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                              min_new_tokens=n, do_sample=False)  # fmt: skip
+        ctx.sync()
+        if out.shape[1] != case.prompt + n:
+            raise RuntimeError(f"transformers generated {out.shape[1] - case.prompt} of {n} tokens")
+        return time.perf_counter() - t0
+
+    gen(2)  # warm-up
+    t1, t2 = gen(1), gen(2)
+    step_s = max(t2 - t1, 1e-6)
+    n = max(2, min(case.hf_tokens, int(HF_BUDGET_S / step_s) + 1))
+    tn = gen(n)
+    decode_s = max(tn - t1, 1e-9)
+    return dict(
+        new_tokens=n,
+        capped=n < case.hf_tokens,
+        t1_s=round(t1, 4),
+        tn_s=round(tn, 4),
+        step_ms=round(decode_s / (n - 1) * 1e3, 4),
+        tokens_per_s=round(case.b * (n - 1) / decode_s, 1),
+        attn="sdpa",
+    )
+
+
+def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
+    """Both engines (graphs, eager), the replay alone, the profile and transformers for one
+    case; three records (pagedattn, pagedattn-eager, transformers when asked)."""
+    toks = prompts(case, model.config.vocab_size, ctx.seed * 1000 + zlib.crc32(case.name.encode()))
+    res = serve(ctx, case, model, toks, graphs=True)
+    eng = res.pop("engine")
+    ms = sum(res["ms"]) / len(res["ms"])
+    rep = replay_ms(ctx, eng, case.b, max(3, case.steps // 2))
+    prof = profile_step(ctx, eng, case) if case.profile else None
+    del eng
+    _free(ctx)
+    eager = serve(ctx, case, model, toks, graphs=False)
+    del eager["engine"]
+    _free(ctx)
+    ms_eager = sum(eager["ms"]) / len(eager["ms"])
+
+    cost = step_cost(model, case.b, res["ctx_sum"])
+    roof, bound = ctx.roofline_ms(cost["bytes"], cost["flops"])
+    med = sorted(res["ms"])[len(res["ms"]) // 2]
+    base = dict(
+        group=f"model-{case.shape}",
+        shape=case.shape,
+        batch=case.b,
+        prompt=case.prompt,
+        steps=case.steps,
+        warmup=case.warmup,
+        seed=ctx.seed,
+        dtype=str(ctx.dtype).removeprefix("torch."),
+        page=PAGE_SIZE,
+        mean_context=round(res["ctx_sum"] / case.b, 2),
+        roofline_ms=round(roof, 6),
+        bound=bound,
+        goal_frac=case.goal,
+        **{k: round(v, 1) for k, v in cost.items()},
+    )
+    if ctx.dry:
+        base["dry_run"] = True
+    e = dict(
+        base,
+        ms_median=round(med, 5),
+        ms_min=round(min(res["ms"]), 5),
+        ms_max=round(max(res["ms"]), 5),
+        step_ms=[round(x, 4) for x in res["ms"]],
+        frac_roofline=round(roof / ms, 4),
+        tokens_per_s=round(case.b / ms * 1e3, 1),
+        replay_ms=round(rep, 5),
+        replay_frac_roofline=round(roof / rep, 4),
+        host_ms=round(ms - rep, 5),
+        eager_ms=round(ms_eager, 5),
+        x_eager=round(ms_eager / ms, 3),
+        graph_replays=res["replays"],
+        prefill_steps=res["prefill_steps"],
+        prefill_s=res["prefill_s"],
+        engine_build_s=res["build_s"],
+    )
+    if prof is not None:  # kernels run back to back on one stream: the rest is idle time
+        prof["replay_idle_us"] = round(rep * 1e3 - prof["kernel_us"], 2)
+        e["profile"] = prof
+    mine = Record(SUITE, case.name, "pagedattn", ms, cost["bytes"], cost["flops"], e)
+    ctx.records.append(mine)
+    e_eager = dict(
+        base,
+        ms_median=round(sorted(eager["ms"])[len(eager["ms"]) // 2], 5),
+        step_ms=[round(x, 4) for x in eager["ms"]],
+        frac_roofline=round(roof / ms_eager, 4),
+        tokens_per_s=round(case.b / ms_eager * 1e3, 1),
+        prefill_s=eager["prefill_s"],
+    )
+    ctx.records.append(
+        Record(
+            SUITE, case.name, "pagedattn-eager", ms_eager, cost["bytes"], cost["flops"], e_eager
+        )  # fmt: skip
+    )
+    if case.hf:
+        try:
+            hf = hf_decode(ctx, case, model, cfg_dict, toks)
+        except Exception as ex:  # noqa: BLE001 - the peer's failure is a record, not the end
+            ctx.error(case, f"transformers failed: {type(ex).__name__}: {str(ex)[:300]}")
+            return
+        finally:
+            _free(ctx)
+        ours_tps = e["tokens_per_s"]
+        mine.extra.update(
+            transformers_tokens_per_s=hf["tokens_per_s"],
+            x_transformers=round(ours_tps / hf["tokens_per_s"], 2),
+            goal_x_transformers=X_HF_GOAL,
+        )
+        ctx.records.append(
+            Record(
+                SUITE,
+                case.name,
+                "transformers",
+                hf["step_ms"],
+                0.0,
+                0.0,
+                dict(base, **hf, frac_roofline=round(roof / hf["step_ms"], 4)),
+            )  # fmt: skip
+        )
+
+
+def _free(ctx: Ctx) -> None:
+    gc.collect()
+    if not ctx.dry:
+        torch.cuda.empty_cache()
+
+
+def run(records: list[Record], ceilings: dict, seed: int = 0, dry: bool = False,
+        only: str | None = None) -> dict:  # fmt: skip
+    """Every case (or those whose name contains `only`) into `records`, consecutive cases of
+    one shape on one model; returns the run's metadata (seed, errors, seconds per case)."""
+    ctx = Ctx(records, ceilings, seed, dry)
+    seconds: dict[str, float] = {}
+    build_s: dict[str, float] = {}
+    t_all = time.perf_counter()
+    model, model_shape = None, None
+    for case in CASES:
+        if only and only not in case.name:
+            continue
+        c = shrink(case) if dry else case
+        cfg_dict = hf_config_dict(c.shape, dry)
+        t0 = time.perf_counter()
+        try:
+            if model_shape != c.shape:
+                model = None
+                _free(ctx)
+                t_b = time.perf_counter()
+                model = build_model(cfg_dict, ctx.dev, ctx.dtype, seed)
+                ctx.sync()
+                model_shape = c.shape
+                build_s[c.shape] = round(time.perf_counter() - t_b, 2)
+            run_case(ctx, c, model, cfg_dict)
+        except Exception as e:  # noqa: BLE001 - keep the other cases' numbers
+            import traceback
+
+            traceback.print_exc()
+            ctx.error(case, f"case failed: {type(e).__name__}: {str(e)[:300]}")
+            model, model_shape = None, None
+        seconds[case.name] = round(time.perf_counter() - t0, 2)
+        print(f"[model] {case.name}: {seconds[case.name]:.1f} s  {_one_line(records, case)}")
+        _free(ctx)
+    return dict(
+        suite=SUITE,
+        seed=seed,
+        dry_run=dry,
+        errors=ctx.errors,
+        model_build_seconds=build_s,
+        case_seconds=seconds,
+        total_seconds=round(time.perf_counter() - t_all, 1),
+    )
+
+
+def _one_line(records: list[Record], case: Case) -> str:
+    rs = {r.impl: r for r in records if r.config == case.name}
+    o = rs.get("pagedattn")
+    if o is None:
+        return "(no pagedattn record)"
+    e = o.extra
+    s = (f"ours {o.ms:.3f} ms/step ({e['frac_roofline']:.2f} of roofline {e['roofline_ms']:.3f}"
+         f" ms, replay {e['replay_ms']:.3f} ms), eager {e['eager_ms']:.3f} ms")  # fmt: skip
+    if "x_transformers" in e:
+        s += f", x{e['x_transformers']:.1f} transformers"
+    return s
+
+
+def table(records: list[Record]) -> str:
+    """The short table: case, our ms a step (graphs), roofline ms, fraction, tokens/s,
+    eager ms, times transformers."""
+    lines = [
+        f"{'case':<22} {'ours ms':>8} {'roof ms':>8} {'/roof':>6} {'goal':>5} {'tok/s':>9} "
+        f"{'replay':>8} {'eager ms':>9} {'x HF':>6}"
+    ]
+    for r in records:
+        if r.suite != SUITE or r.impl != "pagedattn":
+            continue
+        e = r.extra
+        x = e.get("x_transformers")
+        lines.append(
+            f"{r.config:<22} {r.ms:>8.3f} {e['roofline_ms']:>8.3f} {e['frac_roofline']:>6.2f} "
+            f"{e['goal_frac']:>5.2f} {e['tokens_per_s']:>9.0f} {e['replay_ms']:>8.3f} "
+            f"{e['eager_ms']:>9.3f} " + (f"{x:>6.1f}" if x is not None else f"{'-':>6}")
+        )
+    return "\n".join(lines)
+
+
+def profile_lines(records: list[Record]) -> str:
+    """The top kernels of each profiled case (us a step and share)."""
+    lines = []
+    for r in records:
+        p = r.extra.get("profile") if r.impl == "pagedattn" else None
+        if not p:
+            continue
+        lines.append(
+            f"{r.config}: {p['kernel_us']:.1f} us of kernels a step, "
+            f"{p['replay_idle_us']:.1f} us of the replay without one ({p['source']})"
+        )
+        for k in p["top"]:
+            lines.append(
+                f"  {k['share']:>6.1%} {k['us']:>9.1f} us x{k['calls']:<6g} {k['name'][:90]}"
+            )
+    return "\n".join(lines)
+
+
+def plot(path: str, records: list[Record], env: dict, dry: bool) -> str:
+    """Each case's roofline time over its step time (graphs, eager, the replay alone), bars
+    labelled with ms, the goal marked; the PNG beside `path`."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    mine = [r for r in records if r.suite == SUITE and r.impl == "pagedattn"]
+    series = [("graphs (step loop)", lambda r: r.ms),
+              ("eager (step loop)", lambda r: r.extra["eager_ms"]),
+              ("graph replay alone", lambda r: r.extra["replay_ms"])]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(11, 0.9 * max(len(mine), 1) + 1.6))
+    h = 0.8 / len(series)
+    for i, (label, get) in enumerate(series):
+        ys = [j + i * h for j in range(len(mine))]
+        ms = [get(r) for r in mine]
+        xs = [r.extra["roofline_ms"] / m for r, m in zip(mine, ms)]
+        bars = ax.barh(ys, xs, height=h, label=label)
+        for bar, m in zip(bars, ms):
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {m:.3f} ms",
+                    va="center", fontsize=6)  # fmt: skip
+    for j, r in enumerate(mine):
+        ax.plot([r.extra["goal_frac"]] * 2, [j - h / 2, j + 0.8 - h / 2], color="r", lw=0.8)
+    ax.set_yticks([j + 0.4 - h / 2 for j in range(len(mine))])
+    ax.set_yticklabels([f"{r.config} [{r.extra['bound']}]" for r in mine], fontsize=7)
+    ax.axvline(1.0, color="k", lw=0.5)
+    ax.set_xlabel("roofline time / step time (roofline: max(weights + KV bytes / copy, FLOPs / "
+                  "bf16 matmul), measured in the same run); red: issue 57's goal")  # fmt: skip
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(
+        f"model decode steps: {env.get('device', '?')} {env.get('date', '')} torch "
+        f"{env.get('torch', '')} triton {env.get('triton', '')}"
+        + (" [CPU dry run: no timing claims]" if dry else ""),
+        fontsize=8,
+    )
+    fig.tight_layout()
+    out = path.rsplit(".", 1)[0] + ".png"
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+def run_and_save(out: str, env: dict, ceilings: dict, seed: int = 0, dry: bool = False,
+                 only: str | None = None) -> list[Record]:  # fmt: skip
+    """Run the suite, write `out` (JSON with the run's metadata) and its plot beside it, print
+    the profiles and the short table last."""
+    records: list[Record] = []
+    meta = run(records, ceilings, seed, dry, only)
+    save(out, env, ceilings, records, meta=meta)
+    try:
+        print(f"[model] plot {plot(out, records, env, dry)}")
+    except ImportError as e:  # matplotlib missing: the JSON stands alone
+        print(f"[model] no plot: {e}")
+    print(f"[model] {out}: {len(records)} records, {len(meta['errors'])} errors, "
+          f"{meta['total_seconds']} s")  # fmt: skip
+    for line in meta["errors"]:
+        print(f"[model] error: {line}")
+    prof = profile_lines(records)
+    if prof:
+        print(prof)
+    print(table(records))
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no timing claims")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        out = args.out or "bench/out/model_dry.json"
+        env = dict(environment(probe_flashinfer=False), dry_run=True)
+        ceilings = {"copy_gbps": 20.0, "mm_tflops": 0.2}  # placeholders: no claim on a CPU
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny ops: more threads only contend for the cores
+        try:
+            run_and_save(out, env, ceilings, args.seed, dry=True, only=args.only)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    if not torch.cuda.is_available():
+        print("bench_model.py needs a CUDA device (or --dry-run)")
+        return
+    from common import copy_bandwidth, default_out, matmul_tflops  # noqa: PLC0415
+
+    env = environment(probe_flashinfer=False)
+    ceilings = {"copy_gbps": copy_bandwidth(), "mm_tflops": matmul_tflops()}
+    print(
+        f"[bench] copy {ceilings['copy_gbps']:.0f} GB/s, bf16 mm {ceilings['mm_tflops']:.0f} TF/s"
+    )
+    out = args.out or default_out(env, suffix="_model")
+    run_and_save(out, env, ceilings, args.seed, only=args.only)
+
+
+if __name__ == "__main__":
+    main()
