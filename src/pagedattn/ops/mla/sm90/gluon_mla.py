@@ -433,10 +433,11 @@ if HAS_GLUON:
     def g_key_range(
         K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
         SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr,
-        CAUSAL: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
+        CAUSAL: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr, ITEM=None,
     ):  # fmt: skip
         """(cache_len, lo, hi): the keys [lo, hi) of split-K partition `part` (chunks rounded
-        to BN; causal tiles stop after their last token's keys; empty unless t leads)."""
+        to BN; causal tiles stop after their last token's keys; empty unless t leads); with
+        ITEM, a balanced item's (lo, hi) (`g_work_item`), that chunk of the tile's keys."""
         cache_len = gl.load(K_CL + b, mask=live, other=0)
         if SPARSE:
             n_main = K_idx_len
@@ -455,9 +456,13 @@ if HAS_GLUON:
                 main_lim = n_main
         n_main = gl.where(live, n_main, 0)
         main_lim = gl.where(live & leader, main_lim, 0)
-        chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
-        lo = part * chunk
-        hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+        if ITEM is None:
+            chunk = gl.cdiv(gl.cdiv(n_main, NUM_P), BN) * BN
+            lo = part * chunk
+            hi = gl.minimum(gl.minimum(lo + chunk, n_main), main_lim)
+        else:
+            lo = ITEM[0]
+            hi = gl.minimum(gl.minimum(ITEM[1], n_main), main_lim)
         return cache_len, lo, hi
 
     @gluon.jit
@@ -1123,8 +1128,10 @@ if HAS_GLUON:
             )
             if not ok:
                 return
+            item = (w_lo, w_hi)
         else:
             t, hb, part = g_program(NHB, PDL)
+            item = None
         if TRACE:
             trp = g_trace_open(TR)
         b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
@@ -1156,18 +1163,10 @@ if HAS_GLUON:
         # overlaps the dependent loads of the key range and the first tiles' page ids.
         qa, qr = t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
 
-        if BALANCED:  # the item's chunk of the tile's keys
-            cache_len, lo, hi = g_key_range(
-                K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len,
-                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-            )  # fmt: skip
-            lo = w_lo
-            hi = gl.minimum(w_hi, hi)
-        else:
-            cache_len, lo, hi = g_key_range(
-                K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
-                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-            )  # fmt: skip
+        cache_len, lo, hi = g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN, item,
+        )  # fmt: skip
 
         row_lim, kpos, acc, m_i, l_acc, tau, zero_s = t_state(
             t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN

@@ -332,28 +332,22 @@ if HAS_GLUON:
             if not ok:
                 return
             early = g_early_q(trp, Q, stride_qt, stride_qh, t, hb, H_Q, HPT, TPT, ld_l)
+            item = (w_lo, w_hi)
         else:
             trp, t, hb, part, early = g_seesaw_start(Q, stride_qt, stride_qh, TR, H_Q, HPT, TPT,
                                                      NHB, PDL, TRACE, ld_l)  # fmt: skip
+            split = part < 0  # (unused: a placeholder for the partitions' arguments)
+            item = None
         b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
         if not (SPLIT or BALANCED):
             # (an entry is loaded wherever the table has it: the key range is not known yet)
             r0 = _st_row(K_LUT, b, K_lut_stride, 0, live & (0 < K_lut_len), K_ps, K_psr, K_npages)
             r1 = _st_row(K_LUT, b, K_lut_stride, BN, live & (BN // K_ps < K_lut_len), K_ps,
                          K_psr, K_npages)  # fmt: skip
-        if BALANCED:  # the item's chunk of the tile's keys
-            cache_len, lo, hi = g_key_range(
-                K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len, SPARSE,
-                HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-            )  # fmt: skip
-            lo = w_lo
-            hi = gl.minimum(w_hi, hi)
-        else:
-            cache_len, lo, hi = g_key_range(
-                K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
-                HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-            )  # fmt: skip
-            split = hi < 0  # (unused: a placeholder for the partitions' arguments)
+        cache_len, lo, hi = g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len, SPARSE,
+            HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN, item,
+        )  # fmt: skip
         if SPLIT or BALANCED:
             r0 = _st_row(K_LUT, b, K_lut_stride, lo, lo < hi, K_ps, K_psr, K_npages)
             r1 = _st_row(K_LUT, b, K_lut_stride, lo + BN, lo + BN < hi, K_ps, K_psr, K_npages)

@@ -268,27 +268,21 @@ if HAS_GLUON:
             )
             if not ok:
                 return
+            item = (w_lo, w_hi)
         else:
             t, hb, part = g_program(NHB, PDL)
+            split = part < 0  # (unused: a placeholder for the partitions' arguments)
+            item = None
         trp = part  # a placeholder (warp_specialize arguments cannot be None)
         if TRACE:
             trp = g_trace_open(TR)
         b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
         # q's loads are issued before the dependent loads of the key range
         qa, qr = t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR, FMT, ld_l)
-        if BALANCED:  # the item's chunk of the tile's keys
-            cache_len, lo, hi = g_key_range(
-                K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len,
-                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-            )  # fmt: skip
-            lo = w_lo
-            hi = gl.minimum(w_hi, hi)
-        else:
-            cache_len, lo, hi = g_key_range(
-                K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
-                SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN,
-            )  # fmt: skip
-            split = hi < 0  # (unused: a placeholder for the partitions' arguments)
+        cache_len, lo, hi = g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
+            SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN, item,
+        )  # fmt: skip
 
         q_lat = gl.allocate_shared_memory(gl.float16, [1, NR, 512], sm_l)
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
