@@ -13,10 +13,19 @@ What that saves: an eager MLA decode call 78.7 -> 72.6 us (bf16, P = 1) on an H1
 
 Anything that is not a compiled JIT function (Triton's interpreter on a CPU, a test's stand-in)
 takes `kernel[grid](...)`, and so does every first launch of a specialization.
+
+`recording()` lists the launches its thread makes through `launch` (`Launched`: the kernel,
+grid, arguments and the compiled kernel that ran), so that `ops.prepared` can freeze them into
+prepared launches. A launch that does not reach this function (an `ops.offline` capture
+replaces a module's `launch`) is not listed.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -27,6 +36,37 @@ except ImportError:  # pragma: no cover - triton is a dependency
     JITFunction = None
 
 _COMPILED: dict[tuple, Any] = {}
+
+
+@dataclass
+class Launched:
+    """One launch that `launch` made: its arguments as given, and Triton's `CompiledKernel`
+    that ran it (None for anything but a compiled-mode JIT function, e.g. under Triton's
+    interpreter)."""
+
+    kernel: Any
+    grid: Any
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    compiled: Any = None
+    cluster: int = 1
+    smem_args: dict | None = None
+
+
+_RECORD = threading.local()
+
+
+@contextmanager
+def recording() -> Iterator[list[Launched]]:
+    """The launches this thread makes through `launch` inside the block, in order (nested
+    blocks each get their own list)."""
+    outer = getattr(_RECORD, "launches", None)
+    made: list[Launched] = []
+    _RECORD.launches = made
+    try:
+        yield made
+    finally:
+        _RECORD.launches = outer
 
 
 def _fast_path(kernel: Any, grid: Any) -> bool:
@@ -99,6 +139,10 @@ def launch(
     - smem_args {argument: allocation}: those runtime arguments (not specialized on, left at
       their defaults in `args`) get the compiled kernel's shared offsets of the named
       allocations (`gluon_cluster.smem_offsets`, read once a compiled kernel)."""
+    made = getattr(_RECORD, "launches", None)
+    if made is not None:
+        rec = Launched(kernel, grid, args, dict(kwargs), None, cluster, smem_args)
+        made.append(rec)
     compiled = key = None
     special = cluster > 1 or bool(smem_args)
     if _fast_path(kernel, grid):
@@ -112,7 +156,11 @@ def launch(
         compiled = kernel[grid](*args, **kwargs)  # compiles (or finds) and launches
         if key is not None and compiled is not None and not hasattr(compiled, "result"):
             _COMPILED[key] = compiled  # (an async compile's future is not kept)
+            if made is not None:
+                rec.compiled = compiled
         return
+    if made is not None:
+        rec.compiled = compiled
     if smem_args:
         offs = _SMEM_OFFSETS.get(compiled)
         if offs is None:

@@ -10,6 +10,13 @@ CUDA-graph safe) and dispatches with `ops.dispatch.choose_backend`: the Triton k
 (offsets, cache lengths, lookup-table reach); on CUDA those device values are the kernels'
 to guard. Every bad argument, a call that does not bind included, raises
 `InvalidArgumentError` naming it before anything is written.
+
+Host path: a decode call on the Triton backend is validated and planned once per call
+signature (`triton_mha.PreparedMHA`, `ops.prepared`): a later call of the same signature (the
+same shapes, strides, dtypes, devices, operand formats, mask, scale, flags and environment;
+any tensors) skips the checks and the plan and launches the frozen kernels with its own
+tensors. A call whose signature never validated takes the full path, so bad arguments raise
+exactly as without the cache; `triton_mha.mha_triton` is the same op without it.
 """
 
 from __future__ import annotations
@@ -31,11 +38,13 @@ from .._checks import (
 )
 from ..dispatch import choose_backend
 from ..masks import Mask, causal
+from ..prepared import MISS, UNPREPARED
 from .reference import mha_reference
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MHA_QUANT_FORMATS = (None, "blockwise", "per_tensor")
 _CAUSAL = causal()  # the default mask (immutable)
+_prepared = None  # triton_mha.PREPARED, once a call has taken the Triton backend
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
@@ -213,6 +222,16 @@ def mha(
     Raises InvalidArgumentError naming the argument (a missing or unknown one included) for a
     bad type, dtype, shape, device or host value, before anything is written.
     """
+    global _prepared
+    compiling = torch.compiler.is_compiling()
+    hit = MISS
+    if _prepared is not None and not compiling:
+        hit = _prepared(
+            q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend
+        )
+        if hit is not MISS and hit is not UNPREPARED:
+            return hit
+    given_mask = mask
     mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
     kwargs = dict(
         mask=mask,
@@ -222,16 +241,22 @@ def mha(
         return_lse=return_lse,
         out=out,
     )
-    if torch.compiler.is_compiling():
+    if compiling:
         from ..compiled import mha_compiled
 
         if scale is None:
             kwargs["scale"] = 1.0 / math.sqrt(q.shape[-1])
         return mha_compiled(q, k, v, q_row_offsets, backend=backend, **kwargs)
     if choose_backend(q.device, backend) == "triton":
-        from .triton_mha import mha_triton
+        from .triton_mha import PREPARED, mha_triton
 
-        return mha_triton(q, k, v, q_row_offsets, **kwargs)
+        if hit is UNPREPARED:
+            return mha_triton(q, k, v, q_row_offsets, **kwargs)
+        _prepared = PREPARED
+        return PREPARED.prepare(
+            q, k, v, q_row_offsets, given_mask, scale, sinks, num_partitions, return_lse, out,
+            backend, mask,
+        )  # fmt: skip
     return mha_reference(q, k, v, q_row_offsets, **kwargs)
 
 

@@ -23,6 +23,11 @@ fp16, q is scaled by an exact power of two to fit); blockwise G < head_dim K/V a
 to bf16 in registers (exact for e8m0 scales; float32 scales round like a bf16 cache unless the
 config sets kv_lo).
 
+Prepared calls (`PreparedMHA`, `PREPARED`; the mechanism is `ops.prepared`): `pagedattn.mha`
+validates and plans a decode call once per signature and then launches the frozen decode
+kernel and combine with each call's tensors (host cost: docs/kernels/launch.md).
+`mha_triton` itself always takes the full path.
+
 Tuning: `config=` (`selection.MHATuning`) and `PAGEDATTN_MHA_TUNING` override fields of the
 selected configs (development). No host sync and no data-dependent allocation: safe under
 CUDA-graph capture. Kernel history: docs/kernels/mha_decode.md, mha_prefill.md, gluon_prefill.md.
@@ -31,6 +36,8 @@ CUDA-graph capture. Kernel history: docs/kernels/mha_decode.md, mha_prefill.md, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from operator import itemgetter
 
 import torch
 import triton
@@ -40,9 +47,22 @@ from ...errors import check
 from ...operands import KernelArgs, RowOperand
 from ..constants import LOG2E_F
 from ..gluon_imports import GluonTensorDescriptor, nvmma_128b
-from ..launch import launch
+from ..launch import launch, recording
 from ..masks import Mask, causal
 from ..pdl import pdl_enabled
+from ..prepared import (
+    MISS,
+    UNPREPARED,
+    PreparedCache,
+    PreparedLaunch,
+    capturing,
+    current_device,
+    current_stream,
+    env_state,
+    hooks_idle,
+    tensor_guard,
+    workspace,
+)
 from . import gluon_prefill, gluon_prefill_ws
 from .selection import (  # noqa: F401 - decode_config: kept importable here (test_dispatch_plan)
     DecodePlan,
@@ -56,6 +76,7 @@ from .selection import (  # noqa: F401 - decode_config: kept importable here (te
     plan,
     quant_code,
     same_rows,
+    storage_delta,
     tuning_from_env,
 )
 from .triton_combine import combine_triton
@@ -182,7 +203,45 @@ def mha_triton(
     config: development overrides of the launch configs (`selection.MHATuning`), applied over
       $PAGEDATTN_MHA_TUNING's.
     Returns out [total_q, h_q, d_v] in q.dtype, and LSE [total_q, h_q] f32 if return_lse.
+
+    This is the full path of every call (`pagedattn.mha` keeps prepared decode calls,
+    `PreparedMHA`; this function never reads or fills that cache).
     """
+    return _full_path(
+        q, k, v, q_row_offsets, mask=mask, scale=scale, sinks=sinks,
+        num_partitions=num_partitions, return_lse=return_lse, out=out, max_q_len=max_q_len,
+        config=config,
+    )[0]  # fmt: skip
+
+
+@dataclass
+class _Ran:
+    """What one full-path call handed its kernels (for `PreparedMHA.prepare`): the plan (None
+    where nothing was launched), the outputs and the split-K partials (None unless split)."""
+
+    how: DecodePlan | PrefillPlan | Sm90PrefillPlan | None
+    out: torch.Tensor
+    lse: torch.Tensor | None
+    po: torch.Tensor | None = None
+    pl: torch.Tensor | None = None
+
+
+def _full_path(
+    q: torch.Tensor,
+    k: RowOperand,
+    v: RowOperand,
+    q_row_offsets: torch.Tensor,
+    *,
+    mask: Mask | None,
+    scale: float | None,
+    sinks: torch.Tensor | None,
+    num_partitions: int | torch.Tensor | None,
+    return_lse: bool,
+    out: torch.Tensor | None,
+    max_q_len: int | None = None,
+    config: MHATuning | None = None,
+) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], _Ran]:
+    """`mha_triton`'s body: (its result, what it ran)."""
     mask = causal() if mask is None else mask
     check(q.ndim == 3, "q", "a [total_q, h_q, d] tensor", tuple(q.shape))
     check(
@@ -226,8 +285,9 @@ def mha_triton(
             f"{tuple(out.shape)} {out.dtype}",
         )
     lse = torch.empty((total_q, h_q), dtype=torch.float32, device=q.device) if return_lse else None
+    ran = _Ran(None, out, lse)
     if total_q == 0 or batch == 0:
-        return (out, lse) if return_lse else out
+        return ((out, lse) if return_lse else out), ran
 
     if sinks is not None:
         check(sinks.numel() == h_q, "sinks", f"[{h_q}] float32 logits", tuple(sinks.shape))
@@ -251,7 +311,7 @@ def mha_triton(
     dvp = max(16, triton.next_power_of_2(dv))
     block_b = max(16, min(1024, triton.next_power_of_2(batch + 1)))
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    how = plan(
+    how = ran.how = plan(
         q, ka, va, dk, dv, batch, mask, max_q_len, num_partitions, tuning, device_facts(q.device)
     )
     q_head = [q, q.stride(0), q.stride(1)]
@@ -289,6 +349,8 @@ def mha_triton(
         else:
             items = total_q
             po = pl = out
+        if split:
+            ran.po, ran.pl = po, pl
         launch(_mha_decode_kernel, (items * h_kv,),
             *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
             H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
@@ -336,7 +398,7 @@ def mha_triton(
             BLOCK_B=block_b, BLOCKS_FASTEST=bool(cfg.blocks_fastest),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
         )  # fmt: skip
-    return (out, lse) if return_lse else out
+    return ((out, lse) if return_lse else out), ran
 
 
 def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, d, h_q, group, block_b, mask,
@@ -375,3 +437,239 @@ def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, d, h_q, group,
             V_SAME_ROWS=same_rows(ka, va, use_tma, use_tma), TMA=use_tma,
             num_warps=cfg.num_warps, **cx,
         )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Prepared decode calls (`pagedattn.mha`'s host path; the mechanism is `ops.prepared`)
+# --------------------------------------------------------------------------------------------
+# The call's tensors a prepared launch takes its pointers from ("sources"), by index
+SOURCES = (
+    "q", "q_row_offsets", "k.rows", "k.cache_lengths", "k.lut", "k.row_offsets", "k.scales",
+    "v.rows", "v.cache_lengths", "v.lut", "v.row_offsets", "v.scales", "sinks", "mask.tensor",
+    "out", "lse", "partial_out", "partial_lse",
+)  # fmt: skip
+_OUT, _LSE, _PO, _PL = 14, 15, 16, 17
+_PL_ALIGN = 64  # float32 elements (256 bytes) between the partial outputs and LSEs
+
+
+def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
+               backend) -> tuple[tuple, list]:  # fmt: skip
+    """(key, sources) of a `pagedattn.mha` call (`ops.prepared`): the key holds every
+    non-tensor value the op's checks and plan read; `_guarded(sources)` are the tensors whose
+    metadata the guard checks. Raises (AttributeError, TypeError, ...) for arguments it cannot
+    read: the caller then takes the full path, which reports them."""
+    kr, kc, kl, ko, ks = k.rows, k.cache_lengths, k.lut, k.row_offsets, k.scales
+    vr, vc, vl, vo, vs = v.rows, v.cache_lengths, v.lut, v.row_offsets, v.scales
+    if mask is None:
+        mk = mt = None
+    else:
+        mt = mask.tensor
+        mk = (type(mask), mask.kind, mask.window, mask.chunk)
+    src = [q, q_row_offsets, kr, kc, kl, ko, ks, vr, vc, vl, vo, vs, sinks, mt, out,
+           None, None, None]  # fmt: skip
+    key = (
+        q.shape, type(k), k.page_size, k.page_stride_rows, k.quant_format,
+        k.quantization_granularity, k.quantization_enabled, k.head_dim, k.num_heads, k.dtype,
+        type(v), v.page_size, v.page_stride_rows, v.quant_format,
+        v.quantization_granularity, v.quantization_enabled, v.head_dim, v.num_heads, v.dtype,
+        kl is None, ko is None, ks is None, vl is None, vo is None, vs is None,
+        vr is kr, vc is kc, vl is kl, vo is ko, vs is ks,
+        mk, mt is None, sinks is None, out is None, type(scale), scale,
+        type(num_partitions), num_partitions, type(return_lse), return_lse, backend,
+        env_state(), current_device(q),
+    )  # fmt: skip
+    if k.quant_format is not None or v.quant_format is not None:
+        # the FP8 decode loop addresses V (and its scales) from K's when one storage holds both
+        key += (storage_delta(kr, vr), None if ks is None or vs is None else
+                storage_delta(ks, vs))  # fmt: skip
+    return key, src
+
+
+def _guarded(src: list) -> tuple[int, ...]:
+    """The indices of the sources a call's guard checks: every tensor argument once (v's that
+    are k's, which the key records, left out); a function of the key."""
+    return tuple(
+        i for i in range(_OUT + 1)
+        if src[i] is not None and not (7 <= i <= 11 and src[i] is src[i - 5])
+    )  # fmt: skip
+
+
+class _PreparedDecode:
+    """A decode call's frozen launches (the decode kernel and, where split, its combine) and
+    what each call allocates (`PreparedMHA`)."""
+
+    __slots__ = (
+        "decode", "combine", "inputs", "aligned", "device", "index", "out_shape", "dtype",
+        "lse_shape", "return_lse", "po_shape", "pl_shape", "po_numel", "pl_numel", "pl_off",
+        "ws_numel", "host_grid",
+    )  # fmt: skip
+
+    def __call__(self, src: list):
+        """The call's result, or MISS where a pointer's 16-byte alignment differs from the
+        prepared call's (Triton specialized on it)."""
+        P = [0] * 18
+        acc = 0
+        for i in self.inputs:
+            p = P[i] = src[i].data_ptr()
+            acc |= p
+        aligned = self.aligned
+        if aligned is True:
+            if acc & 15:
+                return MISS
+        elif tuple(P[i] & 15 == 0 for i in self.inputs) != aligned:
+            return MISS
+        dev, index = self.device, self.index
+        out = src[_OUT]
+        if out is None:
+            out = src[_OUT] = torch.empty(self.out_shape, dtype=self.dtype, device=dev)
+            P[_OUT] = out.data_ptr()
+        lse = None
+        if self.return_lse:
+            lse = src[_LSE] = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
+            P[_LSE] = lse.data_ptr()
+        stream = current_stream(index)
+        d, c = self.decode, self.combine
+        if self.ws_numel:
+            if capturing(index):  # fresh buffers: the graph's private pool owns them
+                po = src[_PO] = torch.empty(self.po_shape, dtype=torch.float32, device=dev)
+                pl = src[_PL] = torch.empty(self.pl_shape, dtype=torch.float32, device=dev)
+                P[_PO], P[_PL] = po.data_ptr(), pl.data_ptr()
+            else:
+                w, base = workspace(dev, stream, self.ws_numel)
+                P[_PO], P[_PL] = base, base + 4 * self.pl_off
+                if not d.compiled:
+                    src[_PO] = w[: self.po_numel].view(self.po_shape)
+                    src[_PL] = w[self.pl_off : self.pl_off + self.pl_numel].view(self.pl_shape)
+        if d.fast is not None and (c is None or c.fast is not None) and hooks_idle():
+            d.fast(stream, P)
+            if c is not None:
+                c.fast(stream, P)
+        else:
+            grid = None
+            if self.host_grid is not None:  # Triton's interpreter: the host's lengths
+                h_kv, mask_code, mask_param, block_n, target, min_blocks = self.host_grid
+                items = host_item_count(
+                    src[3], src[1], mask_code, mask_param, block_n=block_n, target=target,
+                    min_blocks=min_blocks,
+                )  # fmt: skip
+                grid = (items * h_kv,)
+            d.run(stream, P, src, grid)
+            if c is not None:
+                c.run(stream, P, src)
+        return (out, lse) if self.return_lse else out
+
+
+class PreparedMHA:
+    """`pagedattn.mha`'s prepared calls (`ops.prepared`): decode calls (every request one
+    query: the decode kernel and its split-K combine), keyed by `_signature`. A call of any
+    other plan (prefill, chunked prefill), or whose launches cannot be prepared (an argument
+    the launcher copies: a q, mask tensor or sinks that is not contiguous; two arguments
+    sharing memory; TMA descriptors), keeps the full path: its signature is stored as
+    UNPREPARED so that it is not prepared again.
+
+    `__call__(...)` (the lookup, `mha`'s arguments): the result of a hit, or MISS /
+    UNPREPARED. `prepare(...)`: the full path of a validated call, prepared on the way.
+    `cache`: the bounded `PreparedCache` (at most capacity x per_key entries, 512 by default;
+    an entry holds generated launch code and shapes, no tensor)."""
+
+    def __init__(self, capacity: int = 128, per_key: int = 4) -> None:
+        self.cache = PreparedCache(capacity, per_key)
+
+    def __call__(self, q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse,
+                 out, backend):  # fmt: skip
+        try:
+            key, src = _signature(
+                q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
+                backend,
+            )  # fmt: skip
+            cands = self.cache.candidates(key)
+        except Exception:  # arguments the signature cannot read: the full path reports them
+            return MISS
+        if cands is None:
+            return MISS
+        for guard, pick, entry in cands:
+            if guard.check(*pick(src)):
+                if entry is None:
+                    return UNPREPARED
+                r = entry(src)
+                if r is not MISS:
+                    return r
+        return MISS
+
+    def prepare(self, q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse,
+                out, backend, resolved_mask: Mask):  # fmt: skip
+        """`mha_triton`'s full path for a call `mha` validated (mask: as the caller gave it,
+        resolved_mask: None resolved to causal), its launches prepared and stored."""
+        kwargs = dict(
+            mask=resolved_mask, scale=scale, sinks=sinks, num_partitions=num_partitions,
+            return_lse=return_lse, out=out,
+        )  # fmt: skip
+        try:
+            key, src = _signature(
+                q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
+                backend,
+            )  # fmt: skip
+            hash(key)
+            pick = itemgetter(*_guarded(src))
+            guarded = pick(src)
+            guard = tensor_guard(guarded)
+            ok = guard.check(*guarded)  # False: tensors aliasing each other (e.g. out=q)
+        except Exception:  # (not expected of a validated call) not prepared
+            ok = False
+        if not ok:
+            return _full_path(q, k, v, q_row_offsets, **kwargs)[0]
+        with recording() as made:
+            res, ran = _full_path(q, k, v, q_row_offsets, **kwargs)
+        expected = _expected_launches(ran.how)
+        if expected < 0:  # nothing launched (an empty batch), or not a decode plan
+            self.cache.store(key, guard, pick, None)
+        elif len(made) == expected:  # (fewer: an offline capture replaced `launch`)
+            out_given = out is not None
+            src[_OUT], src[_LSE], src[_PO], src[_PL] = ran.out, ran.lse, ran.po, ran.pl
+            entry = _prepare_decode(made, src, ran, out_given, q, resolved_mask)
+            self.cache.store(key, guard, pick, entry)
+        return res
+
+
+def _expected_launches(how) -> int:
+    """The launches a full path of plan `how` makes through `ops.launch.launch`; -1 where
+    none is prepared (no plan: nothing launched; a prefill plan)."""
+    if not isinstance(how, DecodePlan):
+        return -1
+    return 2 if how.target > 0 or how.num_partitions > 1 else 1
+
+
+def _prepare_decode(made, src: list, ran: _Ran, out_given: bool, q: torch.Tensor, mask: Mask):
+    """The `_PreparedDecode` of a decode call's recorded launches `made` (src: the call's
+    sources, its outputs and partials included), or None where they cannot be prepared."""
+    launches = [PreparedLaunch.build(m, src) for m in made]
+    if any(p is None for p in launches) or len({p.compiled for p in launches}) != 1:
+        return None
+    e = _PreparedDecode()
+    e.decode = launches[0]
+    e.combine = launches[1] if len(launches) > 1 else None
+    fresh = {_LSE, _PO, _PL} | (set() if out_given else {_OUT})
+    e.inputs = tuple(sorted(set().union(*(p.sources for p in launches)) - fresh))
+    flags = tuple(src[i].data_ptr() & 15 == 0 for i in e.inputs)
+    e.aligned = True if all(flags) else flags
+    e.device, e.index = q.device, current_device(q)
+    e.out_shape, e.dtype = tuple(ran.out.shape), ran.out.dtype
+    e.return_lse = ran.lse is not None
+    e.lse_shape = tuple(ran.lse.shape) if ran.lse is not None else None
+    e.po_shape = e.pl_shape = None
+    e.po_numel = e.pl_numel = e.pl_off = e.ws_numel = 0
+    if ran.po is not None:
+        e.po_shape, e.pl_shape = tuple(ran.po.shape), tuple(ran.pl.shape)
+        e.po_numel, e.pl_numel = ran.po.numel(), ran.pl.numel()
+        e.pl_off = -(-e.po_numel // _PL_ALIGN) * _PL_ALIGN
+        e.ws_numel = e.pl_off + e.pl_numel
+    how = ran.how
+    e.host_grid = None
+    if how.target > 0 and not e.decode.compiled:
+        e.host_grid = (src[2].shape[1], mask.code, mask.param, how.config.BLOCK_N, how.target,
+                       how.min_blocks)  # fmt: skip
+    return e
+
+
+#: The prepared calls of `pagedattn.mha` (one per process; bounded, see PreparedCache).
+PREPARED = PreparedMHA()
