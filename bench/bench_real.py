@@ -394,7 +394,10 @@ def run_gqa(ctx: Ctx, case: Case, lens: list[int], chunks=()) -> None:
     ref = ref_gqa(q, offs, indptr, indices, last, pool, page, scale)
     nbytes = sum(seq) * H_KV * 2 * D * 2 + 2 * q.numel() * 2
     flops = 2 * visible_keys(seq, new) * h_q * 2 * D
-    ours = lambda: mha(q, k_op, v_op, offs, scale=scale, out=out, backend=ctx.backend)
+    # a mixed step says how many decodes lead it, as a serving engine's batch does (`mha`)
+    hint = len(lens) if chunks else None
+    ours = lambda: mha(q, k_op, v_op, offs, scale=scale, out=out, backend=ctx.backend,
+                       num_decodes=hint)  # fmt: skip
 
     def setup(fi):
         ws = torch.empty(WS_BYTES, dtype=torch.uint8, device="cuda")
@@ -415,7 +418,7 @@ def run_gqa(ctx: Ctx, case: Case, lens: list[int], chunks=()) -> None:
     )
     extra = dict(page=page, h_q=h_q, h_kv=H_KV, d=D, tokens=int(q.shape[0]))
     if chunks:
-        extra.update(decodes=len(lens), chunks=[list(c) for c in chunks])
+        extra.update(decodes=len(lens), chunks=[list(c) for c in chunks], num_decodes=hint)
     finish(ctx, case, ours=ours, out=out, ref=ref, peer_fn=peer(ctx, case, setup), api=api,
            nbytes=nbytes, flops=flops, lens=lens, extra=extra)  # fmt: skip
 

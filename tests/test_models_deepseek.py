@@ -281,14 +281,18 @@ def test_gpu_float32_greedy_matches_hf_generate(ckpt, page_size):
 @pytest.mark.gpu
 def test_gpu_bfloat16_logits_close_to_hf(ckpt):
     """bfloat16 on CUDA (the dtype mla_decode's sm_90 kernels are built for): every row of a
-    ragged step, both forms, against HF's bfloat16 forward."""
+    ragged step, both forms, as close to HF's float32 forward as HF's own bfloat16 forward is.
+    (These checkpoints' large random weights and discrete expert routing make bf16 logits of
+    two correct implementations differ by more than a fixed cosine bound: a routing flip moves
+    a row; the bound is relative to transformers' own bf16 error.)"""
     import copy
 
     from pagedattn.testing import cos_diff
 
     variant, path, hf = ckpt
     model = load_model(path, device="cuda", dtype=torch.bfloat16)
-    hf = copy.deepcopy(hf).to("cuda", torch.bfloat16)
+    hf32 = copy.deepcopy(hf).to("cuda", torch.float32)
+    hf16 = copy.deepcopy(hf).to("cuda", torch.bfloat16)
     params = kv_cache_params(model.config, dtype=model.dtype, page_size=64, devices=["cuda"])
     model.attach_kv_cache(params)
     mgr = PagedKVCacheManager(params, total_num_pages=16)
@@ -300,10 +304,17 @@ def test_gpu_bfloat16_logits_close_to_hf(ckpt):
     ids = torch.tensor([t for p in prompts for t in p], device="cuda")
     pos = torch.cat([torch.arange(len(p)) for p in prompts]).cuda()
     offs = ragged_offsets([len(p) for p in prompts], "cuda")
-    logits = model(ids, pos, inputs, offs, torch.arange(len(ids), device="cuda"))
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids), device="cuda")).float()
     with torch.no_grad():
-        ref = torch.cat([hf(torch.tensor([p], device="cuda")).logits[0] for p in prompts]).float()
-    cd = cos_diff(logits, ref)
-    agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
-    print(f"deepseek {variant} bf16: cos diff {cd:.2e}, argmax agreement {agree:.2f}")
-    assert cd < 1e-3 and agree >= 0.8, (cd, agree)
+
+        def run(m):
+            return torch.cat([m(torch.tensor([p], device="cuda")).logits[0] for p in prompts])
+
+        ref, hf_bf16 = run(hf32).float(), run(hf16).float()
+    cd, cd_hf = cos_diff(logits, ref), cos_diff(hf_bf16, ref)
+    top = ref.argmax(-1)
+    agree = float((logits.argmax(-1) == top).float().mean())
+    agree_hf = float((hf_bf16.argmax(-1) == top).float().mean())
+    print(f"deepseek {variant} bf16 vs HF fp32: cos diff {cd:.2e} (HF bf16 {cd_hf:.2e}), "
+          f"argmax agreement {agree:.2f} (HF bf16 {agree_hf:.2f})")  # fmt: skip
+    assert cd <= 3 * cd_hf + 1e-4 and agree >= agree_hf - 0.1, (cd, cd_hf, agree, agree_hf)

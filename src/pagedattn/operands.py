@@ -16,6 +16,7 @@ tokens reads `cache_length(b) + q_len(b)` keys (the new tokens' K/V are written 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -137,6 +138,26 @@ class RowOperand:
     @property
     def batch_size(self) -> int:
         return self.cache_lengths.shape[0]
+
+    def select_requests(self, start: int, stop: int) -> RowOperand:
+        """This operand over requests [start, stop) of its batch only (request b of the result
+        is request start + b here): views of the cache lengths and of the lookup table or row
+        offsets, the same rows and scales (no copy, no host sync)."""
+        check(
+            isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop
+            and stop <= self.batch_size,
+            "start, stop",
+            f"ints with 0 <= start <= stop <= batch size {self.batch_size}",
+            (start, stop),
+        )  # fmt: skip
+        op = copy.copy(self)
+        op.cache_lengths = self.cache_lengths[start:stop]
+        if self.lut is not None:
+            op.lut = self.lut[start:stop]
+        if self.row_offsets is not None:
+            op.row_offsets = self.row_offsets[start:stop]
+        op._cl_host = op._lut_host = None
+        return op
 
     def cache_length(self, batch_idx: int) -> int:
         return self._cl()[batch_idx]

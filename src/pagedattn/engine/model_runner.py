@@ -14,6 +14,8 @@ the model's all-reduces make the logits equal on every rank. (TP steps run eager
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .cuda_graphs import GraphRunner
@@ -21,7 +23,8 @@ from .step_inputs import StepInputs
 
 
 class ModelRunner:
-    """model: the step model (`models.DecoderForCausalLM.forward`'s signature) on `device`.
+    """model: the step model (`models.DecoderForCausalLM.forward`'s signature) on `device`;
+    a model whose forward takes `num_decodes` gets the step's (`StepInputs.num_decodes`).
     graphs: the decode graphs, or None (every step eager)."""
 
     def __init__(
@@ -30,6 +33,7 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.graphs = graphs
+        self._takes_hint = "num_decodes" in inspect.signature(model.forward).parameters
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
@@ -42,12 +46,14 @@ class ModelRunner:
     @torch.inference_mode()
     def eager(self, inputs: StepInputs) -> torch.Tensor:
         """The step as one eager model call (what `execute` does without a graph)."""
+        hint = {"num_decodes": inputs.num_decodes} if self._takes_hint else {}
         return self.model(
             inputs.input_ids,
             inputs.positions,
             inputs.kv_inputs[0],
             inputs.q_row_offsets,
             inputs.logits_rows,
+            **hint,
         )
 
 

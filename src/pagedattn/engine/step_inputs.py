@@ -16,7 +16,11 @@ reserved them. It returns a `StepInputs`:
 - logits_rows [n] int64: the last row of each request whose chunk completes its known tokens
   (a decode or a prompt's last chunk), and `sample_index`, the batch index of each such row;
 - kv_inputs: `manager.runtime_inputs(request_ids)`, one `KVCacheInputsPerDevice` per device;
-- plan: None (the attention plan of DESIGN.md 4b, later).
+- num_decodes: how many requests lead the batch with one new token each (the scheduler
+  orders decodes first): the models pass it to `mha` (`num_decodes`), which then runs them on
+  the decode kernel and the chunks on the prefill kernel;
+- plan: None (the attention work lists are derived in the kernels from the lengths: no plan
+  buffer, docs/ops.md).
 
 The host arrays are packed into one int64 buffer and copied to the device once. A decode step
 that a CUDA graph replays then has these device arrays (and kv_inputs) copied into the graph's
@@ -62,6 +66,9 @@ class StepInputs:
     kv_inputs: list[KVCacheInputsPerDevice]
     host: HostStepInputs
     plan: object | None = None
+    # requests leading the batch with one new token each (the scheduler puts decodes first):
+    # `mha`'s num_decodes hint
+    num_decodes: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -144,7 +151,18 @@ def build_step_inputs(
         sample_index=host.sample_index,
         kv_inputs=kv_inputs,
         host=host,
+        num_decodes=_leading_decodes(requests),
     )
+
+
+def _leading_decodes(requests: Sequence[tuple[Hashable, Sequence[int], int]]) -> int:
+    """How many requests lead the batch with one new token each."""
+    n = 0
+    for _rid, _tokens, new in requests:
+        if new != 1:
+            break
+        n += 1
+    return n
 
 
 __all__ = ["HostStepInputs", "StepInputs", "build_step_inputs", "host_step_inputs"]

@@ -59,7 +59,7 @@ from ..ops.store_kv import store_kv
 from .config import ModelConfig
 from .layers import Linear, RMSNorm, RotaryEmbedding, SwiGLUMLP, apply_rope
 from .llama import DecoderForCausalLM, DecoderModel
-from .loader import WeightSource
+from .weights import WeightSource
 
 # A request with at most this many queries in a step attends in the absorbed form (mla_decode
 # over the latent cache); longer prefill chunks in the expanded form (kv_b_proj over the
@@ -491,8 +491,10 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         kv_inputs: KVCacheInputsPerDevice,
         q_row_offsets: torch.Tensor,
         logits_rows: torch.Tensor,
+        num_decodes: int | None = None,
     ) -> torch.Tensor:
-        """One step of a ragged batch; arguments and result as `DecoderForCausalLM.forward`."""
+        """One step of a ragged batch; arguments and result as `DecoderForCausalLM.forward`
+        (num_decodes is not needed: `MLAStepPlan` splits the step by query count itself)."""
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
         if q_row_offsets.shape[0] < 2:
             raise InvalidArgumentError("q_row_offsets: a step needs at least one request")

@@ -295,13 +295,15 @@ class GptOssMoE(nn.Module):
 @dataclass
 class StepContext:
     """What every layer of one step reads: the device's cache inputs, the cache's params, the
-    [b + 1] int32 query offsets, and the step's RoPE cos/sin ([T, head_dim // 2])."""
+    [b + 1] int32 query offsets, the step's RoPE cos/sin ([T, head_dim // 2]) and how many
+    requests lead it with one token each (None: not known)."""
 
     kv_inputs: KVCacheInputsPerDevice
     kv_params: KVCacheParams
     q_row_offsets: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
+    num_decodes: int | None = None  # the step's leading one-token requests (`mha`'s hint)
 
 
 def paged_attention(
@@ -328,6 +330,7 @@ def paged_attention(
         mask=mask,
         scale=scale,
         sinks=sinks,
+        num_decodes=ctx.num_decodes,
     )
 
 

@@ -287,6 +287,7 @@ class DecoderForCausalLM(nn.Module):
         kv_inputs: KVCacheInputsPerDevice,
         q_row_offsets: torch.Tensor,
         logits_rows: torch.Tensor,
+        num_decodes: int | None = None,
     ) -> torch.Tensor:
         """One step of a ragged batch (docs/models.md).
 
@@ -300,11 +301,13 @@ class DecoderForCausalLM(nn.Module):
         q_row_offsets [b + 1] int32: prefix sums of tokens per request.
         logits_rows [n] int64: rows of the step (indices into T) whose logits to compute,
           usually each request's last token when its prompt is complete.
+        num_decodes: how many requests lead the batch with one token each (a mixed step's
+          decodes first, `StepInputs.num_decodes`): `mha`'s hint, None where not known.
         Returns logits [n, vocab] float32.
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
         cos, sin = self.rotary_emb(positions, self.dtype)
-        ctx = StepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin)
+        ctx = StepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes)
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:

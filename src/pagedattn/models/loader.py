@@ -6,7 +6,7 @@ A checkpoint folder holds `config.json` and either `model.safetensors` or a shar
 - `load_model(path, device=..., dtype=..., kv_params=...)`: config -> class (registry) ->
   model built on the meta device -> materialised on `device` -> every parameter read by name.
 - `load_weights(model, path)`: fill an existing model's parameters. Each parameter has a
-  `WeightSource` (`weight_sources`): the checkpoint tensors it is made of (one, or the q/k/v
+  `WeightSource` (`weights.py`; `weight_sources`): the checkpoint tensors it is made of (one, or the q/k/v
   or gate/up tensors a fused projection concatenates, or an MXFP4 blocks/scales pair) and how to
   combine them. A parameter whose tensors are missing, a tensor of the wrong shape, or (with
   `strict`) a checkpoint tensor no parameter uses raise `CheckpointError` naming them.
@@ -24,9 +24,8 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ from torch import nn
 
 from ..errors import InvalidArgumentError
 from .config import ModelConfig
-from .parallel import shard
+from .weights import WeightSource
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -49,25 +48,6 @@ FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0) + (
 class CheckpointError(InvalidArgumentError):
     """A checkpoint that does not match the model: missing, unexpected or misshapen tensors,
     or no safetensors files. The message names the tensors."""
-
-
-@dataclass(frozen=True)
-class WeightSource:
-    """The checkpoint tensors one parameter is made of, and how: `combine(tensors)` (None: the
-    one tensor as is)."""
-
-    names: tuple[str, ...]
-    combine: Callable[[list[torch.Tensor]], torch.Tensor] | None = None
-    # Tensor parallelism: each checkpoint tensor's slice `shard_rank` of `shard_size` along
-    # `shard_dim` (None: whole), taken before `combine` (models/parallel.py).
-    shard_dim: int | None = None
-    shard_rank: int = 0
-    shard_size: int = 1
-
-    def read(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.shard_dim is None or self.shard_size == 1:
-            return tensors
-        return [shard(t, self.shard_dim, self.shard_rank, self.shard_size) for t in tensors]
 
 
 def _cat0(ts: list[torch.Tensor]) -> torch.Tensor:

@@ -197,6 +197,7 @@ def mha(
     return_lse: bool = False,
     out: torch.Tensor | None = None,
     backend: str | None = None,
+    num_decodes: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ragged queries over a K/V operand (prefill, chunked prefill, decode).
 
@@ -216,6 +217,14 @@ def mha(
       out; -inf for a query that sees no key, whose output is 0).
     out: optional preallocated [total_q, h_q, d_v] buffer in q.dtype, returned filled.
     backend: "triton" or "reference" (default: by device, or $PAGEDATTN_BACKEND).
+    num_decodes: a mixed step's layout, as a serving engine orders it: its first num_decodes
+      requests have one query each (q rows 0 .. num_decodes - 1; q_row_offsets[i] == i for
+      i <= num_decodes), the others are prefill chunks. An int in [0, min(batch, total_q)] or
+      None (no hint). The Triton path then runs the decodes on the decode kernel's balanced
+      work list and the chunks on the prefill kernel (two launches over views, no copy);
+      without it a mixed step runs every request on the prefill kernel. The result does not
+      depend on it. The reference checks it against the host offsets; on CUDA the offsets
+      are the caller's to keep true (a device value, not read).
 
     Returns out [total_q, h_q, d_v] in q.dtype, or (out, lse).
 
@@ -225,6 +234,9 @@ def mha(
     global _prepared
     compiling = torch.compiler.is_compiling()
     hit = MISS
+    if num_decodes is not None:  # a mixed step: the full path (`_mixed`)
+        return _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
+                      backend, num_decodes, compiling)  # fmt: skip
     if _prepared is not None and not compiling:
         hit = _prepared(
             q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend
@@ -256,6 +268,44 @@ def mha(
         return PREPARED.prepare(
             q, k, v, q_row_offsets, given_mask, scale, sinks, num_partitions, return_lse, out,
             backend, mask,
+        )  # fmt: skip
+    return mha_reference(q, k, v, q_row_offsets, **kwargs)
+
+
+def _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend,
+           num_decodes, compiling):  # fmt: skip
+    """`mha` with a `num_decodes` hint: checked, then the Triton path's two launches
+    (`triton_mha.mha_mixed_triton`) or, elsewhere, the one-launch path (the reference checks
+    the hint on the host)."""
+    mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
+    batch, total_q = q_row_offsets.shape[0] - 1, q.shape[0]
+    check(
+        isinstance(num_decodes, int) and not isinstance(num_decodes, bool)
+        and 0 <= num_decodes <= min(batch, total_q),
+        "num_decodes",
+        Lazy(lambda: f"None or an int in [0, {min(batch, total_q)}] (min(batch, total_q))"),
+        Lazy(lambda: repr(num_decodes)),
+    )  # fmt: skip
+    kwargs = dict(mask=mask, scale=scale, sinks=sinks, num_partitions=num_partitions,
+                  return_lse=return_lse, out=out)  # fmt: skip
+    if compiling:  # the hint is for the eager launcher
+        from ..compiled import mha_compiled
+
+        if scale is None:
+            kwargs["scale"] = 1.0 / math.sqrt(q.shape[-1])
+        return mha_compiled(q, k, v, q_row_offsets, backend=backend, **kwargs)
+    if choose_backend(q.device, backend) == "triton":
+        from .triton_mha import mha_mixed_triton
+
+        return mha_mixed_triton(q, k, v, q_row_offsets, num_decodes, **kwargs)
+    if num_decodes:
+        head = q_row_offsets[: num_decodes + 1].tolist()
+        check(
+            head == list(range(num_decodes + 1)),
+            "num_decodes",
+            Lazy(lambda: f"the first {num_decodes} requests of one query each "
+                         f"(q_row_offsets[:{num_decodes + 1}] == 0 .. {num_decodes})"),
+            Lazy(lambda: f"q_row_offsets[:{num_decodes + 1}] = {head}"),
         )  # fmt: skip
     return mha_reference(q, k, v, q_row_offsets, **kwargs)
 

@@ -35,6 +35,7 @@ CUDA-graph capture. Kernel history: docs/kernels/mha_decode.md, mha_prefill.md, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from operator import itemgetter
@@ -212,6 +213,51 @@ def mha_triton(
         num_partitions=num_partitions, return_lse=return_lse, out=out, max_q_len=max_q_len,
         config=config,
     )[0]  # fmt: skip
+
+
+def mha_mixed_triton(
+    q: torch.Tensor,
+    k: RowOperand,
+    v: RowOperand,
+    q_row_offsets: torch.Tensor,
+    num_decodes: int,
+    *,
+    mask: Mask | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """A mixed step whose first `num_decodes` requests have one query each (`mha`'s
+    num_decodes): those on the decode kernel (its balanced work list: q rows 0 .. D - 1 over
+    requests 0 .. D - 1, `max_q_len` 1), the rest on the prefill kernel (q rows D.. over
+    requests D.., offsets rebased), both writing views of one `out` / LSE. A batch of only
+    decodes or only chunks is one launch as `mha_triton`. Other arguments: `mha_triton`'s."""
+    batch, total_q = q_row_offsets.shape[0] - 1, q.shape[0]
+    d = int(num_decodes)
+    if d == 0 or d >= batch:
+        return mha_triton(q, k, v, q_row_offsets, mask=mask, return_lse=return_lse, out=out,
+                          max_q_len=1 if d >= batch else None, **kwargs)  # fmt: skip
+    mask = causal() if mask is None else mask
+    if out is None:
+        out = torch.empty((total_q, q.shape[1], v.head_dim), dtype=q.dtype, device=q.device)
+    lse = (
+        torch.empty((total_q, q.shape[1]), dtype=torch.float32, device=q.device)
+        if return_lse
+        else None
+    )
+    parts = ((0, d, slice(0, d), q_row_offsets[: d + 1], 1),
+             (d, batch, slice(d, total_q), q_row_offsets[d:] - d, None))  # fmt: skip
+    for start, stop, rows, offs, max_q in parts:
+        m = mask
+        if mask.kind == "tensor":
+            m = dataclasses.replace(mask, tensor=mask.tensor[rows])
+        res = mha_triton(
+            q[rows], k.select_requests(start, stop), v.select_requests(start, stop), offs,
+            mask=m, return_lse=return_lse, out=out[rows], max_q_len=max_q, **kwargs,
+        )  # fmt: skip
+        if return_lse:
+            lse[rows] = res[1]
+    return (out, lse) if return_lse else out
 
 
 @dataclass
