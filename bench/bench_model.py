@@ -40,7 +40,6 @@ Output: JSON (`common.save`, suite "model") and a PNG beside it, then a short ta
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os
@@ -54,7 +53,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, call_times, environment, save
+from common import Record, call_times, save, suite_main
 
 from pagedattn.engine import LLMEngine, SamplingParams
 from pagedattn.models import ModelConfig, model_class
@@ -731,35 +730,7 @@ def run_and_save(out: str, env: dict, ceilings: dict, seed: int = 0, dry: bool =
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no timing claims")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default=None, help="run the cases whose name contains this")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    if args.dry_run:
-        out = args.out or "bench/out/model_dry.json"
-        env = dict(environment(probe_flashinfer=False), dry_run=True)
-        ceilings = {"copy_gbps": 20.0, "mm_tflops": 0.2}  # placeholders: no claim on a CPU
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny ops: more threads only contend for the cores
-        try:
-            run_and_save(out, env, ceilings, args.seed, dry=True, only=args.only)
-        finally:
-            torch.set_num_threads(threads)
-        return
-    if not torch.cuda.is_available():
-        print("bench_model.py needs a CUDA device (or --dry-run)")
-        return
-    from common import copy_bandwidth, default_out, matmul_tflops  # noqa: PLC0415
-
-    env = environment(probe_flashinfer=False)
-    ceilings = {"copy_gbps": copy_bandwidth(), "mm_tflops": matmul_tflops()}
-    print(
-        f"[bench] copy {ceilings['copy_gbps']:.0f} GB/s, bf16 mm {ceilings['mm_tflops']:.0f} TF/s"
-    )
-    out = args.out or default_out(env, suffix="_model")
-    run_and_save(out, env, ceilings, args.seed, only=args.only)
+    suite_main(argv, __doc__, "model", run_and_save, probe_flashinfer=False)
 
 
 if __name__ == "__main__":

@@ -316,3 +316,38 @@ def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") 
             f"{fc:>6.2f} {fm:>5.2f}  {peers}"
         )
     return "\n".join(lines)
+
+
+def suite_main(argv, doc: str, name: str, run_and_save, probe_flashinfer: bool = True) -> None:
+    """The command line of a suite script (`bench_real.py`, `bench_model.py`): --dry-run (CPU,
+    tiny sizes, placeholder ceilings, one thread), --seed, --only, --out; on CUDA the copy and
+    matmul ceilings measured first, then `run_and_save(out, env, ceilings, seed, only=...)`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, no timing claims")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        out = args.out or f"bench/out/{name}_dry.json"
+        env = dict(environment(probe_flashinfer=False), dry_run=True)
+        ceilings = {"copy_gbps": 20.0, "mm_tflops": 0.2}  # placeholders: no claim on a CPU
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny ops: more threads only contend for the cores
+        try:
+            run_and_save(out, env, ceilings, args.seed, dry=True, only=args.only)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    if not torch.cuda.is_available():
+        print(f"bench_{name}.py needs a CUDA device (or --dry-run)")
+        return
+    env = environment(probe_flashinfer=probe_flashinfer)
+    ceilings = {"copy_gbps": copy_bandwidth(), "mm_tflops": matmul_tflops()}
+    print(
+        f"[bench] copy {ceilings['copy_gbps']:.0f} GB/s, bf16 mm {ceilings['mm_tflops']:.0f} TF/s"
+    )
+    out = args.out or default_out(env, suffix=f"_{name}")
+    run_and_save(out, env, ceilings, args.seed, only=args.only)
