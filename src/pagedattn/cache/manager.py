@@ -227,6 +227,32 @@ class PagedKVCacheManager:
         r = self._get(rid)
         return self._table[r.slot, : self._num_pages[r.slot]].tolist()
 
+    def new_token_rows(
+        self, request_ids: Sequence[Hashable], num_new_tokens: Sequence[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(cache lengths [b] int64, rows [sum(num_new_tokens)] int64) of a step's requests:
+        each request's cache length cl and the cache rows `page * page_size + pos % page_size`
+        of its positions cl .. cl + n - 1, request after request (what `store_kv` writes; no
+        state changes). Raises UnknownRequestError for an unclaimed id and InvalidArgumentError
+        (naming the request) where its pages do not cover cl + n (`alloc` first)."""
+        ps = self.params.page_size
+        slots = np.fromiter((self._get(r).slot for r in request_ids), np.int64, len(request_ids))
+        cl = self._cache_len[slots].astype(np.int64)
+        n = np.asarray(num_new_tokens, dtype=np.int64).reshape(-1)
+        have = self._num_pages[slots].astype(np.int64) * ps
+        short = np.nonzero(have < cl + n)[0]
+        if short.size:
+            b = int(short[0])
+            raise InvalidArgumentError(
+                f"requests[{b}]: request {request_ids[b]!r} has pages for {int(have[b])} tokens, "
+                f"the step needs {int(cl[b] + n[b])}; call manager.alloc(request_id, {int(n[b])}) "
+                "first"
+            )
+        starts = np.cumsum(n) - n
+        pos = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(cl - starts, n)
+        pages = self._table[np.repeat(slots, n), pos // ps].astype(np.int64)
+        return cl, pages * ps + pos % ps
+
     def tokens(self, rid: Hashable) -> list[int]:
         """Every token of request `rid` known so far (prompt, then committed samples)."""
         return list(self._get(rid).tokens)

@@ -184,7 +184,7 @@ class Scheduler:
             if not nt:
                 continue
             tok = nt[0]
-            seq.output_token_ids.append(tok)
+            seq.append_token(tok)
             m = seq.metrics
             m.num_generated_tokens += 1
             if m.first_token_time is None:

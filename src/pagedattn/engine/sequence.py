@@ -35,6 +35,7 @@ class Sequence:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self._tokens = list(prompt_token_ids)  # prompt + outputs, kept by `append_token`
         self.params = params
         self.seed = seed  # the sampler's per-request key (params.seed or one the engine drew)
         self.status = SequenceStatus.WAITING
@@ -48,12 +49,18 @@ class Sequence:
 
     @property
     def tokens(self) -> list[int]:
-        """Every known token: the prompt, then the generated ones."""
-        return self.prompt_token_ids + self.output_token_ids
+        """Every known token: the prompt, then the generated ones (the sequence's own list,
+        not a copy: read it, do not change it)."""
+        return self._tokens
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self._tokens)
+
+    def append_token(self, tok: int) -> None:
+        """A generated token (the scheduler's commit of a sample)."""
+        self.output_token_ids.append(tok)
+        self._tokens.append(tok)
 
     @property
     def num_pending(self) -> int:

@@ -29,6 +29,7 @@ static buffers (`cuda_graphs.DecodeBuffers`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -82,44 +83,45 @@ class StepInputs:
 def host_step_inputs(
     manager: PagedKVCacheManager, requests: Sequence[tuple[Hashable, Sequence[int], int]]
 ) -> HostStepInputs:
-    """The host half of `build_step_inputs` (no device, no runtime_inputs)."""
-    ps = manager.params.page_size
-    ids, pos, slots, rows, cls, sample_index = [], [], [], [], [], []
-    offsets = [0]
-    for b, (rid, tokens, n) in enumerate(requests):
-        cl = manager.cache_length(rid)
-        if not 1 <= n <= len(tokens) - cl:
-            raise InvalidArgumentError(
-                f"requests[{b}]: num_new_tokens {n} not in [1, {len(tokens) - cl}] "
-                f"(request {rid!r}: {len(tokens)} tokens known, {cl} cached)"
-            )
-        p = np.arange(cl, cl + n, dtype=np.int64)
-        pages = np.asarray(manager.pages(rid), dtype=np.int64)
-        if len(pages) * ps < cl + n:
-            raise InvalidArgumentError(
-                f"requests[{b}]: request {rid!r} has pages for {len(pages) * ps} tokens, the "
-                f"step needs {cl + n}; call manager.alloc(request_id, {n}) first"
-            )
-        ids.append(np.asarray(tokens[cl : cl + n], dtype=np.int64))
-        pos.append(p)
-        slots.append(pages[p // ps] * ps + p % ps)
-        offsets.append(offsets[-1] + n)
-        cls.append(cl)
-        if cl + n == len(tokens):
-            rows.append(offsets[-1] - 1)
-            sample_index.append(b)
-
-    def cat(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
+    """The host half of `build_step_inputs` (no device, no runtime_inputs); array work, one
+    pass over the requests in Python (the tokens' slices)."""
+    b = len(requests)
+    rids = [r[0] for r in requests]
+    n = np.fromiter((r[2] for r in requests), np.int64, b)
+    known = np.fromiter((len(r[1]) for r in requests), np.int64, b)
+    low = np.nonzero(n < 1)[0]
+    cls = np.zeros(b, np.int64)
+    if not low.size:
+        cls, slots = manager.new_token_rows(rids, n)
+    bad = np.nonzero((n < 1) | (n > known - cls))[0]
+    if bad.size:
+        i = int(bad[0])
+        cl = manager.cache_length(rids[i])
+        raise InvalidArgumentError(
+            f"requests[{i}]: num_new_tokens {int(n[i])} not in [1, {int(known[i]) - cl}] "
+            f"(request {rids[i]!r}: {int(known[i])} tokens known, {cl} cached)"
+        )
+    offsets = np.zeros(b + 1, np.int64)
+    np.cumsum(n, out=offsets[1:])
+    total = int(offsets[-1])
+    positions = np.arange(total, dtype=np.int64) + np.repeat(cls - offsets[:-1], n)
+    cl_list = cls.tolist()
+    ids = np.fromiter(
+        itertools.chain.from_iterable(
+            r[1][c : c + k] for r, c, k in zip(requests, cl_list, n.tolist())
+        ),
+        np.int64,
+        total,
+    )
+    done = np.nonzero(cls + n == known)[0]
     return HostStepInputs(
-        input_ids=cat(ids),
-        positions=cat(pos),
-        slots=cat(slots),
-        q_row_offsets=np.asarray(offsets, dtype=np.int64),
-        logits_rows=np.asarray(rows, dtype=np.int64),
-        cache_lengths=cls,
-        sample_index=sample_index,
+        input_ids=ids,
+        positions=positions,
+        slots=slots if total else np.zeros(0, np.int64),
+        q_row_offsets=offsets,
+        logits_rows=offsets[1:][done] - 1,
+        cache_lengths=cl_list,
+        sample_index=done.tolist(),
     )
 
 
