@@ -148,6 +148,26 @@ def test_decode_steps_cache_lengths_and_multi_step_max_lengths():
     assert m.cache_length("a") == 8 and m.tokens("a")[-3:] == [51, 52, 53]
 
 
+def test_new_token_rows_are_the_pages_rows_of_each_requests_next_positions():
+    m = mgr(pages=16, page_size=4)
+    run_prefill(m, "a", list(range(6)))  # 6 cached
+    m.claim("b", list(range(3)))
+    m.alloc("a", 1)
+    m.alloc("b", 3)
+    cl, rows = m.new_token_rows(["a", "b"], [1, 3])
+    assert cl.tolist() == [6, 0]
+    by_pages = [m.pages("a")[6 // 4] * 4 + 6 % 4]
+    by_pages += [m.pages("b")[p // 4] * 4 + p % 4 for p in range(3)]
+    assert rows.tolist() == by_pages
+    before = m.snapshot() if hasattr(m, "snapshot") else None
+    with pytest.raises(InvalidArgumentError, match=r"requests\[0\].*alloc"):
+        m.new_token_rows(["a"], [5])  # pages for 8 tokens, 11 needed
+    with pytest.raises(UnknownRequestError):
+        m.new_token_rows(["zzz"], [1])
+    if before is not None:
+        assert m.snapshot() == before
+
+
 def test_chunked_prefill_commits_chunks():
     m = mgr(pages=16, page_size=4)
     m.claim("a", list(range(10)))
