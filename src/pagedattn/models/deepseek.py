@@ -57,7 +57,7 @@ from ..ops.mla import mla_decode
 from ..ops.mla.reference import MAX_Q_PER_REQUEST
 from ..ops.store_kv import store_kv
 from .config import ModelConfig
-from .layers import Linear, RMSNorm, RotaryEmbedding, SwiGLUMLP, apply_rope
+from .layers import Linear, RMSNorm, RotaryEmbedding, SwiGLUMLP, apply_rope, expert_groups
 from .llama import DecoderForCausalLM, DecoderModel
 from .weights import WeightSource
 
@@ -328,17 +328,7 @@ class DeepseekExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
         out = torch.zeros_like(x)
-        k = experts.shape[1]
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.E).tolist()  # host sync
-        tokens, slots = order // k, order % k
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            t, s = tokens[start : start + n], slots[start : start + n]
-            start += n
+        for e, t, s in expert_groups(experts, self.E):
             gate, up = F.linear(x[t], self.gate_up_proj[e]).chunk(2, dim=-1)
             h = F.linear(F.silu(gate) * up, self.down_proj[e])
             out.index_add_(0, t, (h * weights[t, s, None]).to(x.dtype))

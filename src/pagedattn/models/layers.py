@@ -234,6 +234,22 @@ class GptOssRouter(nn.Module):
         return torch.softmax(top_v, dim=1, dtype=top_v.dtype), top_i
 
 
+def expert_groups(experts: torch.Tensor, num_experts: int):
+    """The tokens of each expert a top-k routing chose: yields (expert e, token rows t, top-k
+    slots s) for every expert with a token, experts [T, k] int64 (eager: reads the per-expert
+    counts on the host)."""
+    k = experts.shape[1]
+    flat = experts.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()  # host sync
+    tokens, slots = order // k, order % k
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            yield e, tokens[start : start + n], slots[start : start + n]
+            start += n
+
+
 class GptOssExperts(nn.Module):
     """GptOssExperts: per expert e, gate_up = x @ gate_up_proj[e] + gate_up_proj_bias[e] with
     gate/up interleaved (columns ::2 / 1::2), the clamped SwiGLU `_apply_gate` (gate clamped
@@ -261,17 +277,7 @@ class GptOssExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
         out = torch.zeros_like(x)
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # host sync
-        k = experts.shape[1]
-        tokens, slots = order // k, order % k
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            t, s = tokens[start : start + n], slots[start : start + n]
-            start += n
+        for e, t, s in expert_groups(experts, self.num_experts):
             h = x[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
             h = self._gate(h) @ self.down_proj[e] + self.down_proj_bias[e]
             out.index_add_(0, t, (h * scores[t, s, None]).to(x.dtype))

@@ -6,10 +6,11 @@ A checkpoint folder holds `config.json` and either `model.safetensors` or a shar
 - `load_model(path, device=..., dtype=..., kv_params=...)`: config -> class (registry) ->
   model built on the meta device -> materialised on `device` -> every parameter read by name.
 - `load_weights(model, path)`: fill an existing model's parameters. Each parameter has a
-  `WeightSource` (`weights.py`; `weight_sources`): the checkpoint tensors it is made of (one, or the q/k/v
-  or gate/up tensors a fused projection concatenates, or an MXFP4 blocks/scales pair) and how to
-  combine them. A parameter whose tensors are missing, a tensor of the wrong shape, or (with
-  `strict`) a checkpoint tensor no parameter uses raise `CheckpointError` naming them.
+  `WeightSource` (`weights.py`; `weight_sources`): the checkpoint tensors it is made of (one,
+  or the q/k/v or gate/up tensors a fused projection concatenates, or an MXFP4 blocks/scales
+  pair) and how to combine them. A parameter whose tensors are missing, a tensor of the wrong
+  shape, or (with `strict`) a checkpoint tensor no parameter uses raise `CheckpointError`
+  naming them.
   Ignored without complaint: `*.rotary_emb.inv_freq` buffers and `lm_head.weight` of a model
   with tied embeddings (transformers ignores it too).
 - Model hooks (optional methods): `model.checkpoint_source(param_name) -> WeightSource | None`
