@@ -1,7 +1,8 @@
 """Prepared launches: an op's validate-and-plan once per call signature, then launches of
 already-specialized kernels with no re-validation (DESIGN.md section 4b, "the host path").
 
-An op that uses this module (`ops.mha.triton_mha.PreparedMHA`) splits each eager call in two:
+An op that uses this module (`ops.mha.triton_mha.PreparedMHA`, `ops.mla.triton_mla.PreparedMLA`)
+splits each eager call in two:
 - validate-and-plan, on a miss: the op's full path (argument checks, launch plan, the launches
   through `ops.launch.launch`, recorded with `ops.launch.recording`), after which the recorded
   launches are frozen into `PreparedLaunch`es and stored under the call's signature;
@@ -19,12 +20,18 @@ What makes a hit safe:
   has never validated, so it never hits and takes the full path, which raises the op's typed
   error.
 - Each frozen launch keeps its grid, its constexprs and its int / float arguments (sizes,
-  strides, batch, mask parameter, scale: functions of the guarded key); every pointer
-  argument is taken from the call (`PreparedLaunch` maps each to one of the op's call
-  tensors, its "sources"), never cached. A launch whose pointer does not map to exactly one
-  source (an argument the op derived with an offset or a copy, two sources sharing memory), a
-  tensor descriptor, a callable grid or a cluster launch is not prepared: the op keeps its
-  full path for that signature.
+  strides, batch, mask parameter, scale: functions of the guarded key), also inside Triton
+  tuple arguments; every pointer argument is taken from the call (`PreparedLaunch` maps each
+  to one of the op's call tensors, its "sources"), never cached. A launch whose pointer does
+  not map to exactly one source (an argument the op derived with an offset or a copy, two
+  sources sharing memory) or with a callable grid is not prepared: the op keeps its full path
+  for that signature.
+- Compiled launches only: a cluster launch keeps its cluster size and the shared-memory
+  offsets `ops.launch.launch` read of the compiled kernel (`smem_args`: functions of the
+  kernel). A host tensor descriptor (Triton's or Gluon's `TensorDescriptor`) whose base maps to
+  a source is prepared where the op opts in (`build(..., descriptors=True)`: its shape and
+  strides are functions of the guarded call): it is re-encoded for the call's base pointer,
+  once per pointer (`_Descriptors`: a descriptor depends on nothing else).
 - Values that only the host can check (offsets, cache lengths, page-table reach) are checked
   by the ops' references on the CPU; the CUDA path never reads them, cached or not.
 
@@ -281,6 +288,122 @@ def _literal(v: Any) -> str | None:
     return None
 
 
+def _template(a: Any, sources: Sequence[torch.Tensor | None]) -> Any:
+    """How an interpreted launch rebuilds argument `a` from a call's sources: ("s", index,
+    dtype to view it as or None) for a tensor, ("t", [templates]) for a tuple, ("v", a) for an
+    int / float / bool / None; None where it cannot (a tensor of no single source, another
+    object)."""
+    if isinstance(a, torch.Tensor):
+        i = _match_source(a, sources)
+        if i is None:
+            return None
+        return ("s", i, a.dtype if a.dtype != sources[i].dtype else None)
+    if type(a) is tuple:
+        parts = [_template(x, sources) for x in a]
+        return None if any(p is None for p in parts) else ("t", parts)
+    if type(a) in (int, float, bool) or a is None:
+        return ("v", a)
+    return None
+
+
+def _fill(t: tuple, S: Sequence[torch.Tensor | None]) -> Any:
+    """The argument `_template` `t` describes, from the call's sources S."""
+    kind = t[0]
+    if kind == "s":
+        x = S[t[1]]
+        return x if t[2] is None else x.view(t[2])
+    if kind == "t":
+        return tuple(_fill(p, S) for p in t[1])
+    return t[1]
+
+
+def _template_sources(t: tuple, into: set) -> None:
+    if t[0] == "s":
+        into.add(t[1])
+    elif t[0] == "t":
+        for p in t[1]:
+            _template_sources(p, into)
+
+
+class _Ptr:
+    """A data pointer standing in for a descriptor's base tensor (what Triton's launcher reads of
+    it: `data_ptr()`, `dtype`)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _DescriptorAt:
+    """A recorded host tensor descriptor (Triton's or Gluon's `TensorDescriptor`) over another
+    base pointer: shape, strides, block shape, layout and padding the recorded one's."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
+
+    def __init__(self, desc: Any, ptr: int) -> None:
+        self.base = _Ptr(ptr, desc.base.dtype)
+        self.shape, self.strides = desc.shape, desc.strides
+        self.block_shape = desc.block_shape
+        self.layout = getattr(desc, "layout", None)
+        self.padding = desc.padding
+
+
+def _is_descriptor(v: Any, ty: Any) -> bool:
+    """Whether bound value `v` of specialized type `ty` is a host tensor descriptor."""
+    return isinstance(ty, str) and ty.startswith("tensordesc") and hasattr(v, "block_shape")
+
+
+MAX_DESCRIPTORS = 256  # encoded descriptors a prepared launch keeps per descriptor argument
+
+
+class _Descriptors:
+    """One descriptor argument of a prepared launch: the recorded descriptor with its base
+    replaced by a call's pointer. `at(ptr)`: a stand-in descriptor for the launcher's own
+    handling (`CompiledKernel.run`); `expanded(ptr)`: the launcher's arguments of it
+    (`expand(descriptor, meta)`: Triton's encoded CUtensorMap, shape and strides), cached by
+    pointer (at most MAX_DESCRIPTORS, all dropped when full). A descriptor depends only on its
+    base pointer and the recorded shape, strides, block shape, layout and padding, which are
+    functions of the guarded call: the same pointer gives the same descriptor."""
+
+    __slots__ = ("desc", "meta", "expand", "cache")
+
+    def __init__(self, desc: Any, meta: Any, expand: Any) -> None:
+        self.desc = _DescriptorAt(desc, 0)
+        self.meta, self.expand, self.cache = meta, expand, {}
+
+    def at(self, ptr: int) -> _DescriptorAt:
+        return _DescriptorAt(self.desc, ptr)
+
+    def expanded(self, ptr: int) -> list:
+        e = self.cache.get(ptr)
+        if e is None:
+            if len(self.cache) >= MAX_DESCRIPTORS:
+                self.cache.clear()
+            e = self.cache[ptr] = list(self.expand(self.at(ptr), self.meta))
+        return e
+
+
+def _unwrap_tensordesc(launch: Any) -> tuple[Any, list] | None:
+    """(the C launch function, the tensor descriptors' metadata) inside a Triton launcher's
+    `launch` that wraps descriptor handling (`wrap_handle_tensordesc`), or None where `launch`
+    is not such a wrapper (another Triton version: descriptors then go through it)."""
+    code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+    if code is None or not cells:
+        return None
+    try:
+        env = {n: c.cell_contents for n, c in zip(code.co_freevars, cells)}
+    except ValueError:  # pragma: no cover - an empty cell
+        return None
+    raw, meta = env.get("launcher"), env.get("tensordesc_meta", ())
+    if raw is None or "tensordesc_indices" not in env or not callable(raw):
+        return None
+    return raw, list(meta or ())
+
+
 class PreparedLaunch:
     """One recorded launch, frozen: kernel, grid, constexprs and scalar arguments fixed; its
     pointer arguments taken from the call's sources.
@@ -291,7 +414,14 @@ class PreparedLaunch:
     values. `fast(stream, P)`: the compiled launch straight into Triton's C launcher, for
     callers that checked `hooks_idle()` (None where the launcher needs scratch memory, and
     for interpreted launches). `sources`: the source indices the launch reads. Build with
-    `PreparedLaunch.build`."""
+    `PreparedLaunch.build`.
+
+    Arguments: tensors (each one source, or a view of it from its first element), ints,
+    floats, bools, None, tuples of these (Triton's tuple arguments) and, compiled only, host
+    tensor descriptors whose base is one source (`_Descriptors`). Compiled launches also keep
+    a cluster size (the launcher's num_ctas) and shared-memory offset arguments
+    (`ops.launch.launch`'s `cluster=` / `smem_args=`, read from the compiled kernel as the
+    recorded launch did)."""
 
     __slots__ = ("run", "fast", "sources", "compiled", "kernel", "grid")
 
@@ -305,13 +435,16 @@ class PreparedLaunch:
         self.grid = grid
 
     @classmethod
-    def build(cls, rec: Launched, sources: Sequence[torch.Tensor | None]) -> PreparedLaunch | None:
+    def build(
+        cls, rec: Launched, sources: Sequence[torch.Tensor | None], descriptors: bool = False
+    ) -> PreparedLaunch | None:
         """The prepared form of `rec` (a launch `ops.launch.launch` made during the op's full
         path) whose tensor arguments each come from one of `sources` (the call's tensors, None
-        where absent), or None where it cannot be prepared (see the module docstring)."""
+        where absent), or None where it cannot be prepared (see the module docstring).
+        descriptors: whether host tensor descriptors are prepared (`_Descriptors`; an op opts
+        in where each descriptor's shape and strides are functions of its guarded call), else
+        a launch that takes one is not."""
         grid = rec.grid
-        if rec.cluster != 1 or rec.smem_args:
-            return None
         if not isinstance(grid, tuple) or not 1 <= len(grid) <= 3:
             return None
         if not all(type(g) is int for g in grid):
@@ -319,43 +452,63 @@ class PreparedLaunch:
         if _fast_path(rec.kernel, grid):
             if rec.compiled is None:
                 return None
-            return cls._compiled(rec, sources)
+            return cls._compiled(rec, sources, descriptors)
+        if rec.cluster != 1 or rec.smem_args:
+            return None
         return cls._interpreted(rec, sources)
 
     @classmethod
     def _interpreted(cls, rec: Launched, sources) -> PreparedLaunch | None:
-        slots = []  # (source index or None, dtype to view it as or None, fixed value)
-        for a in rec.args:
-            if isinstance(a, torch.Tensor):
-                i = _match_source(a, sources)
-                if i is None:
-                    return None
-                slots.append((i, a.dtype if a.dtype != sources[i].dtype else None, None))
-            elif type(a) in (int, float, bool) or a is None:
-                slots.append((None, None, a))
-            else:
-                return None
-        if any(isinstance(v, torch.Tensor) for v in rec.kwargs.values()):
+        args = [_template(a, sources) for a in rec.args]
+        kw = {  # (keyword constexprs may be any object: a str, a dtype)
+            k: _template(v, sources) if isinstance(v, (torch.Tensor, tuple)) else ("v", v)
+            for k, v in rec.kwargs.items()
+        }
+        if any(t is None for t in args) or any(t is None for t in kw.values()):
             return None
-        kernel, kwargs, fixed = rec.kernel, dict(rec.kwargs), rec.grid
+        kernel, fixed = rec.kernel, rec.grid
+        plain = {k: t[1] for k, t in kw.items() if t[0] == "v"}
+        tensor_kw = {k: t for k, t in kw.items() if t[0] != "v"}
 
         def run(stream, P, S, grid=None):
-            args = [
-                v if i is None else (S[i] if view is None else S[i].view(view))
-                for i, view, v in slots
-            ]
-            kernel[fixed if grid is None else grid](*args, **kwargs)
+            kwargs = dict(plain)
+            for k, t in tensor_kw.items():
+                kwargs[k] = _fill(t, S)
+            kernel[fixed if grid is None else grid](*[_fill(t, S) for t in args], **kwargs)
 
-        used = tuple(sorted({i for i, _, _ in slots if i is not None}))
-        return cls(run, used, False, kernel, fixed)
+        used: set = set()
+        for t in args + list(kw.values()):
+            _template_sources(t, used)
+        return cls(run, tuple(sorted(used)), False, kernel, fixed)
 
     @classmethod
-    def _compiled(cls, rec: Launched, sources) -> PreparedLaunch | None:
+    def _compiled(cls, rec: Launched, sources, descriptors: bool) -> PreparedLaunch | None:
         from triton.runtime.driver import driver
 
-        ck = rec.compiled
         binder = rec.kernel.device_caches[driver.active.get_current_device()][4]
         bound, spec, _ = binder(*rec.args, **rec.kwargs)  # Triton's own: what `run` passes
+        return cls.bound(rec, bound, [ty for ty, _ in spec], sources, descriptors)
+
+    @classmethod
+    def bound(
+        cls, rec: Launched, bound: dict, types: list, sources, descriptors: bool
+    ) -> PreparedLaunch | None:
+        """The compiled form of `rec` from Triton's binding of its arguments (`bound`: parameter
+        -> value, `types`: their specialized types), with the shared offsets and cluster size
+        `ops.launch.launch` gives the compiled kernel `rec.compiled`."""
+        from .launch import _SMEM_OFFSETS
+
+        ck = rec.compiled
+        meta = ck.packed_metadata
+        if rec.smem_args:  # the offsets `launch` read of this compiled kernel
+            offs = _SMEM_OFFSETS.get(ck)
+            if offs is None:
+                return None
+            bound = dict(bound)
+            for name, alloc in rec.smem_args.items():
+                bound[name] = offs[alloc]
+        if rec.cluster != 1:  # (num_warps, num_ctas, ...): as `launch` passes it
+            meta = (meta[0], rec.cluster) + tuple(meta[2:])
         launcher = ck.run  # loads the module and makes the launcher where not yet done
         direct = None
         if (
@@ -364,9 +517,16 @@ class PreparedLaunch:
             and hasattr(launcher, "launch")
         ):
             direct = (launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl)
+        with_desc = None
+        if descriptors and any(_is_descriptor(v, ty) for v, ty in zip(bound.values(), types)):
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            raw = _unwrap_tensordesc(direct[0]) if direct is not None else None
+            raw = raw if raw is not None else (None, None)
+            with_desc = (raw[0], raw[1], make_tensordesc_arg)
         return cls.generated(
-            list(bound.values()), [ty for ty, _ in spec], sources, rec.grid, rec.kernel, ck,
-            direct,
+            list(bound.values()), types, sources, rec.grid, rec.kernel, ck, direct, meta=meta,
+            descriptors=with_desc,
         )  # fmt: skip
 
     @classmethod
@@ -379,14 +539,26 @@ class PreparedLaunch:
         kernel: Any,
         ck: Any,
         direct: tuple | None,
+        *,
+        meta: Any = None,
+        descriptors: tuple | None = None,
     ) -> PreparedLaunch | None:
         """The compiled form: every parameter's value (`values`, Triton's bound arguments in
-        parameter order) and its specialized type (`types`: "*bf16", "i32", "constexpr", ...)
-        as one generated call of the launcher. direct: (the C launcher, cooperative grid,
-        PDL) where it can be called as is (no scratch to allocate), else None (`ck.run`).
-        `ck`: the CompiledKernel (its function handle, packed metadata, `run`)."""
-        parts, ns, used = [], {}, set()
-        for j, (v, ty) in enumerate(zip(values, types)):
+        parameter order) and its specialized type (`types`: "*bf16", "i32", "constexpr", a
+        tuple of these for a tuple argument, "tensordesc<...>", ...) as one generated call of
+        the launcher. direct: (the C launcher, cooperative grid, PDL) where it can be called as
+        is (no scratch to allocate), else None (`ck.run`). `ck`: the CompiledKernel (its
+        function handle, packed metadata, `run`); meta: the packed metadata to launch with
+        (None: ck's; a cluster launch's num_ctas differs). descriptors: where a value is a host
+        tensor descriptor, (the C launch function inside direct[0]'s descriptor handling or
+        None, the descriptors' metadata in parameter order, Triton's `make_tensordesc_arg`):
+        with the C function, `fast` passes each descriptor encoded once per base pointer
+        (`_Descriptors`); without it, a stand-in descriptor a call for the launcher to
+        encode."""
+        ns: dict = {}
+        used: set = set()
+
+        def emit(v, ty, j) -> str | None:
             if isinstance(v, torch.Tensor):
                 if not (isinstance(ty, str) and ty.startswith("*")):
                     return None
@@ -394,31 +566,61 @@ class PreparedLaunch:
                 if i is None:
                     return None
                 used.add(i)
-                parts.append(f"P[{i}]")
-                continue
+                return f"P[{i}]"
+            if type(v) is tuple:
+                if type(ty) is not tuple or len(ty) != len(v):
+                    return None
+                parts = [emit(x, t, f"{j}_{n}") for n, (x, t) in enumerate(zip(v, ty))]
+                if any(p is None for p in parts):
+                    return None
+                return "(" + "".join(p + ", " for p in parts) + ")"
             if ty != "constexpr" and type(v) not in (int, float, bool):
-                return None  # a tensor descriptor or another object the launcher unpacks
+                return None  # another object the launcher unpacks
             lit = _literal(v)
             if lit is None:
                 ns[f"_c{j}"] = v
                 lit = f"_c{j}"
-            parts.append(lit)
+            return lit
+
+        raw, metas, expand = descriptors if descriptors is not None else (None, None, None)
+        run_parts, fast_parts = [], []
+        n_desc = 0
+        for j, (v, ty) in enumerate(zip(values, types)):
+            if not _is_descriptor(v, ty):
+                s = emit(v, ty, j)
+                if s is None:
+                    return None
+                run_parts.append(s)
+                fast_parts.append(s)
+                continue
+            i = _match_source(v.base, sources) if expand is not None else None
+            if i is None or (raw is not None and n_desc >= len(metas)):
+                return None
+            ns[f"_d{j}"] = _Descriptors(v, metas[n_desc] if raw is not None else None, expand)
+            n_desc += 1
+            used.add(i)
+            run_parts.append(f"_d{j}.at(P[{i}])")
+            fast_parts.append(f"*_d{j}.expanded(P[{i}])" if raw is not None else run_parts[-1])
+        if raw is not None and n_desc != len(metas):
+            return None  # the launcher's metadata does not pair with these descriptors
         g = tuple(grid) + (1,) * (3 - len(grid))
-        args_src = ", ".join(parts)
-        ns.update(_ck=ck, _fn=ck.function, _meta=ck.packed_metadata, _grid=g, _rt=knobs.runtime)
+        ns.update(_ck=ck, _fn=ck.function, _meta=ck.packed_metadata if meta is None else meta,
+                  _grid=g, _rt=knobs.runtime)  # fmt: skip
+        run_src = "".join(p + ", " for p in run_parts)
         src = (
             "def run(stream, P, S=None, grid=None):\n"
-            f"    a = ({args_src}{',' if parts else ''})\n"
+            f"    a = ({run_src})\n"
             "    _ck.run(_grid[0], _grid[1], _grid[2], stream, _fn, _meta,\n"
             "            _ck.launch_metadata(_grid, stream, *a),\n"
             "            _rt.launch_enter_hook, _rt.launch_exit_hook, *a)\n"
         )
         if direct is not None:
-            ns.update(_go=direct[0], _coop=bool(direct[1]), _pdl=bool(direct[2]))
+            go = direct[0] if raw is None else raw  # (the C launch inside descriptor handling)
+            ns.update(_go=go, _coop=bool(direct[1]), _pdl=bool(direct[2]))
             src += (
                 "def fast(stream, P):\n"
                 f"    _go({g[0]}, {g[1]}, {g[2]}, stream, _fn, _coop, _pdl, None, None, _meta, "
-                f"None, None, None, {args_src})\n"
+                f"None, None, None, {', '.join(fast_parts)})\n"
             )
         name = getattr(ck, "name", "kernel")
         exec(compile(src, f"<prepared launch of {name}>", "exec"), ns)

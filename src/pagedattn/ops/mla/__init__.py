@@ -7,6 +7,14 @@ reference additionally checks the values that need the host (row offsets, at mos
 `MAX_Q_PER_REQUEST` queries a request, cache lengths, lookup-table reach); on CUDA those device
 values are the kernels' to guard (invalid sparse indices are skipped). Every bad argument, a
 call that does not bind included, raises `InvalidArgumentError` naming it.
+
+Host path: a call on the Triton backend is validated and planned once per call signature
+(`triton_mla.PreparedMLA`, `ops.prepared`): a later call of the same signature (the same
+shapes, strides, dtypes, devices, operand formats and page geometry, d_v, scale, causal, which
+optional tensors are given, num_partitions, the environment and the low four bits of each
+pointer; any tensors) skips the checks and the plan and launches the frozen kernels with its
+own tensors. A call whose signature never validated takes the full path, so bad arguments
+raise exactly as without the cache; `triton_mla.mla_decode_triton` is the same op without it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from .._checks import (
 )
 from .._checks import check_int32 as _check_int32
 from ..dispatch import choose_backend
+from ..prepared import MISS, UNPREPARED
 from .reference import (
     MAX_Q_PER_REQUEST,
     mla_decode_reference,
@@ -37,6 +46,7 @@ Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 D_QK_VALUES = (576, 512)
 MAX_D_QK = 576
 MAX_D_V = 512  # V is (part of) the latent: the first d_v <= min(512, d_qk) dims of K
+_prepared = None  # triton_mla.PREPARED, once a call has taken the Triton backend
 
 
 def _check_operand(op: object, name: str, q: torch.Tensor) -> None:
@@ -229,6 +239,16 @@ def mla_decode(
     Raises InvalidArgumentError naming the argument (a missing or unknown one included) for a
     bad type, dtype, shape, device or host value, before anything is written.
     """
+    global _prepared
+    compiling = torch.compiler.is_compiling()
+    hit = MISS
+    if _prepared is not None and not compiling:
+        hit = _prepared(
+            q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, extra_kv,
+            extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
+        )  # fmt: skip
+        if hit is not MISS and hit is not UNPREPARED:
+            return hit
     kwargs = dict(
         d_v=d_v,
         scale=scale,
@@ -244,15 +264,21 @@ def mla_decode(
     )
     validate_args(q, kv, q_row_offsets, **kwargs)
     kwargs["d_v"] = int(d_v)
-    if torch.compiler.is_compiling():
+    if compiling:
         from ..compiled import mla_decode_compiled
 
         return mla_decode_compiled(q, kv, q_row_offsets, backend=backend, **kwargs)
     # float32 queries take the reference on every device (the kernels' MMAs are 16-bit)
     if choose_backend(q.device, backend) == "triton" and q.dtype != torch.float32:
-        from .triton_mla import mla_decode_triton
+        from .triton_mla import PREPARED, mla_decode_triton
 
-        return mla_decode_triton(q, kv, q_row_offsets, **kwargs)
+        if hit is UNPREPARED:
+            return mla_decode_triton(q, kv, q_row_offsets, **kwargs)
+        _prepared = PREPARED
+        return PREPARED.prepare(
+            q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths,
+            extra_kv, extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
+        )  # fmt: skip
     return mla_decode_reference(q, kv, q_row_offsets, **kwargs)
 
 
