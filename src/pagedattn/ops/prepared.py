@@ -64,6 +64,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -244,6 +245,39 @@ class PreparedCache:
             self._d.move_to_end(key)
         c.insert(0, (guard, pick, value))
         del c[self.per_key :]
+
+    def lookup(self, key: Any, src: list) -> Any:
+        """The prepared result of a call with signature `key` and sources `src` (its entry's
+        value called on src), UNPREPARED where the signature is stored as not preparable, or
+        MISS."""
+        try:
+            cands = self.candidates(key)
+        except TypeError:  # an unhashable key: a bad argument the full path reports
+            return MISS
+        if cands is None:
+            return MISS
+        for guard, pick, entry in cands:
+            if guard.check(*pick(src)):
+                if entry is None:
+                    return UNPREPARED
+                r = entry(src)
+                if r is not MISS:
+                    return r
+        return MISS
+
+
+def guard_call(key: Any, src: list, guarded: Sequence[int]) -> tuple[Any, Any] | None:
+    """(guard, pick) of a validated call's sources `src`, whose positions `guarded` hold the
+    tensors to guard, or None where the call cannot be guarded (an unhashable key; tensors
+    aliasing each other, e.g. out=q)."""
+    try:
+        hash(key)
+        pick = itemgetter(*guarded)
+        tensors = pick(src)
+        guard = tensor_guard(tensors)
+        return (guard, pick) if guard.check(*tensors) else None
+    except Exception:  # (not expected of a validated call) not prepared
+        return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from operator import itemgetter
 
 import torch
 import triton
@@ -53,15 +52,14 @@ from ..masks import Mask, causal
 from ..pdl import pdl_enabled
 from ..prepared import (
     MISS,
-    UNPREPARED,
     PreparedCache,
     PreparedLaunch,
     capturing,
     current_device,
     current_stream,
     env_state,
+    guard_call,
     hooks_idle,
-    tensor_guard,
     workspace,
 )
 from . import gluon_prefill, gluon_prefill_ws
@@ -628,19 +626,9 @@ class PreparedMHA:
                 q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
                 backend,
             )  # fmt: skip
-            cands = self.cache.candidates(key)
         except Exception:  # arguments the signature cannot read: the full path reports them
             return MISS
-        if cands is None:
-            return MISS
-        for guard, pick, entry in cands:
-            if guard.check(*pick(src)):
-                if entry is None:
-                    return UNPREPARED
-                r = entry(src)
-                if r is not MISS:
-                    return r
-        return MISS
+        return self.cache.lookup(key, src)
 
     def prepare(self, q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse,
                 out, backend, resolved_mask: Mask):  # fmt: skip
@@ -655,15 +643,12 @@ class PreparedMHA:
                 q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
                 backend,
             )  # fmt: skip
-            hash(key)
-            pick = itemgetter(*_guarded(src))
-            guarded = pick(src)
-            guard = tensor_guard(guarded)
-            ok = guard.check(*guarded)  # False: tensors aliasing each other (e.g. out=q)
+            guarded = guard_call(key, src, _guarded(src))
         except Exception:  # (not expected of a validated call) not prepared
-            ok = False
-        if not ok:
+            guarded = None
+        if guarded is None:
             return _full_path(q, k, v, q_row_offsets, **kwargs)[0]
+        guard, pick = guarded
         with recording() as made:
             res, ran = _full_path(q, k, v, q_row_offsets, **kwargs)
         expected = _expected_launches(ran.how)

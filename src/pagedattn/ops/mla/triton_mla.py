@@ -27,7 +27,6 @@ an H100 or H200 would make, on any machine.
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import NamedTuple
 
 import torch
@@ -37,15 +36,14 @@ from ..gluon_imports import HAS_GLUON
 from ..launch import launch, recording
 from ..prepared import (
     MISS,
-    UNPREPARED,
     PreparedCache,
     PreparedLaunch,
     capturing,
     current_device,
     current_stream,
     env_state,
+    guard_call,
     hooks_idle,
-    tensor_guard,
     workspace,
 )
 from . import tuning
@@ -320,19 +318,9 @@ class PreparedMLA:
                 q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, extra_kv,
                 extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
             )  # fmt: skip
-            cands = self.cache.candidates(key)
         except Exception:  # arguments the signature cannot read: the full path reports them
             return MISS
-        if cands is None:
-            return MISS
-        for guard, pick, entry in cands:
-            if guard.check(*pick(src)):
-                if entry is None:
-                    return UNPREPARED
-                r = entry(src)
-                if r is not MISS:
-                    return r
-        return MISS
+        return self.cache.lookup(key, src)
 
     def prepare(self, q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths,
                 extra_kv, extra_indices, extra_topk_lengths, attn_sink, num_partitions, out,
@@ -344,15 +332,12 @@ class PreparedMLA:
         args = (q, kv, q_row_offsets, int(d_v), *rest)
         try:
             key, src = _signature(q, kv, q_row_offsets, d_v, *rest, backend)
-            hash(key)
-            pick = itemgetter(*_guarded(src))
-            guarded = pick(src)
-            guard = tensor_guard(guarded)
-            ok = guard.check(*guarded)  # False: tensors aliasing each other (e.g. out=q)
+            guarded = guard_call(key, src, _guarded(src))
         except Exception:  # (not expected of a validated call) not prepared
-            ok = False
-        if not ok:
+            guarded = None
+        if guarded is None:
             return _full_path(*args, None)[0]
+        guard, pick = guarded
         with recording() as made:
             res, ran = _full_path(*args, None)
         if ran.plan is None:  # nothing launched
