@@ -131,8 +131,7 @@ def _mla_worklist_combine_kernel(
     H_Q: tl.constexpr,
     BH: tl.constexpr,
     D_V: tl.constexpr,
-    BD: tl.constexpr,
-    IB: tl.constexpr,
+    D_PAD: tl.constexpr,
     TPT: tl.constexpr,
     BN: tl.constexpr,
     TARGET: tl.constexpr,
@@ -141,15 +140,12 @@ def _mla_worklist_combine_kernel(
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """One (token, block of BH heads, block of BD output dims): merge the partials of its
-    tile's items when the tile has several (a tile of one item was written by the decode
-    kernel), IB items a step (independent loads: a request split over every SM merges in
-    cdiv(items, IB) steps, not one dependent load an item); a token of no request (past
-    q_row_offsets[batch]) gets output 0 and LSE -inf."""
+    """One (token, block of BH heads): merge the partials of its tile's items when the tile
+    has several (a tile of one item was written by the decode kernel), one item a step; a
+    token of no request (past q_row_offsets[batch]) gets output 0 and LSE -inf."""
     pdl_wait(PDL)
     t = tl.program_id(0)
     hb = tl.program_id(1)
-    db = tl.program_id(2)
     r, c, n, incl, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
@@ -158,68 +154,43 @@ def _mla_worklist_combine_kernel(
     i0 = t - tl.sum(tl.where(at, o_lo, 0), 0)
     t64 = t.to(tl.int64)
     offs_h = hb * BH + tl.arange(0, BH)
-    offs_d = db * BD + tl.arange(0, BD)
+    offs_d = tl.arange(0, D_PAD)
     hmask = offs_h < H_Q
     dmask = offs_d < D_V
     omask = hmask[:, None] & dmask[None, :]
     optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-    lptr = LSE + t64 * H_Q + offs_h
     if (b < 0) | (i0 // TPT >= n_b // c_b):  # a token past the requests' (no item has it)
-        tl.store(optr, tl.zeros([BH, BD], OUT.dtype.element_ty), mask=omask)
-        if db == 0:
-            tl.store(lptr, tl.full([BH], float("-inf"), tl.float32), mask=hmask)
+        tl.store(optr, tl.zeros([BH, D_PAD], OUT.dtype.element_ty), mask=omask)
+        tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32), mask=hmask)
     elif c_b > 1:
         first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
-        # rows of the tile's token in the partials: (first + p) * TPT + i0 % TPT
-        row0 = first.to(tl.int64) * TPT + i0 % TPT
-        offs_i = tl.arange(0, IB)
-        # pass 1: the largest partial LSE (log2 units)
         m = tl.full([BH], float("-inf"), tl.float32)
-        for p0 in range(0, c_b, IB):
-            im = (p0 + offs_i) < c_b
-            rows = row0 + (p0 + offs_i).to(tl.int64) * TPT
-            lp = tl.load(
-                PL + rows[:, None] * H_Q + offs_h[None, :],
-                mask=im[:, None] & hmask[None, :],
-                other=float("-inf"),
-            )
-            m = tl.maximum(m, tl.max(lp * LOG2E, 0))
-        m_use = tl.where(m == float("-inf"), 0.0, m)
-        # pass 2: weights exp(lse_p - max); an unseen partial (-inf) adds nothing, a NaN one
-        # makes the row NaN
         den = tl.zeros([BH], tl.float32)
-        acc = tl.zeros([BH, BD], tl.float32)
-        for p0 in range(0, c_b, IB):
-            im = (p0 + offs_i) < c_b
-            rows = row0 + (p0 + offs_i).to(tl.int64) * TPT
-            lp = tl.load(
-                PL + rows[:, None] * H_Q + offs_h[None, :],
-                mask=im[:, None] & hmask[None, :],
-                other=float("-inf"),
+        acc = tl.zeros([BH, D_PAD], tl.float32)
+        for p in range(0, c_b):
+            prow = ((first + p).to(tl.int64) * TPT + i0 % TPT) * H_Q + offs_h
+            lp = tl.load(PL + prow, mask=hmask, other=float("-inf")) * LOG2E
+            m_new = tl.maximum(m, lp)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m - m_use)
+            w = tl.math.exp2(lp - m_use)
+            o = tl.load(PO + prow[:, None] * D_V + offs_d[None, :], mask=omask, other=0.0)
+            # an unseen partial (lse -inf, w 0) adds nothing; a NaN one makes the row NaN
+            acc = acc * alpha[:, None] + tl.where(
+                (lp != float("-inf"))[:, None], w[:, None] * o, 0.0
             )
-            w = tl.math.exp2(lp * LOG2E - m_use[None, :])
-            o = tl.load(
-                PO
-                + (rows[:, None, None] * H_Q + offs_h[None, :, None]) * D_V
-                + offs_d[None, None, :],
-                mask=im[:, None, None] & omask[None, :, :],
-                other=0.0,
-            )
-            seen = (lp != float("-inf"))[:, :, None]
-            acc += tl.sum(tl.where(seen, w[:, :, None] * o, 0.0), 0)
-            den += tl.sum(w, 0)
+            den = den * alpha + w
+            m = m_new
         has = den != 0.0
+        m_use = tl.where(m == float("-inf"), 0.0, m)
         inv = tl.where(has, 1.0 / tl.where(has, den, 1.0), 0.0)
         if HAS_SINK:
             sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
             # 1 / (den + exp(sink - m)) in the max-shifted frame; sink=+inf -> 0
             inv = tl.where(has, 1.0 / (den + tl.math.exp2(sink * LOG2E - m_use)), 0.0)
         tl.store(optr, (acc * inv[:, None]).to(OUT.dtype.element_ty), mask=omask)
-        if db == 0:
-            lse = tl.where(
-                has, (m_use + tl.math.log2(tl.where(has, den, 1.0))) * LN2, float("-inf")
-            )
-            tl.store(lptr, lse, mask=hmask)
+        lse = tl.where(has, (m_use + tl.math.log2(tl.where(has, den, 1.0))) * LN2, float("-inf"))
+        tl.store(LSE + t64 * H_Q + offs_h, lse, mask=hmask)
 
 
 def mla_worklist_combine_triton(
@@ -244,11 +215,10 @@ def mla_worklist_combine_triton(
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
-    # [IB, BH, BD] = 8 x 8 x 64 float32 a step: 32 registers a thread at 4 warps
-    bh, bd = min(8, triton.next_power_of_2(h_q)), min(64, triton.next_power_of_2(d_v))
+    bh = min(16, triton.next_power_of_2(h_q))
     launch(
         _mla_worklist_combine_kernel,
-        (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, bd)),
+        (tokens, triton.cdiv(h_q, bh)),
         q_row_offsets,
         cache_lens,
         batch,
@@ -262,8 +232,7 @@ def mla_worklist_combine_triton(
         H_Q=h_q,
         BH=bh,
         D_V=d_v,
-        BD=bd,
-        IB=8,
+        D_PAD=triton.next_power_of_2(d_v),
         TPT=tpt,
         BN=bn,
         TARGET=target,
