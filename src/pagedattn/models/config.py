@@ -17,6 +17,7 @@ rope dim.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -227,6 +228,16 @@ class ModelConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
     @property
+    def fp8_block(self) -> tuple[int, int] | None:
+        """(n, k) of an FP8 block-quantized checkpoint's weight blocks (DeepSeek's
+        `quantization_config.weight_block_size`), or None."""
+        q = self.quantization or {}
+        if q.get("quant_method") != "fp8":
+            return None
+        n, k = q["weight_block_size"]
+        return int(n), int(k)
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -424,15 +435,32 @@ def _parse(d: dict) -> ModelConfig:
     quant = d.get("quantization_config")
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, Mapping) else None
-        if not (mt == "gpt_oss" and method == "mxfp4"):
+        fp8 = mt == "deepseek_v3" and method == "fp8"
+        if not ((mt == "gpt_oss" and method == "mxfp4") or fp8):
             raise UnsupportedModelError(
                 f"config.quantization_config: quant_method {method!r} is not supported for "
-                f"{mt!r} (supported: gpt_oss 'mxfp4', dequantized at load time)"
+                f"{mt!r} (supported: gpt_oss 'mxfp4', dequantized at load time; deepseek_v3 "
+                "'fp8' with weight_block_size and dynamic activations, run through fp8_bmm)"
             )
         quant = dict(quant)
+        if fp8:
+            block = quant.get("weight_block_size")
+            ok = (
+                isinstance(block, Sequence) and len(block) == 2
+                and all(isinstance(b, int) and b >= 1 for b in block)
+                and quant.get("activation_scheme", "dynamic") == "dynamic"
+            )  # fmt: skip
+            if not ok:
+                raise UnsupportedModelError(
+                    "config.quantization_config: fp8 needs weight_block_size [n, k] (ints >= 1) "
+                    f"and activation_scheme 'dynamic', got {quant!r}"
+                )
     moe = mt == "gpt_oss"
     if mt == "deepseek_v3":
-        return _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos)
+        return dataclasses.replace(
+            _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos),
+            quantization=quant,
+        )
     return ModelConfig(
         architecture=arch,
         model_type=mt,

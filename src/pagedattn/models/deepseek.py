@@ -27,10 +27,16 @@ norm_topk_prob), times routed_scaling_factor; routed experts (SwiGLU, transforme
 [E, 2I, H] / [E, H, I] layout, read from the checkpoint's per-expert tensors) plus the shared
 experts' SwiGLU. Layers below `first_k_dense_replace` have a dense SwiGLU MLP.
 
+FP8 checkpoints (`quantization_config` fp8, `weight_block_size` [n, k], dynamic activations:
+DeepSeek's release format): every projection of attention and MLP/experts keeps its e4m3
+weight and `weight_scale_inv` blocks in memory and runs through `fp8_bmm`
+(`layers.Fp8BlockLinear`, `DeepseekExperts`); kv_b_proj's absorbed products take a dequantized
+copy made once (h * (nope + v) * kv_lora_rank elements a layer); the router, norms, embedding
+and lm_head stay in the model dtype.
+
 Limits: kv_lora_rank <= 512 and kv_lora_rank + qk_rope_head_dim <= 576 (mla_decode's d_qk;
 other geometries than DeepSeek's 512 + 64 need a BF16 / FP16 / FP32 cache); no tensor
-parallelism; FP8 (block-quantized) weights
-are rejected by the config parser; the multi-token-prediction layers of real checkpoints
+parallelism; the multi-token-prediction layers of real checkpoints
 (`model.layers.{num_layers}...`) are ignored on load. The step reads the queries-per-request
 and cache lengths on the host and the MoE its expert counts: eager only
 (`supports_cuda_graphs = False`).
@@ -52,12 +58,22 @@ from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check, check_int
 from ..operands import PagedOperand, RowOperand
 from ..ops import masks
+from ..ops.linear import fp8_bmm
 from ..ops.mha import mha
 from ..ops.mla import mla_decode
 from ..ops.mla.reference import MAX_Q_PER_REQUEST
 from ..ops.store_kv import store_kv
 from .config import ModelConfig
-from .layers import Linear, RMSNorm, RotaryEmbedding, SwiGLUMLP, apply_rope, expert_groups
+from .layers import (
+    Fp8BlockLinear,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLUMLP,
+    apply_rope,
+    expert_groups,
+    make_linear,
+)
 from .llama import DecoderForCausalLM, DecoderModel
 from .weights import WeightSource
 
@@ -201,18 +217,24 @@ class DeepseekMLA(nn.Module):
         self.interleave = cfg.rope_interleave
         H, qk = cfg.hidden_size, self.nope + self.rope
         bias = cfg.qkv_bias
+        fp8 = cfg.fp8_block
+
+        def lin(i: int, o: int, b: bool) -> nn.Module:
+            return make_linear(i, o, b, dtype, fp8)
+
         if cfg.q_lora_rank is None:
-            self.q_proj = Linear(H, self.h * qk, False, dtype)
+            self.q_proj = lin(H, self.h * qk, False)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
         else:
             self.q_proj = None
-            self.q_a_proj = Linear(H, cfg.q_lora_rank, bias, dtype)
+            self.q_a_proj = lin(H, cfg.q_lora_rank, bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6, dtype)  # HF's default eps
-            self.q_b_proj = Linear(cfg.q_lora_rank, self.h * qk, False, dtype)
-        self.kv_a_proj_with_mqa = Linear(H, self.rank + self.rope, bias, dtype)
+            self.q_b_proj = lin(cfg.q_lora_rank, self.h * qk, False)
+        self.kv_a_proj_with_mqa = lin(H, self.rank + self.rope, bias)
         self.kv_a_layernorm = RMSNorm(self.rank, 1e-6, dtype)  # DeepseekV3RMSNorm(kv_lora_rank)
-        self.kv_b_proj = Linear(self.rank, self.h * (self.nope + self.v), False, dtype)
-        self.o_proj = Linear(self.h * self.v, H, cfg.o_bias, dtype)
+        self.kv_b_proj = lin(self.rank, self.h * (self.nope + self.v), False)
+        self.o_proj = lin(self.h * self.v, H, cfg.o_bias)
+        self._kv_b_dense: torch.Tensor | None = None  # FP8 kv_b_proj, dequantized once
         self.scale = mla_softmax_scale(cfg)
         self.mask = masks.causal()
 
@@ -249,9 +271,21 @@ class DeepseekMLA(nn.Module):
             o[t] = self._expanded(q_nope[t], q_pe[t], ctx)
         return self.o_proj(o.reshape(T, self.h * self.v))
 
+    def _kv_b_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """kv_b_proj's weight [h * (nope + v), rank] for the absorbed products: the parameter,
+        or with FP8 blocks its dequantized copy, made once (h * (nope + v) * rank elements a
+        layer; the expanded form keeps the FP8 weight through `fp8_bmm`)."""
+        lin = self.kv_b_proj
+        if not isinstance(lin, Fp8BlockLinear):
+            return lin.weight
+        w = self._kv_b_dense
+        if w is None or w.dtype != dtype or w.device != lin.weight.device:
+            w = self._kv_b_dense = lin.dequantized(dtype)
+        return w
+
     def _absorbed(self, q_nope, q_pe, inputs, offsets, params) -> torch.Tensor:
         """[n, h, v]: mla_decode of [q_nope @ w_uk | q_pe] over the latent cache, @ w_uv."""
-        w_uk, w_uv = split_kv_b_proj(self.kv_b_proj.weight, self.h, self.nope, self.v)
+        w_uk, w_uv = split_kv_b_proj(self._kv_b_weight(q_nope.dtype), self.h, self.nope, self.v)
         q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, h, rank]
         q = torch.cat((q_lat, q_pe), dim=-1).to(params.dtype)
         o_lat, _ = mla_decode(
@@ -317,20 +351,44 @@ class DeepseekExperts(nn.Module):
     """DeepseekV3Experts: per expert e, `down_proj[e] @ (silu(g) * u)` with (g, u) the halves of
     `gate_up_proj[e] @ x`, times the token's routing weight (float32), summed in expert order.
     gate_up_proj [E, 2I, H], down_proj [E, H, I] (transformers 5's layout; the loader stacks the
-    checkpoint's experts.{e}.gate_proj / up_proj / down_proj)."""
+    checkpoint's experts.{e}.gate_proj / up_proj / down_proj). With FP8 blocks (n, k) they are
+    e4m3, beside gate_up_proj_scale_inv [E, 2I / n, H / k] and down_proj_scale_inv [E, H / n,
+    I / k] (the checkpoint's weight_scale_inv), and each expert's products run through
+    `fp8_bmm`."""
 
     def __init__(self, cfg: ModelConfig, dtype=None) -> None:
         super().__init__()
         E, H, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.E, self.inter = E, inter
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H, dtype=dtype), False)
-        self.down_proj = nn.Parameter(torch.empty(E, H, inter, dtype=dtype), False)
+        self.fp8 = fp8 = cfg.fp8_block
+        wdt = dtype if fp8 is None else torch.float8_e4m3fn
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H, dtype=wdt), False)
+        self.down_proj = nn.Parameter(torch.empty(E, H, inter, dtype=wdt), False)
+        if fp8 is not None:
+            n, k = fp8
+            check(inter % n == 0, "config.moe_intermediate_size",
+                  f"a multiple of the FP8 weight block {n}", inter)  # fmt: skip
+            f32 = torch.float32
+            self.gate_up_proj_scale_inv = nn.Parameter(
+                torch.empty(E, 2 * inter // n, -(-H // k), dtype=f32), False
+            )
+            self.down_proj_scale_inv = nn.Parameter(
+                torch.empty(E, -(-H // n), -(-inter // k), dtype=f32), False
+            )
+
+    def _proj(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
+        w = getattr(self, name)[e]
+        if self.fp8 is None:
+            return F.linear(x, w)
+        n, k = self.fp8
+        s = getattr(self, name + "_scale_inv")[e]
+        return fp8_bmm(x[None], w[None], s[None], k_gran=k, n_gran=n, out_dtype=x.dtype)[0]
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
         out = torch.zeros_like(x)
         for e, t, s in expert_groups(experts, self.E):
-            gate, up = F.linear(x[t], self.gate_up_proj[e]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down_proj[e])
+            gate, up = self._proj(x[t], "gate_up_proj", e).chunk(2, dim=-1)
+            h = self._proj(F.silu(gate) * up, "down_proj", e)
             out.index_add_(0, t, (h * weights[t, s, None]).to(x.dtype))
         return out
 
@@ -344,8 +402,9 @@ class DeepseekMoE(nn.Module):
         self.experts = DeepseekExperts(cfg, dtype)
         self.gate = DeepseekRouter(cfg)
         n = cfg.n_shared_experts
+        inter = cfg.moe_intermediate_size * n
         self.shared_experts = (
-            SwiGLUMLP(cfg.hidden_size, cfg.moe_intermediate_size * n, False, dtype) if n else None
+            SwiGLUMLP(cfg.hidden_size, inter, False, dtype, fp8_block=cfg.fp8_block) if n else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -364,7 +423,9 @@ class DeepseekDecoderLayer(nn.Module):
         if cfg.is_moe and layer_idx >= cfg.first_k_dense_replace:
             self.mlp = DeepseekMoE(cfg, dtype)
         else:
-            self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, False, dtype)
+            self.mlp = SwiGLUMLP(
+                cfg.hidden_size, cfg.intermediate_size, False, dtype, fp8_block=cfg.fp8_block
+            )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -378,7 +439,7 @@ class DeepseekDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-_EXPERT_PARAM = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_EXPERT_PARAM = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_scale_inv)?$")
 _LAYER_OF = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -428,11 +489,12 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         m = _EXPERT_PARAM.match(name)
         if m is None:
             return None
-        base, which = m.groups()
+        base, which, scale = m.groups()
+        suffix = "weight_scale_inv" if scale else "weight"
         E = self.config.num_experts
         if which == "gate_up_proj":
             names = tuple(
-                f"{base}.{e}.{p}.weight" for e in range(E) for p in ("gate_proj", "up_proj")
+                f"{base}.{e}.{p}.{suffix}" for e in range(E) for p in ("gate_proj", "up_proj")
             )
             return WeightSource(
                 names,
@@ -440,7 +502,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
                     [torch.cat(ts[2 * e : 2 * e + 2], dim=0) for e in range(len(ts) // 2)]
                 ),
             )
-        names = tuple(f"{base}.{e}.down_proj.weight" for e in range(E))
+        names = tuple(f"{base}.{e}.down_proj.{suffix}" for e in range(E))
         return WeightSource(names, torch.stack)
 
     def ignores_checkpoint_tensor(self, name: str) -> bool:

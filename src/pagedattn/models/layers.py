@@ -28,7 +28,9 @@ from torch import nn
 
 from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.params import KVCacheParams
+from ..errors import InvalidArgumentError, check
 from ..operands import PagedOperand
+from ..ops.linear import fp8_bmm
 from ..ops.masks import Mask
 from ..ops.mha import mha
 from ..ops.store_kv import store_kv
@@ -50,6 +52,47 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class Fp8BlockLinear(nn.Module):
+    """y = x @ dequant(weight).T of an FP8 block-quantized weight, through `fp8_bmm` (x is
+    quantized on the fly in 1 x k groups; the weight stays e4m3 in memory).
+
+    weight [out, in] float8_e4m3fn and weight_scale_inv [cdiv(out, n), cdiv(in, k)] float32,
+    as DeepSeek's FP8 checkpoints store them (`weight_block_size` [n, k]): element (i, j) is
+    weight[i, j] * weight_scale_inv[i // n, j // k]. No bias."""
+
+    def __init__(self, in_features: int, out_features: int, block: tuple[int, int]) -> None:
+        super().__init__()
+        self.block = n, k = block
+        self.weight = _param(out_features, in_features, dtype=torch.float8_e4m3fn)
+        self.weight_scale_inv = _param(
+            -(-out_features // n), -(-in_features // k), dtype=torch.float32
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, k = self.block
+        x2 = x.reshape(1, -1, x.shape[-1])
+        y = fp8_bmm(x2, self.weight[None], self.weight_scale_inv[None], k_gran=k, n_gran=n,
+                    out_dtype=x.dtype)  # fmt: skip
+        return y.reshape(*x.shape[:-1], self.weight.shape[0])
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [out, in] in `dtype` (for the absorbed MLA products)."""
+        n, k = self.block
+        s = self.weight_scale_inv.repeat_interleave(n, 0).repeat_interleave(k, 1)
+        w = self.weight.float() * s[: self.weight.shape[0], : self.weight.shape[1]]
+        return w.to(dtype)
+
+
+def make_linear(in_features: int, out_features: int, bias: bool, dtype=None,
+                fp8_block: tuple[int, int] | None = None) -> nn.Module:  # fmt: skip
+    """`Linear`, or `Fp8BlockLinear` where the checkpoint's weights are FP8 blocks (no bias)."""
+    if fp8_block is None:
+        return Linear(in_features, out_features, bias, dtype)
+    if bias:
+        raise InvalidArgumentError("an FP8 block-quantized linear has no bias")
+    return Fp8BlockLinear(in_features, out_features, fp8_block)
 
 
 class ColumnParallelLinear(Linear):
@@ -207,9 +250,20 @@ class SwiGLUMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) (LlamaMLP, MistralMLP, Qwen2MLP, Qwen3MLP); gate and up are one
     fused projection `gate_up_proj` [2 * inter, hidden] (the checkpoint's gate_proj; up_proj)."""
 
-    def __init__(self, hidden: int, inter: int, bias: bool, dtype=None, tp_size: int = 1) -> None:
+    def __init__(self, hidden: int, inter: int, bias: bool, dtype=None, tp_size: int = 1,
+                 fp8_block: tuple[int, int] | None = None) -> None:  # fmt: skip
         super().__init__()
         self.inter = inter = inter // tp_size  # this rank's shard (models/parallel.py)
+        if fp8_block is not None:  # FP8 blocks (DeepSeek): gate's and up's scales concatenated
+            check(
+                inter % fp8_block[0] == 0 and tp_size == 1,
+                "intermediate size",
+                f"a multiple of the FP8 weight block {fp8_block[0]} (one rank)",
+                (inter, tp_size),
+            )
+            self.gate_up_proj = Fp8BlockLinear(hidden, 2 * inter, fp8_block)
+            self.down_proj = Fp8BlockLinear(inter, hidden, fp8_block)
+            return
         self.gate_up_proj = ColumnParallelLinear(hidden, 2 * inter, bias, dtype)
         self.down_proj = RowParallelLinear(inter, hidden, bias, dtype, tp_size)
 
