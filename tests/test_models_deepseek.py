@@ -504,3 +504,44 @@ def test_fp8_block_linear_is_the_dequantized_product():
     ref = xq.view(7, 256)[:, :200] @ (q.double() * rep).T
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lin.dequantized(torch.float64), q.double() * rep)
+
+
+def hf_v2_config(method: str):
+    """A tiny DeepseekV2Config: V2-Lite-like (greedy routing, q_proj) or V2-like
+    (group_limited_greedy, q_lora), with DeepSeek's MLA geometry."""
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512,
+        qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=48, n_routed_experts=8,
+        num_experts_per_tok=3, n_shared_experts=1, first_k_dense_replace=1,
+        max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        topk_method=method,
+    )  # fmt: skip
+    if method == "group_limited_greedy":
+        common.update(n_group=4, topk_group=2, q_lora_rank=48, routed_scaling_factor=16.0)
+    else:
+        common.update(q_lora_rank=None, routed_scaling_factor=1.0)
+    return transformers.DeepseekV2Config(**common)
+
+
+@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy"])
+def test_deepseek_v2_greedy_matches_hf_generate(method, tmp_path, plans):
+    """DeepSeek-V2 (softmax routing; pair-wise RoPE) through the same model: the first step's
+    logits and greedy tokens under chunked prefill with prefix hits, against transformers'
+    DeepseekV2ForCausalLM."""
+    torch.manual_seed(77)
+    hf = transformers.DeepseekV2ForCausalLM._from_config(
+        hf_v2_config(method), dtype=torch.float32
+    ).eval()
+    randomize_(hf)
+    hf.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))
+    assert type(model) is ds.DeepseekV2ForCausalLM
+    assert model.config.topk_method == method
+    base = prompts_of([37], seed=3)[0]
+    other = prompts_of([30, 12, 5], seed=5)
+    prompts = [base, other[0], base[:21] + other[1], base + other[2], base[:9]]
+    drv = GreedyDriver(model, page_size=1, token_budget=24)
+    ours, _hits = drv.generate(prompts, NEW_TOKENS, [0, 0, 4, 5, 6])
+    truth = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    compare_greedy(f"deepseek-v2 {method}", "chunked prefill", ours, truth)

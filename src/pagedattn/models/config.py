@@ -38,6 +38,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "GptOssForCausalLM": "gpt_oss",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(SUPPORTED_ARCHITECTURES.values()))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -53,6 +54,7 @@ _DEFAULT_MAX_POS = {
     "qwen3": 32768,
     "gpt_oss": 131072,
     "deepseek_v3": 4096,
+    "deepseek_v2": 2048,
 }
 # The MLA geometry mla_decode takes (ops/mla): DeepSeek's d_qk 576 = latent 512 + rope 64 in
 # every cache format; over a BF16 / FP16 / FP32 cache any latent <= 512 with rope, d_qk <= 576.
@@ -158,6 +160,9 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = False
     first_k_dense_replace: int = 0
+    # DeepSeek routing: "noaux_tc" (V3: sigmoid, correction bias, groups by top-2 sums),
+    # "greedy" / "group_limited_greedy" (V2: softmax, top-k / groups by their max)
+    topk_method: str = "noaux_tc"
     dtype: torch.dtype | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -370,7 +375,7 @@ def _window_and_types(d: dict, model_type: str, num_layers: int) -> tuple[int | 
     """(sliding_window, layer_types) as transformers 5.24's config classes and attention modules
     resolve them."""
     full = ("full_attention",) * num_layers
-    if model_type in ("llama", "deepseek_v3"):
+    if model_type in ("llama", "deepseek_v3", "deepseek_v2"):
         return None, full  # LlamaAttention / DeepseekV3Attention have no sliding window
     if model_type == "mistral":
         # MistralConfig ignores layer_types; every layer slides when sliding_window is set
@@ -435,7 +440,7 @@ def _parse(d: dict) -> ModelConfig:
     quant = d.get("quantization_config")
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, Mapping) else None
-        fp8 = mt == "deepseek_v3" and method == "fp8"
+        fp8 = mt in ("deepseek_v3", "deepseek_v2") and method == "fp8"
         if not ((mt == "gpt_oss" and method == "mxfp4") or fp8):
             raise UnsupportedModelError(
                 f"config.quantization_config: quant_method {method!r} is not supported for "
@@ -456,7 +461,7 @@ def _parse(d: dict) -> ModelConfig:
                     f"and activation_scheme 'dynamic', got {quant!r}"
                 )
     moe = mt == "gpt_oss"
-    if mt == "deepseek_v3":
+    if mt in ("deepseek_v3", "deepseek_v2"):
         return dataclasses.replace(
             _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos),
             quantization=quant,
@@ -497,7 +502,8 @@ def _parse(d: dict) -> ModelConfig:
 
 
 def _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos) -> ModelConfig:
-    """DeepseekV3Config's fields (transformers 5.24 defaults for the missing ones)."""
+    """DeepseekV3Config's / DeepseekV2Config's fields (transformers 5.24 defaults for the
+    missing ones)."""
     rank = int(d.get("kv_lora_rank", 512))
     rope_dim = int(d.get("qk_rope_head_dim", 64))
     if not (1 <= rank <= MLA_MAX_LATENT and rope_dim >= 2 and rope_dim % 2 == 0
@@ -507,8 +513,17 @@ def _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos
             f"mla_decode takes a latent of at most {MLA_MAX_LATENT} and an even rope dim with "
             f"kv_lora_rank + qk_rope_head_dim <= {MLA_MAX_D_QK} (DeepSeek's: 512 + 64)"
         )
+    v2 = mt == "deepseek_v2"
+    method = str(d.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
+    allowed = ("greedy", "group_limited_greedy") if v2 else ("noaux_tc",)
+    if method not in allowed:
+        raise UnsupportedModelError(
+            f"config.topk_method: {method!r} is not supported for {mt!r} (supported: {allowed})"
+        )
+    if d.get("mlp_bias"):
+        raise UnsupportedModelError("config.mlp_bias: MLP biases are not supported for DeepSeek")
     q_lora = d.get("q_lora_rank", 1536)
-    E = int(d.get("n_routed_experts", d.get("num_local_experts", 256)) or 0)
+    E = int(d.get("n_routed_experts", d.get("num_local_experts", 64 if v2 else 256)) or 0)
     n_group = int(d.get("n_group") or 1)
     topk_group = int(d.get("topk_group") or 1)
     k = int(d.get("num_experts_per_tok") or 8)
@@ -557,9 +572,10 @@ def _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos
         n_shared_experts=int(d.get("n_shared_experts") or 0),
         n_group=n_group,
         topk_group=topk_group,
-        routed_scaling_factor=float(d.get("routed_scaling_factor", 2.5)),
-        norm_topk_prob=bool(d.get("norm_topk_prob", True)),
-        first_k_dense_replace=int(d.get("first_k_dense_replace", 3) or 0),
+        routed_scaling_factor=float(d.get("routed_scaling_factor", 1.0 if v2 else 2.5)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", not v2)),
+        first_k_dense_replace=int(d.get("first_k_dense_replace", 0 if v2 else 3) or 0),
+        topk_method=method,
         dtype=dtype,
         bos_token_id=d.get("bos_token_id"),
         eos_token_ids=eos,

@@ -318,8 +318,10 @@ class DeepseekMLA(nn.Module):
 
 class DeepseekRouter(nn.Module):
     """DeepseekV3TopkRouter (noaux_tc): weight [E, H] and e_score_correction_bias [E], both
-    float32 (transformers' `_keep_in_fp32_modules_strict`). Returns (weights [T, k] float32,
-    expert ids [T, k] int64)."""
+    float32 (transformers' `_keep_in_fp32_modules_strict`); or DeepseekV2TopkRouter (greedy /
+    group_limited_greedy: softmax scores, top-k over all experts or within the top topk_group
+    groups by their best score, times routed_scaling_factor, no bias). Returns (weights [T, k]
+    float32, expert ids [T, k] int64)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -327,12 +329,31 @@ class DeepseekRouter(nn.Module):
         self.E, self.k = E, cfg.num_experts_per_tok
         self.n_group, self.topk_group = cfg.n_group, cfg.topk_group
         self.norm, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
+        self.method = cfg.topk_method
         f32 = torch.float32
         self.weight = nn.Parameter(torch.empty(E, cfg.hidden_size, dtype=f32), requires_grad=False)
-        self.e_score_correction_bias = nn.Parameter(torch.empty(E, dtype=f32), requires_grad=False)
+        if self.method == "noaux_tc":
+            self.e_score_correction_bias = nn.Parameter(
+                torch.empty(E, dtype=f32), requires_grad=False
+            )
+
+    def _v2(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = logits.softmax(dim=-1)
+        if self.method == "group_limited_greedy":
+            per = self.E // self.n_group
+            group_scores = scores.view(-1, self.n_group, per).max(dim=-1).values
+            group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+            keep = group_mask.unsqueeze(-1).expand(-1, self.n_group, per).reshape(-1, self.E)
+            scores = scores.masked_fill(~keep.bool(), 0.0)
+        w, idx = torch.topk(scores, k=self.k, dim=-1, sorted=False)
+        return w * self.scaling, idx
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        logits = F.linear(x.float(), self.weight.float())
+        if self.method != "noaux_tc":
+            return self._v2(logits)
+        scores = logits.sigmoid()
         choice = scores + self.e_score_correction_bias
         per = self.E // self.n_group
         group_scores = choice.view(-1, self.n_group, per).topk(2, dim=-1)[0].sum(dim=-1)
@@ -562,12 +583,20 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         return F.linear(h, self.lm_head_weight).float()
 
 
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V2 / V2-Lite (transformers' DeepseekV2ForCausalLM): the V3 layout with the V2
+    router (`DeepseekRouter` greedy / group_limited_greedy). Its RoPE rotates the pairs (2i,
+    2i + 1) in place; the cache keeps them as [even | odd] like V3's interleave variant (q and
+    k permuted alike: the same scores)."""
+
+
 __all__ = [
     "MLA_ABSORBED_MAX_Q",
     "DeepseekExperts",
     "DeepseekMLA",
     "DeepseekMoE",
     "DeepseekRouter",
+    "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "MLAStepPlan",
     "split_kv_b_proj",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
-from .deepseek import DeepseekV3ForCausalLM
+from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 
@@ -21,6 +21,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
 }
 assert set(MODEL_REGISTRY) == set(SUPPORTED_ARCHITECTURES)
 
