@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -47,13 +46,13 @@ def _run(llm: LLM) -> tuple[list[list[int]], list]:
     return [toks[k] for k in sorted(toks)], pages
 
 
-def _worker(rank: int, world: int, port: int, path: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, path: str, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a file rendezvous (no TCP port: a free port found first can be taken before the bind)
+    init = "file://" + os.path.join(out_dir, "rendezvous")
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         llm = LLM(path, tensor_parallel_size=world, **ENGINE_KW)
         assert llm.kv_params.n_kv_heads == 1 and llm.kv_params.num_q_heads == 2
@@ -66,12 +65,6 @@ def _worker(rank: int, world: int, port: int, path: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tp2_gloo_tokens_equal_single_process(ckpt, tmp_path):
     import torch.multiprocessing as mp
 
@@ -82,7 +75,7 @@ def test_tp2_gloo_tokens_equal_single_process(ckpt, tmp_path):
     finally:
         torch.set_num_threads(n)
     assert all(len(t) == NEW for t in ref_toks)
-    mp.spawn(_worker, args=(2, _free_port(), ckpt, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, ckpt, str(tmp_path)), nprocs=2, join=True)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert got[0]["tokens"] == ref_toks
     assert got[1]["tokens"] == ref_toks
