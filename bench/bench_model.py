@@ -53,7 +53,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, call_times, save, suite_main
+from common import Record, call_times, roofline_ms, save, suite_main
 
 from pagedattn.engine import LLMEngine, SamplingParams
 from pagedattn.models import ModelConfig, model_class
@@ -247,9 +247,7 @@ class Ctx:
         return out
 
     def roofline_ms(self, nbytes: float, flops: float) -> tuple[float, str]:
-        t_copy = nbytes / (self.ceilings["copy_gbps"] * 1e6)
-        t_mm = flops / (self.ceilings["mm_tflops"] * 1e9)
-        return (t_copy, "copy") if t_copy >= t_mm else (t_mm, "mm")
+        return roofline_ms(self.ceilings, nbytes, flops)
 
     def error(self, case: Case, msg: str) -> None:
         line = f"{case.name}: {msg}"

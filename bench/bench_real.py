@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, flashinfer, save, suite_main, time_ms
+from common import Record, flashinfer, roofline_ms, save, suite_main, time_ms
 
 from pagedattn import KVCacheParams, PagedOperand, mha, mla_decode
 from pagedattn.testing import make_paged_cache, poison_, ragged_offsets
@@ -308,9 +308,7 @@ class Ctx:
         return best
 
     def roofline_ms(self, nbytes: float, flops: float) -> tuple[float, str]:
-        t_copy = nbytes / (self.ceilings["copy_gbps"] * 1e6)
-        t_mm = flops / (self.ceilings["mm_tflops"] * 1e9)
-        return (t_copy, "copy") if t_copy >= t_mm else (t_mm, "mm")
+        return roofline_ms(self.ceilings, nbytes, flops)
 
     def error(self, case: Case, msg: str) -> None:
         line = f"{case.name}: {msg}"

@@ -318,6 +318,14 @@ def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") 
     return "\n".join(lines)
 
 
+def roofline_ms(ceilings: dict, nbytes: float, flops: float) -> tuple[float, str]:
+    """(ms, "copy" or "mm"): max(bytes / copy bandwidth, FLOPs / bf16 matmul) with the run's
+    own ceilings (`copy_gbps`, `mm_tflops`), and which one bounds."""
+    t_copy = nbytes / (ceilings["copy_gbps"] * 1e6)
+    t_mm = flops / (ceilings["mm_tflops"] * 1e9)
+    return (t_copy, "copy") if t_copy >= t_mm else (t_mm, "mm")
+
+
 def suite_main(argv, doc: str, name: str, run_and_save, probe_flashinfer: bool = True) -> None:
     """The command line of a suite script (`bench_real.py`, `bench_model.py`): --dry-run (CPU,
     tiny sizes, placeholder ceilings, one thread), --seed, --only, --out; on CUDA the copy and

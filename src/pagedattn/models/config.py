@@ -28,6 +28,7 @@ import torch
 
 from ..cache.params import KVCacheParams, KVQuantConfig
 from ..errors import InvalidArgumentError, check
+from ..ops.mla import MAX_D_QK, MAX_D_V
 
 # architecture (config.json "architectures"[0]) -> model_type. The registry (models/registry.py)
 # maps the same names to classes.
@@ -57,8 +58,9 @@ _DEFAULT_MAX_POS = {
     "deepseek_v2": 2048,
 }
 # The MLA geometry mla_decode takes (ops/mla): DeepSeek's d_qk 576 = latent 512 + rope 64 in
-# every cache format; over a BF16 / FP16 / FP32 cache any latent <= 512 with rope, d_qk <= 576.
-MLA_MAX_LATENT, MLA_MAX_D_QK = 512, 576
+# every cache format; over a BF16 / FP16 / FP32 cache any latent <= MAX_D_V (V is the latent)
+# with rope, d_qk <= MAX_D_QK.
+MLA_MAX_LATENT, MLA_MAX_D_QK = MAX_D_V, MAX_D_QK
 _GPT_OSS_ROPE = {
     "rope_type": "yarn",
     "factor": 32.0,

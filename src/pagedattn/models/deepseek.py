@@ -66,15 +66,13 @@ from ..ops.store_kv import store_kv
 from .config import ModelConfig
 from .layers import (
     Fp8BlockLinear,
-    Linear,
     RMSNorm,
-    RotaryEmbedding,
     SwiGLUMLP,
     apply_rope,
     expert_groups,
     make_linear,
 )
-from .llama import DecoderForCausalLM, DecoderModel
+from .llama import DecoderForCausalLM
 from .weights import WeightSource
 
 # A request with at most this many queries in a step attends in the absorbed form (mla_decode
@@ -483,25 +481,14 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         tp_size: int = 1,
         tp_rank: int | None = None,
     ) -> None:
-        nn.Module.__init__(self)
-        self.config = cfg = ModelConfig.from_hf(config)
+        cfg = ModelConfig.from_hf(config)
         check(cfg.is_mla, "config", "a DeepSeek (MLA) config", cfg.architecture)
-        self.tp_size = check_int("tp_size", tp_size, 1, 1)  # not sharded yet
-        self.tp_rank = 0
-        self.dtype = dtype or torch.get_default_dtype()
-        norm_kw = dict(dtype=dtype)
-        self.model = DecoderModel(
-            cfg, lambda i: DeepseekDecoderLayer(cfg, i, dtype), dtype, norm_kw
-        )
-        self.lm_head = (
-            None
-            if cfg.tie_word_embeddings
-            else Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
-        )
-        self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.qk_rope_head_dim)
-        self.kv_params: KVCacheParams | None = None
-        if kv_params is not None:
-            self.attach_kv_cache(kv_params)
+        check_int("tp_size", tp_size, 1, 1)  # not sharded yet
+        # (cfg.head_dim is the rope dim: the rotary embedding's)
+        super().__init__(cfg, dtype=dtype, kv_params=kv_params)
+
+    def make_layer(self, cfg: ModelConfig, layer_idx: int, dtype, norm_kw: dict) -> nn.Module:
+        return DeepseekDecoderLayer(cfg, layer_idx, dtype)
 
     # Loading -------------------------------------------------------------------------------
     def checkpoint_source(self, name: str) -> WeightSource | None:

@@ -175,12 +175,7 @@ class DecoderForCausalLM(nn.Module):
             weight_first=self.norm_weight_first,
         )
         self.model = DecoderModel(
-            cfg,
-            lambda i: DecoderLayer(
-                cfg, i, self.make_mlp(cfg, i, dtype), dtype, norm_kw, self.tp_size
-            ),
-            dtype,
-            norm_kw,
+            cfg, lambda i: self.make_layer(cfg, i, dtype, norm_kw), dtype, norm_kw
         )
         self.lm_head = (
             None
@@ -191,6 +186,12 @@ class DecoderForCausalLM(nn.Module):
         self.kv_params: KVCacheParams | None = None
         if kv_params is not None:
             self.attach_kv_cache(kv_params)
+
+    def make_layer(self, cfg: ModelConfig, layer_idx: int, dtype, norm_kw: dict) -> nn.Module:
+        """Decoder layer `layer_idx` (a subclass's own layer type overrides this)."""
+        return DecoderLayer(
+            cfg, layer_idx, self.make_mlp(cfg, layer_idx, dtype), dtype, norm_kw, self.tp_size
+        )
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, dtype) -> nn.Module:
         return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, dtype, self.tp_size)

@@ -283,6 +283,8 @@ def mla_decode(
 
 
 __all__ = [
+    "MAX_D_QK",
+    "MAX_D_V",
     "MAX_Q_PER_REQUEST",
     "mla_decode",
     "mla_decode_reference",
