@@ -202,13 +202,16 @@ def test_fp8_bmm_bad_arguments(over, match):
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_fp8_bmm_blocks_past_the_axes_cover_them(gen, backend):
     """k_gran / n_gran beyond k / n: one block of the whole axis (no padding up to the block:
-    a block of 2^31 - 1 allocates nothing more), the same as blocks of exactly k / n."""
+    a block of 2^31 - 1 allocates nothing more), the same as blocks of exactly k / n on the
+    same backend (the Triton kernel's accumulation order can differ from the reference's by an
+    ulp of the bf16 output: seed 1670473610; the backends' agreement is checked with a
+    tolerance elsewhere)."""
     B, M, N, K = 2, 3, 24, 40
     x = torch.randn(B, M, K, generator=gen).to(BF16)
     wq, ws = quantize_weight_blocks(random_weights(B, N, K, gen), 2**31 - 1, 2**31 - 1)
     assert ws.shape == (B, 1, 1)
     big = fp8_bmm(x, wq, ws, k_gran=2**31 - 1, n_gran=2**31 - 1, backend=backend)
-    exact = fp8_bmm(x, wq, ws, k_gran=K, n_gran=N, backend="reference")
+    exact = fp8_bmm(x, wq, ws, k_gran=K, n_gran=N, backend=backend)
     assert torch.equal(big, exact)
     xq, sx = quantize_activation_groups(x, 2**31 - 1)
     assert sx.shape == (B, M, 1)
