@@ -2,10 +2,10 @@
 models with random weights, each decode step against its memory roofline, and the 1B shape
 against transformers' `generate` on the same weights.
 
-- Models: `SHAPES` (Llama-3-8B and Llama-3.2-1B shapes, bf16). Built in memory, no checkpoint:
-  `models.model_class(config)` on the meta device, materialised on the GPU, every parameter
-  filled there with seeded `normal_` (`build_model`): linear weights N(0, 1/fan_in), embeddings
-  N(0, 1), norm weights 1. The engine takes the loaded model (`LLMEngine(model, ...)`).
+- Models: `SHAPES` (Llama-3-8B and Llama-3.2-1B shapes, bf16). Built in memory, no checkpoint
+  (`random_model.py`): the model on the meta device, materialised on the GPU, every checkpoint
+  tensor drawn there from (seed, its name): linear weights N(0, 1/fan_in), embeddings N(0, 1),
+  norm weights 1. The engine takes the loaded model (`LLMEngine(model, ...)`).
 - A case (`CASES`): `b` requests of `prompt` random tokens (greedy, `ignore_eos`). The engine
   prefills them (chunked under `PREFILL_BUDGET` tokens a step; not timed), runs `WARMUP` decode
   steps, then `STEPS` timed `engine.step()` calls, each between two CUDA events (the step syncs
@@ -54,9 +54,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import Record, call_times, roofline_ms, save, suite_main
+from random_model import random_model
 
 from pagedattn.engine import LLMEngine, SamplingParams
-from pagedattn.models import ModelConfig, model_class
 from pagedattn.models.loader import weight_sources
 
 SUITE = "model"
@@ -134,30 +134,12 @@ def hf_config_dict(shape: str, dry: bool = False) -> dict:
 # --- the model -----------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def build_model(cfg_dict: dict, device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """A pagedattn Llama of the config.json fields `cfg_dict` with random weights, built and
-    filled on `device` (no host copy): linear weights N(0, 1/fan_in), embeddings N(0, 1), norm
-    weights 1; seeded by `seed` (the same seed and device give the same weights)."""
-    cfg = ModelConfig.from_hf(
-        dict(cfg_dict, architectures=["LlamaForCausalLM"], model_type="llama")
-    )
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    with torch.device("meta"):
-        model = model_class(cfg)(cfg, dtype=dtype)
-    model.to_empty(device=dev)
-    model.rotary_emb.reset_buffers(dev)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif "embed_tokens" in name:
-            p.normal_(0.0, 1.0, generator=gen)
-        else:
-            p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
-    return model.eval()
+    filled on `device` (no host copy; `random_model`: norm weights 1, embeddings N(0, 1),
+    linear weights N(0, 1/fan_in), each checkpoint tensor seeded by (seed, its name))."""
+    llama = dict(cfg_dict, architectures=["LlamaForCausalLM"], model_type="llama")
+    return random_model(llama, device, dtype, seed)
 
 
 @torch.no_grad()
@@ -229,6 +211,7 @@ class Ctx:
         self.dev = torch.device("cpu" if dry else "cuda")
         self.dtype = torch.float32 if dry else torch.bfloat16
         self.errors: list[str] = []
+        self.tp = 1  # the engines' tensor_parallel_size (bench_tp.py: one process a rank)
 
     def sync(self) -> None:
         if not self.dry:
@@ -270,6 +253,7 @@ def make_engine(ctx: Ctx, model, case: Case, graphs: bool) -> LLMEngine:
         max_model_len=max_len,
         seed=ctx.seed,
         enforce_eager=not graphs,
+        tensor_parallel_size=ctx.tp,
     )
 
 

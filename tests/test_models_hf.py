@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from tiny_llama import randomize_, tiny_gpt_oss_config
 
 from pagedattn import PagedKVCacheManager
 from pagedattn.models import (
@@ -115,16 +116,7 @@ def hf_config(arch: str):
             max_window_layers=1,  # layer 1 slides
         )
     assert arch == "gpt_oss"
-    return transformers.GptOssConfig(
-        **common,
-        intermediate_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=8,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    )
+    return tiny_gpt_oss_config(**common)
 
 
 HF_CLASSES = {
@@ -134,25 +126,6 @@ HF_CLASSES = {
     "qwen3": "Qwen3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
 }
-
-
-@torch.no_grad()
-def randomize_(model) -> None:
-    """Weights large enough that greedy tokens are rarely near ties and every feature (biases,
-    norms, sinks, routing) matters."""
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.copy_(1 + 0.2 * torch.randn_like(p))
-        elif name.endswith("sinks"):
-            p.copy_(torch.randn_like(p))
-        elif "router" in name:
-            p.normal_(0, 0.5)
-        elif "embed_tokens" in name:
-            p.normal_(0, 1.0)
-        elif p.ndim == 1 or name.endswith("_bias"):
-            p.normal_(0, 0.1)
-        else:
-            p.normal_(0, 1.5 / p.shape[-1] ** 0.5 if p.ndim == 2 else 0.15)
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Tensor parallelism over torch.distributed on the CPU (gloo, 2 processes): a tiny random
-Llama (4 query heads, 2 KV heads) sharded 2 ways gives, on both ranks, the tokens of the
-single-process engine, and both ranks' managers hold the same pages at every step.
+Llama (4 query heads, 2 KV heads, biases) and a tiny gpt-oss (sinks, sliding layers, 4 experts
+top-2 with biases) sharded 2 ways give, on both ranks, the tokens of the single-process engine,
+and both ranks' managers hold the same pages at every step. The Llama runs once more with the
+decode-graph path emulated (static buffers, pad rows, buckets; the all-reduces inside it).
 
 Also the typed errors: tensor_parallel_size > 1 without torch.distributed, a world size that
-differs, heads that do not divide, and an MoE model (NotSupportedYetError).
+differs, heads that do not divide, and an MLA model (NotSupportedYetError).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 
 import pytest
 import torch
-from tiny_llama import save_tiny_llama
+from tiny_llama import save_tiny_gpt_oss, save_tiny_llama
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.errors import InvalidArgumentError
@@ -25,11 +27,24 @@ NEW = 6
 ENGINE_KW = dict(device="cpu", page_size=4, num_pages=64, max_num_batched_tokens=16)
 
 
+class _GraphsLLM(LLM):
+    """The decode-graph path run eagerly (`LLMEngine._emulate_cuda_graphs`)."""
+
+    _emulate_cuda_graphs = True
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama_tp")
     # attention_bias: the row-parallel o_proj bias must be added once
     save_tiny_llama(path, 1234, attention_bias=True)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt_oss_tp")
+    save_tiny_gpt_oss(path, 4321)  # the expert down_proj bias must be added once
     return str(path)
 
 
@@ -46,7 +61,7 @@ def _run(llm: LLM) -> tuple[list[list[int]], list]:
     return [toks[k] for k in sorted(toks)], pages
 
 
-def _worker(rank: int, world: int, path: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, path: str, out_dir: str, graphs: bool) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -54,32 +69,40 @@ def _worker(rank: int, world: int, path: str, out_dir: str) -> None:
     init = "file://" + os.path.join(out_dir, "rendezvous")
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        llm = LLM(path, tensor_parallel_size=world, **ENGINE_KW)
+        llm = (_GraphsLLM if graphs else LLM)(path, tensor_parallel_size=world, **ENGINE_KW)
         assert llm.kv_params.n_kv_heads == 1 and llm.kv_params.num_q_heads == 2
         qkv = llm.model.model.layers[0].self_attn.qkv_proj.weight
         assert tuple(qkv.shape) == (2 * 16 + 2 * 16, 64)
         toks, pages = _run(llm)
+        replays = llm.runner.graphs.num_replays if llm.runner.graphs is not None else 0
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"tokens": toks, "pages": pages}, f)
+            json.dump({"tokens": toks, "pages": pages, "replays": replays}, f)
     finally:
         dist.destroy_process_group()
 
 
-def test_tp2_gloo_tokens_equal_single_process(ckpt, tmp_path):
+@pytest.mark.parametrize("model,graphs", [("llama", False), ("llama", True), ("gpt_oss", False)])
+def test_tp2_gloo_tokens_equal_single_process(model, graphs, ckpt, gpt_oss_ckpt, tmp_path):
     import torch.multiprocessing as mp
 
+    path = ckpt if model == "llama" else gpt_oss_ckpt
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ref_toks, ref_pages = _run(LLM(ckpt, **ENGINE_KW))
+        ref = LLM(path, **ENGINE_KW)
+        ref_toks, ref_pages = _run(ref)
     finally:
         torch.set_num_threads(n)
     assert all(len(t) == NEW for t in ref_toks)
-    mp.spawn(_worker, args=(2, ckpt, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, path, str(tmp_path), graphs), nprocs=2, join=True)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert got[0]["tokens"] == ref_toks
     assert got[1]["tokens"] == ref_toks
     assert got[0]["pages"] == got[1]["pages"]
+    if graphs:  # decode steps went through the graph path on both ranks (whose managers also
+        # hold the pad page, so their pages are not the single eager process's)
+        assert got[0]["replays"] == got[1]["replays"] > 0
+        return
     # Same scheduler, same page ids as the single process (JSON turns tuples into lists).
     assert got[0]["pages"] == json.loads(json.dumps(ref_pages))
 
@@ -112,21 +135,28 @@ def test_tp_world_size_and_divisibility(ckpt, tmp_path):
         parallel.check_divisible(cfg, 4)
 
 
-def test_tp_moe_not_supported_yet():
+def test_tp_mla_not_supported_yet():
     from pagedattn.engine import LLMEngine
     from pagedattn.engine.errors import NotSupportedYetError
     from pagedattn.models import ModelConfig
 
-    hf = transformers.GptOssConfig(
+    hf = transformers.DeepseekV3Config(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=32,
+        moe_intermediate_size=16,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=4,
+        num_key_value_heads=4,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
         num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
     )
-    with pytest.raises(NotSupportedYetError, match="MoE"):
+    with pytest.raises(NotSupportedYetError, match="MLA"):
         LLMEngine._check_tp_config(ModelConfig.from_hf(hf), 2)

@@ -1,9 +1,29 @@
-"""A tiny random Llama checkpoint for the engine tests (written with `save_pretrained`)."""
+"""Tiny random checkpoints for the engine and model tests (written with `save_pretrained`):
+a Llama and a gpt-oss, and the weight randomizer they share with test_models_hf."""
 
 from __future__ import annotations
 
 import torch
 import transformers
+
+
+@torch.no_grad()
+def randomize_(model) -> None:
+    """Weights large enough that greedy tokens are rarely near ties and every feature (biases,
+    norms, sinks, routing) matters."""
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.copy_(1 + 0.2 * torch.randn_like(p))
+        elif name.endswith("sinks"):
+            p.copy_(torch.randn_like(p))
+        elif "router" in name:
+            p.normal_(0, 0.5)
+        elif "embed_tokens" in name:
+            p.normal_(0, 1.0)
+        elif p.ndim == 1 or name.endswith("_bias"):
+            p.normal_(0, 0.1)
+        else:
+            p.normal_(0, 1.5 / p.shape[-1] ** 0.5 if p.ndim == 2 else 0.15)
 
 
 def save_tiny_llama(path, seed: int, vocab: int = 256, **config) -> transformers.LlamaForCausalLM:
@@ -33,5 +53,40 @@ def save_tiny_llama(path, seed: int, vocab: int = 256, **config) -> transformers
                 p.normal_(0, 1.0)
             else:
                 p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
+    hf.save_pretrained(path)
+    return hf
+
+
+def tiny_gpt_oss_config(**common) -> transformers.GptOssConfig:
+    """A gpt-oss config at toy size: 4 q / 2 KV heads of 16, sliding window 8 on alternate
+    layers, 4 experts of 32 intermediate features, top-2 (`common`: vocab, hidden, layers...)."""
+    return transformers.GptOssConfig(
+        **common,
+        intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+
+
+def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssForCausalLM:
+    """A float32 gpt-oss (hidden 64, 2 layers, `tiny_gpt_oss_config`) with `randomize_`'s
+    weights; saved in `path`, returned."""
+    torch.manual_seed(seed)
+    cfg = tiny_gpt_oss_config(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    hf = transformers.GptOssForCausalLM._from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    randomize_(hf)
     hf.save_pretrained(path)
     return hf

@@ -70,10 +70,13 @@ def graph_mode(
     emulate: bool = False,
 ) -> str | None:
     """How decode steps run: "cuda" (captured graphs), "emulated" (tests: the graph path run
-    eagerly) or None (eager). Eager with `enforce_eager`, tensor parallelism (capturing the
-    all-reduces is not tested yet) or a model that cannot be captured; graphs need CUDA."""
+    eagerly) or None (eager). Eager with `enforce_eager` or a model that cannot be captured;
+    graphs need CUDA. With tensor parallelism (tp_size > 1) the graphs capture the model's
+    NCCL all-reduces: every rank captures the same buckets in the same order (collectives
+    matched), after a warm-up call that has created the communicator."""
     enforce_eager = check_bool("enforce_eager", enforce_eager)
-    if enforce_eager or tp_size > 1 or not supports_cuda_graphs(model):
+    check_int("tp_size", tp_size, 1)
+    if enforce_eager or not supports_cuda_graphs(model):
         return None
     if emulate:
         return "emulated"

@@ -91,16 +91,16 @@ class LLMEngine:
     tensor_parallel_size: N > 1 shards the model over torch.distributed's N ranks (one process
       each, the default group initialized with world size N; gloo on the CPU, nccl on CUDA,
       `device` this rank's GPU): every rank builds the same engine on the same calls and gets
-      the same tokens (docs/engine.md). Llama family only (gpt-oss raises NotSupportedYetError);
-      num_heads, num_kv_heads and intermediate_size must divide by N.
+      the same tokens (docs/engine.md). The Llama family and gpt-oss (DeepSeek raises
+      NotSupportedYetError); num_heads, num_kv_heads and intermediate_size must divide by N.
     tokenizer: a folder or tokenizer object (default: the checkpoint folder's, if any).
     enable_prefix_caching / kv_quantization: the cache's (`KVCacheParams`).
     seed: seeds the per-request seeds of requests without one.
     enforce_eager: never use CUDA graphs. Otherwise, on CUDA with a capturable model
-      (`supports_cuda_graphs`: the Llama family; not gpt-oss) and tensor_parallel_size 1, decode
-      steps replay graphs captured here for batch sizes `decode_buckets(min(max_num_seqs,
-      max_num_batched_tokens))`; the cache then holds one more page (the pad page, not counted
-      in `num_pages` or the stats).
+      (`supports_cuda_graphs`: the Llama family; not gpt-oss), decode steps replay graphs
+      captured here (with tensor parallelism, each rank's, its all-reduces inside) for batch
+      sizes `decode_buckets(min(max_num_seqs, max_num_batched_tokens))`; the cache then holds
+      one more page (the pad page, not counted in `num_pages` or the stats).
     """
 
     #: Tests only: run the decode graphs' static-buffer path eagerly ("emulated") on any device.
@@ -245,10 +245,11 @@ class LLMEngine:
     # Construction helpers ----------------------------------------------------------------
     @staticmethod
     def _check_tp_config(cfg, tp: int) -> None:
-        if cfg.is_moe:
+        if cfg.is_mla:
             raise NotSupportedYetError(
-                f"tensor_parallel_size={tp}: {cfg.architecture} (an MoE model) is not sharded "
-                "yet; tensor parallelism covers the Llama family (Llama, Mistral, Qwen2, Qwen3)"
+                f"tensor_parallel_size={tp}: {cfg.architecture} (an MLA model) is not sharded "
+                "yet; tensor parallelism covers the Llama family (Llama, Mistral, Qwen2, Qwen3) "
+                "and gpt-oss"
             )
         parallel.check_divisible(cfg, tp)
 

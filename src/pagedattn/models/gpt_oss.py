@@ -34,7 +34,7 @@ class GptOssForCausalLM(DecoderForCausalLM):
     supports_cuda_graphs = False
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, dtype) -> nn.Module:
-        return GptOssMoE(cfg, dtype)
+        return GptOssMoE(cfg, dtype, self.tp_size, self.tp_rank)
 
 
 __all__ = ["GptOssForCausalLM"]

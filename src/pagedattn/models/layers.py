@@ -312,12 +312,22 @@ class GptOssExperts(nn.Module):
     token's experts (in expert order, as transformers' index_add_ loop).
 
     Weights keep the checkpoint's layout: gate_up_proj [E, hidden, 2 * inter], down_proj
-    [E, inter, hidden]."""
+    [E, inter, hidden].
 
-    def __init__(self, cfg: ModelConfig, dtype=None) -> None:
+    Tensor parallelism (tp_size > 1, models/parallel.py): every rank holds every expert and
+    its slice [r * inter / N, (r + 1) * inter / N) of the intermediate features (gate_up_proj's
+    columns, an even count, so the gate/up pairs stay whole; down_proj's rows); the output is
+    this rank's partial sum, rank 0's with down_proj_bias (the caller all-reduces)."""
+
+    # The loader's slices of the checkpoint tensors (models/loader.weight_sources).
+    tp_shard = {"gate_up_proj": 2, "gate_up_proj_bias": 1, "down_proj": 1}
+
+    def __init__(self, cfg: ModelConfig, dtype=None, tp_size: int = 1, tp_rank: int = 0) -> None:
         super().__init__()
-        E, H, inter = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+        E, H = cfg.num_experts, cfg.hidden_size
+        inter = cfg.intermediate_size // tp_size
         self.num_experts = E
+        self.with_bias = tp_rank == 0  # down_proj_bias once, before the all-reduce
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
         self.gate_up_proj = _param(E, H, 2 * inter, dtype=dtype)
         self.gate_up_proj_bias = _param(E, 2 * inter, dtype=dtype)
@@ -333,22 +343,26 @@ class GptOssExperts(nn.Module):
         out = torch.zeros_like(x)
         for e, t, s in expert_groups(experts, self.num_experts):
             h = x[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
-            h = self._gate(h) @ self.down_proj[e] + self.down_proj_bias[e]
+            h = self._gate(h) @ self.down_proj[e]
+            if self.with_bias:
+                h = h + self.down_proj_bias[e]
             out.index_add_(0, t, (h * scores[t, s, None]).to(x.dtype))
         return out
 
 
 class GptOssMoE(nn.Module):
-    """GptOssMLP: router then experts."""
+    """GptOssMLP: router then experts. With tp_size > 1 the router is replicated (every rank
+    routes the same), the experts sharded (`GptOssExperts`), their partial sums all-reduced."""
 
-    def __init__(self, cfg: ModelConfig, dtype=None) -> None:
+    def __init__(self, cfg: ModelConfig, dtype=None, tp_size: int = 1, tp_rank: int = 0) -> None:
         super().__init__()
+        self.tp_size = tp_size
         self.router = GptOssRouter(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok, dtype)
-        self.experts = GptOssExperts(cfg, dtype)
+        self.experts = GptOssExperts(cfg, dtype, tp_size, tp_rank)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores, experts = self.router(x)
-        return self.experts(x, scores, experts)
+        return parallel.all_reduce(self.experts(x, scores, experts), self.tp_size)
 
 
 # Attention over the paged cache ---------------------------------------------------------------

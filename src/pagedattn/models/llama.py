@@ -166,7 +166,6 @@ class DecoderForCausalLM(nn.Module):
         self.config = cfg = ModelConfig.from_hf(config)
         self.tp_size = check_int("tp_size", tp_size, 1)
         if tp_size > 1:
-            check(not cfg.is_moe, "tp_size", "1 for an MoE model (not sharded yet)", tp_size)
             parallel.check_divisible(cfg, tp_size)
         self.tp_rank = parallel.check_tp(tp_size, tp_rank)
         self.dtype = dtype or torch.get_default_dtype()

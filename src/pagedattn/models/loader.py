@@ -25,7 +25,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -187,7 +187,6 @@ def load_weights(
             f"checkpoint {str(path)!r} has {len(unexpected)} tensor(s) the model does not use: "
             f"{_fmt(unexpected)}"
         )
-    params = dict(model.named_parameters())
     with ExitStack() as stack:
         handles: dict[Path, object] = {}
 
@@ -197,29 +196,40 @@ def load_weights(
                 handles[fn] = stack.enter_context(safe_open(str(fn), framework="pt"))
             return handles[fn].get_tensor(name)
 
-        for pname, src in sources.items():
-            p = params[pname]
+        fill_weights(model, read)
+
+
+@torch.no_grad()
+def fill_weights(model: nn.Module, read: Callable[[str], torch.Tensor]) -> None:
+    """Fill every parameter of `model` from `read(name)`, which returns the checkpoint tensor
+    `name` whole (the model's `weight_sources` take their tensor-parallel slices and combine
+    fused parts), converting to each parameter's dtype and device. `load_weights` reads a
+    folder through it; a benchmark can give generated tensors of the checkpoint's names and
+    shapes. Raises CheckpointError for a shape mismatch, naming the tensor."""
+    params = dict(model.named_parameters())
+    for pname, src in weight_sources(model).items():
+        p = params[pname]
+        try:
+            ts = src.read([read(n) for n in src.names])
+        except InvalidArgumentError as e:
+            raise CheckpointError(f"tensor(s) {list(src.names)} for {pname}: {e}") from None
+        if src.combine is None:
+            t = ts[0]
+        else:
             try:
-                ts = src.read([read(n) for n in src.names])
-            except InvalidArgumentError as e:
-                raise CheckpointError(f"tensor(s) {list(src.names)} for {pname}: {e}") from None
-            if src.combine is None:
-                t = ts[0]
-            else:
-                try:
-                    t = src.combine(ts)
-                except RuntimeError as e:  # torch.cat of mismatched parts
-                    shapes = [tuple(x.shape) for x in ts]
-                    raise CheckpointError(
-                        f"tensors {list(src.names)} (shapes {shapes}) do not combine into "
-                        f"{pname} {tuple(p.shape)}: {e}"
-                    ) from None
-            if tuple(t.shape) != tuple(p.shape):
+                t = src.combine(ts)
+            except RuntimeError as e:  # torch.cat of mismatched parts
+                shapes = [tuple(x.shape) for x in ts]
                 raise CheckpointError(
-                    f"tensor(s) {list(src.names)}: shape {tuple(t.shape)}, the model's {pname} "
-                    f"expects {tuple(p.shape)}"
-                )
-            p.copy_(t.to(dtype=p.dtype))
+                    f"tensors {list(src.names)} (shapes {shapes}) do not combine into "
+                    f"{pname} {tuple(p.shape)}: {e}"
+                ) from None
+        if tuple(t.shape) != tuple(p.shape):
+            raise CheckpointError(
+                f"tensor(s) {list(src.names)}: shape {tuple(t.shape)}, the model's {pname} "
+                f"expects {tuple(p.shape)}"
+            )
+        p.copy_(t.to(dtype=p.dtype))
 
 
 def _as_device(device: str | torch.device | None) -> torch.device:
@@ -271,6 +281,7 @@ __all__ = [
     "WeightSource",
     "checkpoint_index",
     "dequantize_mxfp4",
+    "fill_weights",
     "load_model",
     "load_weights",
     "weight_sources",

@@ -44,9 +44,15 @@ def rank() -> int:
 
 def check_tp(tp_size: int, tp_rank: int | None = None) -> int:
     """The rank for a `tp_size`-way model: `tp_rank` or this process's rank. With tp_size > 1
-    torch.distributed must be initialized with world size tp_size (InvalidArgumentError)."""
+    and no `tp_rank`, torch.distributed must be initialized with world size tp_size
+    (InvalidArgumentError). An explicit `tp_rank` builds that rank's shard without a process
+    group (to load or inspect it; its forward's all-reduces need the group)."""
     if tp_size == 1:
         return 0 if tp_rank is None else tp_rank
+    if tp_rank is not None:
+        if not 0 <= tp_rank < tp_size:
+            raise InvalidArgumentError(f"tp_rank: expected in [0, {tp_size}), got {tp_rank}")
+        return tp_rank
     if not dist_ready():
         raise InvalidArgumentError(
             f"tensor_parallel_size={tp_size}: torch.distributed is not initialized; start one "
@@ -59,10 +65,7 @@ def check_tp(tp_size: int, tp_rank: int | None = None) -> int:
             f"tensor_parallel_size={tp_size}: torch.distributed's world size is {ws} (one "
             "process per tensor-parallel rank)"
         )
-    r = rank() if tp_rank is None else tp_rank
-    if not 0 <= r < tp_size:
-        raise InvalidArgumentError(f"tp_rank: expected in [0, {tp_size}), got {r}")
-    return r
+    return rank()
 
 
 def check_divisible(cfg, tp_size: int) -> None:
