@@ -34,6 +34,8 @@ b x hidden x 2 bytes each) over the measured all-reduce bandwidth.
 Usage:
   python bench/bench_tp.py [--world 2] [--phases single,tp,dp] [--only llama] [--out P.json]
   python bench/bench_tp.py --world 1      # the same script on one GPU (a world of one)
+  python bench/bench_tp.py --share-gpu --phases single,tp   # 2 ranks on 1 GPU: gloo, eager,
+                                          # each rank's shard checked on the GPU (no speeds)
   python bench/bench_tp.py --dry-run      # CPU: gloo, 2 processes, tiny shapes, no timing claims
   python bench/bench_tp.py --work DIR --phases ""   # merge phases run earlier into DIR
 Output: JSON (`common.save`, suite "tp"), a PNG beside it and a short table.
@@ -110,13 +112,18 @@ class Proc:
 
     def __init__(self, rank: int, world: int, phase: str, dry: bool, work: str) -> None:
         self.rank, self.world, self.phase, self.dry, self.work = rank, world, phase, dry, work
+        self.shared = False
         self.tp = world if phase == "tp" else 1
         if dry:
             self.dev = torch.device("cpu")
             self.dtype = torch.float32
         else:
-            torch.cuda.set_device(rank)
-            self.dev = torch.device("cuda", rank)
+            gpus = torch.cuda.device_count()
+            # More ranks than GPUs (`--share-gpu`): ranks share GPUs over gloo, eagerly, to
+            # check each rank's shard on the GPU; no speed claims then.
+            self.shared = world > gpus
+            torch.cuda.set_device(rank % gpus)
+            self.dev = torch.device("cuda", rank % gpus)
             self.dtype = torch.bfloat16
         self.out: dict = {"phase": phase, "rank": rank, "world": world, "models": {}}
 
@@ -144,7 +151,7 @@ def _init_group(p: Proc) -> None:
     if p.phase == "single" or p.world == 1 and p.phase == "dp":
         return
     init = "file://" + os.path.join(p.work, f"rendezvous-{p.phase}")
-    if p.phase == "tp" and not p.dry:
+    if p.phase == "tp" and not p.dry and not p.shared:
         dist.init_process_group("nccl", init_method=init, rank=p.rank, world_size=p.world,
                                 device_id=p.dev)  # fmt: skip
     else:  # dp: a barrier only; the dry run's TP over gloo
@@ -163,7 +170,7 @@ def worker(rank: int, world: int, phase: str, dry: bool, work: str, only: str | 
             p.out["stream"] = serve_stream(p, model_dict("llama3-8b", dry), part=rank)
         else:
             if phase == "tp":
-                p.out["nccl"] = nccl_times(p)
+                p.out["nccl"] = nccl_times(p) if not p.shared else {}
             for name in MODELS:
                 if only and only not in name:
                     continue
@@ -191,7 +198,9 @@ def run_model(p: Proc, name: str) -> dict:
     batches = SPEED_BATCHES[:1] if moe else SPEED_BATCHES
     res["speed"] = {}
     for b in batches:
-        res["speed"][str(b)] = speed(p, model, b, graphs=not moe, profile=b == batches[0])
+        res["speed"][str(b)] = speed(
+            p, model, b, graphs=not (moe or p.shared), profile=b == batches[0]
+        )
         p.free()
     bm_cost = bm.step_cost  # bytes of this process's shard (replicated parts in full)
     res["param_bytes"] = bm_cost(model, 1, 0.0)["param_bytes"]
@@ -480,7 +489,7 @@ def speed_record(m, b, setup, sp, single, tp, world, dry) -> Record:
         one = single["speed"][str(b)]
         one_ms = sum(one["ms"]) / len(one["ms"])
         e["x_one_gpu"] = round(one_ms / ms, 3)
-        if tp is not None and not dry:
+        if tp is not None and not dry and tp["nccl"]:
             nccl = tp["nccl"]
             copy = nccl["copy_gb_per_s"] * 1e9
             big = nccl["256 MiB"]["gb_per_s"] * 1e9
@@ -562,11 +571,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="folder of the phases' JSON (kept)")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--share-gpu", action="store_true", help="more ranks than GPUs (gloo)")
     a = ap.parse_args(argv)
     if not a.dry_run and a.phases:
         n = torch.cuda.device_count()
-        if n < a.world:
-            raise SystemExit(f"--world {a.world}: only {n} GPU(s)")
+        if n < a.world and not a.share_gpu:
+            raise SystemExit(f"--world {a.world}: only {n} GPU(s) (--share-gpu: gloo, eager)")
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (device rules)
     work = a.work or tempfile.mkdtemp(prefix="bench_tp_")
     os.makedirs(work, exist_ok=True)
