@@ -30,8 +30,8 @@ initializes) and captured while every row is a pad row, so capture touches the p
 function eagerly instead of a `torch.cuda.CUDAGraph`: the padding and static-buffer logic then
 runs on the CPU.
 
-Models: a model class says it can be captured with `supports_cuda_graphs = True` (the Llama
-family); others stay eager (gpt-oss: its MoE reads expert counts on the host).
+Models: a model says it can be captured with `supports_cuda_graphs` (True for the Llama
+family; gpt-oss where its experts run as grouped matmuls: bf16 on CUDA); others stay eager.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
 
 
 def supports_cuda_graphs(model: torch.nn.Module) -> bool:
-    """Whether `model`'s step can be captured: its class says so (`supports_cuda_graphs`)."""
-    return getattr(type(model), "supports_cuda_graphs", False) is True
+    """Whether `model`'s step can be captured: it says so (`supports_cuda_graphs`, a class
+    attribute or, where it depends on the device and dtype, a property)."""
+    return getattr(model, "supports_cuda_graphs", False) is True
 
 
 def graph_mode(

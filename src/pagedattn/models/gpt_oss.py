@@ -9,7 +9,9 @@ What differs from the Llama family (`llama.DecoderForCausalLM`, whose step it sh
 - q/k/v/o biases (`attention_bias`, default True), YaRN RoPE (default factor 32) whose
   attention scaling multiplies cos and sin;
 - a top-k MoE MLP (`layers.GptOssMoE`): router with bias, softmax over the top-k logits,
-  experts with biases and the clamped SwiGLU (alpha 1.702, limit 7.0);
+  experts with biases and the clamped SwiGLU (alpha 1.702, limit 7.0), run as two grouped
+  matmuls with no host sync where `torch._grouped_mm` allows it (the CPU; bf16 on CUDA),
+  so decode steps can replay CUDA graphs there;
 - RMSNorm as GptOssRMSNorm, `(weight * x_normed).to(dtype)` with its weight kept float32
   (transformers' `_keep_in_fp32_modules`).
 MXFP4 checkpoints (`quantization_config.quant_method == "mxfp4"`: `*_blocks` / `*_scales`
@@ -21,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from .config import ModelConfig
-from .layers import GptOssMoE
+from .layers import GptOssMoE, grouped_experts_ok
 from .llama import DecoderForCausalLM
 
 
@@ -30,8 +32,12 @@ class GptOssForCausalLM(DecoderForCausalLM):
 
     packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
     norm_weight_first = True
-    # The MoE reads each expert's token count on the host (layers.GptOssExperts): eager only.
-    supports_cuda_graphs = False
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """Capturable where the experts run as grouped matmuls without a host sync (bf16 on
+        CUDA, `layers.grouped_experts_ok`); otherwise their loop reads counts on the host."""
+        return grouped_experts_ok(self.model.embed_tokens.weight.device, self.dtype)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, dtype) -> nn.Module:
         return GptOssMoE(cfg, dtype, self.tp_size, self.tp_rank)

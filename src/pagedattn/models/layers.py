@@ -13,8 +13,8 @@ call every model makes.
   `cache_length(b) + q_len(b)` keys through `PagedOperand`s.
 
 Parameters are created uninitialised (`torch.empty`, usually on the meta device) and filled by
-`models.loader`. Nothing here syncs with the host except `GptOssMoE`, which gathers each
-expert's tokens (eager only: not CUDA-graph safe yet).
+`models.loader`. Nothing here syncs with the host except `GptOssExperts.forward_loop` (it
+reads each expert's token count), which runs only where `grouped_experts_ok` is false.
 """
 
 from __future__ import annotations
@@ -288,6 +288,17 @@ class GptOssRouter(nn.Module):
         return torch.softmax(top_v, dim=1, dtype=top_v.dtype), top_i
 
 
+def grouped_experts_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch._grouped_mm` runs the experts without a host sync: on the CPU (any
+    dtype), and on CUDA in bf16 (its CUTLASS path; other CUDA dtypes fall back to a loop
+    that reads the group sizes on the host)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    return torch.device(device).type == "cpu" or (
+        torch.device(device).type == "cuda" and dtype == torch.bfloat16
+    )
+
+
 def expert_groups(experts: torch.Tensor, num_experts: int):
     """The tokens of each expert a top-k routing chose: yields (expert e, token rows t, top-k
     slots s) for every expert with a token, experts [T, k] int64 (eager: reads the per-expert
@@ -340,6 +351,14 @@ class GptOssExperts(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
     def forward(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
+        """x [T, hidden], scores / experts [T, k] (the router's). `forward_grouped` where
+        `grouped_experts_ok` (no host sync: CUDA-graph safe), else `forward_loop`."""
+        if grouped_experts_ok(x.device, x.dtype):
+            return self.forward_grouped(x, scores, experts)
+        return self.forward_loop(x, scores, experts)
+
+    def forward_loop(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
+        """One matmul pair per expert with tokens (reads each expert's count on the host)."""
         out = torch.zeros_like(x)
         for e, t, s in expert_groups(experts, self.num_experts):
             h = x[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
@@ -347,6 +366,31 @@ class GptOssExperts(nn.Module):
             if self.with_bias:
                 h = h + self.down_proj_bias[e]
             out.index_add_(0, t, (h * scores[t, s, None]).to(x.dtype))
+        return out
+
+    def forward_grouped(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
+        """The same math with two grouped matmuls (`torch._grouped_mm`) over the T * k
+        (token, slot) rows sorted by expert, the group ends found on the device
+        (searchsorted): no host sync, no data-dependent shape. Each token's k expert outputs
+        are then summed in expert order in x's dtype, as `forward_loop`'s index_add_ does."""
+        T, k = experts.shape
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        e_sorted = flat[order]
+        ends = torch.arange(1, self.num_experts + 1, device=x.device, dtype=e_sorted.dtype)
+        offs = torch.searchsorted(e_sorted, ends).to(torch.int32)
+        h = torch._grouped_mm(x[order // k], self.gate_up_proj, offs=offs)
+        h = torch._grouped_mm(self._gate(h + self.gate_up_proj_bias[e_sorted]), self.down_proj,
+                              offs=offs)  # fmt: skip
+        if self.with_bias:
+            h = h + self.down_proj_bias[e_sorted]
+        y = torch.empty_like(h, dtype=x.dtype)
+        y[order] = (h * scores.flatten()[order, None]).to(x.dtype)  # back to (token, slot) rows
+        y = y.view(T, k, -1)
+        by_expert = torch.argsort(experts, dim=1, stable=True)  # each token's slots, expert order
+        out = torch.zeros_like(x)
+        for j in range(k):
+            out = out + y[torch.arange(T, device=x.device), by_expert[:, j]]
         return out
 
 
@@ -413,6 +457,7 @@ __all__ = [
     "GptOssExperts",
     "GptOssMoE",
     "GptOssRouter",
+    "grouped_experts_ok",
     "Linear",
     "RMSNorm",
     "RotaryEmbedding",
