@@ -9,19 +9,19 @@ phases run one after the other and write their JSON into a work folder):
   the same weights on every rank and in the one-GPU model, drawn from (seed, tensor name)):
   - check: `CHECK_PROMPTS` greedy requests (seeded lengths in [8, 300], `CHECK_NEW` tokens),
     the top-2 logits of every sampled row recorded (a tap on the runner);
-  - speed (the Llama shape): `bench_model.serve` of b requests of a 512-token prompt, b in
-    `SPEED_BATCHES`, decode steps timed with CUDA graphs (the TP graphs capture the
-    all-reduces), the graph replay alone, and a profile of the b64 replay (rank 0's; the
-    all-reduce share is that of the `nccl` kernels); gpt-oss (eager: its MoE syncs the host)
-    at b64;
+  - speed: `bench_model.serve` of b requests of a 512-token prompt, b in `SPEED_BATCHES`,
+    decode steps timed with CUDA graphs (the TP graphs capture the all-reduces; gpt-oss's
+    experts are grouped matmuls), the graph replay alone, and a profile of the b64 replay
+    (rank 0's; the all-reduce share is that of the `nccl` kernels); skipped with
+    `--share-gpu`;
   - "tp" also times NCCL all-reduces: the messages of a decode step (b x hidden bf16) and 256
     MiB (the bandwidth: bytes / time, NCCL's "algorithm bandwidth"), and the copy bandwidth
     of each GPU.
-- "dp" (`--world` processes, each a whole engine on its GPU; gloo only for a barrier): the
-  request stream of `stream()` (`STREAM_REQUESTS` requests, lognormal prompt and output
-  lengths, seeded) dispatched up front to the replica with the fewest assigned tokens
-  (prompt + output); throughput = generated tokens / the slower replica's wall time, from a
-  common start. The "single" phase serves the whole stream on one engine.
+- "stream" (1 process, GPU 0) serves the request stream of `stream()` (`STREAM_REQUESTS`
+  requests, lognormal prompt and output lengths, seeded; the Llama shape) on one engine;
+  "dp" (`--world` processes, each a whole engine on its GPU; gloo only for a barrier)
+  dispatches it up front to the replica with the fewest assigned tokens (prompt + output);
+  throughput = generated tokens / the slower replica's wall time, from a common start.
 
 Then (`merge`): tokens of "tp" against "single" per model, equal up to the first near-tie: at
 a request's first differing token, the one-GPU run's top-2 logit gap must be within
@@ -71,6 +71,7 @@ SPEED_BATCHES = (64, 256)
 STREAM_REQUESTS = 512
 ALLREDUCE_BIG = 256 * 2**20
 NCCL_REPS = 50
+PHASES = ("single", "tp", "stream", "dp")
 
 LLAMA = dict(
     bm.SHAPES["llama3-8b"], architectures=["LlamaForCausalLM"], model_type="llama",
@@ -148,7 +149,7 @@ class Proc:
 def _init_group(p: Proc) -> None:
     import torch.distributed as dist  # noqa: PLC0415
 
-    if p.phase == "single" or p.world == 1 and p.phase == "dp":
+    if p.phase in ("single", "stream") or p.world == 1 and p.phase == "dp":
         return
     init = "file://" + os.path.join(p.work, f"rendezvous-{p.phase}")
     if p.phase == "tp" and not p.dry and not p.shared:
@@ -166,8 +167,9 @@ def worker(rank: int, world: int, phase: str, dry: bool, work: str, only: str | 
                         gpus=0 if dry else torch.cuda.device_count())  # fmt: skip
     _init_group(p)
     try:
-        if phase == "dp":
-            p.out["stream"] = serve_stream(p, model_dict("llama3-8b", dry), part=rank)
+        if phase in ("stream", "dp"):  # the whole stream on one replica, or this one's share
+            part = rank if phase == "dp" else None
+            p.out["stream"] = serve_stream(p, model_dict("llama3-8b", dry), part=part)
         else:
             if phase == "tp":
                 p.out["nccl"] = nccl_times(p) if not p.shared else {}
@@ -175,8 +177,6 @@ def worker(rank: int, world: int, phase: str, dry: bool, work: str, only: str | 
                 if only and only not in name:
                     continue
                 p.out["models"][name] = run_model(p, name)
-            if phase == "single":
-                p.out["stream"] = serve_stream(p, model_dict("llama3-8b", dry), part=None)
         with open(os.path.join(work, f"{phase}-rank{rank}.json"), "w") as f:
             json.dump(p.out, f)
     finally:
@@ -194,13 +194,9 @@ def run_model(p: Proc, name: str) -> dict:
     res: dict = {"build_s": round(time.perf_counter() - t0, 2)}
     res["check"] = check_tokens(p, model)
     p.free()
-    moe = "gpt" in name
-    batches = SPEED_BATCHES[:1] if moe else SPEED_BATCHES
     res["speed"] = {}
-    for b in batches:
-        res["speed"][str(b)] = speed(
-            p, model, b, graphs=not (moe or p.shared), profile=b == batches[0]
-        )
+    for b in () if p.shared else SPEED_BATCHES:  # ranks sharing a GPU: shard checks only
+        res["speed"][str(b)] = speed(p, model, b, graphs=True, profile=b == SPEED_BATCHES[0])
         p.free()
     bm_cost = bm.step_cost  # bytes of this process's shard (replicated parts in full)
     res["param_bytes"] = bm_cost(model, 1, 0.0)["param_bytes"]
@@ -394,7 +390,7 @@ def serve_stream(p: Proc, cfg: dict, part: int | None) -> dict:
 def run_phase(phase: str, world: int, dry: bool, work: str, only: str | None) -> list[dict]:
     import torch.multiprocessing as mp  # noqa: PLC0415
 
-    n = 1 if phase == "single" else world
+    n = 1 if phase in ("single", "stream") else world
     t0 = time.perf_counter()
     mp.spawn(worker, args=(n, phase, dry, work, only), nprocs=n, join=True)
     print(f"[tp] phase {phase}: {time.perf_counter() - t0:.1f} s", flush=True)
@@ -466,8 +462,9 @@ def merge(results: dict[str, list[dict]], world: int, dry: bool) -> tuple[list[R
                 records.append(speed_record(m, int(b), setup, sp, s, tp, world, dry))
                 summary["errors"] += [f"{m} {setup} b{b}: {e}" for e in sp["errors"]]
     dp = results.get("dp")
-    if single and "stream" in single and dp:
-        one = single["stream"]
+    stream1 = results.get("stream", [None])[0]
+    if stream1 and dp:
+        one = stream1["stream"]
         wall = max(r["stream"]["wall_s"] for r in dp)
         gen = sum(r["stream"]["generated_tokens"] for r in dp)
         summary["dp"] = dict(
@@ -566,7 +563,7 @@ def plot(path: str, records: list[Record], summary: dict, env: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--phases", default="single,tp,dp")
+    ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument("--only", default=None, help="models whose name contains this")
     ap.add_argument("--out", default=None)
     ap.add_argument("--work", default=None, help="folder of the phases' JSON (kept)")
@@ -584,15 +581,15 @@ def main(argv: list[str] | None = None) -> None:
     for phase in filter(None, a.phases.split(",")):
         existing = os.path.join(work, f"{phase}-rank0.json")
         if os.path.exists(existing) and a.work:  # a phase of an earlier call
-            n = 1 if phase == "single" else a.world
+            n = 1 if phase in ("single", "stream") else a.world
             results[phase] = [json.load(open(os.path.join(work, f"{phase}-rank{r}.json")))
                               for r in range(n)]  # fmt: skip
             continue
         results[phase] = run_phase(phase, a.world, a.dry_run, work, a.only)
-    for phase in ("single", "tp", "dp"):  # earlier calls' phases in the same work folder
+    for phase in PHASES:  # earlier calls' phases in the same work folder
         f = os.path.join(work, f"{phase}-rank0.json")
         if phase not in results and os.path.exists(f):
-            n = 1 if phase == "single" else a.world
+            n = 1 if phase in ("single", "stream") else a.world
             results[phase] = [json.load(open(os.path.join(work, f"{phase}-rank{r}.json")))
                               for r in range(n)]  # fmt: skip
     records, summary = merge(results, a.world, a.dry_run)
