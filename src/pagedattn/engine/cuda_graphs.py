@@ -44,6 +44,7 @@ import torch
 from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import check, check_bool, check_int
+from ..models import parallel
 from .step_inputs import StepInputs
 
 
@@ -73,15 +74,20 @@ def graph_mode(
     """How decode steps run: "cuda" (captured graphs), "emulated" (tests: the graph path run
     eagerly) or None (eager). Eager with `enforce_eager` or a model that cannot be captured;
     graphs need CUDA. With tensor parallelism (tp_size > 1) the graphs capture the model's
-    NCCL all-reduces: every rank captures the same buckets in the same order (collectives
-    matched), after a warm-up call that has created the communicator."""
+    NCCL all-reduces (another backend, e.g. gloo on GPU tensors, stays eager): every rank
+    captures the same buckets in the same order (collectives matched), after a warm-up call
+    that has created the communicator."""
     enforce_eager = check_bool("enforce_eager", enforce_eager)
     check_int("tp_size", tp_size, 1)
     if enforce_eager or not supports_cuda_graphs(model):
         return None
     if emulate:
         return "emulated"
-    return "cuda" if torch.device(device).type == "cuda" else None
+    if torch.device(device).type != "cuda":
+        return None
+    if tp_size > 1 and parallel.backend() != "nccl":  # gloo's collectives cannot be captured
+        return None
+    return "cuda"
 
 
 class _PadRequest:

@@ -42,6 +42,13 @@ def rank() -> int:
     return dist.get_rank() if dist_ready() else 0
 
 
+def backend() -> str | None:
+    """The default group's backend ("nccl", "gloo", ...), None without torch.distributed."""
+    import torch.distributed as dist
+
+    return str(dist.get_backend()) if dist_ready() else None
+
+
 def check_tp(tp_size: int, tp_rank: int | None = None) -> int:
     """The rank for a `tp_size`-way model: `tp_rank` or this process's rank. With tp_size > 1
     and no `tp_rank`, torch.distributed must be initialized with world size tp_size
@@ -130,6 +137,7 @@ def tp_kv_cache_params(params, tp_size: int):
 
 __all__ = [
     "all_reduce",
+    "backend",
     "broadcast",
     "check_divisible",
     "check_tp",
