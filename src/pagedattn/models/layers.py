@@ -30,6 +30,8 @@ from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check
 from ..operands import PagedOperand
+from ..ops.fused import apply_rope_reference, rms_norm, silu_mul
+from ..ops.fused.reference import rms_norm_reference
 from ..ops.linear import fp8_bmm
 from ..ops.masks import Mask
 from ..ops.mha import mha
@@ -136,20 +138,14 @@ class RMSNorm(nn.Module):
         self.weight_first = weight_first
 
     def norm(self, x: torch.Tensor) -> torch.Tensor:
-        dt = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.weight_first:
-            return (self.weight * h).to(dt)
-        return self.weight * h.to(dt)
+        return self(x)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self.norm(x)
-        x = residual + x
-        return self.norm(x), x
+        if x.ndim != 2:  # per-head norms (Qwen3's q/k outside `rope_qkv`): the torch ops
+            return rms_norm_reference(x, self.weight, self.eps, residual, self.weight_first)
+        return rms_norm(x, self.weight, self.eps, residual, weight_first=self.weight_first)
 
 
 # RoPE ---------------------------------------------------------------------------------------
@@ -237,12 +233,9 @@ class RotaryEmbedding(nn.Module):
         return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style (rotate-half) RoPE: x [T, heads, d], cos/sin [T, d // 2]; the pairs are
-    (i, i + d/2), as HF Llama's `rotate_half` and gpt-oss's `_apply_rotary_emb`."""
-    x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+#: Neox-style (rotate-half) RoPE: x [T, heads, d], cos/sin [T, d // 2]; the pairs are (i, i + d/2),
+#: as HF Llama's `rotate_half` and gpt-oss's `_apply_rotary_emb` (`ops.fused`' reference).
+apply_rope = apply_rope_reference
 
 
 # MLPs ---------------------------------------------------------------------------------------
@@ -268,8 +261,7 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, hidden, bias, dtype, tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class GptOssRouter(nn.Module):

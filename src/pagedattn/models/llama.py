@@ -25,6 +25,7 @@ from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check, check_int
 from ..ops import masks
+from ..ops.fused import rope_qkv
 from . import parallel
 from .config import ModelConfig
 from .layers import (
@@ -35,7 +36,6 @@ from .layers import (
     RowParallelLinear,
     StepContext,
     SwiGLUMLP,
-    apply_rope,
     paged_attention,
 )
 
@@ -77,14 +77,12 @@ class DecoderAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(T, self.h_q, self.d)
-        k = k.reshape(T, self.h_kv, self.d)
-        v = v.reshape(T, self.h_kv, self.d).contiguous()
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, ctx.cos, ctx.sin)
-        k = apply_rope(k, ctx.cos, ctx.sin)
+        qn, kn = self.q_norm, self.k_norm
+        q, k, v = rope_qkv(
+            self.qkv_proj(x), ctx.cos, ctx.sin, self.h_q, self.h_kv,
+            q_norm=None if qn is None else qn.weight, k_norm=None if kn is None else kn.weight,
+            eps=0.0 if qn is None else qn.eps,
+        )  # fmt: skip
         o = paged_attention(
             q, k, v, self.layer_idx, ctx, mask=self.mask, scale=self.scale, sinks=self.sinks
         )

@@ -1,0 +1,61 @@
+"""The fused layer ops in plain torch: the math of transformers' modules, op for op (so a
+model on the CPU gives transformers' logits bit for bit). `pagedattn.ops.fused` documents
+the contracts."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    weight_first: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """LlamaRMSNorm (weight_first False: `weight * normed.to(dtype)`) or GptOssRMSNorm
+    (`(weight * normed).to(dtype)`), after `residual + x` when a residual is given."""
+    if residual is not None:
+        x = residual + x
+    dt = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = (weight * h).to(dt) if weight_first else weight * h.to(dt)
+    return out if residual is None else (out, x)
+
+
+def apply_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox-style (rotate-half) RoPE of x [T, heads, d] with cos/sin [T, d // 2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def rope_qkv_reference(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    h_q: int,
+    h_kv: int,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a fused q|k|v projection [T, (h_q + 2 h_kv) d] into heads, RMSNorm q and k per
+    head (Qwen3) when their weights are given, RoPE q and k; v made contiguous."""
+    T = qkv.shape[0]
+    d = qkv.shape[1] // (h_q + 2 * h_kv)
+    q, k, v = qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
+    q, k = q.reshape(T, h_q, d), k.reshape(T, h_kv, d)
+    v = v.reshape(T, h_kv, d).contiguous()
+    if q_norm is not None:
+        q, k = rms_norm_reference(q, q_norm, eps), rms_norm_reference(k, k_norm, eps)
+    return apply_rope_reference(q, cos, sin), apply_rope_reference(k, cos, sin), v
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused gate|up projection [T, 2 I] (LlamaMLP's act_fn(gate) * up)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

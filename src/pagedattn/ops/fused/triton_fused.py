@@ -1,0 +1,130 @@
+"""Triton kernels of the fused layer ops (`pagedattn.ops.fused`): one program a row (RMSNorm),
+a (token, head) pair (RoPE), or a (token, block) pair (silu * up); float32 math, one rounding
+to the output dtype at the end. The element-wise order differs from the reference's chain of
+torch ops (each rounding to the dtype), so outputs agree within a rounding or two."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(X, R, W, OUT, ROUT, H, sx, sr, so, sro, eps,
+                     HAS_RES: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
+                     BLOCK: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < H
+    x = tl.load(X + row * sx + cols, mask=m, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + row * sr + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(ROUT.dtype.element_ty)
+        tl.store(ROUT + row * sro + cols, x, mask=m)
+    h = x.to(tl.float32)
+    rs = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
+    w = tl.load(W + cols, mask=m, other=0.0).to(tl.float32)
+    if WEIGHT_FIRST:
+        y = w * (h * rs)
+    else:
+        y = w * (h * rs).to(OUT.dtype.element_ty).to(tl.float32)
+    tl.store(OUT + row * so + cols, y.to(OUT.dtype.element_ty), mask=m)
+
+
+def rms_norm_triton(x, weight, eps, residual=None, weight_first=False):
+    T, H = x.shape
+    out = torch.empty_like(x)
+    rout = torch.empty_like(x) if residual is not None else out
+    if T == 0:
+        return out if residual is None else (out, rout)
+    r = residual if residual is not None else x
+    block = triton.next_power_of_2(H)
+    _rms_norm_kernel[(T,)](
+        x, r, weight, out, rout, H, x.stride(0), r.stride(0), out.stride(0), rout.stride(0),
+        float(eps), HAS_RES=residual is not None, WEIGHT_FIRST=weight_first, BLOCK=block,
+        num_warps=min(16, max(1, block // 256)),
+    )  # fmt: skip
+    return out if residual is None else (out, rout)
+
+
+@triton.jit
+def _rope_qkv_kernel(QKV, COS, SIN, QN, KN, Q, K, V, sqkv, scos, ssin, H_Q, H_KV, eps,
+                     D: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    HALF: tl.constexpr = D // 2
+    i = tl.arange(0, HALF)
+    src = QKV + t * sqkv + j * D
+    x1 = tl.load(src + i).to(tl.float32)
+    x2 = tl.load(src + HALF + i).to(tl.float32)
+    if j >= H_Q + H_KV:  # a V head: copied
+        dst = V + (t * H_KV + (j - H_Q - H_KV)) * D
+        tl.store(dst + i, x1.to(V.dtype.element_ty))
+        tl.store(dst + HALF + i, x2.to(V.dtype.element_ty))
+    else:
+        is_q = j < H_Q
+        if NORM:  # Qwen3's RMSNorm of the head: weight * normed.to(dtype)
+            rs = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+            if is_q:
+                w = QN
+            else:
+                w = KN
+            w1 = tl.load(w + i).to(tl.float32)
+            w2 = tl.load(w + HALF + i).to(tl.float32)
+            x1 = (w1 * (x1 * rs).to(Q.dtype.element_ty).to(tl.float32)).to(Q.dtype.element_ty)
+            x2 = (w2 * (x2 * rs).to(Q.dtype.element_ty).to(tl.float32)).to(Q.dtype.element_ty)
+            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+        c = tl.load(COS + t * scos + i).to(tl.float32)
+        s = tl.load(SIN + t * ssin + i).to(tl.float32)
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+        if is_q:
+            dst = Q + (t * H_Q + j) * D
+        else:
+            dst = K + (t * H_KV + (j - H_Q)) * D
+        tl.store(dst + i, o1.to(Q.dtype.element_ty))
+        tl.store(dst + HALF + i, o2.to(Q.dtype.element_ty))
+
+
+def rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm=None, k_norm=None, eps=0.0):
+    T = qkv.shape[0]
+    d = qkv.shape[1] // (h_q + 2 * h_kv)
+    q = torch.empty(T, h_q, d, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(T, h_kv, d, dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty(T, h_kv, d, dtype=qkv.dtype, device=qkv.device)
+    if T == 0:
+        return q, k, v
+    norm = q_norm is not None
+    qn = q_norm if norm else cos
+    kn = k_norm if norm else cos
+    _rope_qkv_kernel[(T, h_q + 2 * h_kv)](
+        qkv, cos, sin, qn, kn, q, k, v, qkv.stride(0), cos.stride(0), sin.stride(0),
+        h_q, h_kv, float(eps), D=d, NORM=norm, num_warps=1 if d <= 128 else 2,
+    )  # fmt: skip
+    return q, k, v
+
+
+@triton.jit
+def _silu_mul_kernel(GU, OUT, I, sgu, so, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < I
+    g = tl.load(GU + t * sgu + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(GU + t * sgu + I + cols, mask=m, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(OUT + t * so + cols, y.to(OUT.dtype.element_ty), mask=m)
+
+
+def silu_mul_triton(gate_up):
+    T, two_i = gate_up.shape
+    inter = two_i // 2
+    out = torch.empty(T, inter, dtype=gate_up.dtype, device=gate_up.device)
+    if T == 0:
+        return out
+    block = min(2048, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(T, triton.cdiv(inter, block))](
+        gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=block,
+        num_warps=max(1, min(8, block // 256)),
+    )  # fmt: skip
+    return out

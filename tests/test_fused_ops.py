@@ -1,0 +1,152 @@
+"""`pagedattn.ops.fused` (RMSNorm with the residual add, q/k/v RoPE with Qwen3's head norm,
+silu * up): the Triton kernels (under TRITON_INTERPRET=1 on the CPU, natively with `-m gpu`)
+and the reference against a float64 oracle under DESIGN.md section 5's rule, on fresh random
+inputs with NaN and inf rows, non-power-of-two widths and empty batches; the reference equals
+transformers' torch ops bit for bit; bad arguments raise typed errors naming them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedattn.errors import InvalidArgumentError
+from pagedattn.ops.fused import rms_norm, rope_qkv, silu_mul
+from pagedattn.testing import assert_close
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.bfloat16: (2e-2, 2 / 128),
+    torch.float16: (4e-3, 4e-3),
+}  # a few roundings of O(1) values
+BACKENDS = ["reference", "triton"]
+ROPE_CASES = [(0, 4, 2, 16, False), (3, 4, 2, 16, False), (7, 8, 2, 64, True), (2, 3, 1, 32, True)]
+
+
+def _dev() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _oracle_norm(x, w, eps, weight_first):
+    h = x.double()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w.double() * h
+
+
+def _close(out, ref, dtype, name):
+    a, r = TOL[dtype]
+    if dtype == torch.bfloat16 and not out.is_cuda:  # the interpreter truncates bf16 casts
+        a, r = 2 * a, 2 * r
+    assert_close(out, ref, abs_tol=a, rel_tol=r, cos_tol=1e-4 if dtype != torch.float32 else 1e-9,
+                 name=name)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,H", [(0, 64), (1, 64), (5, 96), (9, 256)])
+def test_rms_norm(backend, dtype, T, H):
+    g = torch.Generator().manual_seed(T * 131 + H)
+    dev = _dev()
+    x = (torch.randn(T, H, generator=g) * 3).to(dtype).to(dev)
+    r = torch.randn(T, H, generator=g).to(dtype).to(dev)
+    if T >= 5:  # a NaN row and an inf row: the whole row NaN in both paths
+        x[1, 3] = float("nan")
+        x[2, 0] = float("inf")
+    for weight_first in (False, True):
+        w = (1 + 0.3 * torch.randn(H, generator=g)).to(torch.float32 if weight_first else dtype)
+        w = w.to(dev)
+        out = rms_norm(x, w, 1e-5, weight_first=weight_first, backend=backend)
+        _close(out, _oracle_norm(x, w, 1e-5, weight_first), dtype, "rms_norm")
+        out, s = rms_norm(x, w, 1e-5, r, weight_first=weight_first, backend=backend)
+        want_s = r + x  # the sum in x's dtype: exactly (the CPU interpreter's bf16 casts
+        # truncate instead of rounding to nearest: within one bf16 ulp there)
+        assert torch.equal(s.isnan(), want_s.isnan())
+        if dev == "cuda" or backend == "reference" or dtype != torch.bfloat16:
+            assert torch.equal(s.nan_to_num(), want_s.nan_to_num())
+        else:
+            d = (s.nan_to_num().double() - want_s.nan_to_num().double()).abs()
+            assert torch.all(d <= want_s.nan_to_num().double().abs() * 2**-7)
+        _close(out, _oracle_norm(want_s, w, 1e-5, weight_first), dtype, "rms_norm(residual)")
+
+
+def _oracle_rope(x, cos, sin):
+    x1, x2 = x.double().chunk(2, -1)
+    c, s = cos.double()[:, None], sin.double()[:, None]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,h_q,h_kv,d,norm", ROPE_CASES)
+def test_rope_qkv(backend, dtype, T, h_q, h_kv, d, norm):
+    g = torch.Generator().manual_seed(T + 7 * d)
+    dev = _dev()
+    qkv = torch.randn(T, (h_q + 2 * h_kv) * d, generator=g).to(dtype).to(dev)
+    ang = torch.rand(T, d // 2, generator=g) * 6.3
+    cos, sin = ang.cos().to(dtype).to(dev), ang.sin().to(dtype).to(dev)
+    qn = kn = None
+    if norm:
+        qn = (1 + 0.2 * torch.randn(d, generator=g)).to(dtype).to(dev)
+        kn = (1 + 0.2 * torch.randn(d, generator=g)).to(dtype).to(dev)
+    q, k, v = rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm=qn, k_norm=kn, eps=1e-6, backend=backend)
+    assert q.shape == (T, h_q, d) and k.shape == (T, h_kv, d) and v.shape == (T, h_kv, d)
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    q0, k0, v0 = qkv.split([h_q * d, h_kv * d, h_kv * d], -1)
+    q0, k0 = q0.reshape(T, h_q, d), k0.reshape(T, h_kv, d)
+    if norm:  # the oracle from the dtype-rounded normed heads (as the op rounds them)
+        q0 = (_oracle_norm(q0, qn, 1e-6, False)).to(dtype)
+        k0 = (_oracle_norm(k0, kn, 1e-6, False)).to(dtype)
+    assert torch.equal(v, v0.reshape(T, h_kv, d))
+    _close(q, _oracle_rope(q0, cos, sin), dtype, "q")
+    _close(k, _oracle_rope(k0, cos, sin), dtype, "k")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,inter", [(0, 8), (1, 8), (6, 96), (3, 3000)])
+def test_silu_mul(backend, dtype, T, inter):
+    g = torch.Generator().manual_seed(T + inter)
+    gu = (torch.randn(T, 2 * inter, generator=g) * 4).to(dtype).to(_dev())
+    if T >= 6:
+        gu[2, 5] = float("nan")
+        gu[3, 1] = float("-inf")  # silu(-inf) = -inf / (1 + inf): NaN, as torch's F.silu
+    out = silu_mul(gu, backend=backend)
+    gt, up = gu.double().chunk(2, -1)
+    want = gt / (1 + torch.exp(-gt)) * up
+    _close(out, want, dtype, "silu_mul")
+
+
+def test_reference_is_transformers_ops_bitwise():
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
+    w = (1 + torch.randn(64, generator=g) * 0.1).to(torch.bfloat16)
+    h = x.float()
+    want = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    assert torch.equal(rms_norm(x, w, 1e-6, backend="reference"), want)
+    gu = torch.randn(5, 32, generator=g).to(torch.bfloat16)
+    assert torch.equal(silu_mul(gu, backend="reference"), F.silu(gu[:, :16]) * gu[:, 16:])
+
+
+def test_bad_arguments():
+    x = torch.randn(3, 8)
+    with pytest.raises(InvalidArgumentError, match="weight"):
+        rms_norm(x, torch.ones(7), 1e-6)
+    with pytest.raises(InvalidArgumentError, match="weight"):
+        rms_norm(x, torch.ones(8, dtype=torch.float64), 1e-6)
+    with pytest.raises(InvalidArgumentError, match="residual"):
+        rms_norm(x, torch.ones(8), 1e-6, torch.randn(3, 9))
+    with pytest.raises(InvalidArgumentError, match="eps"):
+        rms_norm(x, torch.ones(8), -1.0)
+    with pytest.raises(InvalidArgumentError, match="x"):
+        rms_norm(torch.ones(8), torch.ones(8), 1e-6)
+    with pytest.raises(InvalidArgumentError, match="qkv"):
+        rope_qkv(torch.randn(2, 30), torch.randn(2, 2), torch.randn(2, 2), 2, 1)
+    with pytest.raises(InvalidArgumentError, match="cos"):
+        rope_qkv(torch.randn(2, 32), torch.randn(2, 3), torch.randn(2, 4), 2, 1)
+    with pytest.raises(InvalidArgumentError, match="q_norm"):
+        rope_qkv(torch.randn(2, 32), torch.randn(2, 4), torch.randn(2, 4), 2, 1,
+                 q_norm=torch.ones(8))  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="gate_up"):
+        silu_mul(torch.randn(2, 5))
