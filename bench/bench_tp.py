@@ -27,6 +27,8 @@ Then (`merge`): tokens of "tp" against "single" per model, equal up to the first
 a request's first differing token, the one-GPU run's top-2 logit gap must be within
 `TIE_FACTOR` x the largest top-1 logit difference of the two runs on the common prefix (the
 rounding noise that tensor parallelism's reordered sums bring, measured in the same run);
+the same check with the models in float32 (same weights; its noise, ~1e-6 of a logit, cannot
+flip a token that is not an exact tie; bf16 logits of a random 8B model often tie outright);
 the step times against one GPU; and the two-GPU roofline of a decode step: (half the
 weights + half the KV) per GPU over the copy bandwidth, plus the all-reduce bytes (2 a layer,
 b x hidden x 2 bytes each) over the measured all-reduce bandwidth.
@@ -202,6 +204,11 @@ def run_model(p: Proc, name: str) -> dict:
     res["param_bytes"] = bm_cost(model, 1, 0.0)["param_bytes"]
     del model
     p.free()
+    if not p.dry:  # the same weights in float32: rounding noise ~1e-6, far below any gap
+        model = random_model(cfg, p.dev, torch.float32, SEED, tp_size=p.tp)
+        res["check_float32"] = check_tokens(p, model)
+        del model
+        p.free()
     return res
 
 
@@ -426,6 +433,8 @@ def compare_tokens(single: dict, tp: dict) -> dict:
         ok=bool(ok),
         requests=len(reqs),
         equal=sum(r["equal"] for r in reqs),
+        tokens_compared=sum(len(a) for a in single["tokens"]),
+        tokens_before_divergence=sum(r.get("first_diff", r.get("tokens", 0)) for r in reqs),
         logit_noise=round(noise, 5),
         tie_tolerance=round(tol, 5),
         diverged=[r for r in reqs if not r["equal"]],
@@ -449,12 +458,16 @@ def merge(results: dict[str, list[dict]], world: int, dry: bool) -> tuple[list[R
     for m in (single or tp or {"models": {}})["models"]:
         s = single["models"].get(m) if single else None
         t = tp["models"].get(m) if tp else None
-        if s and t:
-            cmp = compare_tokens(s["check"], t["check"])
-            cmp["kv_heads_per_rank"] = t["check"]["kv_heads_per_rank"]
-            summary.setdefault("check", {})[m] = cmp
+        for key, label in (("check", m), ("check_float32", f"{m} float32")):
+            if not (s and t and key in s and key in t):
+                continue
+            cmp = compare_tokens(s[key], t[key])
+            cmp["kv_heads_per_rank"] = t[key]["kv_heads_per_rank"]
+            summary.setdefault("check", {})[label] = cmp
             if not cmp["ok"]:
-                summary["errors"].append(f"{m}: TP tokens differ from one GPU's beyond a near-tie")
+                summary["errors"].append(
+                    f"{label}: TP tokens differ from one GPU's beyond a near-tie"
+                )
         for setup, res in (("1 GPU", s), (f"TP {world}", t)):
             if res is None:
                 continue
@@ -517,8 +530,9 @@ def table(records: list[Record], summary: dict) -> str:
             f"{e.get('allreduce_share', float('nan')):9.3f}"
         )
     for m, c in summary.get("check", {}).items():
-        lines.append(f"check {m}: {c['equal']}/{c['requests']} equal, ok={c['ok']}, "
-                     f"noise {c['logit_noise']}")  # fmt: skip
+        lines.append(f"check {m}: {c['equal']}/{c['requests']} equal, "
+                     f"{c['tokens_before_divergence']}/{c['tokens_compared']} tokens before a "
+                     f"divergence, ok={c['ok']}, noise {c['logit_noise']}")  # fmt: skip
     if "dp" in summary:
         d = summary["dp"]
         one = d["one_replica"]["tokens_per_s"]
