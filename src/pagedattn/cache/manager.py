@@ -438,9 +438,15 @@ class PagedKVCacheManager:
         MaxLengthExceededError naming the argument, or OutOfPagesError, with no state change.
         """
         r = self._get(request_id)
-        n = check_int("num_new_tokens", num_new_tokens, 1)
-        steps = check_int("num_steps", num_steps, 1)
-        drafts = check_int("num_draft_tokens", num_draft_tokens, 0)
+        if not (type(num_new_tokens) is int and num_steps == 1 and num_draft_tokens == 0
+                and type(num_steps) is int and type(num_draft_tokens) is int):  # fmt: skip
+            # (the engine's one-step calls skip the general checks; the bounds follow)
+            num_new_tokens = check_int("num_new_tokens", num_new_tokens, 1)
+            num_steps = check_int("num_steps", num_steps, 1)
+            num_draft_tokens = check_int("num_draft_tokens", num_draft_tokens, 0)
+        n, steps, drafts = num_new_tokens, num_steps, num_draft_tokens
+        if n < 1:
+            check_int("num_new_tokens", n, 1)  # raises, naming it
         cl = int(self._cache_len[r.slot])
         known = len(r.tokens) - cl
         check(

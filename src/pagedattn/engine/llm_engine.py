@@ -472,7 +472,7 @@ class LLMEngine:
         return RequestOutput(
             request_id=seq.request_id,
             prompt=seq.prompt,
-            prompt_token_ids=list(seq.prompt_token_ids),
+            prompt_token_ids=seq.prompt_token_ids,  # the sequence's own list (never changed)
             outputs=[completion],
             finished=seq.finished,
             metrics=seq.metrics,

@@ -65,11 +65,12 @@ def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> to
 class SamplingTensors:
     """Per-row sampling parameters on the device (one row per logits row)."""
 
-    temperature: torch.Tensor  # [n] float32, 0 = greedy
-    top_k: torch.Tensor  # [n] int64, in [1, V] (V: off)
-    top_p: torch.Tensor  # [n] float32, inf = off
-    seeds: torch.Tensor  # [n] int64
-    counters: torch.Tensor  # [n] int64: index of the token being generated
+    # None when every row is greedy (`all_greedy`): no host-to-device copies for them.
+    temperature: torch.Tensor | None  # [n] float32, 0 = greedy
+    top_k: torch.Tensor | None  # [n] int64, in [1, V] (V: off)
+    top_p: torch.Tensor | None  # [n] float32, inf = off
+    seeds: torch.Tensor | None  # [n] int64
+    counters: torch.Tensor | None  # [n] int64: index of the token being generated
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
@@ -86,6 +87,8 @@ class SamplingTensors:
         """From each row's SamplingParams, its request's seed (an int in [0, 2**63)) and the
         number of tokens the request generated so far."""
         temp = [p.temperature for p in params]
+        if not any(t > 0 for t in temp):  # all greedy: `sample` takes the argmax alone
+            return cls(None, None, None, None, None, True, False, False)
         top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
         sampled = [t > 0 for t in temp]

@@ -114,8 +114,9 @@ class Scheduler:
         plan: dict[int, tuple[Sequence, int]] = {}  # request id -> (seq, tokens), in order
         preempted: list[Sequence] = []
         mgr = self.manager
-        decodes = [s for s in self.running if s.is_decode]
-        prefills = [s for s in self.running if not s.is_decode]
+        decodes, prefills = [], []
+        for s in self.running:
+            (decodes if s.is_decode else prefills).append(s)
         for seq in decodes + prefills:
             if budget == 0:
                 break
