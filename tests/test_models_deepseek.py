@@ -412,15 +412,10 @@ def _quantize_blocks(w: torch.Tensor, bn: int, bk: int) -> tuple[torch.Tensor, t
     return q.float().to(torch.float8_e4m3fn), s.float()
 
 
-def test_fp8_block_weights_match_hf_on_the_dequantized_weights(tmp_path):
-    """A DeepSeek FP8 checkpoint (e4m3 weights + weight_scale_inv, [64, 64] blocks, dynamic
-    activations) served through fp8_bmm, against HF on the same weights dequantized (float32).
-    The gap is the activations' 1 x 64 e4m3 rounding (fp8_bmm quantizes them on the fly, ~3%
-    RMS an element, through every projection of 3 layers): measured (2026-11-29, this seed)
-    logits cos diff 1.4e-2 and the same argmax on 80% of the 49 rows (first step, ragged, both
-    MLA forms); bound 3e-2 and 70%. The same model loaded from the dequantized checkpoint
-    (no FP8) matches HF within 1e-4 (cos diff), so the gap is the activations' alone; each
-    FP8 layer is checked sharply in `test_fp8_block_linear_is_the_dequantized_product`."""
+def _fp8_checkpoints(tmp_path):
+    """A tiny DeepSeek-V3 saved twice: with FP8 block weights (e4m3 + weight_scale_inv in
+    [64, 64] blocks, `quantization_config` fp8) and with those weights dequantized (float32).
+    Returns (fp8 folder, dequantized folder)."""
     from safetensors.torch import load_file, save_file
 
     torch.manual_seed(99)
@@ -452,6 +447,19 @@ def test_fp8_block_weights_match_hf_on_the_dequantized_weights(tmp_path):
             c["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [64, 64],
                                         "activation_scheme": "dynamic"}  # fmt: skip
         (folder / "config.json").write_text(json.dumps(c))
+    return fp8, deq
+
+
+def test_fp8_block_weights_match_hf_on_the_dequantized_weights(tmp_path):
+    """A DeepSeek FP8 checkpoint (e4m3 weights + weight_scale_inv, [64, 64] blocks, dynamic
+    activations) served through fp8_bmm, against HF on the same weights dequantized (float32).
+    The gap is the activations' 1 x 64 e4m3 rounding (fp8_bmm quantizes them on the fly, ~3%
+    RMS an element, through every projection of 3 layers): measured (2026-11-29, this seed)
+    logits cos diff 1.4e-2 and the same argmax on 80% of the 49 rows (first step, ragged, both
+    MLA forms); bound 3e-2 and 70%. The same model loaded from the dequantized checkpoint
+    (no FP8) matches HF within 1e-4 (cos diff), so the gap is the activations' alone; each
+    FP8 layer is checked sharply in `test_fp8_block_linear_is_the_dequantized_product`."""
+    fp8, deq = _fp8_checkpoints(tmp_path)
     ref_model = transformers.DeepseekV3ForCausalLM.from_pretrained(deq, dtype=torch.float32)
     model = load_model(str(fp8), dtype=torch.float32)
     assert isinstance(model.model.layers[0].self_attn.kv_b_proj, ds.Fp8BlockLinear)
@@ -544,3 +552,79 @@ def test_deepseek_v2_greedy_matches_hf_generate(method, tmp_path, plans):
     ours, _hits = drv.generate(prompts, NEW_TOKENS, [0, 0, 4, 5, 6])
     truth = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     compare_greedy(f"deepseek-v2 {method}", "chunked prefill", ours, truth)
+
+
+@pytest.mark.parametrize(
+    "device,dtype",
+    [
+        ("cpu", torch.float32),
+        pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="needs a CUDA device")]),
+    ],
+)  # fmt: skip
+def test_fp8_decode_goes_through_the_fused_branch(device, dtype, tmp_path, monkeypatch):
+    """With FP8 block weights, a decode step (every request absorbed) runs
+    `mla_decode_branch_fp8` in every layer (its reference on the CPU), which writes the new
+    latent rows and decodes. Teacher-forced against the same step with the branch turned off
+    (the absorbed mla_decode on a dequantized kv_b_proj) from the same cache: the first layer's
+    cache rows are equal bit for bit; the logits differ by the branch's e4m3 rounding of
+    q_nope and of the latent output (w_uk / w_uv requantized from the checkpoint's 64-blocks
+    into 128-blocks), the size of the FP8 weights' own gap to HF (the test above): measured
+    (2026-11-29, this seed) cos diff 2.4e-3..2.5e-2 a step and the same argmax on 92% of the
+    rows; bounds 4e-2 on every step and 75% (this random model's logits are flat: near-ties
+    are common)."""
+    fp8, _ = _fp8_checkpoints(tmp_path)
+    model = load_model(str(fp8), device=device, dtype=dtype)
+    assert model.model.layers[0].self_attn.takes_branch
+    params = kv_cache_params(model.config, dtype=model.dtype, page_size=4, devices=[device])
+    model.attach_kv_cache(params)
+    mgr = PagedKVCacheManager(params, total_num_pages=64)
+    prompts = prompts_of([13, 1, 29, 6], seed=7)
+    rids = list(range(len(prompts)))
+    for i, p in enumerate(prompts):
+        mgr.claim(i, p)
+        mgr.alloc(i, len(p))
+    inputs = mgr.runtime_inputs(rids)[0]
+    ids = torch.tensor([t for p in prompts for t in p], device=device)
+    pos = torch.cat([torch.arange(len(p)) for p in prompts]).to(device)
+    lens = [len(p) for p in prompts]
+    last = (torch.tensor(lens).cumsum(0) - 1).to(device)
+    logits = model(ids, pos, inputs, ragged_offsets(lens, device), last)
+    nxt = logits.argmax(-1).tolist()
+    calls = []
+    real = ds.mla_decode_branch_fp8
+
+    def counting(*a, **k):
+        calls.append(a[0].shape[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(ds, "mla_decode_branch_fp8", counting)
+    off = property(lambda self: False)
+    diffs, agree = [], []
+    for _ in range(6):
+        mgr.step(rids, [[t] for t in nxt])
+        for i in rids:
+            mgr.alloc(i, 1)
+        inputs = mgr.runtime_inputs(rids)[0]
+        ids = torch.tensor(nxt, device=device)
+        pos = torch.tensor([mgr.cache_length(i) for i in rids], device=device)
+        offs = ragged_offsets([1] * len(rids), device)
+        rows = torch.arange(len(rids), device=device)
+        before = inputs.kv_blocks.clone()
+        n0 = len(calls)
+        with_branch = model(ids, pos, inputs, offs, rows)
+        assert len(calls) - n0 == model.config.num_layers  # every layer took the branch
+        branch_rows = inputs.kv_blocks[:, :, 0].clone()
+        inputs.kv_blocks.copy_(before)
+        with monkeypatch.context() as m:
+            m.setattr(ds.DeepseekMLA, "takes_branch", off)
+            plain = model(ids, pos, inputs, offs, rows)  # the cache as the plain path wrote it
+        if device == "cpu":  # layer 0's new rows (CUDA: f32 RoPE / norm vs bf16 ops)
+            torch.testing.assert_close(branch_rows, inputs.kv_blocks[:, :, 0], rtol=0, atol=0,
+                                       equal_nan=True)  # fmt: skip
+        diffs.append(cos_diff(with_branch, plain))
+        agree += (with_branch.argmax(-1) == plain.argmax(-1)).tolist()
+        nxt = plain.argmax(-1).tolist()
+    print(f"fused branch vs absorbed mla_decode: logits cos diff {max(diffs):.2e}, "
+          f"argmax agreement {sum(agree) / len(agree):.2f}")  # fmt: skip
+    assert max(diffs) < 4e-2 and sum(agree) >= 0.75 * len(agree), (diffs, agree)

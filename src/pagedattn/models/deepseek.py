@@ -30,9 +30,15 @@ experts' SwiGLU. Layers below `first_k_dense_replace` have a dense SwiGLU MLP.
 FP8 checkpoints (`quantization_config` fp8, `weight_block_size` [n, k], dynamic activations:
 DeepSeek's release format): every projection of attention and MLP/experts keeps its e4m3
 weight and `weight_scale_inv` blocks in memory and runs through `fp8_bmm`
-(`layers.Fp8BlockLinear`, `DeepseekExperts`); kv_b_proj's absorbed products take a dequantized
-copy made once (h * (nope + v) * kv_lora_rank elements a layer); the router, norms, embedding
-and lm_head stay in the model dtype.
+(`layers.Fp8BlockLinear`, `DeepseekExperts`); the router, norms, embedding and lm_head stay
+in the model dtype. A decode step (every request absorbed) then runs the fused FP8 branch
+(`ops.mla_branch.mla_decode_branch_fp8`, `DeepseekMLA.takes_branch`) in each layer: q_nope @
+w_uk through fp8_bmm, the latent's RMSNorm and RoPE of q_pe / k_pe written into the cache in
+place, mla_decode, @ w_uv through fp8_bmm; w_uk / w_uv are e4m3 in 128 x 128 blocks made once
+from kv_b_proj (`BRANCH_GRAN`), the RoPE a float32 table of every position (`freqs_cis`, the
+rope pairs in the [even | odd] layout the cache holds). Other steps take the absorbed /
+expanded forms above, the absorbed products on a dequantized copy of kv_b_proj made once
+(h * (nope + v) * kv_lora_rank elements a layer).
 
 Limits: kv_lora_rank <= 512 and kv_lora_rank + qk_rope_head_dim <= 576 (mla_decode's d_qk;
 other geometries than DeepSeek's 512 + 64 need a BF16 / FP16 / FP32 cache); no tensor
@@ -59,9 +65,11 @@ from ..errors import InvalidArgumentError, check, check_int
 from ..operands import PagedOperand, RowOperand
 from ..ops import masks
 from ..ops.linear import fp8_bmm
+from ..ops.linear.reference import quantize_weight_blocks
 from ..ops.mha import mha
 from ..ops.mla import mla_decode
 from ..ops.mla.reference import MAX_Q_PER_REQUEST
+from ..ops.mla_branch import mla_decode_branch_fp8
 from ..ops.store_kv import store_kv
 from .config import ModelConfig
 from .layers import (
@@ -83,6 +91,9 @@ from .weights import WeightSource
 # the absorbed form stays cheaper up to ~100 queries for V3's nope = v = 128; the measured
 # crossover on a GPU is not taken yet.
 MLA_ABSORBED_MAX_Q = MAX_Q_PER_REQUEST
+# The fused branch's weight blocks and activation groups (w_uk / w_uv e4m3 in 128 x 128 blocks,
+# q_nope and the latent output quantized in 1 x 128 groups): DeepSeek-V3's FP8 layout.
+BRANCH_GRAN = 128
 
 
 def split_kv_b_proj(
@@ -199,6 +210,9 @@ class MLAStepContext:
     cos: torch.Tensor
     sin: torch.Tensor
     plan: MLAStepPlan
+    # float32 [max_pos, rope] (cos, sin) pairs of every position (the fused branch's RoPE
+    # table, `DeepseekV3ForCausalLM.freqs_cis`); None when no layer takes the branch.
+    freqs_cis: torch.Tensor | None = None
 
 
 class DeepseekMLA(nn.Module):
@@ -241,6 +255,19 @@ class DeepseekMLA(nn.Module):
             x = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
         return apply_rope(x, cos, sin)
 
+    @property
+    def takes_branch(self) -> bool:
+        """Whether decode steps run the fused FP8 branch (`mla_decode_branch_fp8`): kv_b_proj
+        holds FP8 blocks (the branch's w_uk / w_uv are e4m3), and the model's dtype is one
+        the branch's kernels take on CUDA (bf16, fp16; the CPU reference takes any)."""
+        lin = self.kv_b_proj
+        if not isinstance(lin, Fp8BlockLinear):
+            return False
+        return lin.weight.device.type == "cpu" or self.kv_a_layernorm.weight.dtype in (
+            torch.bfloat16,
+            torch.float16,
+        )
+
     def forward(self, x: torch.Tensor, ctx: MLAStepContext) -> torch.Tensor:
         T = x.shape[0]
         if self.q_proj is not None:
@@ -249,8 +276,11 @@ class DeepseekMLA(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(T, self.h, self.nope + self.rope)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        q_pe = self._rope(q_pe, ctx.cos, ctx.sin)
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        if ctx.plan.all_absorbed and ctx.freqs_cis is not None and self.takes_branch:
+            o = self._branch(q_nope, q_pe, c, k_pe, ctx)
+            return self.o_proj(o.reshape(T, self.h * self.v))
+        q_pe = self._rope(q_pe, ctx.cos, ctx.sin)
         c = self.kv_a_layernorm(c)
         k_pe = self._rope(k_pe[:, None, :], ctx.cos, ctx.sin)
         params = ctx.kv_params
@@ -268,6 +298,46 @@ class DeepseekMLA(nn.Module):
             t = plan.pre_tokens
             o[t] = self._expanded(q_nope[t], q_pe[t], ctx)
         return self.o_proj(o.reshape(T, self.h * self.v))
+
+    def _pairs(self, x: torch.Tensor) -> torch.Tensor:
+        """x's RoPE dims in the layout `_rope` rotates as halves: DeepSeek's interleaved pairs
+        (2i, 2i+1) moved to [even | odd], as the cache holds them."""
+        return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1) if self.interleave else x
+
+    def _branch_weights(self):
+        """(w_uk [h, rank, nope], its scales, w_uv [h, v, rank], its scales): e4m3 in 128 x
+        128 blocks, made once from the FP8 kv_b_proj (dequantized per head, requantized in the
+        branch's block layout; where the checkpoint's blocks align with the heads this gives
+        back the same e4m3 values and scales)."""
+        cached = getattr(self, "_branch_w", None)
+        dev = self.kv_b_proj.weight.device
+        if cached is not None and cached[0].device == dev:
+            return cached
+        w_uk, w_uv = split_kv_b_proj(self.kv_b_proj.dequantized(torch.float32), self.h,
+                                     self.nope, self.v)  # fmt: skip
+        uk = quantize_weight_blocks(w_uk.transpose(1, 2), BRANCH_GRAN, BRANCH_GRAN)
+        uv = quantize_weight_blocks(w_uv.transpose(1, 2), BRANCH_GRAN, BRANCH_GRAN)
+        self._branch_w = (*uk, *uv)
+        return self._branch_w
+
+    def _branch(self, q_nope, q_pe, c, k_pe, ctx: MLAStepContext) -> torch.Tensor:
+        """[T, h, v] of a step whose requests all attend absorbed, through the fused branch:
+        q_nope @ w_uk, RMSNorm of the latent and RoPE of q_pe / k_pe, the new rows written
+        into the cache, mla_decode, @ w_uv. RoPE pairs (i, i + rope/2) of the `_pairs`
+        layout, the table `ctx.freqs_cis`."""
+        params = ctx.kv_params
+        w_uk, s_uk, w_uv, s_uv = self._branch_weights()
+        dt = params.dtype
+        q = torch.cat((q_nope, self._pairs(q_pe)), dim=-1).to(dt)
+        new_kv = torch.cat((c, self._pairs(k_pe)), dim=-1)[:, None, :].to(dt)
+        norm = self.kv_a_layernorm
+        o = mla_decode_branch_fp8(
+            q, ctx.q_row_offsets, ctx.freqs_cis, norm.weight, ctx.kv_inputs, params,
+            self.layer_idx, scale=self.scale, epsilon=norm.eps, w_uk=w_uk, w_uk_scale=s_uk,
+            w_uv=w_uv, w_uv_scale=s_uv, new_kv=new_kv, k_gran=BRANCH_GRAN, n_gran=BRANCH_GRAN,
+            mask="causal", interleaved_rope=False,
+        )  # fmt: skip
+        return o.to(q_nope.dtype)
 
     def _kv_b_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """kv_b_proj's weight [h * (nope + v), rank] for the absorbed products: the parameter,
@@ -543,6 +613,23 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         self.kv_params = params
 
     # Step ----------------------------------------------------------------------------------
+    def _branch_layers(self) -> bool:
+        """Whether the attention layers decode through the fused FP8 branch (FP8 kv_b_proj)."""
+        return self.model.layers[0].self_attn.takes_branch
+
+    def freqs_cis(self) -> torch.Tensor:
+        """The fused branch's RoPE table: float32 [max_position_embeddings, rope] with (cos,
+        sin) of frequency i at columns (2i, 2i + 1) for every position, the rope scaling's
+        attention factor included (the same values `rotary_emb` gives each step, before its
+        cast to the model's dtype); made once per device."""
+        dev = self.model.embed_tokens.weight.device
+        t = getattr(self, "_freqs_cis", None)
+        if t is None or t.device != dev:
+            pos = torch.arange(self.config.max_position_embeddings, device=dev)
+            cos, sin = self.rotary_emb(pos, torch.float32)
+            t = self._freqs_cis = torch.stack((cos, sin), dim=-1).flatten(1)
+        return t
+
     @torch.inference_mode()
     def forward(
         self,
@@ -560,7 +647,8 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
             raise InvalidArgumentError("q_row_offsets: a step needs at least one request")
         cos, sin = self.rotary_emb(positions, self.dtype)
         plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets)
-        ctx = MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan)
+        freqs = self.freqs_cis() if plan.all_absorbed and self._branch_layers() else None
+        ctx = MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan, freqs)
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:
