@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from tiny_llama import randomize_, tiny_gpt_oss_config
+from tiny_llama import randomize_, tiny_common, tiny_gpt_oss_config
 
 from pagedattn import PagedKVCacheManager
 from pagedattn.models import (
@@ -63,14 +63,7 @@ def one_thread():
 
 
 def hf_config(arch: str):
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+    common = tiny_common(VOCAB)
     if arch == "llama":
         rope = dict(
             rope_type="llama3",

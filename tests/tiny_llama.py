@@ -57,6 +57,18 @@ def save_tiny_llama(path, seed: int, vocab: int = 256, **config) -> transformers
     return hf
 
 
+def tiny_common(vocab: int) -> dict:
+    """The config fields every tiny test model shares: hidden 64, 2 layers, no BOS/EOS/pad."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
 def tiny_gpt_oss_config(**common) -> transformers.GptOssConfig:
     """A gpt-oss config at toy size: 4 q / 2 KV heads of 16, sliding window 8 on alternate
     layers, 4 experts of 32 intermediate features, top-2 (`common`: vocab, hidden, layers...)."""
@@ -76,14 +88,7 @@ def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssF
     """A float32 gpt-oss (hidden 64, 2 layers, `tiny_gpt_oss_config`) with `randomize_`'s
     weights; saved in `path`, returned."""
     torch.manual_seed(seed)
-    cfg = tiny_gpt_oss_config(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=2,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
+    cfg = tiny_gpt_oss_config(**tiny_common(vocab))
     hf = transformers.GptOssForCausalLM._from_config(
         cfg, dtype=torch.float32, attn_implementation="eager"
     ).eval()
