@@ -2,10 +2,11 @@
 models with random weights, each decode step against its memory roofline, and the 1B shape
 against transformers' `generate` on the same weights.
 
-- Models: `SHAPES` (Llama-3-8B and Llama-3.2-1B shapes, bf16). Built in memory, no checkpoint
-  (`random_model.py`): the model on the meta device, materialised on the GPU, every checkpoint
-  tensor drawn there from (seed, its name): linear weights N(0, 1/fan_in), embeddings N(0, 1),
-  norm weights 1. The engine takes the loaded model (`LLMEngine(model, ...)`).
+- Models: `SHAPES` (Llama-3-8B, Llama-3.2-1B and DeepSeek-V2-Lite shapes, bf16). Built in
+  memory, no checkpoint (`random_model.py`): the model on the meta device, materialised on the
+  GPU, every checkpoint tensor drawn there from (seed, its name): linear weights N(0,
+  1/fan_in), embeddings N(0, 1), norm weights 1. The engine takes the loaded model
+  (`LLMEngine(model, ...)`).
 - A case (`CASES`): `b` requests of `prompt` random tokens (greedy, `ignore_eos`). The engine
   prefills them (chunked under `PREFILL_BUDGET` tokens a step; not timed), runs `WARMUP` decode
   steps, then `STEPS` timed `engine.step()` calls, each between two CUDA events (the step syncs
@@ -84,11 +85,31 @@ SHAPES: dict[str, dict] = {
         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position_embeddings=8192),
     ),
+    # DeepSeek-V2-Lite (issue 58): MLA (kv_lora_rank 512 + rope 64, no q_lora), 64 routed
+    # experts top-6 + 2 shared, the first layer dense, YaRN RoPE.
+    "deepseek-v2-lite": dict(
+        architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+        num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
+        q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1,
+        topk_method="greedy", n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=1.0, rms_norm_eps=1e-6, max_position_embeddings=163840,
+        tie_word_embeddings=False,
+        rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096,
+                          beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707),
+    ),
 }  # fmt: skip
-# CPU dry run: the same families at toy sizes (GQA 4:1 kept, tying kept).
+# CPU dry run: the same families at toy sizes (GQA 4:1 kept, tying kept; MLA and MoE kept).
 DRY_SHAPE = dict(
     vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+)  # fmt: skip
+DRY_MLA = dict(
+    vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=32,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+    qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
+    num_experts_per_tok=2, n_shared_experts=1, max_position_embeddings=256,
 )  # fmt: skip
 
 
@@ -115,6 +136,7 @@ CASES = [
     Case("llama3-8b b64 p512", "llama3-8b", 64, 512, 0.8, profile=True),
     Case("llama3-8b b256 p512", "llama3-8b", 256, 512, 0.8),
     Case("llama3.2-1b b64 p512", "llama3.2-1b", 64, 512, 0.6, hf=True, profile=True),
+    Case("deepseek-v2-lite b64 p512", "deepseek-v2-lite", 64, 512, 0.6, profile=True),
 ]
 
 
@@ -128,18 +150,21 @@ def shrink(c: Case) -> Case:
 def hf_config_dict(shape: str, dry: bool = False) -> dict:
     """The shape's config.json fields (`DRY_SHAPE` over them in a dry run); no BOS/EOS/pad."""
     d = dict(SHAPES[shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    return d | DRY_SHAPE if dry else d
+    if not dry:
+        return d
+    return d | (DRY_MLA if "kv_lora_rank" in d else DRY_SHAPE)
 
 
 # --- the model -----------------------------------------------------------------------------
 
 
 def build_model(cfg_dict: dict, device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
-    """A pagedattn Llama of the config.json fields `cfg_dict` with random weights, built and
-    filled on `device` (no host copy; `random_model`: norm weights 1, embeddings N(0, 1),
-    linear weights N(0, 1/fan_in), each checkpoint tensor seeded by (seed, its name))."""
-    llama = dict(cfg_dict, architectures=["LlamaForCausalLM"], model_type="llama")
-    return random_model(llama, device, dtype, seed)
+    """The pagedattn model of the config.json fields `cfg_dict` (a Llama unless they name an
+    architecture) with random weights, built and filled on `device` (no host copy;
+    `random_model`: norm weights 1, embeddings N(0, 1), linear weights N(0, 1/fan_in), each
+    checkpoint tensor seeded by (seed, its name))."""
+    arch = dict(architectures=["LlamaForCausalLM"], model_type="llama")
+    return random_model(arch | cfg_dict, device, dtype, seed)
 
 
 @torch.no_grad()
@@ -188,8 +213,13 @@ def step_cost(model: torch.nn.Module, b: int, mean_ctx_sum: float) -> dict:
     cfg = model.config
     item = torch.empty((), dtype=model.dtype).element_size()
     total, read, linear = weight_bytes(model, b)
-    kv = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item * mean_ctx_sum
-    flops = 2 * b * linear + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * mean_ctx_sum
+    if cfg.is_mla:  # one latent row (kv_lora_rank + rope) a token; absorbed scores and values
+        kv = cfg.num_layers * cfg.mla_head_dim * item * mean_ctx_sum
+        per_key = 2 * cfg.mla_head_dim + 2 * cfg.kv_lora_rank
+        flops = 2 * b * linear + cfg.num_layers * cfg.num_heads * per_key * mean_ctx_sum
+    else:
+        kv = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item * mean_ctx_sum
+        flops = 2 * b * linear + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * mean_ctx_sum
     return dict(param_bytes=total, weight_bytes=read, kv_bytes=kv, bytes=read + kv, flops=flops)
 
 

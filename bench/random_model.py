@@ -40,7 +40,21 @@ def checkpoint_shapes(cfg_dict: dict) -> dict[str, tuple[int, ...]]:
     cls = getattr(transformers, cfg_dict["architectures"][0])
     with torch.device("meta"):
         hf = cls._from_config(hf_config(cfg_dict))
-    return {name: tuple(p.shape) for name, p in hf.named_parameters()}
+    shapes = {name: tuple(p.shape) for name, p in hf.named_parameters()}
+    # transformers 5 fuses DeepSeek's experts in memory ([E, 2I, H] / [E, H, I]) but saves
+    # them per expert (`experts.{e}.gate_proj.weight` ...), the names the loader reads.
+    for name, shape in list(shapes.items()):
+        base, _, last = name.rpartition(".")
+        if not base.endswith("experts") or len(shape) != 3:
+            continue
+        if last == "gate_up_proj":
+            for e in range(shape[0]):
+                for part in ("gate_proj", "up_proj"):
+                    shapes[f"{base}.{e}.{part}.weight"] = (shape[1] // 2, shape[2])
+        elif last == "down_proj":
+            for e in range(shape[0]):
+                shapes[f"{base}.{e}.down_proj.weight"] = (shape[1], shape[2])
+    return shapes
 
 
 def random_tensor(name: str, shape: tuple[int, ...], device, dtype, seed: int) -> torch.Tensor:

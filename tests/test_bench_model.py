@@ -90,12 +90,24 @@ def test_step_cost_counts_weights_and_kv():
     assert c1["flops"] == cost["flops"]
 
 
+def test_mla_step_cost_counts_one_latent_row_a_token():
+    cfg, m = _tiny("deepseek-v2-lite")
+    c = m.config
+    assert c.is_mla and c.is_moe
+    b, ctx_sum = 3, 100.0
+    cost = bench_model.step_cost(m, b, ctx_sum)
+    assert cost["kv_bytes"] == c.num_layers * (c.kv_lora_rank + c.qk_rope_head_dim) * 4 * ctx_sum
+    _, _, linear = bench_model.weight_bytes(m, b)
+    per_key = 2 * (c.kv_lora_rank + c.qk_rope_head_dim) + 2 * c.kv_lora_rank
+    assert cost["flops"] == 2 * b * linear + c.num_layers * c.num_heads * per_key * ctx_sum
+
+
 def test_max_new_tokens_outlast_the_timed_steps():
     for case in bench_model.CASES:
         for c in (case, bench_model.shrink(case)):
             prefill = math.ceil(c.b * c.prompt / c.prefill_budget)
             assert bench_model.max_new_tokens(c) > prefill + 1 + c.warmup + c.steps
-    assert [c.b for c in bench_model.CASES] == [64, 256, 64]
+    assert [c.b for c in bench_model.CASES] == [64, 256, 64, 64]
     assert all(c.prompt == 512 for c in bench_model.CASES)
 
 
@@ -140,7 +152,7 @@ def test_dry_run_record(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["suite"] == "model" and data["dry_run"] is True and data["errors"] == []
     assert list(data["case_seconds"]) == [c.name for c in bench_model.CASES]
-    assert set(data["model_build_seconds"]) == {"llama3-8b", "llama3.2-1b"}
+    assert set(data["model_build_seconds"]) == {c.shape for c in bench_model.CASES}
     recs = {(r["config"], r["impl"]): r for r in data["records"]}
     for case in bench_model.CASES:
         small = bench_model.shrink(case)
@@ -160,7 +172,10 @@ def test_dry_run_record(tmp_path, capsys):
         assert (
             small.prompt + 1 < e["mean_context"] < small.prompt + bench_model.max_new_tokens(small)
         )
-        kv = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
+        if "kv_lora_rank" in cfg:  # MLA: one latent row a token
+            kv = cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 4
+        else:
+            kv = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
         assert e["kv_bytes"] == pytest.approx(kv * e["mean_context"] * small.b, rel=1e-3)
         assert r["bytes"] == pytest.approx(e["weight_bytes"] + e["kv_bytes"], rel=1e-6)
         assert eager["extra"]["roofline_ms"] == e["roofline_ms"]
@@ -179,7 +194,10 @@ def test_dry_run_record(tmp_path, capsys):
             )
         else:
             assert (case.name, "transformers") not in recs
-        assert case.name in printed.splitlines()[-3 + bench_model.CASES.index(case)]
+        assert (
+            case.name
+            in printed.splitlines()[-len(bench_model.CASES) + bench_model.CASES.index(case)]
+        )
     if _has_matplotlib():
         assert (tmp_path / "model.png").stat().st_size > 0
 

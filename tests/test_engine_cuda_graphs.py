@@ -1,5 +1,6 @@
-"""CUDA graphs for decode steps (engine/cuda_graphs.py), on a tiny random Llama and a tiny
-random gpt-oss (its experts as grouped matmuls, `layers.grouped_experts_ok`).
+"""CUDA graphs for decode steps (engine/cuda_graphs.py), on a tiny random Llama, gpt-oss and
+DeepSeek-V3 (the MoE models' experts as grouped matmuls, `layers.grouped_experts_ok`; DeepSeek's
+step plan from `num_decodes`).
 
 CPU: the graph path emulated (`GraphRunner(emulate=True)`: the static buffers, the padding to a
 bucket and the fixed-width lookup table of a replay, with the captured function run eagerly)
@@ -20,7 +21,7 @@ import warnings
 
 import pytest
 import torch
-from tiny_llama import save_tiny_gpt_oss, save_tiny_llama
+from tiny_llama import save_tiny_deepseek, save_tiny_gpt_oss, save_tiny_llama
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.engine.cuda_graphs import PAD_REQUEST, decode_buckets, graph_mode
@@ -47,7 +48,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-SAVERS = {"llama": save_tiny_llama, "gpt_oss": save_tiny_gpt_oss}
+SAVERS = {"llama": save_tiny_llama, "gpt_oss": save_tiny_gpt_oss, "deepseek": save_tiny_deepseek}
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +241,8 @@ def compare_tokens(got, want, rec_want) -> int:
 
 def exact_family(path: str) -> bool:
     """Whether a family's float32 CPU logits are independent of the batch's padding (the
-    Llama family; not gpt-oss, whose expert group sizes change with the pad rows)."""
-    return "gpt_oss" not in path
+    Llama family; not the MoE models, whose expert group sizes change with the pad rows)."""
+    return "gpt_oss" not in path and "deepseek" not in path
 
 
 def same(a: torch.Tensor, b: torch.Tensor, *, exact: bool, what: str) -> None:

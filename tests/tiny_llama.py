@@ -95,3 +95,33 @@ def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssF
     randomize_(hf)
     hf.save_pretrained(path)
     return hf
+
+
+def save_tiny_deepseek(path, seed: int, vocab: int = 256) -> transformers.DeepseekV3ForCausalLM:
+    """A float32 DeepSeek-V3 (hidden 64, 2 layers: one dense, one MoE of 4 routed experts
+    top-2 plus a shared one; MLA with kv_lora_rank 32, rope 16, nope 16, v 16, no q_lora) with
+    `randomize_`'s weights; saved in `path`, returned."""
+    torch.manual_seed(seed)
+    cfg = transformers.DeepseekV3Config(
+        **tiny_common(vocab),
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        max_position_embeddings=256,
+    )
+    hf = transformers.DeepseekV3ForCausalLM._from_config(cfg, dtype=torch.float32).eval()
+    randomize_(hf)
+    hf.save_pretrained(path)
+    return hf

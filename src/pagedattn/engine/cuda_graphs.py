@@ -37,6 +37,7 @@ family; gpt-oss where its experts run as grouped matmuls: bf16 on CUDA); others 
 from __future__ import annotations
 
 import bisect
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -205,6 +206,7 @@ class GraphRunner:
         emulate: bool = False,
     ) -> None:
         self.model = model
+        self._takes_hint = "num_decodes" in inspect.signature(model.forward).parameters
         self.emulate = check_bool("emulate", emulate)
         self.buckets = decode_buckets(max_batch)
         check(
@@ -239,9 +241,11 @@ class GraphRunner:
         s = self.buffers
         ids, pos, kv = s.input_ids[:b], s.positions[:b], s.kv_rows(b)
         offs, rows, out = s.q_row_offsets[: b + 1], s.logits_rows[:b], s.logits[:b]
+        # every row one query: the models' `num_decodes` hint (DeepSeek plans from it)
+        hint = {"num_decodes": b} if self._takes_hint else {}
 
         def forward() -> None:
-            out.copy_(self.model(ids, pos, kv, offs, rows))
+            out.copy_(self.model(ids, pos, kv, offs, rows, **hint))
 
         return forward
 

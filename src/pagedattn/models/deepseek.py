@@ -43,9 +43,11 @@ expanded forms above, the absorbed products on a dequantized copy of kv_b_proj m
 Limits: kv_lora_rank <= 512 and kv_lora_rank + qk_rope_head_dim <= 576 (mla_decode's d_qk;
 other geometries than DeepSeek's 512 + 64 need a BF16 / FP16 / FP32 cache); no tensor
 parallelism; the multi-token-prediction layers of real checkpoints
-(`model.layers.{num_layers}...`) are ignored on load. The step reads the queries-per-request
-and cache lengths on the host and the MoE its expert counts: eager only
-(`supports_cuda_graphs = False`).
+(`model.layers.{num_layers}...`) are ignored on load. A mixed step reads the queries-per-request
+and cache lengths on the host; a pure decode step (`num_decodes` = the batch) does not, and
+with plain (not FP8) weights in bf16 on CUDA the routed experts run as grouped matmuls, so
+its decode steps replay CUDA graphs (`supports_cuda_graphs`); FP8 models stay eager (their
+experts loop over fp8_bmm with the counts read on the host).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from .layers import (
     SwiGLUMLP,
     apply_rope,
     expert_groups,
+    grouped_experts_ok,
     make_linear,
 )
 from .llama import DecoderForCausalLM
@@ -155,8 +158,17 @@ class MLAStepPlan:
 
     @staticmethod
     def build(
-        inputs: KVCacheInputsPerDevice, params: KVCacheParams, q_row_offsets: torch.Tensor
+        inputs: KVCacheInputsPerDevice,
+        params: KVCacheParams,
+        q_row_offsets: torch.Tensor,
+        num_decodes: int | None = None,
     ) -> MLAStepPlan:
+        """The plan of a step; `num_decodes` (the engine's count of leading one-token
+        requests) equal to the batch size makes it without reading the device (a pure decode
+        step: every request absorbed; CUDA-graph safe). Otherwise the offsets and cache
+        lengths are read on the host."""
+        if num_decodes is not None and num_decodes == q_row_offsets.shape[0] - 1:
+            return MLAStepPlan(all_absorbed=True)
         offs = q_row_offsets.tolist()  # host sync (eager only)
         q_lens = [b - a for a, b in zip(offs, offs[1:])]
         dec = [i for i, n in enumerate(q_lens) if n <= MLA_ABSORBED_MAX_Q]
@@ -474,6 +486,37 @@ class DeepseekExperts(nn.Module):
         return fp8_bmm(x[None], w[None], s[None], k_gran=k, n_gran=n, out_dtype=x.dtype)[0]
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+        """x [T, H], weights [T, k] float32, experts [T, k]: `forward_grouped` for plain
+        weights where `grouped_experts_ok` (no host sync), else `forward_loop`."""
+        if self.fp8 is None and grouped_experts_ok(x.device, x.dtype):
+            return self.forward_grouped(x, weights, experts)
+        return self.forward_loop(x, weights, experts)
+
+    def forward_grouped(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+        """The loop's math as two grouped matmuls over the (token, slot) rows sorted by
+        expert (`torch._grouped_mm`, group ends by searchsorted on the device), each token's
+        k outputs then summed in expert order in x's dtype (as the loop's index_add_)."""
+        T, k = experts.shape
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        e_sorted = flat[order]
+        ends = torch.arange(1, self.E + 1, device=x.device, dtype=e_sorted.dtype)
+        offs = torch.searchsorted(e_sorted, ends).to(torch.int32)
+        gu = torch._grouped_mm(x[order // k], self.gate_up_proj.transpose(1, 2), offs=offs)
+        gate, up = gu.chunk(2, dim=-1)
+        h = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
+        y = torch.empty_like(h)
+        y[order] = (h * weights.flatten()[order, None]).to(x.dtype)
+        y = y.view(T, k, -1)
+        by_expert = torch.argsort(experts, dim=1, stable=True)
+        rows = torch.arange(T, device=x.device)
+        out = torch.zeros_like(x)
+        for j in range(k):
+            out = out + y[rows, by_expert[:, j]]
+        return out
+
+    def forward_loop(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+        """One matmul pair per expert with tokens (reads each expert's count on the host)."""
         out = torch.zeros_like(x)
         for e, t, s in expert_groups(experts, self.E):
             gate, up = self._proj(x[t], "gate_up_proj", e).chunk(2, dim=-1)
@@ -538,9 +581,17 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     `KVCacheParams` (`kv_cache_params(config, ...)`: is_mla, one head of 576, mla_rope_dim 64)."""
 
     packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
-    # The step reads query counts and cache lengths on the host (MLAStepPlan) and the MoE its
-    # expert counts: eager only.
-    supports_cuda_graphs = False
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """Decode steps can be captured where nothing syncs the host: the step plan comes from
+        `num_decodes` (a pure decode step), the routed experts are grouped matmuls (plain
+        weights, bf16 on CUDA: `layers.grouped_experts_ok`), and decode runs the absorbed
+        mla_decode (not the FP8 branch, whose capture is not tested)."""
+        cfg = self.config
+        return cfg.fp8_block is None and (
+            not cfg.is_moe or grouped_experts_ok(self.model.embed_tokens.weight.device, self.dtype)
+        )
 
     def __init__(
         self,
@@ -640,13 +691,14 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         logits_rows: torch.Tensor,
         num_decodes: int | None = None,
     ) -> torch.Tensor:
-        """One step of a ragged batch; arguments and result as `DecoderForCausalLM.forward`
-        (num_decodes is not needed: `MLAStepPlan` splits the step by query count itself)."""
+        """One step of a ragged batch; arguments and result as `DecoderForCausalLM.forward`.
+        num_decodes equal to the batch size (a pure decode step) builds the `MLAStepPlan`
+        without a host sync; otherwise the plan reads the query counts on the host."""
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
         if q_row_offsets.shape[0] < 2:
             raise InvalidArgumentError("q_row_offsets: a step needs at least one request")
         cos, sin = self.rotary_emb(positions, self.dtype)
-        plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets)
+        plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets, num_decodes)
         freqs = self.freqs_cis() if plan.all_absorbed and self._branch_layers() else None
         ctx = MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan, freqs)
         h = self.model.embed_tokens(input_ids)
