@@ -68,6 +68,8 @@ class CompletionOutput:
 class RequestOutput:
     request_id: int
     prompt: str | None
+    # The request's own list, shared by all its outputs (not copied each step): read it, do
+    # not change it.
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
