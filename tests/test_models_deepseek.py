@@ -629,3 +629,35 @@ def test_fp8_decode_goes_through_the_fused_branch(device, dtype, tmp_path, monke
     print(f"fused branch vs absorbed mla_decode: logits cos diff {max(diffs):.2e}, "
           f"argmax agreement {sum(agree) / len(agree):.2f}")  # fmt: skip
     assert max(diffs) < 4e-2 and sum(agree) >= 0.75 * len(agree), (diffs, agree)
+
+
+def test_step_plan_from_num_decodes_needs_no_host_read(monkeypatch):
+    """A pure decode step's plan (num_decodes = the batch) is built without reading the
+    offsets or the cache lengths (CUDA-graph safe) and equals the host-built plan; any other
+    hint (a mixed step, None) reads them."""
+    from pagedattn.models import ModelConfig
+
+    cfg = ModelConfig.from_hf(hf_config(VARIANTS[0]))
+    params = kv_cache_params(cfg, dtype=torch.float32, page_size=4)
+    mgr = PagedKVCacheManager(params, total_num_pages=32)
+    for i, n in enumerate([3, 12, 1]):
+        mgr.claim(i, list(range(n)))
+        mgr.alloc(i, n)
+    inputs = mgr.runtime_inputs([0, 1, 2])[0]
+    decode_offs = ragged_offsets([1, 1, 1])
+    want = ds.MLAStepPlan.build(inputs, params, decode_offs)
+    assert want.all_absorbed
+
+    def no_read(self):
+        raise AssertionError("read on the host")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "tolist", no_read)
+        got = ds.MLAStepPlan.build(inputs, params, decode_offs, num_decodes=3)
+    assert got == want
+    mixed = ragged_offsets([1, 12, 1])
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "tolist", no_read)
+        with pytest.raises(AssertionError, match="read on the host"):
+            ds.MLAStepPlan.build(inputs, params, mixed, num_decodes=1)
+    assert not ds.MLAStepPlan.build(inputs, params, mixed, num_decodes=1).all_absorbed
