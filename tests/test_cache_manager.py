@@ -385,3 +385,54 @@ def test_table_builds_are_vectorised_numpy():
     (inp,) = m.runtime_inputs(list(range(32)))
     expect = np.array([m.pages(i) for i in range(32)], dtype=np.int32)
     assert np.array_equal(inp.lookup_table.numpy(), expect)
+
+
+def _decoders(m, lengths, seed=0):
+    """Requests r0.. prefilled with `lengths` tokens and one sampled token each (a decode)."""
+    rng = np.random.default_rng(seed)
+    rids = [f"r{i}" for i in range(len(lengths))]
+    for rid, n in zip(rids, lengths):
+        run_prefill(m, rid, rng.integers(0, 1000, n).tolist(), sampled=int(rng.integers(1000)))
+    return rids
+
+
+def test_alloc_decodes_equals_alloc_one_by_one():
+    """Across page boundaries (lengths 3..9 on pages of 4) and several steps, the batched
+    call leaves the manager exactly as `alloc(rid, 1)` per request does."""
+    lengths = [3, 4, 5, 7, 8, 9, 1]
+    a, b = mgr(pages=64, page_size=4), mgr(pages=64, page_size=4)
+    rids = _decoders(a, lengths)
+    assert _decoders(b, lengths) == rids
+    for step in range(6):
+        a.alloc_decodes(rids)
+        for rid in rids:
+            b.alloc(rid, 1)
+        assert a.snapshot() == b.snapshot(), step
+        for m in (a, b):
+            m.runtime_inputs(rids)
+            m.step(rids, [[step + 7]] * len(rids))
+    assert a.snapshot() == b.snapshot()
+
+
+def test_alloc_decodes_is_all_or_nothing():
+    m = mgr(pages=4, page_size=2, max_seq_len=9)
+    rids = _decoders(m, [2, 2, 1])  # 3, 3 and 2 tokens known, 2, 2, 1 cached: 3 pages used
+    before = m.snapshot()
+    with pytest.raises(OutOfPagesError):  # r0 and r1 need a page each, 1 is free
+        m.alloc_decodes(rids)
+    assert m.snapshot() == before
+    m.alloc_decodes(rids[1:])  # r1's page: fits
+    assert len(m.pages("r1")) == 2 and m.stats().free_pages == 0
+    before = m.snapshot()
+    with pytest.raises(UnknownRequestError):
+        m.alloc_decodes(["r0", "nope"])
+    assert m.snapshot() == before
+    m.release("r2")  # its page for p
+    m.claim("p", [1, 2])
+    m.alloc("p", 2)
+    m.runtime_inputs(["p"])
+    m.step(["p"], [[]])  # the prompt cached, nothing sampled: no token pending
+    before = m.snapshot()
+    with pytest.raises(InvalidArgumentError, match="'p'"):
+        m.alloc_decodes(["r0", "p"])
+    assert m.snapshot() == before

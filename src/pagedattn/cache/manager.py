@@ -469,6 +469,56 @@ class PagedKVCacheManager:
             self._num_pages[r.slot] = have + need
         r.pending, r.num_steps, r.num_draft = n, steps, drafts
 
+    def alloc_decodes(self, request_ids: Sequence[Hashable]) -> None:
+        """`alloc(rid, 1)` for every request of `request_ids` (a list/tuple of distinct
+        claimed ids, each with a token known but not cached: a decode), at once: the page
+        need of all of them is computed with array ops, and the pages taken only if every
+        replica's pool covers its requests' need. Raises UnknownRequestError,
+        InvalidArgumentError, MaxLengthExceededError (naming the request) or OutOfPagesError
+        with no state change; the same end state as the calls one by one otherwise."""
+        reqs = self._get_all(request_ids)
+        if not reqs:
+            return
+        b = len(reqs)
+        slots = np.fromiter((r.slot for r in reqs), np.int64, b)
+        cl = self._cache_len[slots].astype(np.int64)
+        known = np.fromiter((len(r.tokens) for r in reqs), np.int64, b) - cl
+        bad = np.nonzero(known < 1)[0]
+        if bad.size:
+            r = reqs[int(bad[0])]
+            raise InvalidArgumentError(
+                f"request_ids: {r.rid!r} has no token known but not cached (not a decode)"
+            )
+        long = np.nonzero(cl + 1 > self.max_seq_len)[0]
+        if long.size:
+            r = reqs[int(long[0])]
+            raise MaxLengthExceededError(
+                f"request_ids: request {r.rid!r} would hold {int(cl[long[0]]) + 1} tokens, more "
+                f"than max_seq_len={self.max_seq_len}"
+            )
+        ps = self.params.page_size
+        have = self._num_pages[slots].astype(np.int64)
+        need = np.maximum(-(-(cl + 1) // ps) - have, 0)
+        grow = np.nonzero(need)[0]
+        by_pool: dict[int, int] = {}
+        for i in grow.tolist():
+            rep = reqs[i].replica
+            by_pool[rep] = by_pool.get(rep, 0) + int(need[i])
+        for rep, n in by_pool.items():
+            pool = self.pools[rep]
+            if n > pool.num_free:
+                raise OutOfPagesError(
+                    f"alloc_decodes: need {n} pages, only {pool.num_free} free of "
+                    f"{pool.total_num_pages}"
+                )
+        # -- validated; mutate --
+        for i in grow.tolist():
+            r, n, h = reqs[i], int(need[i]), int(have[i])
+            self._table[r.slot, h : h + n] = self.pools[r.replica].take(n)
+            self._num_pages[r.slot] = h + n
+        for r in reqs:
+            r.pending, r.num_steps, r.num_draft = 1, 1, 0
+
     def runtime_inputs(
         self,
         request_ids: Sequence[Hashable],

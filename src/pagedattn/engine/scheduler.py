@@ -117,7 +117,19 @@ class Scheduler:
         decodes, prefills = [], []
         for s in self.running:
             (decodes if s.is_decode else prefills).append(s)
-        for seq in decodes + prefills:
+        rest = decodes + prefills
+        fast = decodes[:budget]
+        if fast:  # the decodes' pages in one call; the loop below when the pool runs short
+            try:
+                mgr.alloc_decodes([s.request_id for s in fast])
+            except OutOfPagesError:
+                pass
+            else:
+                for seq in fast:
+                    plan[seq.request_id] = (seq, 1)
+                budget -= len(fast)
+                rest = decodes[len(fast) :] + prefills
+        for seq in rest:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
