@@ -146,6 +146,20 @@ class CacheMachine(RuleBasedStateMachine):
             return OutOfPagesError
         return None
 
+    def _expected_decodes_error(self, batch):
+        """`alloc_decodes`'s error for a batch of decodes: a request too long, else a replica
+        whose pool cannot cover its requests' total need (all or nothing), else None."""
+        need: dict[int, int] = {}
+        for rid in batch:
+            r = self.model[rid]
+            if r.cached + 1 > MAX_SEQ:
+                return MaxLengthExceededError
+            more = max(math.ceil((r.cached + 1) / self.ps) - len(self.m.pages(rid)), 0)
+            need[r.replica] = need.get(r.replica, 0) + more
+        if any(n > self.m.pools[rep].num_free for rep, n in need.items()):
+            return OutOfPagesError
+        return None
+
     def _write(self, batch, writes) -> None:
         """Store each request's written token values at cache_length + i, per replica."""
         ins = self.m.runtime_inputs(batch) if batch else []
@@ -215,7 +229,19 @@ class CacheMachine(RuleBasedStateMachine):
         drafts = data.draw(st.integers(1, 3)) if mode == "draft" else 0
         self.pending: dict[int, int] = {}
         had = {rid: len(self.m.pages(rid)) for rid in batch}
-        for rid in list(batch):
+        decodes = all(len(self.model[r].tokens) - self.model[r].cached == 1 for r in batch)
+        if mode == "single" and decodes and data.draw(st.booleans(), label="alloc_decodes"):
+            want = self._expected_decodes_error(batch)
+            if want is None:
+                self.m.alloc_decodes(batch)
+                self.pending = dict.fromkeys(batch, 1)
+            else:
+                err = self.rejected(
+                    self.m.alloc_decodes, batch, names=("request_ids", "alloc_decodes")
+                )
+                assert isinstance(err, want), (err, want)
+                return
+        for rid in list(batch) if not self.pending else []:
             r = self.model[rid]
             known = len(r.tokens) - r.cached
             n = data.draw(st.sampled_from([known, 1, known]) | st.integers(1, known), label="n")
