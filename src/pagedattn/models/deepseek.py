@@ -162,21 +162,27 @@ class MLAStepPlan:
         params: KVCacheParams,
         q_row_offsets: torch.Tensor,
         num_decodes: int | None = None,
+        absorbed_max_q: int = MLA_ABSORBED_MAX_Q,
     ) -> MLAStepPlan:
         """The plan of a step; `num_decodes` (the engine's count of leading one-token
         requests) equal to the batch size makes it without reading the device (a pure decode
         step: every request absorbed; CUDA-graph safe). Otherwise the offsets and cache
-        lengths are read on the host."""
-        if num_decodes is not None and num_decodes == q_row_offsets.shape[0] - 1:
+        lengths are read on the host. A request with at most `absorbed_max_q` queries attends
+        absorbed (0: every request expanded, as `bench/bench_mla_forms.py` times them)."""
+        if (
+            absorbed_max_q >= 1
+            and num_decodes is not None
+            and num_decodes == q_row_offsets.shape[0] - 1
+        ):
             return MLAStepPlan(all_absorbed=True)
         offs = q_row_offsets.tolist()  # host sync (eager only)
         q_lens = [b - a for a, b in zip(offs, offs[1:])]
-        dec = [i for i, n in enumerate(q_lens) if n <= MLA_ABSORBED_MAX_Q]
+        dec = [i for i, n in enumerate(q_lens) if n <= absorbed_max_q]
         if len(dec) == len(q_lens):
             return MLAStepPlan(all_absorbed=True)
         dev = q_row_offsets.device
         cls = inputs.cache_lengths.tolist()
-        pre = [i for i, n in enumerate(q_lens) if n > MLA_ABSORBED_MAX_Q]
+        pre = [i for i, n in enumerate(q_lens) if n > absorbed_max_q]
 
         def rows_of(reqs: list[int]) -> torch.Tensor:
             r = [t for i in reqs for t in range(offs[i], offs[i + 1])]
