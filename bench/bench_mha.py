@@ -184,9 +184,58 @@ def bench_paged_prefill(records: list[Record], fi, page: int) -> None:
             print(f"[bench] flashinfer paged prefill failed: {type(e).__name__}: {e}")
 
 
+def mla_prefill_inputs(nseq, n, prefix, h, d_qk, d_v, device, dtype=torch.bfloat16):
+    """DeepSeek's expanded MLA prefill (issue 58): nseq chunks of n new tokens over `prefix`
+    cached ones, h heads, K [nope | rope] of d_qk and V of d_v per head, as the model's
+    `_expanded` builds them (each request's whole context, ragged). Returns q, k, v, the query
+    offsets, the key offsets and the RowOperands (prefix as the cache length)."""
+    from pagedattn.operands import RowOperand
+
+    ctx = prefix + n
+    q = torch.randn(nseq * n, h, d_qk, device=device, dtype=dtype)
+    k = torch.randn(nseq * ctx, h, d_qk, device=device, dtype=dtype)
+    v = torch.randn(nseq * ctx, h, d_v, device=device, dtype=dtype)
+    q_offs = torch.arange(nseq + 1, dtype=torch.int32, device=device) * n
+    kv_offs = torch.arange(nseq + 1, dtype=torch.int32, device=device) * ctx
+    lens = torch.full((nseq,), prefix, dtype=torch.int32, device=device)
+    starts = kv_offs[:-1].contiguous()
+    ops = RowOperand(k, lens, row_offsets=starts), RowOperand(v, lens, row_offsets=starts)
+    return q, k, v, q_offs, kv_offs, ops
+
+
+def bench_mla_prefill(records: list[Record], fi) -> None:
+    """The expanded MLA prefill of DeepSeek-V3 (128 heads, d_qk 192, d_v 128, causal) of 8
+    chunks of 2048 tokens over a 2048-token prefix, against FlashInfer's ragged prefill with
+    head_dim_qk=192, head_dim_vo=128 on the same tensors (its causal mask aligns the queries
+    to the end of the keys: the same prefix semantics)."""
+    from pagedattn.ops.masks import causal
+
+    nseq, n, prefix, h, d_qk, d_v = 8, 2048, 2048, 128, 192, 128
+    q, k, v, q_offs, kv_offs, (k_op, v_op) = mla_prefill_inputs(
+        nseq, n, prefix, h, d_qk, d_v, "cuda"
+    )
+    flops = nseq * 2 * h * (d_qk + d_v) * (n * prefix + n * n / 2)
+    cfg = f"MLA expanded causal {nseq}x{n} over {prefix} h{h} d{d_qk}/{d_v}"
+    out = torch.empty(nseq * n, h, d_v, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: mha(q, k_op, v_op, q_offs, mask=causal(), out=out), warmup=5, rep=30)
+    records.append(Record("prefill", cfg, "pagedattn", ms, 0, flops))
+    if fi is not None:
+        try:
+            ws = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+            w = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+            w.plan(q_offs, kv_offs, h, h, d_qk, head_dim_vo=d_v, causal=True,
+                   q_data_type=torch.bfloat16)  # fmt: skip
+            w.run(q, k, v)
+            ms = time_ms(lambda: w.run(q, k, v), warmup=5, rep=30)
+            records.append(Record("prefill", cfg, "flashinfer", ms, 0, flops))
+        except Exception as e:
+            print(f"[bench] flashinfer MLA prefill failed: {type(e).__name__}: {e}")
+
+
 def run(records: list[Record]) -> None:
     fi = flashinfer()
     bench_decode(records, fi)
     bench_prefill(records, fi)
     for page in (16, 64):  # cp.async gathers / TMA boxes in the Gluon sm_90 kernel
         bench_paged_prefill(records, fi, page)
+    bench_mla_prefill(records, fi)
