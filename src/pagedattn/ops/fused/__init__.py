@@ -1,7 +1,7 @@
 """Fused element-wise ops of the decoder layers: one launch each on CUDA where the torch
 modules they replace run several kernels a layer (measured on the H200, Llama-3-8B shape,
 b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy kernels,
-2.2 ms of the step's 8.5 ms of kernels).
+2.2 ms of the step's 8.5 ms of kernels; docs/kernels/model_layers.md).
 
 - `rms_norm(x, weight, eps, residual=None, *, weight_first=False)`: x [T, H] (any float
   dtype), weight [H] (x's dtype, or float32 with weight_first). Without a residual returns
