@@ -181,6 +181,7 @@ def worker(rank: int, world: int, phase: str, dry: bool, work: str, only: str | 
                 p.out["models"][name] = run_model(p, name)
         with open(os.path.join(work, f"{phase}-rank{rank}.json"), "w") as f:
             json.dump(p.out, f)
+        p.barrier()  # every rank past its last collective before any closes the group
     finally:
         import torch.distributed as dist  # noqa: PLC0415
 

@@ -77,6 +77,10 @@ def _worker(rank: int, world: int, path: str, out_dir: str, graphs: bool) -> Non
         replays = llm.runner.graphs.num_replays if llm.runner.graphs is not None else 0
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"tokens": toks, "pages": pages, "replays": replays}, f)
+        # Both ranks past their last collective before either closes its connections: rank
+        # 0's last broadcast can return before rank 1 has read it (gloo aborted rank 1 with
+        # "terminate called without an active exception" under load without this).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
