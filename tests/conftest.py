@@ -126,3 +126,13 @@ def gen() -> torch.Generator:
     seed = int(seed) if seed else int(torch.randint(0, 2**31 - 1, ()).item())
     print(f"seed={seed}")
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: torch's intra-op threads only spin (10x slower on a busy 2-core host).
+    Modules of tiny-model tests use it with `pytestmark = pytest.mark.usefixtures(...)`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

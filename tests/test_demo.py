@@ -27,12 +27,7 @@ MODEL = demo.DEFAULT_MODEL
 TIE_GAP = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_shipped_checkpoint_is_small_and_complete():

@@ -40,12 +40,7 @@ class EmulatedLLM(LLM):
     _emulate_cuda_graphs = True
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 SAVERS = {"llama": save_tiny_llama, "gpt_oss": save_tiny_gpt_oss, "deepseek": save_tiny_deepseek}

@@ -28,7 +28,7 @@ import json
 
 import pytest
 import torch
-from test_models_hf import GreedyDriver, compare_greedy, hf_greedy
+from test_models_hf import GreedyDriver, compare_greedy, hf_greedy, prefill_step
 
 from pagedattn import KVQuantConfig, PagedKVCacheManager
 from pagedattn.models import UnsupportedModelError, kv_cache_params, load_model
@@ -44,12 +44,7 @@ NEW_TOKENS = 8
 VARIANTS = ["qlora-yarn", "q_proj-rotate-half", "small-latent"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def hf_config(variant: str, **over):
@@ -173,15 +168,8 @@ def test_first_step_logits_match_hf_forward(ckpt, plans):
     assert params.is_mla and params.n_kv_heads == 1
     assert params.head_dim == cfg.kv_lora_rank + cfg.qk_rope_head_dim
     model.attach_kv_cache(params)
-    mgr = PagedKVCacheManager(params, total_num_pages=64)
     prompts = prompts_of([13, 1, 29, 6], seed=7)  # 13 and 29 expanded, 1 and 6 absorbed
-    for i, p in enumerate(prompts):
-        mgr.claim(i, p)
-        mgr.alloc(i, len(p))
-    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
-    ids = torch.tensor([t for p in prompts for t in p])
-    pos = torch.cat([torch.arange(len(p)) for p in prompts])
-    offs = ragged_offsets([len(p) for p in prompts])
+    ids, pos, inputs, offs = prefill_step(PagedKVCacheManager(params, total_num_pages=64), prompts)
     logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
     assert [n for n, _ in plans[0]] == [13, 1, 29, 6]
     with torch.no_grad():
@@ -315,15 +303,9 @@ def test_gpu_bfloat16_logits_close_to_hf(ckpt):
     hf16 = copy.deepcopy(hf).to("cuda", torch.bfloat16)
     params = kv_cache_params(model.config, dtype=model.dtype, page_size=64, devices=["cuda"])
     model.attach_kv_cache(params)
-    mgr = PagedKVCacheManager(params, total_num_pages=16)
     prompts = prompts_of([13, 1, 29, 6], seed=7)
-    for i, p in enumerate(prompts):
-        mgr.claim(i, p)
-        mgr.alloc(i, len(p))
-    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
-    ids = torch.tensor([t for p in prompts for t in p], device="cuda")
-    pos = torch.cat([torch.arange(len(p)) for p in prompts]).cuda()
-    offs = ragged_offsets([len(p) for p in prompts], "cuda")
+    mgr = PagedKVCacheManager(params, total_num_pages=16)
+    ids, pos, inputs, offs = prefill_step(mgr, prompts, "cuda")
     logits = model(ids, pos, inputs, offs, torch.arange(len(ids), device="cuda")).float()
     with torch.no_grad():
 
@@ -372,13 +354,7 @@ def test_fp8_mla_caches_keep_the_logits_close(tmp_path):
                                  quantization=quant)  # fmt: skip
         model.attach_kv_cache(params)
         mgr = PagedKVCacheManager(params, total_num_pages=64)
-        for i, p in enumerate(prompts):
-            mgr.claim(i, p)
-            mgr.alloc(i, len(p))
-        inputs = mgr.runtime_inputs(list(range(4)))[0]
-        offs = ragged_offsets([len(p) for p in prompts])
-        ids = torch.tensor([t for p in prompts for t in p])
-        pos = torch.cat([torch.arange(len(p)) for p in prompts])
+        ids, pos, inputs, offs = prefill_step(mgr, prompts)
         first = model(ids, pos, inputs, offs, offs[1:].long() - 1).float()
         mgr.step(list(range(4)), [[t] for t in nxt])
         for i in range(4):
@@ -467,15 +443,8 @@ def test_fp8_block_weights_match_hf_on_the_dequantized_weights(tmp_path):
     assert model.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.float8_e4m3fn
     params = kv_cache_params(model.config, dtype=model.dtype, page_size=4)
     model.attach_kv_cache(params)
-    mgr = PagedKVCacheManager(params, total_num_pages=64)
     prompts = prompts_of([13, 1, 29, 6], seed=7)
-    for i, p in enumerate(prompts):
-        mgr.claim(i, p)
-        mgr.alloc(i, len(p))
-    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
-    ids = torch.tensor([t for p in prompts for t in p])
-    pos = torch.cat([torch.arange(len(p)) for p in prompts])
-    offs = ragged_offsets([len(p) for p in prompts])
+    ids, pos, inputs, offs = prefill_step(PagedKVCacheManager(params, total_num_pages=64), prompts)
     logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
     with torch.no_grad():
         ref = torch.cat([ref_model(torch.tensor([p])).logits[0] for p in prompts]).float()
@@ -485,11 +454,7 @@ def test_fp8_block_weights_match_hf_on_the_dequantized_weights(tmp_path):
     assert cd < 3e-2 and agree >= 0.7, (cd, agree)
     plain = load_model(str(deq), dtype=torch.float32)  # the same weights, no FP8
     plain.attach_kv_cache(params)
-    mgr2 = PagedKVCacheManager(params, total_num_pages=64)
-    for i, p in enumerate(prompts):
-        mgr2.claim(i, p)
-        mgr2.alloc(i, len(p))
-    inputs = mgr2.runtime_inputs(list(range(len(prompts))))[0]
+    _, _, inputs, _ = prefill_step(PagedKVCacheManager(params, total_num_pages=64), prompts)
     assert cos_diff(plain(ids, pos, inputs, offs, torch.arange(len(ids))), ref) < 1e-4
 
 
@@ -582,15 +547,8 @@ def test_fp8_decode_goes_through_the_fused_branch(device, dtype, tmp_path, monke
     mgr = PagedKVCacheManager(params, total_num_pages=64)
     prompts = prompts_of([13, 1, 29, 6], seed=7)
     rids = list(range(len(prompts)))
-    for i, p in enumerate(prompts):
-        mgr.claim(i, p)
-        mgr.alloc(i, len(p))
-    inputs = mgr.runtime_inputs(rids)[0]
-    ids = torch.tensor([t for p in prompts for t in p], device=device)
-    pos = torch.cat([torch.arange(len(p)) for p in prompts]).to(device)
-    lens = [len(p) for p in prompts]
-    last = (torch.tensor(lens).cumsum(0) - 1).to(device)
-    logits = model(ids, pos, inputs, ragged_offsets(lens, device), last)
+    ids, pos, inputs, offs = prefill_step(mgr, prompts, device)
+    logits = model(ids, pos, inputs, offs, offs[1:].long() - 1)  # each prompt's last row
     nxt = logits.argmax(-1).tolist()
     calls = []
     real = ds.mla_decode_branch_fp8

@@ -53,13 +53,7 @@ NEW_TOKENS = 8
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt_oss"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: torch's intra-op threads only spin (10x slower on a busy 2-core host)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def hf_config(arch: str):
@@ -308,6 +302,18 @@ def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
+def prefill_step(mgr, prompts: list[list[int]], device="cpu"):
+    """Each prompt claimed and allocated whole as request i of a fresh manager: the step's
+    (input_ids, positions, kv_inputs, q_row_offsets) for a model's forward."""
+    for i, p in enumerate(prompts):
+        mgr.claim(i, p)
+        mgr.alloc(i, len(p))
+    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
+    ids = torch.tensor([t for p in prompts for t in p], device=device)
+    pos = torch.cat([torch.arange(len(p)) for p in prompts]).to(device)
+    return ids, pos, inputs, ragged_offsets([len(p) for p in prompts], device)
+
+
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
@@ -317,16 +323,8 @@ def test_first_step_logits_match_hf_forward(ckpt):
     assert model.config.architecture == HF_CLASSES[ckpt.arch]
     prompts = prompts_of([13, 1, 29, 6], seed=7)
     drv = GreedyDriver(model, page_size=4)
-    mgr = drv.mgr
-    for i, p in enumerate(prompts):
-        mgr.claim(i, p)
-        mgr.alloc(i, len(p))
-    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
-    ids = torch.tensor([t for p in prompts for t in p])
-    pos = torch.cat([torch.arange(len(p)) for p in prompts])
-    logits = model(
-        ids, pos, inputs, ragged_offsets([len(p) for p in prompts]), torch.arange(len(ids))
-    )
+    ids, pos, inputs, offs = prefill_step(drv.mgr, prompts)
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
     with torch.no_grad():
         ref = torch.cat([ckpt.hf(torch.tensor([p])).logits[0] for p in prompts])
     err = float((logits - ref).abs().max())
@@ -382,15 +380,8 @@ def test_fp8_kv_cache_logits_close_to_hf(ckpt):
         model.config, dtype=model.dtype, page_size=4, quantization=KVQuantConfig.per_token()
     )
     model.attach_kv_cache(params)
-    mgr = PagedKVCacheManager(params, total_num_pages=64)
     prompts = prompts_of([13, 1, 29, 6], seed=7)
-    for i, p in enumerate(prompts):
-        mgr.claim(i, p)
-        mgr.alloc(i, len(p))
-    inputs = mgr.runtime_inputs(list(range(len(prompts))))[0]
-    ids = torch.tensor([t for p in prompts for t in p])
-    pos = torch.cat([torch.arange(len(p)) for p in prompts])
-    offs = ragged_offsets([len(p) for p in prompts])
+    ids, pos, inputs, offs = prefill_step(PagedKVCacheManager(params, total_num_pages=64), prompts)
     logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
     with torch.no_grad():
         ref = torch.cat([ckpt.hf(torch.tensor([p])).logits[0] for p in prompts])

@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from tiny_llama import save_tiny_gpt_oss, save_tiny_llama
+from tiny_llama import save_tiny_gpt_oss, save_tiny_llama, tiny_deepseek_config
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.errors import InvalidArgumentError
@@ -144,23 +144,6 @@ def test_tp_mla_not_supported_yet():
     from pagedattn.engine.errors import NotSupportedYetError
     from pagedattn.models import ModelConfig
 
-    hf = transformers.DeepseekV3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=32,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        kv_lora_rank=32,
-        q_lora_rank=None,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-    )
+    hf = tiny_deepseek_config(64)
     with pytest.raises(NotSupportedYetError, match="MLA"):
         LLMEngine._check_tp_config(ModelConfig.from_hf(hf), 2)

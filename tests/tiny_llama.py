@@ -97,12 +97,11 @@ def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssF
     return hf
 
 
-def save_tiny_deepseek(path, seed: int, vocab: int = 256) -> transformers.DeepseekV3ForCausalLM:
-    """A float32 DeepSeek-V3 (hidden 64, 2 layers: one dense, one MoE of 4 routed experts
-    top-2 plus a shared one; MLA with kv_lora_rank 32, rope 16, nope 16, v 16, no q_lora) with
-    `randomize_`'s weights; saved in `path`, returned."""
-    torch.manual_seed(seed)
-    cfg = transformers.DeepseekV3Config(
+def tiny_deepseek_config(vocab: int = 256) -> transformers.DeepseekV3Config:
+    """A DeepSeek-V3 config at toy size: hidden 64, 2 layers (one dense, one MoE of 4 routed
+    experts top-2 plus a shared one); MLA with kv_lora_rank 32, rope 16, nope 16, v 16, no
+    q_lora."""
+    return transformers.DeepseekV3Config(
         **tiny_common(vocab),
         intermediate_size=96,
         moe_intermediate_size=32,
@@ -121,7 +120,15 @@ def save_tiny_deepseek(path, seed: int, vocab: int = 256) -> transformers.Deepse
         first_k_dense_replace=1,
         max_position_embeddings=256,
     )
-    hf = transformers.DeepseekV3ForCausalLM._from_config(cfg, dtype=torch.float32).eval()
+
+
+def save_tiny_deepseek(path, seed: int, vocab: int = 256) -> transformers.DeepseekV3ForCausalLM:
+    """A float32 `tiny_deepseek_config` model with `randomize_`'s weights; saved in `path`,
+    returned."""
+    torch.manual_seed(seed)
+    hf = transformers.DeepseekV3ForCausalLM._from_config(
+        tiny_deepseek_config(vocab), dtype=torch.float32
+    ).eval()
     randomize_(hf)
     hf.save_pretrained(path)
     return hf

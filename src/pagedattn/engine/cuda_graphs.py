@@ -58,6 +58,11 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
+def takes_num_decodes(model: torch.nn.Module) -> bool:
+    """Whether the model's step forward takes the `num_decodes` hint (`StepInputs`)."""
+    return "num_decodes" in inspect.signature(model.forward).parameters
+
+
 def supports_cuda_graphs(model: torch.nn.Module) -> bool:
     """Whether `model`'s step can be captured: it says so (`supports_cuda_graphs`, a class
     attribute or, where it depends on the device and dtype, a property)."""
@@ -206,7 +211,7 @@ class GraphRunner:
         emulate: bool = False,
     ) -> None:
         self.model = model
-        self._takes_hint = "num_decodes" in inspect.signature(model.forward).parameters
+        self._takes_hint = takes_num_decodes(model)
         self.emulate = check_bool("emulate", emulate)
         self.buckets = decode_buckets(max_batch)
         check(
@@ -283,4 +288,5 @@ __all__ = [
     "decode_buckets",
     "graph_mode",
     "supports_cuda_graphs",
+    "takes_num_decodes",
 ]

@@ -9,16 +9,15 @@ eager call of the model.
 
 Tensor parallelism is SPMD: one process per rank, each with its own runner, model shard and
 cache (its KV-head shard, so `inputs.kv_inputs[0]` is this rank's), fed the same step inputs;
-the model's all-reduces make the logits equal on every rank. (TP steps run eagerly.)
+the model's all-reduces make the logits equal on every rank (over NCCL, decode steps replay
+graphs that capture them).
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-from .cuda_graphs import GraphRunner
+from .cuda_graphs import GraphRunner, takes_num_decodes
 from .step_inputs import StepInputs
 
 
@@ -33,7 +32,7 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.graphs = graphs
-        self._takes_hint = "num_decodes" in inspect.signature(model.forward).parameters
+        self._takes_hint = takes_num_decodes(model)
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:

@@ -66,6 +66,7 @@ from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check, check_int
 from ..operands import PagedOperand, RowOperand
 from ..ops import masks
+from ..ops.fused import silu_mul
 from ..ops.linear import fp8_bmm
 from ..ops.linear.reference import quantize_weight_blocks
 from ..ops.mha import mha
@@ -82,6 +83,8 @@ from .layers import (
     expert_groups,
     grouped_experts_ok,
     make_linear,
+    sort_by_expert,
+    sum_in_expert_order,
 )
 from .llama import DecoderForCausalLM
 from .weights import WeightSource
@@ -499,34 +502,20 @@ class DeepseekExperts(nn.Module):
         return self.forward_loop(x, weights, experts)
 
     def forward_grouped(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """The loop's math as two grouped matmuls over the (token, slot) rows sorted by
-        expert (`torch._grouped_mm`, group ends by searchsorted on the device), each token's
-        k outputs then summed in expert order in x's dtype (as the loop's index_add_)."""
-        T, k = experts.shape
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        e_sorted = flat[order]
-        ends = torch.arange(1, self.E + 1, device=x.device, dtype=e_sorted.dtype)
-        offs = torch.searchsorted(e_sorted, ends).to(torch.int32)
+        """The loop's math as two grouped matmuls (`layers.sort_by_expert`,
+        `torch._grouped_mm`), each token's k outputs summed in expert order in x's dtype
+        (`layers.sum_in_expert_order`, as the loop's index_add_)."""
+        order, _, offs = sort_by_expert(experts, self.E)
+        k = experts.shape[1]
         gu = torch._grouped_mm(x[order // k], self.gate_up_proj.transpose(1, 2), offs=offs)
-        gate, up = gu.chunk(2, dim=-1)
-        h = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
-        y = torch.empty_like(h)
-        y[order] = (h * weights.flatten()[order, None]).to(x.dtype)
-        y = y.view(T, k, -1)
-        by_expert = torch.argsort(experts, dim=1, stable=True)
-        rows = torch.arange(T, device=x.device)
-        out = torch.zeros_like(x)
-        for j in range(k):
-            out = out + y[rows, by_expert[:, j]]
-        return out
+        h = torch._grouped_mm(silu_mul(gu), self.down_proj.transpose(1, 2), offs=offs)
+        return sum_in_expert_order(h * weights.flatten()[order, None], order, experts, x.dtype)
 
     def forward_loop(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
         """One matmul pair per expert with tokens (reads each expert's count on the host)."""
         out = torch.zeros_like(x)
         for e, t, s in expert_groups(experts, self.E):
-            gate, up = self._proj(x[t], "gate_up_proj", e).chunk(2, dim=-1)
-            h = self._proj(F.silu(gate) * up, "down_proj", e)
+            h = self._proj(silu_mul(self._proj(x[t], "gate_up_proj", e)), "down_proj", e)
             out.index_add_(0, t, (h * weights[t, s, None]).to(x.dtype))
         return out
 
@@ -687,33 +676,15 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
             t = self._freqs_cis = torch.stack((cos, sin), dim=-1).flatten(1)
         return t
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_inputs: KVCacheInputsPerDevice,
-        q_row_offsets: torch.Tensor,
-        logits_rows: torch.Tensor,
-        num_decodes: int | None = None,
-    ) -> torch.Tensor:
-        """One step of a ragged batch; arguments and result as `DecoderForCausalLM.forward`.
-        num_decodes equal to the batch size (a pure decode step) builds the `MLAStepPlan`
-        without a host sync; otherwise the plan reads the query counts on the host."""
-        self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
+    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes) -> MLAStepContext:
+        """The MLA layers' step context: the request split (`MLAStepPlan`; num_decodes equal to
+        the batch size, a pure decode step, builds it without a host sync, otherwise the query
+        counts are read on the host) and, for the fused branch, the RoPE table."""
         if q_row_offsets.shape[0] < 2:
             raise InvalidArgumentError("q_row_offsets: a step needs at least one request")
-        cos, sin = self.rotary_emb(positions, self.dtype)
         plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets, num_decodes)
         freqs = self.freqs_cis() if plan.all_absorbed and self._branch_layers() else None
-        ctx = MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan, freqs)
-        h = self.model.embed_tokens(input_ids)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, ctx)
-        h = h[logits_rows] + residual[logits_rows]
-        h = self.model.norm(h)
-        return F.linear(h, self.lm_head_weight).float()
+        return MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan, freqs)
 
 
 class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):

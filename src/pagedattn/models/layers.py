@@ -291,6 +291,38 @@ def grouped_experts_ok(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+def sort_by_expert(
+    experts: torch.Tensor, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The grouped-matmul layout of a top-k routing, on the device (no host sync): experts
+    [T, k] -> (order [T * k]: the (token, slot) rows `t * k + s` sorted by expert, stable;
+    their experts [T * k]; offs [num_experts] int32: each expert's group end in that order,
+    `torch._grouped_mm`'s offsets)."""
+    flat = experts.flatten()
+    order = torch.argsort(flat, stable=True)
+    e_sorted = flat[order]
+    ends = torch.arange(1, num_experts + 1, device=flat.device, dtype=e_sorted.dtype)
+    return order, e_sorted, torch.searchsorted(e_sorted, ends).to(torch.int32)
+
+
+def sum_in_expert_order(
+    y: torch.Tensor, order: torch.Tensor, experts: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """[T, H]: each token's k expert outputs summed in increasing expert id, in `dtype` (the
+    rounding of a per-expert loop's `index_add_`). y [T * k, H]: the weighted outputs of the
+    rows in `order` (`sort_by_expert`); experts [T, k]."""
+    T, k = experts.shape
+    rows = torch.empty(y.shape, dtype=dtype, device=y.device)
+    rows[order] = y.to(dtype)  # back to (token, slot) rows
+    rows = rows.view(T, k, -1)
+    by_expert = torch.argsort(experts, dim=1, stable=True)  # each token's slots, expert order
+    tokens = torch.arange(T, device=y.device)
+    out = torch.zeros(T, y.shape[-1], dtype=dtype, device=y.device)
+    for j in range(k):
+        out = out + rows[tokens, by_expert[:, j]]
+    return out
+
+
 def expert_groups(experts: torch.Tensor, num_experts: int):
     """The tokens of each expert a top-k routing chose: yields (expert e, token rows t, top-k
     slots s) for every expert with a token, experts [T, k] int64 (eager: reads the per-expert
@@ -361,29 +393,17 @@ class GptOssExperts(nn.Module):
         return out
 
     def forward_grouped(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
-        """The same math with two grouped matmuls (`torch._grouped_mm`) over the T * k
-        (token, slot) rows sorted by expert, the group ends found on the device
-        (searchsorted): no host sync, no data-dependent shape. Each token's k expert outputs
-        are then summed in expert order in x's dtype, as `forward_loop`'s index_add_ does."""
-        T, k = experts.shape
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        e_sorted = flat[order]
-        ends = torch.arange(1, self.num_experts + 1, device=x.device, dtype=e_sorted.dtype)
-        offs = torch.searchsorted(e_sorted, ends).to(torch.int32)
+        """The same math with two grouped matmuls (`sort_by_expert`, `torch._grouped_mm`): no
+        host sync, no data-dependent shape; each token's k outputs summed in expert order in
+        x's dtype (`sum_in_expert_order`), as `forward_loop`'s index_add_ does."""
+        order, e_sorted, offs = sort_by_expert(experts, self.num_experts)
+        k = experts.shape[1]
         h = torch._grouped_mm(x[order // k], self.gate_up_proj, offs=offs)
         h = torch._grouped_mm(self._gate(h + self.gate_up_proj_bias[e_sorted]), self.down_proj,
                               offs=offs)  # fmt: skip
         if self.with_bias:
             h = h + self.down_proj_bias[e_sorted]
-        y = torch.empty_like(h, dtype=x.dtype)
-        y[order] = (h * scores.flatten()[order, None]).to(x.dtype)  # back to (token, slot) rows
-        y = y.view(T, k, -1)
-        by_expert = torch.argsort(experts, dim=1, stable=True)  # each token's slots, expert order
-        out = torch.zeros_like(x)
-        for j in range(k):
-            out = out + y[torch.arange(T, device=x.device), by_expert[:, j]]
-        return out
+        return sum_in_expert_order(h * scores.flatten()[order, None], order, experts, x.dtype)
 
 
 class GptOssMoE(nn.Module):
@@ -450,6 +470,8 @@ __all__ = [
     "GptOssMoE",
     "GptOssRouter",
     "grouped_experts_ok",
+    "sort_by_expert",
+    "sum_in_expert_order",
     "Linear",
     "RMSNorm",
     "RotaryEmbedding",

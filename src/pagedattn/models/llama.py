@@ -277,6 +277,11 @@ class DecoderForCausalLM(nn.Module):
         ):
             check(t.device == dev, f"{name}.device", str(dev), t.device)
 
+    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes):
+        """What every layer of the step reads (`layers.StepContext`; a subclass with its own
+        attention builds its own)."""
+        return StepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes)
+
     @torch.inference_mode()
     def forward(
         self,
@@ -305,7 +310,7 @@ class DecoderForCausalLM(nn.Module):
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
         cos, sin = self.rotary_emb(positions, self.dtype)
-        ctx = StepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes)
+        ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes)
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:
