@@ -54,7 +54,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, call_times, roofline_ms, save, suite_main
+from common import Record, call_times, roofline_ms, save_and_report, suite_main
 from random_model import random_model
 
 from pagedattn.engine import LLMEngine, SamplingParams
@@ -725,15 +725,8 @@ def run_and_save(out: str, env: dict, ceilings: dict, seed: int = 0, dry: bool =
     the profiles and the short table last."""
     records: list[Record] = []
     meta = run(records, ceilings, seed, dry, only)
-    save(out, env, ceilings, records, meta=meta)
-    try:
-        print(f"[model] plot {plot(out, records, env, dry)}")
-    except ImportError as e:  # matplotlib missing: the JSON stands alone
-        print(f"[model] no plot: {e}")
-    print(f"[model] {out}: {len(records)} records, {len(meta['errors'])} errors, "
-          f"{meta['total_seconds']} s")  # fmt: skip
-    for line in meta["errors"]:
-        print(f"[model] error: {line}")
+    save_and_report("model", out, env, ceilings, records, meta,
+                    lambda: plot(out, records, env, dry))  # fmt: skip
     prof = profile_lines(records)
     if prof:
         print(prof)

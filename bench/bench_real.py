@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, flashinfer, roofline_ms, save, suite_main, time_ms
+from common import Record, flashinfer, roofline_ms, save_and_report, suite_main, time_ms
 
 from pagedattn import KVCacheParams, PagedOperand, mha, mla_decode
 from pagedattn.testing import make_paged_cache, poison_, ragged_offsets
@@ -681,19 +681,15 @@ def run_and_save(out: str, env: dict, ceilings: dict, seed: int = 0, dry: bool =
     print the targets and the short table last."""
     records: list[Record] = []
     meta = run(records, ceilings, seed, dry, only)
-    save(out, env, ceilings, records, meta=meta)
-    try:
+
+    def draw() -> str:
         from plot import plot
 
-        print(f"[real] plot {plot(out)}")
-    except ImportError as e:  # matplotlib missing: the JSON stands alone
-        print(f"[real] no plot: {e}")
+        return plot(out)
+
+    save_and_report("real", out, env, ceilings, records, meta, draw)
     from targets import real_target_table
 
-    print(f"[real] {out}: {len(records)} records, {len(meta['errors'])} errors, "
-          f"{meta['total_seconds']} s")  # fmt: skip
-    for line in meta["errors"]:
-        print(f"[real] error: {line}")
     print(real_target_table(out))
     print(table(records))
     return records

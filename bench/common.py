@@ -293,6 +293,22 @@ def save(
         json.dump({"env": env, "ceilings": ceilings, "records": rows, **(meta or {})}, f, indent=1)
 
 
+def save_and_report(tag: str, out: str, env: dict, ceilings: dict, records: list[Record],
+                    meta: dict, plot_fn) -> None:  # fmt: skip
+    """Write a suite's records and run metadata to `out`, draw its plot (`plot_fn()`, the
+    PNG's path; a missing matplotlib leaves the JSON alone), then print the record's counts
+    and its errors, each line tagged `[tag]`."""
+    save(out, env, ceilings, records, meta=meta)
+    try:
+        print(f"[{tag}] plot {plot_fn()}")
+    except ImportError as e:  # matplotlib missing: the JSON stands alone
+        print(f"[{tag}] no plot: {e}")
+    print(f"[{tag}] {out}: {len(records)} records, {len(meta['errors'])} errors, "
+          f"{meta['total_seconds']} s")  # fmt: skip
+    for line in meta["errors"]:
+        print(f"[{tag}] error: {line}")
+
+
 def ratio_table(records: list[Record], ceilings: dict, ours: str = "pagedattn") -> str:
     """One line per (suite, config): our GPU time (and eager time), fraction of copy BW /
     matmul, ratio to peers (GPU times)."""

@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # CPU CI: before triton is imported
 
 from bad_inputs import assert_rejected, tensor_variants  # noqa: E402
+from prepared_fixtures import count_full_paths, fresh_prepared  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.errors import InvalidArgumentError  # noqa: E402
@@ -49,25 +50,14 @@ D, DV, H = 64, 32, 4  # small BF16 latent (any d_qk <= 576), so that the interpr
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-    TM.PREPARED.cache.clear()
-    PR.release_workspaces()
-    yield
-    TM.PREPARED.cache.clear()
+    yield from fresh_prepared(TM)
 
 
 @pytest.fixture
 def full_paths(monkeypatch):
     """Counts the full-path runs (misses and unprepared calls) of `mla_decode` and
     `mla_decode_triton`."""
-    calls = []
-    inner = TM._full_path
-
-    def counted(*a, **kw):
-        calls.append(1)
-        return inner(*a, **kw)
-
-    monkeypatch.setattr(TM, "_full_path", counted)
-    return calls
+    return count_full_paths(monkeypatch, TM)
 
 
 def cache(lens, q_lens=None, *, d=D, page=16, dtype=BF16, quant=None, seed=0, extra_pages=3):

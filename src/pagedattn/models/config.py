@@ -603,28 +603,9 @@ def kv_cache_params(
     compute dtype (the K/V the layers write); with `quantization` the storage is FP8.
     """
     cfg = ModelConfig.from_hf(config)
-    if cfg.is_mla:
-        return KVCacheParams(
-            dtype=dtype,
-            num_layers=cfg.num_layers,
-            n_kv_heads=1,
-            head_dim=cfg.mla_head_dim,
-            page_size=page_size,
-            is_mla=True,
-            num_q_heads=cfg.num_heads,
-            mla_rope_dim=cfg.qk_rope_head_dim,
-            devices=devices,
-            data_parallel_degree=data_parallel_degree,
-            enable_prefix_caching=enable_prefix_caching,
-            quantization=quantization,
-            enable_dispatch_metadata=enable_dispatch_metadata,
-            enable_speculative=enable_speculative,
-        )
-    return KVCacheParams(
+    common = dict(
         dtype=dtype,
         num_layers=cfg.num_layers,
-        n_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
         page_size=page_size,
         num_q_heads=cfg.num_heads,
         devices=devices,
@@ -634,6 +615,15 @@ def kv_cache_params(
         enable_dispatch_metadata=enable_dispatch_metadata,
         enable_speculative=enable_speculative,
     )
+    if cfg.is_mla:  # one latent head a token: [c | k_pe]
+        return KVCacheParams(
+            **common,
+            n_kv_heads=1,
+            head_dim=cfg.mla_head_dim,
+            is_mla=True,
+            mla_rope_dim=cfg.qk_rope_head_dim,
+        )
+    return KVCacheParams(**common, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
 
 
 __all__ = [
