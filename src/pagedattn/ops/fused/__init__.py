@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import InvalidArgumentError, check
-from .._checks import describe
+from ...errors import InvalidArgumentError, Lazy, check
+from .._checks import Described, describe
 from ..dispatch import choose_backend
 from .reference import (
     apply_rope_reference,
@@ -50,8 +50,8 @@ def _vector(name: str, t: object, n: int, dtypes, device) -> None:
         and t.dtype in dtypes
         and t.device == device,
         name,
-        f"a [{n}] tensor of {[str(d) for d in dtypes]} on {device}",
-        describe(t),
+        Lazy(lambda: f"a [{n}] tensor of {[str(d) for d in dtypes]} on {device}"),
+        Described(t),
     )
 
 
@@ -70,7 +70,8 @@ def rms_norm(x, weight, eps: float, residual=None, *, weight_first: bool = False
         check(
             isinstance(residual, torch.Tensor) and residual.shape == x.shape
             and residual.dtype == x.dtype and residual.device == x.device,
-            "residual", f"None or a tensor like x {tuple(x.shape)} {x.dtype}", describe(residual),
+            "residual", Lazy(lambda: f"None or a tensor like x {tuple(x.shape)} {x.dtype}"),
+            Described(residual),
         )  # fmt: skip
     if _triton(backend, x) and x.stride(1) == 1 and (residual is None or residual.stride(1) == 1):
         from .triton_fused import rms_norm_triton  # noqa: PLC0415 - triton imported lazily
@@ -88,16 +89,18 @@ def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
     T, width = qkv.shape
     heads = h_q + 2 * h_kv
     d = width // heads
-    check(width == heads * d and d % 2 == 0, "qkv", f"[T, (h_q + 2 h_kv) * d] with d even "
-          f"(h_q={h_q}, h_kv={h_kv})", describe(qkv))  # fmt: skip
+    check(width == heads * d and d % 2 == 0, "qkv",
+          Lazy(lambda: f"[T, (h_q + 2 h_kv) * d] with d even (h_q={h_q}, h_kv={h_kv})"),
+          Described(qkv))  # fmt: skip
     for name, t in (("cos", cos), ("sin", sin)):
         check(
             isinstance(t, torch.Tensor) and t.shape == (T, d // 2) and t.dtype == qkv.dtype
             and t.device == qkv.device,
-            name, f"a [{T}, {d // 2}] {qkv.dtype} tensor on {qkv.device}", describe(t),
+            name, Lazy(lambda: f"a [{T}, {d // 2}] {qkv.dtype} tensor on {qkv.device}"),
+            Described(t),
         )  # fmt: skip
     check(
-        (q_norm is None) == (k_norm is None), "q_norm/k_norm", "both or neither", describe(q_norm)
+        (q_norm is None) == (k_norm is None), "q_norm/k_norm", "both or neither", Described(q_norm)
     )
     if q_norm is not None:
         _vector("q_norm", q_norm, d, (qkv.dtype,), qkv.device)
@@ -113,7 +116,7 @@ def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
 def silu_mul(gate_up, *, backend: str | None = None) -> torch.Tensor:
     """silu(gate) * up of a fused gate|up projection [T, 2 I]."""
     gate_up = _float_matrix("gate_up", gate_up)
-    check(gate_up.shape[1] % 2 == 0, "gate_up", "[T, 2 I] (an even width)", describe(gate_up))
+    check(gate_up.shape[1] % 2 == 0, "gate_up", "[T, 2 I] (an even width)", Described(gate_up))
     if _triton(backend, gate_up) and gate_up.stride(1) == 1:
         from .triton_fused import silu_mul_triton  # noqa: PLC0415
 
