@@ -11,8 +11,10 @@ against transformers' `generate` on the same weights.
   prefills them (chunked under `PREFILL_BUDGET` tokens a step; not timed), runs `WARMUP` decode
   steps, then `STEPS` timed `engine.step()` calls, each between two CUDA events (the step syncs
   on its sampled tokens, so this is the step loop's wall time: host scheduling, input building,
-  the graph replay, sampling and outputs). Once with CUDA graphs (the engine's default) and once
-  with `enforce_eager=True`, each on a fresh engine over the same model. Every timed step must
+  the graph replay, sampling and outputs). Three engines, each fresh over the same model: CUDA
+  graphs with async scheduling (the engine's defaults on CUDA: step n + 1 launched before step
+  n's tokens are read, so a call costs max(host, device)), `enforce_eager=True`, and graphs
+  with `async_scheduling=False` (host and device in series: `sync_ms`). Every timed step must
   be a pure decode of all b requests (and, with graphs, a replay): else the case records an
   error. Also timed: the captured graph's replay alone (the model's device time).
 - Roofline of a step: max(bytes / copy bandwidth, FLOPs / bf16 matmul), both ceilings measured
@@ -268,9 +270,10 @@ class Ctx:
         self.errors.append(line)
 
 
-def make_engine(ctx: Ctx, model, case: Case, graphs: bool) -> LLMEngine:
+def make_engine(ctx: Ctx, model, case: Case, graphs: bool, overlap: bool = True) -> LLMEngine:
     """An engine over `model` for the case: b slots, a pool just large enough (so a graph and
-    an eager engine fit one after the other), prefill under the case's token budget."""
+    an eager engine fit one after the other), prefill under the case's token budget; overlap:
+    `async_scheduling` (the engine's default on CUDA)."""
     max_tokens = max_new_tokens(case)
     max_len = case.prompt + max_tokens + 1
     cls = _EmulatedGraphsEngine if (ctx.dry and graphs) else LLMEngine
@@ -284,6 +287,7 @@ def make_engine(ctx: Ctx, model, case: Case, graphs: bool) -> LLMEngine:
         seed=ctx.seed,
         enforce_eager=not graphs,
         tensor_parallel_size=ctx.tp,
+        async_scheduling=overlap,
     )
 
 
@@ -302,12 +306,15 @@ def prompts(case: Case, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(0, vocab, (case.b, case.prompt), generator=g).tolist()
 
 
-def serve(ctx: Ctx, case: Case, model, toks: list[list[int]], graphs: bool) -> dict:
+def serve(
+    ctx: Ctx, case: Case, model, toks: list[list[int]], graphs: bool, overlap: bool = True
+) -> dict:
     """Prefill the batch, warm up, time `case.steps` decode steps of a fresh engine; returns
     the step times, the mean context sum of the timed steps, the engine (still alive) and
-    what was checked."""
+    what was checked. With `overlap` (async scheduling) a call launches step n + 1 and reads
+    step n's tokens: its time is the loop's time a step, max(host, device) when they overlap."""
     t0 = time.perf_counter()
-    eng = make_engine(ctx, model, case, graphs)
+    eng = make_engine(ctx, model, case, graphs, overlap)
     t_build = time.perf_counter() - t0
     params = SamplingParams(max_tokens=max_new_tokens(case), temperature=0.0, ignore_eos=True)
     ids = [eng.add_request({"prompt_token_ids": t}, params) for t in toks]
@@ -488,6 +495,10 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
     del eager["engine"]
     _free(ctx)
     ms_eager = sum(eager["ms"]) / len(eager["ms"])
+    sync = serve(ctx, case, model, toks, graphs=True, overlap=False)
+    del sync["engine"]
+    _free(ctx)
+    ms_sync = sum(sync["ms"]) / len(sync["ms"])
 
     cost = step_cost(model, case.b, res["ctx_sum"])
     roof, bound = ctx.roofline_ms(cost["bytes"], cost["flops"])
@@ -523,6 +534,8 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
         host_ms=round(ms - rep, 5),
         eager_ms=round(ms_eager, 5),
         x_eager=round(ms_eager / ms, 3),
+        sync_ms=round(ms_sync, 5),
+        x_sync=round(ms_sync / ms, 3),
         graph_replays=res["replays"],
         prefill_steps=res["prefill_steps"],
         prefill_s=res["prefill_s"],
@@ -631,18 +644,19 @@ def _one_line(records: list[Record], case: Case) -> str:
         return "(no pagedattn record)"
     e = o.extra
     s = (f"ours {o.ms:.3f} ms/step ({e['frac_roofline']:.2f} of roofline {e['roofline_ms']:.3f}"
-         f" ms, replay {e['replay_ms']:.3f} ms), eager {e['eager_ms']:.3f} ms")  # fmt: skip
+         f" ms, replay {e['replay_ms']:.3f} ms), sync {e['sync_ms']:.3f} ms, eager "
+         f"{e['eager_ms']:.3f} ms")  # fmt: skip
     if "x_transformers" in e:
         s += f", x{e['x_transformers']:.1f} transformers"
     return s
 
 
 def table(records: list[Record]) -> str:
-    """The short table: case, our ms a step (graphs), roofline ms, fraction, tokens/s,
-    eager ms, times transformers."""
+    """The short table: case, our ms a step (graphs, async scheduling), roofline ms, fraction,
+    tokens/s, the replay, synchronous and eager ms, times transformers."""
     lines = [
         f"{'case':<22} {'ours ms':>8} {'roof ms':>8} {'/roof':>6} {'goal':>5} {'tok/s':>9} "
-        f"{'replay':>8} {'eager ms':>9} {'x HF':>6}"
+        f"{'replay':>8} {'sync ms':>8} {'eager ms':>9} {'x HF':>6}"
     ]
     for r in records:
         if r.suite != SUITE or r.impl != "pagedattn":
@@ -652,7 +666,8 @@ def table(records: list[Record]) -> str:
         lines.append(
             f"{r.config:<22} {r.ms:>8.3f} {e['roofline_ms']:>8.3f} {e['frac_roofline']:>6.2f} "
             f"{e['goal_frac']:>5.2f} {e['tokens_per_s']:>9.0f} {e['replay_ms']:>8.3f} "
-            f"{e['eager_ms']:>9.3f} " + (f"{x:>6.1f}" if x is not None else f"{'-':>6}")
+            f"{e['sync_ms']:>8.3f} {e['eager_ms']:>9.3f} "
+            + (f"{x:>6.1f}" if x is not None else f"{'-':>6}")
         )
     return "\n".join(lines)
 
@@ -684,7 +699,8 @@ def plot(path: str, records: list[Record], env: dict, dry: bool) -> str:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     mine = [r for r in records if r.suite == SUITE and r.impl == "pagedattn"]
-    series = [("graphs (step loop)", lambda r: r.ms),
+    series = [("graphs, async scheduling (step loop)", lambda r: r.ms),
+              ("graphs, synchronous (step loop)", lambda r: r.extra["sync_ms"]),
               ("eager (step loop)", lambda r: r.extra["eager_ms"]),
               ("graph replay alone", lambda r: r.extra["replay_ms"])]  # fmt: skip
     fig, ax = plt.subplots(figsize=(11, 0.9 * max(len(mine), 1) + 1.6))

@@ -436,3 +436,68 @@ def test_alloc_decodes_is_all_or_nothing():
     with pytest.raises(InvalidArgumentError, match="'p'"):
         m.alloc_decodes(["r0", "p"])
     assert m.snapshot() == before
+
+
+def test_deferred_tokens_equal_step_with_the_values():
+    """`step_deferred` then `fill_deferred` (the overlapped engine: the next step allocated
+    before the value is known) leaves the manager as `step` with the values does, pages
+    entering the prefix cache included (lengths across page boundaries, several steps)."""
+    lengths = [3, 4, 5, 7, 8, 1]
+    a, b = mgr(pages=64, page_size=4), mgr(pages=64, page_size=4)
+    rids = _decoders(a, lengths)
+    assert _decoders(b, lengths) == rids
+    for step in range(7):
+        vals = [(step * 31 + 7 * i) % 1000 for i in range(len(rids))]
+        for m in (a, b):
+            m.alloc_decodes(rids)
+            m.runtime_inputs(rids)
+        a.step_deferred(rids, [True] * len(rids))
+        a.alloc_decodes(rids[:2])  # the next step's decode input is the deferred token
+        a.fill_deferred(rids, vals)
+        b.step(rids, [[v] for v in vals])
+        b.alloc_decodes(rids[:2])
+        assert a.snapshot() == b.snapshot(), step
+        for m in (a, b):  # the next step: r0, r1 allocated ahead; the others now
+            m.alloc_decodes(rids[2:])
+            m.runtime_inputs(rids)
+            m.step(rids, [[1]] * len(rids))
+    assert a.snapshot() == b.snapshot()
+    assert a.stats().cached_pages == b.stats().cached_pages > 0
+
+
+def test_deferred_token_errors_are_typed_and_change_nothing():
+    m = mgr(pages=16, page_size=2)
+    rids = _decoders(m, [1, 2])  # 2 and 3 tokens known, 1 and 2 cached
+    m.alloc_decodes(rids)
+    m.runtime_inputs(rids)
+    before = m.snapshot()
+    for bad in ([True], [1, 0], (True, "x"), "tt"):
+        with pytest.raises(InvalidArgumentError, match="sampling"):
+            m.step_deferred(rids, bad)
+        assert m.snapshot() == before
+    with pytest.raises(InvalidArgumentError, match="token"):
+        m.step(rids, [[-(2**63)], [5]])  # the placeholder is no token for `step`
+    assert m.snapshot() == before
+    with pytest.raises(InvalidArgumentError, match="no deferred token"):
+        m.fill_deferred(rids, [1, 2])
+    m.step_deferred(rids, [True, True])
+    before = m.snapshot()
+    for args, err in (
+        ((rids, [1]), InvalidArgumentError),
+        ((rids, [1, -1]), InvalidArgumentError),
+        ((["r0", "zz"], [1, 2]), UnknownRequestError),
+    ):
+        with pytest.raises(err):
+            m.fill_deferred(*args)
+        assert m.snapshot() == before
+    # r1 (3 cached + a deferred 4th token): committing the step whose input is that token
+    # fills page 1 (tokens 2 and 3), so it is refused until the value is given.
+    m.alloc_decodes(["r1"])
+    m.runtime_inputs(["r1"])
+    before = m.snapshot()
+    with pytest.raises(InvalidArgumentError, match="deferred"):
+        m.step(["r1"], [[9]])
+    assert m.snapshot() == before
+    m.fill_deferred(rids, [4, 5])
+    m.step(["r1"], [[9]])
+    assert m.cache_length("r1") == 4 and m.stats().cached_pages == 3

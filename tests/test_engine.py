@@ -83,7 +83,10 @@ def prompts_of(lengths, seed):
     return [torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in lengths]
 
 
-def test_generate_greedy_matches_hf_with_chunks_preemption_and_shared_prefixes(ckpt):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_generate_greedy_matches_hf_with_chunks_preemption_and_shared_prefixes(
+    ckpt, async_scheduling
+):
     path, hf = ckpt
     base = prompts_of([23], 1)[0]
     other = prompts_of([5, 3, 9], 2)
@@ -97,7 +100,8 @@ def test_generate_greedy_matches_hf_with_chunks_preemption_and_shared_prefixes(c
         base[:13] + other[0][:2],
     ]
     llm = LLM(path, device="cpu", dtype=torch.float32, page_size=4, num_pages=16,
-              max_num_batched_tokens=16, max_num_seqs=8)  # fmt: skip
+              max_num_batched_tokens=16, max_num_seqs=8,
+              async_scheduling=async_scheduling)  # fmt: skip
     assert llm.max_model_len == 64
     params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -118,10 +122,12 @@ def test_generate_greedy_matches_hf_with_chunks_preemption_and_shared_prefixes(c
     assert llm.manager.request_ids == [] and st.used_pages == 0
 
 
-def test_text_prompts_tokenizer_stream_and_metrics(ckpt):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_text_prompts_tokenizer_stream_and_metrics(ckpt, async_scheduling):
     path, hf = ckpt
     tok = transformers.AutoTokenizer.from_pretrained(path)
-    llm = LLM(path, device="cpu", dtype=torch.float32, page_size=2, num_pages=32)
+    llm = LLM(path, device="cpu", dtype=torch.float32, page_size=2, num_pages=32,
+              async_scheduling=async_scheduling)  # fmt: skip
     assert VOCAB - 1 in llm.scheduler.eos_token_ids  # the tokenizer's <eos>
     texts = ["w5 w7 w9 w11", "w5 w7 w200"]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -152,6 +158,36 @@ def test_text_prompts_tokenizer_stream_and_metrics(ckpt):
     st = llm.stats()
     assert st.generation_throughput > 0 and 0 <= st.prefix_hit_rate <= 1
     assert st.prefix_hit_tokens == 4  # the stream hit the pages ("w5 w7") generate cached
+
+
+def test_async_scheduling_samples_the_same_tokens(ckpt):
+    """Seeded sampling (temperature, top-k, top-p) with preemption, chunked prefill, EOS and
+    stop tokens: the overlapped engine returns exactly the synchronous one's tokens, finish
+    reasons and stop reasons (a sample depends only on the request's seed, its token index and
+    its logits), and ends with the same empty pool."""
+    path, _ = ckpt
+    prompts = prompts_of([23, 5, 17, 9, 2, 30], 3)
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.9, top_k=20, seed=11),
+        SamplingParams(max_tokens=9, temperature=1.3, top_p=0.8, seed=12),
+        SamplingParams(max_tokens=1, temperature=0.7, seed=13),
+        SamplingParams(max_tokens=12, temperature=1.0, stop_token_ids=[3, 4, 5, 6]),
+        SamplingParams(max_tokens=12, temperature=0.0),
+        SamplingParams(max_tokens=12, temperature=2.0, top_k=5, top_p=0.9, seed=14),
+    ]
+    got = []
+    for mode in (False, True):
+        llm = LLM(path, device="cpu", dtype=torch.float32, page_size=4, num_pages=11,
+                  max_num_batched_tokens=16, max_num_seqs=6, seed=5,
+                  async_scheduling=mode)  # fmt: skip
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        got.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason,
+                     o.outputs[0].stop_reason) for o in outs])  # fmt: skip
+        st = llm.stats()
+        assert st.preemptions > 0 and st.used_pages == 0 and llm.manager.request_ids == []
+        assert st.generated_tokens == sum(len(t) for t, _, _ in got[-1])
+    assert got[0] == got[1]
+    assert {r for _, r, _ in got[0]} == {"length", "stop"}
 
 
 @pytest.mark.gpu

@@ -141,10 +141,14 @@ def workload():
 KW = dict(page_size=4, num_pages=40, max_num_batched_tokens=16, max_num_seqs=8)
 
 
-def test_emulated_graphs_give_the_eager_tokens_and_logits(any_ckpt):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_emulated_graphs_give_the_eager_tokens_and_logits(any_ckpt, async_scheduling):
+    """Also overlapped (`async_scheduling`): the replays then take their deferred input tokens
+    from the previous step's samples on the device."""
     eager = LLM(any_ckpt, device="cpu", dtype=torch.float32, **KW)
     assert eager.runner.graphs is None  # the CPU runs eagerly
-    emu = EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW)
+    emu = EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32,
+                      async_scheduling=async_scheduling, **KW)  # fmt: skip
     g = emu.runner.graphs
     assert g is not None and g.buckets == (1, 2, 4, 8) and sorted(g.graphs) == [1, 2, 4, 8]
     assert emu.manager.total_num_pages == 41 and emu.stats().total_pages == 40

@@ -31,9 +31,24 @@ from pagedattn.testing import poison_
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0)
 
 
+# Every test runs in both step modes: synchronous, and overlapped (`async_scheduling`: step n + 1
+# launched before step n's tokens are read, its deferred inputs filled on the device; outputs
+# one call late). The fake reads each request's history from the cache, so a deferred token
+# filled from the wrong row, or a stop seen too late, changes the tokens.
+_MODE = {"async_scheduling": False}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["sync", "async"])
+def step_mode(request):
+    _MODE["async_scheduling"] = request.param
+    yield request.param
+    _MODE["async_scheduling"] = False
+
+
 def make_llm(model: HistoryModel | None = None, **kw) -> LLM:
     kw.setdefault("page_size", 2)
     kw.setdefault("num_pages", 64)
+    kw.setdefault("async_scheduling", _MODE["async_scheduling"])
     llm = LLM(model or HistoryModel(), **kw)
     poison_(llm.manager.buffers[0].kv_blocks)  # a read of an unwritten slot raises
     return llm

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import INT32_MAX, InvalidArgumentError, check, check_int
@@ -63,3 +64,16 @@ def allocate_buffers(
         else:
             scales = torch.empty(shape, dtype=params.scale_dtype, device=device)
     return DeviceBuffers(blocks, scales)
+
+
+def host_to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` without syncing the host: on CUDA it is staged in pinned
+    memory (PyTorch's caching host allocator keeps the block until the copy ran) and copied
+    with non_blocking, so the copy queues behind the work already on the stream while the host
+    goes on (an engine that schedules step n+1 while step n runs needs that); a pageable source
+    may make the copy wait for the stream. Elsewhere: the array as a tensor (shared memory)."""
+    a = np.ascontiguousarray(a)
+    if device.type != "cuda":
+        return torch.from_numpy(a)
+    staged = torch.from_numpy(a).pin_memory()
+    return staged.to(device, non_blocking=True)

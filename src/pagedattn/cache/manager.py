@@ -13,6 +13,13 @@ Lifecycle of a request:
 (or the one decode input), plus one per extra multi-step step or accepted draft token; the last
 sampled token is the input of the next step and is not cached yet.
 
+Deferred tokens (an engine that schedules step n+1 before step n's samples reach the host):
+`step_deferred(rids, sampling)` commits a step whose sampled tokens are not known yet; each
+one holds its place (`DEFERRED`, never a valid token id; the next `alloc` treats it as the
+known, uncached decode input) until `fill_deferred(rids, tokens)` gives its value. A page is
+hashed only once all its tokens are known: a commit that would fill a page holding a deferred
+token raises InvalidArgumentError.
+
 Prefix pages computed twice: requests with the same prefix claimed before any of them committed
 it (e.g. admitted in the same step) each compute it in pages of their own. When `step` commits a
 full page whose hash is already cached under another page, the request switches to that cached
@@ -45,7 +52,7 @@ from ..errors import (
     check_int,
 )
 from .block_pool import BlockPool, _page_hash
-from .buffers import DeviceBuffers, allocate_buffers
+from .buffers import DeviceBuffers, allocate_buffers, host_to_device
 from .dispatch import fast_hbm, mha_num_partitions, mla_num_partitions, mla_tile, num_sms
 from .inputs import KVCacheInputsPerDevice
 from .params import KVCacheParams
@@ -86,6 +93,9 @@ class CacheStats:
 
 
 _TOKEN_RANGE = "ints in [0, 2**63)"
+#: The place of a sampled token whose value is not known yet (`step_deferred`,
+#: `fill_deferred`); `step` and `claim` refuse it as they refuse every negative id.
+DEFERRED = -(2**63)
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -624,7 +634,7 @@ class PagedKVCacheManager:
     @staticmethod
     def _to_device(host: dict, buf: DeviceBuffers, dev: torch.device) -> KVCacheInputsPerDevice:
         def dv(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)
+            return host_to_device(a, dev)
 
         def hs(a: np.ndarray | None) -> torch.Tensor | None:
             return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
@@ -663,6 +673,26 @@ class PagedKVCacheManager:
         anything is committed, so a bad value for any request (UnknownRequestError or
         InvalidArgumentError naming it, e.g. "new_tokens['h']") leaves all requests as they were.
         """
+        self._commit(request_ids, new_tokens, deferred=False)
+
+    def step_deferred(self, request_ids: Sequence[Hashable], sampling: Sequence[bool]) -> None:
+        """`step` with each sampled token deferred: sampling[i] says whether request i sampled
+        one (a list/tuple of bools, one per request); its value comes later, through
+        `fill_deferred` (module docstring). The same checks and atomicity as `step`."""
+        ids = _as_ids("request_ids", request_ids)
+        check(
+            isinstance(sampling, (list, tuple))
+            and len(sampling) == len(ids)
+            and all(type(x) is bool for x in sampling),
+            "sampling",
+            f"a list of {len(ids)} bools",
+            repr(sampling)[:80],
+        )
+        self._commit(request_ids, [[DEFERRED] if x else [] for x in sampling], deferred=True)
+
+    def _commit(
+        self, request_ids: Sequence[Hashable], new_tokens: object, *, deferred: bool
+    ) -> None:
         reqs = self._get_all(request_ids)
         for r in reqs:
             if not r.pending:
@@ -687,8 +717,16 @@ class PagedKVCacheManager:
         for r, nt in zip(reqs, new_tokens):
             if not (
                 type(nt) is list
-                and (not nt or (len(nt) == 1 and type(nt[0]) is int and 0 <= nt[0] <= INT64_MAX))
-            ):  # (the decode loop's one sampled token, or none, skips the general check)
+                and (
+                    not nt
+                    or (
+                        len(nt) == 1
+                        and type(nt[0]) is int
+                        and (0 <= nt[0] <= INT64_MAX or (deferred and nt[0] == DEFERRED))
+                    )
+                )
+            ):  # (the decode loop's one sampled token, deferred or not, or none, skips the
+                # general check)
                 nt = _as_tokens(f"new_tokens[{r.rid!r}]", nt)
             cl = int(cache_len[r.slot])
             if nt and len(r.tokens) > cl + r.pending:
@@ -710,7 +748,13 @@ class PagedKVCacheManager:
                 toks = r.tokens[start:] + nt
                 parent = r.hashes[-1] if r.hashes else None
                 for k in range(new_len // ps - len(r.hashes)):
-                    parent = _page_hash(parent, toks[k * ps : (k + 1) * ps], r.salt)
+                    page = toks[k * ps : (k + 1) * ps]
+                    if DEFERRED in page:
+                        raise InvalidArgumentError(
+                            f"request_ids: {r.rid!r} fills page {len(r.hashes) + k} with a "
+                            "deferred token; call fill_deferred first"
+                        )
+                    parent = _page_hash(parent, page, r.salt)
                     hashes.append(parent)
             plan.append((r, nt, new_len, hashes))
         # -- validated; mutate (nothing below can raise) --
@@ -734,6 +778,20 @@ class PagedKVCacheManager:
                         pool.release([page])
                         self._table[r.slot, k] = cached
                         self._deduplicated_pages += 1
+
+    def fill_deferred(self, request_ids: Sequence[Hashable], tokens: Sequence[int]) -> None:
+        """Give the value of each request's deferred token (the last one it committed with
+        `step_deferred`). request_ids: a list/tuple of claimed ids, each ending in a
+        deferred token; tokens: one int in [0, 2**63) each. Raises UnknownRequestError or
+        InvalidArgumentError naming the request, with no change."""
+        reqs = self._get_all(request_ids)
+        tokens = _as_tokens("tokens", tokens)
+        check(len(tokens) == len(reqs), "tokens", f"{len(reqs)} token ids", len(tokens))
+        for r in reqs:
+            if not r.tokens or r.tokens[-1] != DEFERRED:
+                raise InvalidArgumentError(f"request_ids: {r.rid!r} has no deferred token")
+        for r, t in zip(reqs, tokens):
+            r.tokens[-1] = t
 
     def release(self, request_id: Hashable) -> None:
         """Drop a request: its pages lose an owner (tail first) and its slot is freed.
@@ -765,4 +823,4 @@ class PagedKVCacheManager:
         return self.evict()
 
 
-__all__ = ["PagedKVCacheManager", "CacheStats", "OutOfPagesError"]
+__all__ = ["DEFERRED", "PagedKVCacheManager", "CacheStats", "OutOfPagesError"]

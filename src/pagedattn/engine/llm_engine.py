@@ -46,12 +46,13 @@ from ..errors import (
 from ..models import ModelConfig, kv_cache_params, load_model, parallel
 from .cuda_graphs import GraphRunner, graph_mode
 from .errors import NoTokenizerError, NotSupportedYetError, PromptTooLongError
+from .inflight import InFlightStep
 from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import SamplingTensors, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .step_inputs import build_step_inputs
 from .tokenizer import Tokenizer, load_tokenizer
@@ -96,6 +97,14 @@ class LLMEngine:
     tokenizer: a folder or tokenizer object (default: the checkpoint folder's, if any).
     enable_prefix_caching / kv_quantization: the cache's (`KVCacheParams`).
     seed: seeds the per-request seeds of requests without one.
+    async_scheduling: overlap the host's work for a step (scheduling, inputs, launch) with the
+      device's work for the previous one (default: on CUDA). Step n + 1 is scheduled and
+      launched before step n's tokens reach the host: it reads them on the device, and its
+      requests' length limits are known ahead; a stop token is seen one step late, so a request
+      that stops has one more step's work computed and dropped. `step()` then returns the
+      outputs of the step launched by the previous call (the first call returns none), and
+      `has_unfinished_requests()` stays True until the last step is read. The tokens are the
+      same as without it (sampling is keyed per request and token index).
     enforce_eager: never use CUDA graphs. Otherwise, on CUDA with a capturable model
       (`supports_cuda_graphs`: the Llama family; not gpt-oss), decode steps replay graphs
       captured here (with tensor parallelism, each rank's, its all-reduces inside) for batch
@@ -124,6 +133,7 @@ class LLMEngine:
         kv_quantization: KVQuantConfig | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
+        async_scheduling: bool | None = None,
     ) -> None:
         tp = check_int("tensor_parallel_size", tensor_parallel_size, 1)
         if tp > 1 and not isinstance(model, (str, os.PathLike)) and not hasattr(model, "tp_size"):
@@ -241,6 +251,13 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seqs: dict[int, Sequence] = {}
         self._stats = EngineStats()
+        self.async_scheduling = (
+            dev.type == "cuda"
+            if async_scheduling is None
+            else check_bool("async_scheduling", async_scheduling)
+        )
+        self._inflight: InFlightStep | None = None
+        self._carried: list[Sequence] = []  # resolved by a step that then failed
 
     # Construction helpers ----------------------------------------------------------------
     @staticmethod
@@ -388,6 +405,8 @@ class LLMEngine:
         self.scheduler.abort(seq)
 
     def has_unfinished_requests(self) -> bool:
+        # (a request whose sample is in flight is still running: its step is read before
+        # it can finish)
         return self.scheduler.has_unfinished()
 
     @property
@@ -396,47 +415,91 @@ class LLMEngine:
 
     # Steps -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one step; the outputs of the requests that got a token (with text deltas)."""
+        """Run one step; the outputs of the requests that got a token (with text deltas). With
+        `async_scheduling`, those of the step launched by the previous call."""
         return [self._output(s, delta=True) for s in self._step()]
 
     def _step(self) -> list[Sequence]:
-        """One step; the sequences that got a token (finished ones are dropped from _seqs)."""
+        """One step; the sequences that got a token (finished ones are dropped from _seqs).
+
+        Synchronous: launch step n (schedule, inputs, model, sample), commit it, read its
+        tokens, resolve. Overlapped (`async_scheduling`): launch step n + 1 while step n runs
+        on the device (its sampled tokens feed n + 1's inputs on the device), then read and
+        resolve step n's tokens, then commit n + 1, whose tokens the next call resolves. A
+        failed launch propagates after step n is resolved (its outputs come with the next
+        call) and nothing of n + 1 was committed."""
         t0 = time.perf_counter()
-        sched = self.scheduler
+        prev, self._inflight = self._inflight, None
+        out, self._carried = self._carried, []
         try:
-            batch = sched.schedule()
-            self._note_pages()
-            if not batch.seqs:
-                return []
-            inputs = build_step_inputs(
-                self.manager,
-                [(s.request_id, s.tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
-                self.device,
-            )
-            logits = self.runner.execute(inputs)
-            rows = [batch.seqs[i] for i in inputs.sample_index]
-            st = SamplingTensors.build(
-                [s.params for s in rows],
-                [s.seed for s in rows],
-                [len(s.output_token_ids) for s in rows],
-                logits.shape[-1],
-                self.device,
-            )
-            # Every rank has the same logits after the all-reduces; rank 0's tokens are taken
-            # anyway, so no rounding difference can make the ranks' schedulers diverge.
-            sampled = parallel.broadcast(sample(logits, st), self.tp_size).tolist()
-            prompt_tokens = sum(
-                n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
-            )
-            updated = sched.update(batch, sampled)
+            launched = self._launch(prev)
         except BaseException:
             self._stats.failed_steps += 1
+            if prev is not None:
+                self._carried = out + self._resolve(prev)
             raise
+        if prev is not None:
+            out += self._resolve(prev)
+        if launched is not None:
+            flight = self._commit(*launched)
+            if self.async_scheduling:
+                self._inflight = flight
+            elif flight is not None:
+                out += self._resolve(flight)
+        self._stats.num_steps += launched is not None
+        self._stats.step_time_s += time.perf_counter() - t0
+        return out
+
+    def _launch(self, prev: InFlightStep | None):
+        """Schedule and run one step up to its sampled tokens (on the device); None when
+        nothing is scheduled. Deferred input tokens are filled from `prev`'s samples."""
+        batch = self.scheduler.schedule()
+        self._note_pages()
+        if not batch.seqs:
+            return None
+        inputs = build_step_inputs(
+            self.manager,
+            [(s.request_id, s.tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
+            self.device,
+        )
+        if prev is not None:
+            prev.feed(inputs, batch.seqs, self.device)
+        logits = self.runner.execute(inputs)
+        rows = [batch.seqs[i] for i in inputs.sample_index]
+        st = SamplingTensors.build(
+            [s.params for s in rows],
+            [s.seed for s in rows],
+            [len(s.output_token_ids) for s in rows],
+            logits.shape[-1],
+            self.device,
+        )
+        # Every rank has the same logits after the all-reduces; rank 0's tokens are taken
+        # anyway, so no rounding difference can make the ranks' schedulers diverge.
+        sampled = parallel.broadcast(sample(logits, st), self.tp_size)
+        self._stats.prompt_tokens += sum(
+            n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
+        )
+        return batch, sampled
+
+    def _commit(self, batch: ScheduledBatch, sampled: torch.Tensor) -> InFlightStep | None:
+        """Commit a launched step (its samples deferred); requests that finished since it was
+        scheduled (a stop token resolved meanwhile) are left out, their work dropped."""
+        if any(s.finished for s in batch.seqs):
+            keep = [i for i, s in enumerate(batch.seqs) if not s.finished]
+            rows = [i for i in range(len(batch)) if batch.samples(i)]
+            src = {i: k for k, i in enumerate(rows)}
+            batch = ScheduledBatch(
+                [batch.seqs[i] for i in keep], [batch.num_new_tokens[i] for i in keep]
+            )
+            sampled = sampled[[src[i] for i in keep if i in src]]
+        seqs = self.scheduler.commit(batch)
+        return InFlightStep(seqs, sampled) if seqs else None
+
+    def _resolve(self, flight: InFlightStep) -> list[Sequence]:
+        """Read a committed step's tokens (waits for its device work) and resolve them."""
+        updated = self.scheduler.resolve(flight.seqs, flight.tokens())
         s = self._stats
-        s.num_steps += 1
-        s.step_time_s += time.perf_counter() - t0
-        s.prompt_tokens += prompt_tokens
-        s.generated_tokens += len(sampled)
+        s.generated_tokens += len(updated)
         for seq in updated:
             if seq.finished:
                 s.finished_requests += 1
@@ -449,7 +512,7 @@ class LLMEngine:
 
     # Outputs -----------------------------------------------------------------------------
     def _output(self, seq: Sequence, *, delta: bool) -> RequestOutput:
-        toks = list(seq.output_token_ids)
+        toks = seq.known_output_token_ids
         text = new_text = None
         if self.tokenizer is not None:
             text = self.tokenizer.decode(toks)

@@ -18,8 +18,16 @@ Requests with a shared prefix admitted before either committed it (the same step
 compute it; when the step commits, the manager switches the later one to the cached pages and
 frees its copies (cache/manager.py, `step`), so they share the prefix from then on.
 
-`update(batch, sampled)` commits the step (`manager.step`), appends the sampled tokens, finishes
-requests (a stop token, max_tokens, or max_model_len) and releases their pages.
+After the model ran, in two halves (the engine's overlapped mode runs the next step between
+them, llm_engine.py):
+- `commit(batch)` commits the step (`manager.step`) with each sample deferred (its value not
+  known yet, `DEFERRED`): the request's next decode can be scheduled. A request that reaches
+  its length limit (max_tokens or max_model_len) with it is not scheduled again.
+- `resolve(seqs, tokens)` gives the samples their values (`manager.fill_deferred`), finishes
+  requests (a stop token, max_tokens, or max_model_len) and releases their pages. A request
+  that finished here while its next step was already scheduled has that step's work dropped
+  (the engine does not commit it).
+`update(batch, sampled)` is both at once.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-from ..cache.manager import PagedKVCacheManager
+from ..cache.manager import DEFERRED, PagedKVCacheManager
 from ..errors import OutOfPagesError, check_int
 from .sequence import Sequence, SequenceStatus
 
@@ -116,7 +124,8 @@ class Scheduler:
         mgr = self.manager
         decodes, prefills = [], []
         for s in self.running:
-            (decodes if s.is_decode else prefills).append(s)
+            if not s.length_done:  # (done: waits for its deferred token, then finishes)
+                (decodes if s.is_decode else prefills).append(s)
         rest = decodes + prefills
         fast = decodes[:budget]
         if fast:  # the decodes' pages in one call; the loop below when the pool runs short
@@ -163,6 +172,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             tokens = seq.tokens
+            if seq.has_deferred:  # preempted with its sample in flight: admitted once known
+                return
             hit = mgr.claim(seq.request_id, tokens)
             n = min(len(tokens) - hit, budget)
             try:
@@ -185,19 +196,38 @@ class Scheduler:
 
     # After the model ran -----------------------------------------------------------------
     def update(self, batch: ScheduledBatch, sampled: list[int]) -> list[Sequence]:
-        """Commit the step: `sampled` holds one token for each request that samples (in batch
-        order). Returns the requests that got a token (finished ones included)."""
-        it = iter(sampled)
-        new_tokens = [[next(it)] if batch.samples(i) else [] for i in range(len(batch))]
-        self.manager.step([s.request_id for s in batch.seqs], new_tokens)
+        """Commit the step and resolve its samples: `sampled` holds one token for each request
+        that samples (in batch order). Returns the requests that got a token (finished ones
+        included)."""
+        return self.resolve(self.commit(batch), sampled)
+
+    def commit(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Commit the step's K/V with each request's sample deferred; returns the requests
+        that sample, in batch order (the order of the step's sampled tokens)."""
+        sampling = [batch.samples(i) for i in range(len(batch))]
+        self.manager.step_deferred([s.request_id for s in batch.seqs], sampling)
+        out = []
+        for seq, n, x in zip(batch.seqs, batch.num_new_tokens, sampling):
+            seq.num_computed += n
+            if x:
+                seq.append_token(DEFERRED)
+                seq.length_done = self._length_done(seq)
+                out.append(seq)
+        return out
+
+    def resolve(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
+        """The values of the deferred samples of `seqs` (from `commit`; one token each).
+        Requests finished meanwhile (aborted) are skipped; a preempted one (waiting) gets its
+        value and may finish there. Returns the requests that got a token."""
+        live = [(s, t) for s, t in zip(seqs, tokens) if s.status is not SequenceStatus.FINISHED]
+        held = [(s.request_id, t) for s, t in live if s.status is SequenceStatus.RUNNING]
+        if held:
+            self.manager.fill_deferred([r for r, _ in held], [t for _, t in held])
         now = time.perf_counter()
         out = []
-        for seq, n, nt in zip(batch.seqs, batch.num_new_tokens, new_tokens):
-            seq.num_computed += n
-            if not nt:
-                continue
-            tok = nt[0]
-            seq.append_token(tok)
+        for seq, tok in live:
+            seq.fill_deferred(tok)
+            seq.length_done = False
             m = seq.metrics
             m.num_generated_tokens += 1
             if m.first_token_time is None:
@@ -205,18 +235,27 @@ class Scheduler:
             m.last_token_time = now
             self._check_stop(seq, tok)
             if seq.finish_reason is not None:
+                if seq.status is SequenceStatus.RUNNING:
+                    self.manager.release(seq.request_id)
+                    self.running.remove(seq)
+                else:
+                    self.waiting.remove(seq)
                 seq.status = SequenceStatus.FINISHED
                 m.finish_time = now
-                self.manager.release(seq.request_id)
-                self.running.remove(seq)
             out.append(seq)
         return out
+
+    def _length_done(self, seq: Sequence) -> bool:
+        return (
+            len(seq.output_token_ids) >= seq.params.max_tokens
+            or seq.num_tokens >= self.max_model_len
+        )
 
     def _check_stop(self, seq: Sequence, tok: int) -> None:
         p = seq.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             seq.finish_reason, seq.stop_reason = "stop", tok
-        elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        elif self._length_done(seq):
             seq.finish_reason = "length"
 
 

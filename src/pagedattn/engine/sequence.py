@@ -5,6 +5,10 @@ in the manager: prefilling or decoding) or FINISHED. Its tokens are the prompt t
 generated tokens; `num_computed` mirrors the manager's cache length while it runs. After a
 preemption the manager forgets it; it is admitted again with all its tokens as the "prompt"
 (recompute; the prefix cache usually serves most of it), and generated tokens are never redrawn.
+
+A step's sample is committed before its value is known (`DEFERRED` holds its place, the
+manager's deferred token): the last token, at most one, between the step's commit and its
+resolution (`fill_deferred`). Outputs show `known_output_token_ids` (without it).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import enum
 import time
 
+from ..cache.manager import DEFERRED
 from .outputs import RequestMetrics
 from .sampling_params import SamplingParams
 
@@ -46,6 +51,9 @@ class Sequence:
             arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_token_ids)
         )
         self.text_sent = ""  # detokenized text returned so far (streaming deltas)
+        # The length limit is reached with a deferred last token: not scheduled again; it
+        # finishes when the token is resolved (scheduler.py).
+        self.length_done = False
 
     @property
     def tokens(self) -> list[int]:
@@ -58,9 +66,25 @@ class Sequence:
         return len(self._tokens)
 
     def append_token(self, tok: int) -> None:
-        """A generated token (the scheduler's commit of a sample)."""
+        """A generated token (the scheduler's commit of a sample; `DEFERRED` before its value
+        is known)."""
         self.output_token_ids.append(tok)
         self._tokens.append(tok)
+
+    def fill_deferred(self, tok: int) -> None:
+        """The value of the deferred last token."""
+        self.output_token_ids[-1] = tok
+        self._tokens[-1] = tok
+
+    @property
+    def has_deferred(self) -> bool:
+        return self._tokens[-1] == DEFERRED
+
+    @property
+    def known_output_token_ids(self) -> list[int]:
+        """The generated tokens whose values are known (a copy)."""
+        out = self.output_token_ids
+        return out[:-1] if out and out[-1] == DEFERRED else list(out)
 
     @property
     def num_pending(self) -> int:

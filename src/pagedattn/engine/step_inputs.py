@@ -22,9 +22,10 @@ reserved them. It returns a `StepInputs`:
 - plan: None (the attention work lists are derived in the kernels from the lengths: no plan
   buffer, docs/ops.md).
 
-The host arrays are packed into one int64 buffer and copied to the device once. A decode step
-that a CUDA graph replays then has these device arrays (and kv_inputs) copied into the graph's
-static buffers (`cuda_graphs.DecodeBuffers`).
+The host arrays are packed into one int64 buffer and copied to the device once (staged in
+pinned memory on CUDA, `cache.buffers.host_to_device`: the host does not wait for the
+stream). A decode step that a CUDA graph replays then has these device arrays (and kv_inputs)
+copied into the graph's static buffers (`cuda_graphs.DecodeBuffers`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..cache.buffers import host_to_device
 from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import InvalidArgumentError
@@ -140,7 +142,7 @@ def build_step_inputs(
     packed = np.concatenate(
         [host.input_ids, host.positions, host.slots, host.q_row_offsets, host.logits_rows]
     )
-    dev = torch.from_numpy(packed).to(device, non_blocking=True)
+    dev = host_to_device(packed, torch.device(device))
     input_ids, positions, slots, offsets, rows = dev.split([T, T, T, b + 1, n])
     return StepInputs(
         request_ids=rids,
