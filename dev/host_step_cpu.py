@@ -3,7 +3,7 @@ emulated decode-graph path (`LLMEngine._emulate_cuda_graphs`), the replay stubbe
 is timed is scheduling, the step's inputs, the static-buffer copies, sampling and outputs.
 With `--profile`, the top functions by own time.
 
-  python dev/host_step_cpu.py [--batch 64] [--steps 50] [--profile]
+  python dev/host_step_cpu.py [--batch 64] [--steps 50] [--profile] [--async-scheduling]
 
 (2026-11-29, the 2-core CPU of the dev machine: b64 1.40 -> 0.83 ms and b256 5.7 -> 3.2 ms
 with `PagedKVCacheManager.alloc_decodes`; single runs vary by ~+-30% under load.)
@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--async-scheduling", action="store_true", help="the CUDA default")
     a = ap.parse_args()
     torch.set_num_threads(1)
     cfg = dict(bm.hf_config_dict("llama3-8b", dry=True), num_hidden_layers=1, vocab_size=256,
@@ -44,7 +45,8 @@ def main() -> None:
     model = bm.build_model(cfg, "cpu", torch.float32, 0)
     b = a.batch
     eng = _Emulated(model, page_size=16, num_pages=b * 40 + 8, max_num_seqs=b,
-                    max_num_batched_tokens=16384, max_model_len=600)  # fmt: skip
+                    max_num_batched_tokens=16384, max_model_len=600,
+                    async_scheduling=a.async_scheduling)  # fmt: skip
     params = SamplingParams(max_tokens=a.steps * 2 + 40, temperature=0.0, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     for _ in range(b):
