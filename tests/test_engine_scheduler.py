@@ -287,6 +287,30 @@ def test_model_raising_mid_step_leaves_manager_sound_and_engine_usable():
     assert_reference(outs, prompts, [GREEDY] * 3)
 
 
+def test_abort_between_steps_leaves_the_others_exact():
+    """A request aborted between two steps (overlapped: while its next step is in flight, its
+    sample not yet read) finishes as "abort" and is never returned again; the others' tokens
+    are the reference's; the pool ends empty."""
+    llm = make_llm(num_pages=24, max_num_batched_tokens=6)
+    prompts = [prompt_of(n, 40 + n) for n in (4, 7, 2, 9)]
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    ids = [llm.add_request({"prompt_token_ids": p}, params) for p in prompts]
+    outs, steps = {}, 0
+    while llm.has_unfinished_requests():
+        for o in llm.step():
+            assert o.request_id != ids[1] or steps <= 3
+            if o.finished:
+                outs[o.request_id] = o
+        steps += 1
+        if steps == 3:
+            llm.abort_request(ids[1])
+        check_invariants(llm.manager)
+    assert ids[1] not in outs
+    keep = [0, 2, 3]
+    assert_reference([outs[ids[i]] for i in keep], [prompts[i] for i in keep], [params] * 3)
+    assert llm.manager.request_ids == [] and llm.manager.stats().used_pages == 0
+
+
 def test_stream_closed_early_aborts_its_requests():
     llm = make_llm()
     prompts = [prompt_of(5, 1), prompt_of(8, 2)]

@@ -69,7 +69,11 @@ def _worker(rank: int, world: int, path: str, out_dir: str, graphs: bool) -> Non
     init = "file://" + os.path.join(out_dir, "rendezvous")
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        llm = (_GraphsLLM if graphs else LLM)(path, tensor_parallel_size=world, **ENGINE_KW)
+        # the graph path as CUDA runs it: with async scheduling (the sampled tokens broadcast
+        # from rank 0 feed the next step on every rank)
+        llm = (_GraphsLLM if graphs else LLM)(
+            path, tensor_parallel_size=world, async_scheduling=graphs, **ENGINE_KW
+        )
         assert llm.kv_params.n_kv_heads == 1 and llm.kv_params.num_q_heads == 2
         qkv = llm.model.model.layers[0].self_attn.qkv_proj.weight
         assert tuple(qkv.shape) == (2 * 16 + 2 * 16, 64)
