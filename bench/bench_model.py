@@ -1,37 +1,60 @@
-"""Whole-model decode (issue 57): the engine (`pagedattn.engine.LLMEngine`) serving Llama-shaped
-models with random weights, each decode step against its memory roofline, and the 1B shape
-against transformers' `generate` on the same weights.
+"""Whole-model decode (issues 57 and 58): the engine (`pagedattn.engine.LLMEngine`) serving
+Llama- and DeepSeek-shaped models with random weights, each decode step against its memory
+roofline, and the 1B shape against transformers' `generate` on the same weights.
 
-- Models: `SHAPES` (Llama-3-8B, Llama-3.2-1B and DeepSeek-V2-Lite shapes, bf16). Built in
-  memory, no checkpoint (`random_model.py`): the model on the meta device, materialised on the
-  GPU, every checkpoint tensor drawn there from (seed, its name): linear weights N(0,
-  1/fan_in), embeddings N(0, 1), norm weights 1. The engine takes the loaded model
-  (`LLMEngine(model, ...)`).
-- A case (`CASES`): `b` requests of `prompt` random tokens (greedy, `ignore_eos`). The engine
-  prefills them (chunked under `PREFILL_BUDGET` tokens a step; not timed), runs `WARMUP` decode
-  steps, then `STEPS` timed `engine.step()` calls, each between two CUDA events (the step syncs
-  on its sampled tokens, so this is the step loop's wall time: host scheduling, input building,
-  the graph replay, sampling and outputs). Three engines, each fresh over the same model: CUDA
-  graphs with async scheduling (the engine's defaults on CUDA: step n + 1 launched before step
-  n's tokens are read, so a call costs max(host, device)), `enforce_eager=True`, and graphs
-  with `async_scheduling=False` (host and device in series: `sync_ms`). Every timed step must
-  be a pure decode of all b requests (and, with graphs, a replay): else the case records an
-  error. Also timed: the captured graph's replay alone (the model's device time).
+- Models: `SHAPES`: Llama-3-8B, Llama-3.2-1B and DeepSeek-V2-Lite (bf16), and a DeepSeek-V3
+  slice (the release's config at full width, 4 layers: 1 dense + 3 MoE, FP8 e4m3 weights in
+  128 x 128 blocks with float32 scales, as the release stores them). Built in memory, no
+  checkpoint (`random_model.py`): the model on the meta device, materialised on the GPU,
+  every checkpoint tensor drawn there from (seed, its name): linear weights N(0, 1/fan_in)
+  (FP8 shapes: that draw quantized per block, amax / 448), embeddings N(0, 1), norm weights
+  1, biases (the V3 router's correction bias too) N(0, 0.02^2). The engine takes the loaded
+  model (`LLMEngine(model, ...)`).
+- A case (`CASES`): `b` requests of `prompt` random tokens (greedy, `ignore_eos`) on a cache
+  in the model dtype or the case's FP8 format (`kv_quantization`; the V3 slice: the MLA
+  rope-aware layout). Cases: Llama-3-8B b64 and b256, Llama-3.2-1B b64 (with transformers),
+  DeepSeek-V2-Lite b64, the DeepSeek-V3 slice b64 (no goal given: the table shows '-'); all
+  with 512-token prompts. The engine prefills them (chunked under `PREFILL_BUDGET` tokens a
+  step; not timed), runs `WARMUP` decode steps, then `STEPS` timed `engine.step()` calls, each
+  between two CUDA events (the step syncs on its sampled tokens, so this is the step loop's
+  wall time: host scheduling, input building, the model, sampling and outputs). Every timed
+  step must be a pure decode of all b requests (and, with graphs, a replay): else the case
+  records an error.
+  * A model that captures CUDA graphs (`supports_cuda_graphs`): three engines, each fresh over
+    the same model: CUDA graphs with async scheduling (the engine's defaults on CUDA: step
+    n + 1 launched before step n's tokens are read, so a call costs max(host, device)),
+    `enforce_eager=True` (record "pagedattn-eager"), and graphs with `async_scheduling=False`
+    (host and device in series: `sync_ms`). Also timed: the captured graph's replay alone
+    (`replay_ms`, the model's device time).
+  * A model without graphs (FP8 DeepSeek: its experts read their token counts on the host, so
+    its steps run eagerly, through the fused FP8 MLA branch `mla_decode_branch_fp8` in every
+    layer): one engine, eager with async scheduling (the record says `graphs: false`; no
+    replay, synchronous or second eager numbers, no "pagedattn-eager" record), and, in place
+    of the replay, one eager model call alone on the inputs of a further decode step
+    (`model_call_ms`: host launches and device work of the model, without the engine's
+    scheduling and sampling).
 - Roofline of a step: max(bytes / copy bandwidth, FLOPs / bf16 matmul), both ceilings measured
-  in the same process (`common.copy_bandwidth`, `common.matmul_tflops`). Bytes: every weight a
-  decode step reads in full (all parameters except an untied input embedding, of which the b
-  gathered rows count) + the batch's KV read once, layers x 2 x kv_heads x head_dim x itemsize
-  x the mean over timed steps of the sum of context lengths (each request's keys, its new token
-  included). FLOPs: 2 x b x (linear weights incl. lm_head) + 4 x layers x h_q x head_dim x sum
-  of contexts.
+  in the same process (`common.copy_bandwidth`, `common.matmul_tflops`). Bytes (`step_cost`):
+  every weight a decode step reads in full (all parameters at their stored size: an FP8
+  weight 1 byte an e4m3 element plus 4 a float32 block scale; except an untied input
+  embedding, of which the b gathered rows count; every routed expert counted) + the batch's
+  KV read once: the cache's bytes a token (`KVCacheParams.bytes_per_page() / page_size`:
+  layers x 2 x kv_heads x head_dim x itemsize for MHA, layers x 576 x itemsize for a plain MLA
+  cache, layers x (512 + 2 x 64 + 4) for the FP8 rope-aware one) x the mean over timed steps of
+  the sum of context lengths (each request's keys, its new token included). FLOPs: 2 x b x
+  (linear weights incl. lm_head, the routed experts' times top-k / experts) + attention (4 x
+  layers x h_q x head_dim x contexts for MHA; absorbed MLA layers x h_q x (2 x 576 + 2 x 512)
+  x contexts).
 - transformers (`hf: True` cases): `transformers.LlamaForCausalLM` (sdpa, bf16) holding a copy
   of the same weights (`hf_model`, through the loader's `weight_sources` map), greedy `generate`
   of the same prompts: decode tokens/s = b x (n - 1) / (time(n tokens) - time(1 token)), n up
   to `HF_TOKENS`, fewer when a step is slow (`HF_BUDGET_S` for the n-token call).
 - Profile (`profile: True` cases): `torch.profiler` over `PROFILE_REPLAYS` replays of the
-  captured decode graph; device kernels grouped by name, the top `TOP_KERNELS` with their share
-  of the step's kernel time (a graph whose kernels the profiler does not see is profiled as
-  one eager model call on the same static inputs, and the record says so).
+  captured decode graph, or for a model without graphs as many eager model calls on one
+  decode step's inputs; device kernels grouped by name, the top `TOP_KERNELS` with their share
+  of the step's kernel time, and the replay's (model call's) time without a kernel (a graph
+  whose kernels the profiler does not see is profiled as one eager model call on the same
+  static inputs, and the record says so).
 
 Usage:
   python bench/bench_model.py [--only 1b] [--seed 0] [--out PATH.json]   # GPU
@@ -59,7 +82,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import Record, call_times, roofline_ms, save_and_report, suite_main
 from random_model import random_model
 
+from pagedattn import KVCacheParams, KVQuantConfig
 from pagedattn.engine import LLMEngine, SamplingParams
+from pagedattn.engine.cuda_graphs import supports_cuda_graphs
+from pagedattn.models import kv_cache_params
 from pagedattn.models.loader import weight_sources
 
 SUITE = "model"
@@ -101,6 +127,27 @@ SHAPES: dict[str, dict] = {
         rope_scaling=dict(type="yarn", factor=40.0, original_max_position_embeddings=4096,
                           beta_fast=32.0, beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707),
     ),
+    # DeepSeek-V3 (issue 58): the release's config.json (FP8 e4m3 weights in 128 x 128 blocks,
+    # MLA 512 + 64 with q_lora 1536, 256 routed experts top-8 in 8 groups (top-4 groups,
+    # noaux_tc) + 1 shared, YaRN x40) at full width, but 4 layers of its 61. The release has
+    # first_k_dense_replace 3 (3 dense layers, 58 MoE: 95% of its layers, 99% of its
+    # weights); a 4-layer slice keeping 3 would be 3 dense + 1 MoE, mostly dense weights, so
+    # the slice keeps 1: one dense layer and three MoE layers, each as wide as the release's.
+    "deepseek-v3-slice": dict(
+        architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+        num_hidden_layers=4, num_attention_heads=128, num_key_value_heads=128, kv_lora_rank=512,
+        q_lora_rank=1536, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=1,
+        topk_method="noaux_tc", n_group=8, topk_group=4, norm_topk_prob=True,
+        routed_scaling_factor=2.5, scoring_func="sigmoid", rms_norm_eps=1e-6,
+        max_position_embeddings=163840, rope_theta=10000, tie_word_embeddings=False,
+        attention_bias=False, hidden_act="silu",
+        rope_scaling=dict(type="yarn", factor=40, original_max_position_embeddings=4096,
+                          beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+        quantization_config=dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
+                                 weight_block_size=[128, 128]),
+    ),
 }  # fmt: skip
 # CPU dry run: the same families at toy sizes (GQA 4:1 kept, tying kept; MLA and MoE kept).
 DRY_SHAPE = dict(
@@ -113,25 +160,40 @@ DRY_MLA = dict(
     qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4,
     num_experts_per_tok=2, n_shared_experts=1, max_position_embeddings=256,
 )  # fmt: skip
+# ... and per shape over DRY_MLA: the V3 slice keeps its 4 layers (1 dense, 3 MoE), its
+# 128 x 128 FP8 weight blocks and its FP8 rope-aware cache, which needs DeepSeek's latent
+# geometry (kv_lora_rank 512 + rope 64: mla_decode's FP8 d_qk 576); the experts' intermediate
+# size is one weight block (the FP8 experts need a multiple of it); 16 experts keep 8 groups of
+# 2 (noaux_tc scores a group by its top-2), top-4 of them from 4 groups.
+DRY_OVERRIDES: dict[str, dict] = {
+    "deepseek-v3-slice": dict(
+        num_hidden_layers=4, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64,
+        moe_intermediate_size=128, n_routed_experts=16, num_experts_per_tok=4, n_group=8,
+        topk_group=4,
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Case:
     """One served batch: `b` requests of `prompt` tokens on shape `shape`. goal: the fraction
-    of the roofline issue 57 asks of the graph step; hf: also time transformers; profile:
-    also profile one replayed step."""
+    of the roofline the issue asks of the step (None: no number given); hf: also time
+    transformers; profile: also profile one step (a replay, or an eager model call for a
+    model without graphs); kv_quantization: the engine's FP8 KV cache (None: the model
+    dtype)."""
 
     name: str
     shape: str
     b: int
     prompt: int
-    goal: float
+    goal: float | None
     hf: bool = False
     profile: bool = False
     steps: int = STEPS
     warmup: int = WARMUP
     hf_tokens: int = HF_TOKENS
     prefill_budget: int = PREFILL_BUDGET
+    kv_quantization: KVQuantConfig | None = None
 
 
 CASES = [
@@ -139,7 +201,11 @@ CASES = [
     Case("llama3-8b b256 p512", "llama3-8b", 256, 512, 0.8),
     Case("llama3.2-1b b64 p512", "llama3.2-1b", 64, 512, 0.6, hf=True, profile=True),
     Case("deepseek-v2-lite b64 p512", "deepseek-v2-lite", 64, 512, 0.6, profile=True),
-]
+    # issue 58: FP8 block weights (the shape's quantization_config), FP8 rope-aware MLA cache;
+    # eager steps (FP8 DeepSeek captures no graphs); no goal given
+    Case("deepseek-v3-slice b64 p512", "deepseek-v3-slice", 64, 512, None, profile=True,
+         kv_quantization=KVQuantConfig.mla_rope_aware()),
+]  # fmt: skip
 
 
 def shrink(c: Case) -> Case:
@@ -150,11 +216,12 @@ def shrink(c: Case) -> Case:
 
 
 def hf_config_dict(shape: str, dry: bool = False) -> dict:
-    """The shape's config.json fields (`DRY_SHAPE` over them in a dry run); no BOS/EOS/pad."""
+    """The shape's config.json fields (`DRY_SHAPE`, or `DRY_MLA` and the shape's
+    `DRY_OVERRIDES`, over them in a dry run); no BOS/EOS/pad."""
     d = dict(SHAPES[shape], bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if not dry:
         return d
-    return d | (DRY_MLA if "kv_lora_rank" in d else DRY_SHAPE)
+    return d | (DRY_MLA if "kv_lora_rank" in d else DRY_SHAPE) | DRY_OVERRIDES.get(shape, {})
 
 
 # --- the model -----------------------------------------------------------------------------
@@ -195,34 +262,87 @@ def hf_model(model: torch.nn.Module, cfg_dict: dict):
     return hf.eval()
 
 
+def _is_scale(name: str) -> bool:
+    """An FP8 weight's block scales (`weight_scale_inv`, the experts' `*_scale_inv`)."""
+    return name.endswith("_scale_inv")
+
+
+def _is_routed_expert(name: str, p: torch.Tensor) -> bool:
+    """A stacked routed-expert tensor ([E, ...]: weights and their scales)."""
+    return ".experts." in name and p.ndim == 3
+
+
 def weight_bytes(model: torch.nn.Module, b: int) -> tuple[int, int, int]:
     """(bytes of every parameter, bytes a decode step of b requests reads, linear weights'
-    elements a token multiplies): an untied input embedding is read as its b gathered rows."""
+    elements a token multiplies).
+
+    Bytes are each parameter's elements times its element size, so an FP8 block-quantized
+    weight counts 1 byte an e4m3 element plus 4 bytes a float32 `weight_scale_inv` block
+    scale, and bf16 / float32 parameters 2 / 4 bytes an element (the router stays float32).
+    A step reads every parameter in full, except an untied input embedding, of which it reads
+    the b gathered rows; every routed expert counts, an upper bound on what routing touches
+    (DeepSeek-V3 at b 64: 512 picks of 256 experts, ~87% of them under uniform routing).
+    (The fused FP8 MLA branch reads w_uk / w_uv, kv_b_proj's elements requantized per head
+    in 128 x 128 blocks: the same e4m3 bytes and, for 128-multiple dims, as many scales.)
+    Linear elements: every 2-D weight (router and lm_head included; not scales, not an untied
+    embedding) plus the routed experts' elements times top-k / experts (a token runs k of
+    them)."""
     cfg = model.config
     emb = model.model.embed_tokens.weight
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     read = total
     if not cfg.tie_word_embeddings:
         read -= emb.numel() * emb.element_size() - b * cfg.hidden_size * emb.element_size()
-    linear = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2)
+    linear = 0.0
+    for n, p in model.named_parameters():
+        if _is_scale(n) or p.ndim < 2:
+            continue
+        if _is_routed_expert(n, p):
+            linear += p.numel() * cfg.num_experts_per_tok / cfg.num_experts
+        elif p.ndim == 2:
+            linear += p.numel()
     if not cfg.tie_word_embeddings:
         linear -= emb.numel()  # a gather, not a matmul (a tied table is the lm_head's matmul)
-    return total, read, linear
+    return total, read, int(round(linear))
 
 
-def step_cost(model: torch.nn.Module, b: int, mean_ctx_sum: float) -> dict:
-    """Bytes and FLOPs of one decode step of b requests whose contexts sum to mean_ctx_sum."""
+def kv_bytes_per_token(model: torch.nn.Module, kv_params: KVCacheParams | None = None) -> float:
+    """Bytes one token's cache rows take over all layers (what a decode step reads of each
+    context token), asked of the cache's `KVCacheParams` (the engine's, else the model's
+    plain cache in its dtype): `bytes_per_page() / page_size`, scales included. MHA: layers
+    x 2 x kv_heads x head_dim x itemsize; MLA: layers x (kv_lora_rank + rope) x itemsize, and
+    with the FP8 rope-aware layout layers x (512 e4m3 bytes + 64 x 2 bf16 rope bytes + a
+    float32 scale) = layers x 644."""
+    if kv_params is None:
+        kv_params = kv_cache_params(model.config, dtype=model.dtype, page_size=1)
+    return kv_params.bytes_per_page() / kv_params.page_size
+
+
+def step_cost(
+    model: torch.nn.Module, b: int, mean_ctx_sum: float, kv_params: KVCacheParams | None = None
+) -> dict:
+    """Bytes and FLOPs of one decode step of b requests whose contexts sum to mean_ctx_sum,
+    on the cache `kv_params` (None: a plain cache in the model's dtype).
+
+    weight_bytes: `weight_bytes`' read bytes (FP8: 1 byte an e4m3 element + 4 a scale);
+    kv_bytes: `kv_bytes_per_token` x mean_ctx_sum (each context row read once a step);
+    bytes: their sum; routed_expert_bytes: the routed experts' share of weight_bytes.
+    FLOPs: 2 x b x linear elements (`weight_bytes`) + attention: MHA 4 x layers x h_q x
+    head_dim x contexts; MLA (absorbed: scores over the 576-wide latent row, values over its
+    512) layers x h_q x (2 x (rank + rope) + 2 x rank) x contexts."""
     cfg = model.config
-    item = torch.empty((), dtype=model.dtype).element_size()
     total, read, linear = weight_bytes(model, b)
+    kv = kv_bytes_per_token(model, kv_params) * mean_ctx_sum
     if cfg.is_mla:  # one latent row (kv_lora_rank + rope) a token; absorbed scores and values
-        kv = cfg.num_layers * cfg.mla_head_dim * item * mean_ctx_sum
         per_key = 2 * cfg.mla_head_dim + 2 * cfg.kv_lora_rank
         flops = 2 * b * linear + cfg.num_layers * cfg.num_heads * per_key * mean_ctx_sum
     else:
-        kv = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item * mean_ctx_sum
         flops = 2 * b * linear + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * mean_ctx_sum
-    return dict(param_bytes=total, weight_bytes=read, kv_bytes=kv, bytes=read + kv, flops=flops)
+    experts = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if _is_routed_expert(n, p)
+    )
+    return dict(param_bytes=total, weight_bytes=read, kv_bytes=kv, bytes=read + kv, flops=flops,
+                routed_expert_bytes=experts)  # fmt: skip
 
 
 # --- running one case --------------------------------------------------------------------------
@@ -272,8 +392,8 @@ class Ctx:
 
 def make_engine(ctx: Ctx, model, case: Case, graphs: bool, overlap: bool = True) -> LLMEngine:
     """An engine over `model` for the case: b slots, a pool just large enough (so a graph and
-    an eager engine fit one after the other), prefill under the case's token budget; overlap:
-    `async_scheduling` (the engine's default on CUDA)."""
+    an eager engine fit one after the other), prefill under the case's token budget, the
+    case's KV cache format; overlap: `async_scheduling` (the engine's default on CUDA)."""
     max_tokens = max_new_tokens(case)
     max_len = case.prompt + max_tokens + 1
     cls = _EmulatedGraphsEngine if (ctx.dry and graphs) else LLMEngine
@@ -288,6 +408,7 @@ def make_engine(ctx: Ctx, model, case: Case, graphs: bool, overlap: bool = True)
         enforce_eager=not graphs,
         tensor_parallel_size=ctx.tp,
         async_scheduling=overlap,
+        kv_quantization=case.kv_quantization,
     )
 
 
@@ -412,21 +533,73 @@ def kernel_table(prof, replays: int, on_gpu: bool) -> tuple[float, list[dict]]:
     return total / replays, rows
 
 
-def profile_step(ctx: Ctx, eng: LLMEngine, case: Case) -> dict:
-    """Kernel times of `PROFILE_REPLAYS` replays of the decode graph (module docstring)."""
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+def last_decode_inputs(ctx: Ctx, eng: LLMEngine, case: Case):
+    """The inputs of the model call of one more `engine.step()` of an engine without graphs
+    (its eager `runner.eager`, observed for that call), checked to be a pure decode of the
+    case's b requests."""
+    runner, seen = eng.runner, []
+    call = runner.eager
+    runner.eager = lambda inputs: (seen.append(inputs), call(inputs))[1]
+    try:
+        eng.step()
+        ctx.sync()
+    finally:
+        del runner.eager  # the class's method again
+    if len(seen) != 1:
+        raise RuntimeError(f"{len(seen)} eager model calls in one engine step")
+    inputs = seen[0]
+    if inputs.num_decodes != case.b or inputs.num_tokens != case.b:
+        raise RuntimeError(
+            f"the step after the timed ones was not a pure decode of {case.b} requests "
+            f"({inputs.num_tokens} tokens, {inputs.num_decodes} decodes)"
+        )
+    return inputs
 
-    g = graph_of(eng, case.b)
-    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
-    with torch.inference_mode():  # an emulated replay runs the model (dry run)
-        g.replay()
+
+def model_call_ms(ctx: Ctx, eng: LLMEngine, inputs, n: int) -> float:
+    """Median ms of one eager model call on a decode step's inputs alone (the eager
+    counterpart of `replay_ms`: it rewrites that step's K/V with the same values; host launch
+    and device work in series, since nothing else overlaps it)."""
+    with torch.inference_mode():
+        eng.runner.eager(inputs)
+        ctx.sync()
+        times = sorted(ctx.times_ms(lambda: eng.runner.eager(inputs), n))
+    return times[len(times) // 2]
+
+
+def _profile_calls(ctx: Ctx, fn, acts) -> tuple[float, list[dict]]:
+    """`kernel_table` of `PROFILE_REPLAYS` calls of fn under the profiler, after one call
+    outside it (warm-up)."""
+    from torch.profiler import profile  # noqa: PLC0415
+
+    with torch.inference_mode():
+        fn()
         ctx.sync()
     with torch.inference_mode(), profile(activities=acts) as prof:
         for _ in range(PROFILE_REPLAYS):
-            g.replay()
+            fn()
         ctx.sync()
+    return kernel_table(prof, PROFILE_REPLAYS, not ctx.dry)
+
+
+def profile_step(ctx: Ctx, eng: LLMEngine, case: Case, inputs=None) -> dict:
+    """Kernel times of `PROFILE_REPLAYS` replays of the decode graph, or for an engine
+    without graphs of as many eager model calls on a decode step's inputs (`inputs`, else
+    `last_decode_inputs`) (module docstring)."""
+    from torch.profiler import ProfilerActivity  # noqa: PLC0415
+
+    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
+    if eng.runner.graphs is None:
+        if inputs is None:
+            inputs = last_decode_inputs(ctx, eng, case)
+        total, rows = _profile_calls(ctx, lambda: eng.runner.eager(inputs), acts)
+        source = "eager model call on a decode step's inputs (the model captures no graphs)"
+        if ctx.dry:
+            source += " (CPU leaf ops)"
+        return dict(source=source, replays=PROFILE_REPLAYS, kernel_us=round(total, 2), top=rows)
+    # (under inference_mode: an emulated replay runs the model, dry run)
+    total, rows = _profile_calls(ctx, graph_of(eng, case.b).replay, acts)
     source = "graph replay" if not ctx.dry else "emulated graph replay (CPU leaf ops)"
-    total, rows = kernel_table(prof, PROFILE_REPLAYS, not ctx.dry)
     if not ctx.dry and not rows:  # the profiler saw no kernels inside the graph
         bufs, b = eng.runner.graphs.buffers, case.b
         model = eng.model
@@ -435,14 +608,8 @@ def profile_step(ctx: Ctx, eng: LLMEngine, case: Case) -> dict:
             model(bufs.input_ids[:b], bufs.positions[:b], bufs.kv_rows(b),
                   bufs.q_row_offsets[: b + 1], bufs.logits_rows[:b])  # fmt: skip
 
-        eager()
-        ctx.sync()
-        with torch.inference_mode(), profile(activities=acts) as prof:
-            for _ in range(PROFILE_REPLAYS):
-                eager()
-            ctx.sync()
         source = "eager model call on the graph's inputs (no kernel events from the replay)"
-        total, rows = kernel_table(prof, PROFILE_REPLAYS, True)
+        total, rows = _profile_calls(ctx, eager, acts)
     return dict(source=source, replays=PROFILE_REPLAYS, kernel_us=round(total, 2), top=rows)
 
 
@@ -480,27 +647,55 @@ def hf_decode(ctx: Ctx, case: Case, model, cfg_dict: dict, toks: list[list[int]]
     )
 
 
+def weights_label(model: torch.nn.Module) -> str:
+    """How the model's linear weights are stored: its dtype, or FP8 e4m3 n x k blocks."""
+    block = model.config.fp8_block
+    if block is None:
+        return str(model.dtype).removeprefix("torch.")
+    return f"fp8 e4m3, {block[0]}x{block[1]} blocks, float32 scales"
+
+
+def kv_label(kv_params: KVCacheParams) -> str:
+    """The cache's storage: its format (FP8) or dtype."""
+    return kv_params.quant_format or str(kv_params.dtype).removeprefix("torch.")
+
+
 def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
-    """Both engines (graphs, eager), the replay alone, the profile and transformers for one
-    case; three records (pagedattn, pagedattn-eager, transformers when asked)."""
+    """One case: a model that captures CUDA graphs (`supports_cuda_graphs`) gets three
+    engines (graphs + async scheduling, eager, graphs synchronous), the replay alone and the
+    profile of replays; a model without graphs one engine (eager, async scheduling), its
+    model call alone and the profile of eager calls (module docstring); then transformers
+    when asked. Records: pagedattn, pagedattn-eager (graph models), transformers."""
     toks = prompts(case, model.config.vocab_size, ctx.seed * 1000 + zlib.crc32(case.name.encode()))
-    res = serve(ctx, case, model, toks, graphs=True)
+    graphs = supports_cuda_graphs(model)
+    res = serve(ctx, case, model, toks, graphs=graphs)
     eng = res.pop("engine")
+    kv_params = eng.kv_params
     ms = sum(res["ms"]) / len(res["ms"])
-    rep = replay_ms(ctx, eng, case.b, max(3, case.steps // 2))
-    prof = profile_step(ctx, eng, case) if case.profile else None
+    n_alone = max(3, case.steps // 2)
+    if graphs:
+        rep = replay_ms(ctx, eng, case.b, n_alone)
+        prof = profile_step(ctx, eng, case) if case.profile else None
+    else:
+        inputs = last_decode_inputs(ctx, eng, case)
+        rep = model_call_ms(ctx, eng, inputs, n_alone)
+        prof = profile_step(ctx, eng, case, inputs) if case.profile else None
+        del inputs
+    fused_branch = bool(getattr(model.model.layers[0].self_attn, "takes_branch", False))
     del eng
     _free(ctx)
-    eager = serve(ctx, case, model, toks, graphs=False)
-    del eager["engine"]
-    _free(ctx)
-    ms_eager = sum(eager["ms"]) / len(eager["ms"])
-    sync = serve(ctx, case, model, toks, graphs=True, overlap=False)
-    del sync["engine"]
-    _free(ctx)
-    ms_sync = sum(sync["ms"]) / len(sync["ms"])
+    ms_eager = ms_sync = None
+    if graphs:
+        eager = serve(ctx, case, model, toks, graphs=False)
+        del eager["engine"]
+        _free(ctx)
+        ms_eager = sum(eager["ms"]) / len(eager["ms"])
+        sync = serve(ctx, case, model, toks, graphs=True, overlap=False)
+        del sync["engine"]
+        _free(ctx)
+        ms_sync = sum(sync["ms"]) / len(sync["ms"])
 
-    cost = step_cost(model, case.b, res["ctx_sum"])
+    cost = step_cost(model, case.b, res["ctx_sum"], kv_params)
     roof, bound = ctx.roofline_ms(cost["bytes"], cost["flops"])
     med = sorted(res["ms"])[len(res["ms"]) // 2]
     base = dict(
@@ -512,6 +707,9 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
         warmup=case.warmup,
         seed=ctx.seed,
         dtype=str(ctx.dtype).removeprefix("torch."),
+        weights=weights_label(model),
+        kv_cache=kv_label(kv_params),
+        kv_bytes_per_token=kv_bytes_per_token(model, kv_params),
         page=PAGE_SIZE,
         mean_context=round(res["ctx_sum"] / case.b, 2),
         roofline_ms=round(roof, 6),
@@ -523,19 +721,29 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
         base["dry_run"] = True
     e = dict(
         base,
+        graphs=graphs,
+        timed=(
+            "graphs, async scheduling"
+            if graphs
+            else "eager, async scheduling (the model captures no CUDA graphs)"
+        ),
+        fused_fp8_branch=fused_branch,
         ms_median=round(med, 5),
         ms_min=round(min(res["ms"]), 5),
         ms_max=round(max(res["ms"]), 5),
         step_ms=[round(x, 4) for x in res["ms"]],
         frac_roofline=round(roof / ms, 4),
         tokens_per_s=round(case.b / ms * 1e3, 1),
-        replay_ms=round(rep, 5),
-        replay_frac_roofline=round(roof / rep, 4),
+        # the model's device time: the graph's replay alone, or (no graphs) one eager call
+        replay_ms=round(rep, 5) if graphs else None,
+        replay_frac_roofline=round(roof / rep, 4) if graphs else None,
+        model_call_ms=None if graphs else round(rep, 5),
+        model_call_frac_roofline=None if graphs else round(roof / rep, 4),
         host_ms=round(ms - rep, 5),
-        eager_ms=round(ms_eager, 5),
-        x_eager=round(ms_eager / ms, 3),
-        sync_ms=round(ms_sync, 5),
-        x_sync=round(ms_sync / ms, 3),
+        eager_ms=round(ms_eager if graphs else ms, 5),
+        x_eager=round(ms_eager / ms, 3) if graphs else None,
+        sync_ms=round(ms_sync, 5) if graphs else None,
+        x_sync=round(ms_sync / ms, 3) if graphs else None,
         graph_replays=res["replays"],
         prefill_steps=res["prefill_steps"],
         prefill_s=res["prefill_s"],
@@ -546,19 +754,20 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
         e["profile"] = prof
     mine = Record(SUITE, case.name, "pagedattn", ms, cost["bytes"], cost["flops"], e)
     ctx.records.append(mine)
-    e_eager = dict(
-        base,
-        ms_median=round(sorted(eager["ms"])[len(eager["ms"]) // 2], 5),
-        step_ms=[round(x, 4) for x in eager["ms"]],
-        frac_roofline=round(roof / ms_eager, 4),
-        tokens_per_s=round(case.b / ms_eager * 1e3, 1),
-        prefill_s=eager["prefill_s"],
-    )
-    ctx.records.append(
-        Record(
-            SUITE, case.name, "pagedattn-eager", ms_eager, cost["bytes"], cost["flops"], e_eager
-        )  # fmt: skip
-    )
+    if graphs:
+        e_eager = dict(
+            base,
+            ms_median=round(sorted(eager["ms"])[len(eager["ms"]) // 2], 5),
+            step_ms=[round(x, 4) for x in eager["ms"]],
+            frac_roofline=round(roof / ms_eager, 4),
+            tokens_per_s=round(case.b / ms_eager * 1e3, 1),
+            prefill_s=eager["prefill_s"],
+        )
+        ctx.records.append(
+            Record(
+                SUITE, case.name, "pagedattn-eager", ms_eager, cost["bytes"], cost["flops"], e_eager
+            )  # fmt: skip
+        )
     if case.hf:
         try:
             hf = hf_decode(ctx, case, model, cfg_dict, toks)
@@ -637,37 +846,53 @@ def run(records: list[Record], ceilings: dict, seed: int = 0, dry: bool = False,
     )
 
 
+def _f(x: float | None, spec: str, width: int) -> str:
+    """x formatted, or '-' (a value the case does not have), right-aligned in width."""
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"
+
+
+def _alone_ms(e: dict) -> float:
+    """The model's own time a step: the graph's replay, or one eager model call."""
+    return e["replay_ms"] if e.get("replay_ms") is not None else e["model_call_ms"]
+
+
 def _one_line(records: list[Record], case: Case) -> str:
     rs = {r.impl: r for r in records if r.config == case.name}
     o = rs.get("pagedattn")
     if o is None:
         return "(no pagedattn record)"
     e = o.extra
-    s = (f"ours {o.ms:.3f} ms/step ({e['frac_roofline']:.2f} of roofline {e['roofline_ms']:.3f}"
-         f" ms, replay {e['replay_ms']:.3f} ms), sync {e['sync_ms']:.3f} ms, eager "
-         f"{e['eager_ms']:.3f} ms")  # fmt: skip
+    if e.get("graphs", True):
+        s = (f"ours {o.ms:.3f} ms/step ({e['frac_roofline']:.2f} of roofline "
+             f"{e['roofline_ms']:.3f} ms, replay {e['replay_ms']:.3f} ms), sync "
+             f"{e['sync_ms']:.3f} ms, eager {e['eager_ms']:.3f} ms")  # fmt: skip
+    else:
+        s = (f"ours {o.ms:.3f} ms/step eager, no graphs ({e['frac_roofline']:.2f} of roofline "
+             f"{e['roofline_ms']:.3f} ms, model call {e['model_call_ms']:.3f} ms)")  # fmt: skip
     if "x_transformers" in e:
         s += f", x{e['x_transformers']:.1f} transformers"
     return s
 
 
 def table(records: list[Record]) -> str:
-    """The short table: case, our ms a step (graphs, async scheduling), roofline ms, fraction,
-    tokens/s, the replay, synchronous and eager ms, times transformers."""
+    """The short table: case, how its steps ran (graphs or eager), our ms a step (async
+    scheduling), roofline ms, fraction, goal, tokens/s, the model alone (the graph's replay,
+    or one eager model call), the synchronous and eager step loops, times transformers ('-'
+    where the case has no such number: no goal, no graphs, no transformers run)."""
     lines = [
-        f"{'case':<22} {'ours ms':>8} {'roof ms':>8} {'/roof':>6} {'goal':>5} {'tok/s':>9} "
-        f"{'replay':>8} {'sync ms':>8} {'eager ms':>9} {'x HF':>6}"
+        f"{'case':<27} {'mode':>6} {'ours ms':>8} {'roof ms':>8} {'/roof':>6} {'goal':>5} "
+        f"{'tok/s':>9} {'model ms':>8} {'sync ms':>8} {'eager ms':>9} {'x HF':>6}"
     ]
     for r in records:
         if r.suite != SUITE or r.impl != "pagedattn":
             continue
         e = r.extra
-        x = e.get("x_transformers")
+        mode = "graphs" if e.get("graphs", True) else "eager"
         lines.append(
-            f"{r.config:<22} {r.ms:>8.3f} {e['roofline_ms']:>8.3f} {e['frac_roofline']:>6.2f} "
-            f"{e['goal_frac']:>5.2f} {e['tokens_per_s']:>9.0f} {e['replay_ms']:>8.3f} "
-            f"{e['sync_ms']:>8.3f} {e['eager_ms']:>9.3f} "
-            + (f"{x:>6.1f}" if x is not None else f"{'-':>6}")
+            f"{r.config:<27} {mode:>6} {r.ms:>8.3f} {e['roofline_ms']:>8.3f} "
+            f"{e['frac_roofline']:>6.2f} {_f(e['goal_frac'], '.2f', 5)} "
+            f"{e['tokens_per_s']:>9.0f} {_alone_ms(e):>8.3f} {_f(e['sync_ms'], '.3f', 8)} "
+            f"{e['eager_ms']:>9.3f} {_f(e.get('x_transformers'), '.1f', 6)}"
         )
     return "\n".join(lines)
 
@@ -679,9 +904,10 @@ def profile_lines(records: list[Record]) -> str:
         p = r.extra.get("profile") if r.impl == "pagedattn" else None
         if not p:
             continue
+        what = "replay" if r.extra.get("graphs", True) else "model call"
         lines.append(
             f"{r.config}: {p['kernel_us']:.1f} us of kernels a step, "
-            f"{p['replay_idle_us']:.1f} us of the replay without one ({p['source']})"
+            f"{p['replay_idle_us']:.1f} us of the {what} without one ({p['source']})"
         )
         for k in p["top"]:
             lines.append(
@@ -691,35 +917,46 @@ def profile_lines(records: list[Record]) -> str:
 
 
 def plot(path: str, records: list[Record], env: dict, dry: bool) -> str:
-    """Each case's roofline time over its step time (graphs, eager, the replay alone), bars
-    labelled with ms, the goal marked; the PNG beside `path`."""
+    """Each case's roofline time over its step time (graphs, synchronous, eager, the model
+    alone: a case without graphs has its eager step loop and its eager model call only),
+    bars labelled with ms, the goal marked where the case has one; the PNG beside `path`."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     mine = [r for r in records if r.suite == SUITE and r.impl == "pagedattn"]
-    series = [("graphs, async scheduling (step loop)", lambda r: r.ms),
-              ("graphs, synchronous (step loop)", lambda r: r.extra["sync_ms"]),
-              ("eager (step loop)", lambda r: r.extra["eager_ms"]),
-              ("graph replay alone", lambda r: r.extra["replay_ms"])]  # fmt: skip
+
+    def graphed(r: Record) -> bool:
+        return r.extra.get("graphs", True)
+
+    series = [
+        ("graphs, async scheduling (step loop)", lambda r: r.ms if graphed(r) else None),
+        ("graphs, synchronous (step loop)", lambda r: r.extra["sync_ms"]),
+        ("eager (step loop; async scheduling)", lambda r: r.extra["eager_ms"]),
+        ("the model alone (graph replay, or one eager call)", lambda r: _alone_ms(r.extra)),
+    ]
     fig, ax = plt.subplots(figsize=(11, 0.9 * max(len(mine), 1) + 1.6))
     h = 0.8 / len(series)
     for i, (label, get) in enumerate(series):
-        ys = [j + i * h for j in range(len(mine))]
-        ms = [get(r) for r in mine]
-        xs = [r.extra["roofline_ms"] / m for r, m in zip(mine, ms)]
-        bars = ax.barh(ys, xs, height=h, label=label)
-        for bar, m in zip(bars, ms):
+        pts = [(j + i * h, r, get(r)) for j, r in enumerate(mine)]
+        pts = [(y, r, m) for y, r, m in pts if m is not None]  # a series the case lacks
+        bars = ax.barh([y for y, _, _ in pts], [r.extra["roofline_ms"] / m for _, r, m in pts],
+                       height=h, label=label, color=f"C{i}")  # fmt: skip
+        for bar, (_, _, m) in zip(bars, pts):
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {m:.3f} ms",
                     va="center", fontsize=6)  # fmt: skip
     for j, r in enumerate(mine):
-        ax.plot([r.extra["goal_frac"]] * 2, [j - h / 2, j + 0.8 - h / 2], color="r", lw=0.8)
+        if r.extra["goal_frac"] is not None:
+            ax.plot([r.extra["goal_frac"]] * 2, [j - h / 2, j + 0.8 - h / 2], color="r", lw=0.8)
     ax.set_yticks([j + 0.4 - h / 2 for j in range(len(mine))])
-    ax.set_yticklabels([f"{r.config} [{r.extra['bound']}]" for r in mine], fontsize=7)
+    ax.set_yticklabels(
+        [f"{r.config} [{r.extra['bound']}{'' if graphed(r) else ', eager'}]" for r in mine],
+        fontsize=7,
+    )
     ax.axvline(1.0, color="k", lw=0.5)
     ax.set_xlabel("roofline time / step time (roofline: max(weights + KV bytes / copy, FLOPs / "
-                  "bf16 matmul), measured in the same run); red: issue 57's goal")  # fmt: skip
+                  "bf16 matmul), measured in the same run); red: the issue's goal")  # fmt: skip
     ax.invert_yaxis()
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(
