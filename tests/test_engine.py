@@ -160,6 +160,45 @@ def test_text_prompts_tokenizer_stream_and_metrics(ckpt, async_scheduling):
     assert st.prefix_hit_tokens == 4  # the stream hit the pages ("w5 w7") generate cached
 
 
+def test_streamed_text_is_decoded_incrementally():
+    """Streaming deltas decode a short window of tokens, not the whole output, each step (the
+    shipped byte-level BPE tokenizer, whose tokens split multi-byte characters): no delta holds
+    a partial character (U+FFFD), every text so far is a prefix of the whole decode, the deltas
+    add up to it exactly, and no call before the last decodes more than a few tokens."""
+    import os
+
+    from test_engine_fakes import HistoryModel
+
+    import pagedattn
+    from pagedattn.engine.sequence import Sequence, SequenceStatus
+
+    folder = os.path.join(os.path.dirname(pagedattn.__file__), "assets", "tiny-stdlib")
+    llm = LLM(HistoryModel(), tokenizer=folder, page_size=2, num_pages=8)
+    text = "naïve café — 東京 ok\n    return x  # ünïcödé " * 4
+    ids = llm.tokenizer.encode(text)
+    assert len(ids) > 120
+    real, sizes = llm.tokenizer.decode, []
+
+    def decode(toks):
+        sizes.append(len(toks))
+        return real(toks)
+
+    llm.tokenizer.decode = decode
+    seq = Sequence(0, [1, 2], SamplingParams(max_tokens=len(ids)), seed=0)
+    whole = real(ids)
+    deltas = []
+    for i, t in enumerate(ids):
+        seq.append_token(t)
+        if i == len(ids) - 1:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "length"
+        c = llm._output(seq, delta=True).outputs[0]
+        assert "\ufffd" not in c.new_text and whole.startswith(c.text)
+        deltas.append(c.new_text)
+    assert "".join(deltas) == whole == c.text
+    assert sum(1 for d in deltas if d) > len(ids) // 3  # text flows as it comes
+    assert max(sizes[:-1]) <= 8 and sizes[-1] == len(ids)  # windows, then the whole once
+
+
 def test_async_scheduling_samples_the_same_tokens(ckpt):
     """Seeded sampling (temperature, top-k, top-p) with preemption, chunked prefill, EOS and
     stop tokens: the overlapped engine returns exactly the synchronous one's tokens, finish

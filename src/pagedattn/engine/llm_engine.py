@@ -515,14 +515,15 @@ class LLMEngine:
         toks = seq.known_output_token_ids
         text = new_text = None
         if self.tokenizer is not None:
-            text = self.tokenizer.decode(toks)
-            if delta:
-                sent = seq.text_sent
-                new_text = text[len(sent) :] if text.startswith(sent) else text
-                # Hold back a trailing incomplete character until its bytes are all there.
-                if text.endswith("\ufffd") and not seq.finished:
-                    new_text = new_text.rstrip("\ufffd")
-                seq.text_sent = sent + new_text
+            if delta and not seq.finished:
+                new_text = self._text_delta(seq, toks)
+                text = seq.text_sent
+            else:
+                text = self.tokenizer.decode(toks)
+                if delta:  # the last delta: whatever the whole text adds to what was sent
+                    sent = seq.text_sent
+                    new_text = text[len(sent) :] if text.startswith(sent) else text
+                    seq.text_sent = sent + new_text
         completion = CompletionOutput(
             index=0,
             token_ids=toks,
@@ -540,6 +541,22 @@ class LLMEngine:
             finished=seq.finished,
             metrics=seq.metrics,
         )
+
+    def _text_delta(self, seq: Sequence, toks: list[int]) -> str:
+        """Incremental detokenization: the text `toks` add to what was sent, decoding only
+        the tokens since the previous delta (a window that starts one delta back, so that a
+        tokenizer's context-dependent spacing cancels out) instead of the whole output each
+        step. A trailing incomplete character (U+FFFD) is held back until its bytes are all
+        there. The finished request's last delta comes from the whole text (`_output`)."""
+        start, read = seq.detok_offsets
+        prefix = self.tokenizer.decode(toks[start:read])
+        window = self.tokenizer.decode(toks[start:])
+        if len(window) <= len(prefix) or window.endswith("\ufffd"):
+            return ""
+        new = window[len(prefix) :]
+        seq.detok_offsets = (read, len(toks))
+        seq.text_sent += new
+        return new
 
     # Metrics -----------------------------------------------------------------------------
     def stats(self) -> EngineStats:

@@ -51,6 +51,9 @@ class Sequence:
             arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_token_ids)
         )
         self.text_sent = ""  # detokenized text returned so far (streaming deltas)
+        # incremental detokenization: the window [start, read) of output tokens decoded for
+        # the previous delta (llm_engine.py, `_text_delta`)
+        self.detok_offsets = (0, 0)
         # The length limit is reached with a deferred last token: not scheduled again; it
         # finishes when the token is resolved (scheduler.py).
         self.length_done = False
