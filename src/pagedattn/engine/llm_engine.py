@@ -476,6 +476,8 @@ class LLMEngine:
         # Every rank has the same logits after the all-reduces; rank 0's tokens are taken
         # anyway, so no rounding difference can make the ranks' schedulers diverge.
         sampled = parallel.broadcast(sample(logits, st), self.tp_size)
+        if not self.async_scheduling:  # read here: a device error raises before the commit
+            sampled = sampled.cpu()
         self._stats.prompt_tokens += sum(
             n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
         )
