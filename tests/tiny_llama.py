@@ -31,17 +31,8 @@ def save_tiny_llama(path, seed: int, vocab: int = 256, **config) -> transformers
     random weights, so that greedy tokens rarely sit near ties; saved in `path`, returned."""
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
-        **dict(
-            vocab_size=vocab,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            bos_token_id=None,
-            eos_token_id=None,
-            pad_token_id=None,
-        )
+        **tiny_common(vocab)
+        | dict(intermediate_size=96, num_attention_heads=4, num_key_value_heads=2)
         | config
     )
     hf = transformers.LlamaForCausalLM._from_config(cfg, dtype=torch.float32).eval()
@@ -87,11 +78,16 @@ def tiny_gpt_oss_config(**common) -> transformers.GptOssConfig:
 def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssForCausalLM:
     """A float32 gpt-oss (hidden 64, 2 layers, `tiny_gpt_oss_config`) with `randomize_`'s
     weights; saved in `path`, returned."""
-    torch.manual_seed(seed)
     cfg = tiny_gpt_oss_config(**tiny_common(vocab))
-    hf = transformers.GptOssForCausalLM._from_config(
-        cfg, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    return _save_randomized(path, seed, transformers.GptOssForCausalLM, cfg,
+                            attn_implementation="eager")  # fmt: skip
+
+
+def _save_randomized(path, seed: int, cls, cfg, **kw):
+    """`cls` of `cfg` in float32 with `randomize_`'s weights (seeded by `seed`), saved in
+    `path`, returned (eval mode)."""
+    torch.manual_seed(seed)
+    hf = cls._from_config(cfg, dtype=torch.float32, **kw).eval()
     randomize_(hf)
     hf.save_pretrained(path)
     return hf
@@ -125,10 +121,5 @@ def tiny_deepseek_config(vocab: int = 256) -> transformers.DeepseekV3Config:
 def save_tiny_deepseek(path, seed: int, vocab: int = 256) -> transformers.DeepseekV3ForCausalLM:
     """A float32 `tiny_deepseek_config` model with `randomize_`'s weights; saved in `path`,
     returned."""
-    torch.manual_seed(seed)
-    hf = transformers.DeepseekV3ForCausalLM._from_config(
-        tiny_deepseek_config(vocab), dtype=torch.float32
-    ).eval()
-    randomize_(hf)
-    hf.save_pretrained(path)
-    return hf
+    return _save_randomized(path, seed, transformers.DeepseekV3ForCausalLM,
+                            tiny_deepseek_config(vocab))  # fmt: skip

@@ -124,8 +124,9 @@ class Scheduler:
         mgr = self.manager
         decodes, prefills = [], []
         for s in self.running:
-            if not s.length_done:  # (done: waits for its deferred token, then finishes)
-                (decodes if s.is_decode else prefills).append(s)
+            if s.has_deferred and self._length_done(s):
+                continue  # at its length limit: waits for its deferred token, then finishes
+            (decodes if s.is_decode else prefills).append(s)
         rest = decodes + prefills
         fast = decodes[:budget]
         if fast:  # the decodes' pages in one call; the loop below when the pool runs short
@@ -211,7 +212,6 @@ class Scheduler:
             seq.num_computed += n
             if x:
                 seq.append_token(DEFERRED)
-                seq.length_done = self._length_done(seq)
                 out.append(seq)
         return out
 
@@ -227,7 +227,6 @@ class Scheduler:
         out = []
         for seq, tok in live:
             seq.fill_deferred(tok)
-            seq.length_done = False
             m = seq.metrics
             m.num_generated_tokens += 1
             if m.first_token_time is None:

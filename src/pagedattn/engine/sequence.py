@@ -54,9 +54,6 @@ class Sequence:
         # incremental detokenization: the window [start, read) of output tokens decoded for
         # the previous delta (llm_engine.py, `_text_delta`)
         self.detok_offsets = (0, 0)
-        # The length limit is reached with a deferred last token: not scheduled again; it
-        # finishes when the token is resolved (scheduler.py).
-        self.length_done = False
 
     @property
     def tokens(self) -> list[int]:
