@@ -63,6 +63,7 @@ from common import Record, copy_bandwidth, environment, git_commit, save
 from random_model import random_model
 
 from pagedattn.engine import LLMEngine, SamplingParams
+from pagedattn.ops.launch import jit_compiles
 
 SUITE = "tp"
 SEED = 0
@@ -384,20 +385,26 @@ def serve_stream(p: Proc, cfg: dict, part: int | None) -> dict:
     seed (outputs cut to 8 tokens): the prefill kernels' JIT compiles and autotuning happen
     there, not in the timed stream. Without it the first phase to run paid them and the later
     one loaded Triton's disk cache: DP measured 2.58x one replica (H200 x2, 2026-11-29).
-    The slowest steps are recorded to show any stall left."""
+    The slowest steps are recorded to show any stall left, and so are the kernels compiled
+    during the timed stream (`ops.launch.jit_compiles`; the engine compiles its eager steps'
+    variants at start-up, docs/kernels/jit_specializations.md)."""
     reqs = stream(p.dry)
     idx = list(range(len(reqs))) if part is None else dispatch(reqs, p.world)[part]
     model = random_model(cfg, p.dev, p.dtype, SEED)
-    eng = LLMEngine(model, page_size=16, num_pages=256 if p.dry else 16384,
-                    max_num_seqs=8 if p.dry else 256,
-                    max_num_batched_tokens=64 if p.dry else 8192, seed=SEED)  # fmt: skip
+    t_start = time.perf_counter()
+    with jit_compiles() as at_start:
+        eng = LLMEngine(model, page_size=16, num_pages=256 if p.dry else 16384,
+                        max_num_seqs=8 if p.dry else 256,
+                        max_num_batched_tokens=64 if p.dry else 8192, seed=SEED)  # fmt: skip
+    startup_s = time.perf_counter() - t_start
     warm = stream(p.dry, n=4 if p.dry else STREAM_WARMUP, seed=SEED + 60)
     serve_requests(eng, [(prompt, min(n, 8)) for prompt, n in warm])
     eng.reset_stats()
     p.sync()
     p.barrier()
     t0 = time.perf_counter()
-    times = serve_requests(eng, [reqs[i] for i in idx])
+    with jit_compiles() as compiled:  # none expected: the engine compiled its variants at start
+        times = serve_requests(eng, [reqs[i] for i in idx])
     p.sync()
     wall = time.perf_counter() - t0
     st = eng.stats()
@@ -408,7 +415,9 @@ def serve_stream(p: Proc, cfg: dict, part: int | None) -> dict:
                prompt_tokens=st.prompt_tokens, preemptions=st.preemptions,
                tokens_per_s=round(gen / wall, 1), step_ms_median=round(median, 2),
                steps_over_100ms_s=round(sum(t for t in times if t > 100) / 1e3, 2),
-               slowest_steps=[(i, round(times[i], 1)) for i in slow])  # fmt: skip
+               slowest_steps=[(i, round(times[i], 1)) for i in slow],
+               startup_s=round(startup_s, 1), compiles_at_startup=len(at_start),
+               compiles_in_stream=compiled)  # fmt: skip
     del eng, model
     p.free()
     return out

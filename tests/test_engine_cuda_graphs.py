@@ -268,6 +268,30 @@ def test_emulated_replay_after_lengths_changed_equals_a_fresh_eager_call(any_ckp
     assert len(seen) >= 10 and len(set(seen)) >= 4
 
 
+def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
+    """`GraphRunner.warm_up_prefill` (run at start-up on CUDA) runs one eager prefill step a
+    request-count class over the pad page: every other page's bytes and the manager's entries
+    stay as they were, and the engine then gives the same tokens."""
+    args = workload()
+    want, _ = run_workload(EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW), *args)
+    emu = EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW)
+    g, mgr = emu.runner.graphs, emu.manager
+    blocks = mgr.runtime_inputs([PAD_REQUEST])[0].kv_blocks
+    blocks.normal_(generator=torch.Generator().manual_seed(3))
+    before = blocks.clone()
+    state = {rid: mgr.pages(rid) for rid in mgr.request_ids}
+    assert g.warm_up_prefill(KW["max_num_batched_tokens"]) == (8,)  # one class up to 8 rows
+    assert g.warm_up_prefill(14) == (7,)  # at most 14 tokens: 7 chunks of 2
+    others = [p for p in range(blocks.shape[0]) if p != g.pad_page]
+    assert torch.equal(blocks[others], before[others])
+    assert not torch.equal(blocks[g.pad_page], before[g.pad_page])  # it did run
+    assert {rid: mgr.pages(rid) for rid in mgr.request_ids} == state
+    with pytest.raises(InvalidArgumentError, match="max_tokens"):
+        g.warm_up_prefill(1)
+    got, _ = run_workload(emu, *args)
+    assert got == want
+
+
 def test_buckets():
     assert decode_buckets(1) == (1,)
     assert decode_buckets(5) == (1, 2, 4, 5)
@@ -332,3 +356,37 @@ def test_cuda_graphs_match_eager_on_cuda(family, tmp_path):
     assert len(seen) >= 10 and len(set(seen)) >= 4
     del graph, eager
     torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_serving_compiles_no_kernel_after_start_up(tmp_path):
+    """After start-up (decode graphs captured, `warm_up_prefill` run), a stream of mixed steps
+    (decodes with prefill chunks, at batch sizes, chunk counts and lookup-table widths that
+    change from step to step, views at any element offset) compiles no Triton/Gluon kernel: a
+    compile in the middle of serving stalled a step for ~5 s (docs/kernels/
+    jit_specializations.md). Head dim 128 and pages of 16 take the sm_90 kernels an 8B Llama
+    takes."""
+    from pagedattn.ops.launch import jit_compiles
+
+    save_tiny_llama(tmp_path, 97, VOCAB, hidden_size=256, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=128)  # fmt: skip
+    llm = LLM(str(tmp_path), device="cuda", dtype=torch.bfloat16, page_size=16, num_pages=4096,
+              max_num_batched_tokens=384, max_num_seqs=40)  # fmt: skip
+    g = torch.Generator().manual_seed(12)
+    steps = 0
+    with jit_compiles() as compiled:
+        for _wave in range(4):  # requests arrive in waves: chunk counts and decode counts vary
+            for _ in range(int(torch.randint(5, 30, (1,), generator=g))):
+                n = int(torch.randint(1, 700, (1,), generator=g))
+                m = int(torch.randint(1, 40, (1,), generator=g))
+                params = SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True)
+                llm.add_request({"prompt_token_ids": torch.randint(0, VOCAB, (n,),
+                                generator=g).tolist()}, params)  # fmt: skip
+            for _ in range(int(torch.randint(3, 40, (1,), generator=g))):
+                llm.step()
+                steps += 1
+        while llm.has_unfinished_requests():
+            llm.step()
+            steps += 1
+    print(f"{steps} steps, {llm.runner.graphs.num_replays} replays")
+    assert steps > 50 and not compiled, compiled

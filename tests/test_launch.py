@@ -112,3 +112,24 @@ def test_launch_caches_one_compiled_kernel_per_specialization():
     y_triton = torch.empty_like(xs)
     _axpb_kernel[(2,)](xs, y_triton, 256, 2.0, 3, BLOCK=128, SQUARE=False)
     assert torch.equal(y_fast, y_triton)
+
+
+def test_jit_compiles_lists_compiles_and_restores_the_hook():
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    from pagedattn.ops.launch import jit_compiles
+
+    seen, outer = [], knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: seen.append(kw["fn"].name)
+    try:
+        with jit_compiles() as names:
+            knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="a"))
+            with jit_compiles() as inner:
+                knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="b"))
+        assert names == ["a", "b"] and inner == ["b"] and seen == ["a", "b"]
+        knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="c"))
+        assert names == ["a", "b"] and seen == ["a", "b", "c"]
+    finally:
+        knobs.runtime.jit_post_compile_hook = outer

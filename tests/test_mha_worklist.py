@@ -86,6 +86,22 @@ def test_skewed_batch_against_oracle(page_size, group, mask, gen):
     assert_close(lse, lse1, **LSE_TOL)
 
 
+@pytest.mark.parametrize("lens", [[0, 1500, 1, 700, 3, 40], [700] * 6], ids=["skew", "uniform"])
+def test_many_wave_list_against_oracle(lens, gen):
+    """The list of 3 waves (`waves`: more, smaller items; the two-pass combine merges rows of
+    several) on a skewed and a uniform batch, with sinks and the LSE, against the oracle and
+    the one-partition launch."""
+    tuning = MHATuning(decode=dict(waves=3))
+    b = len(lens)
+    k, v, ks, vs = build_paged(16, 2, 64, lens, [1] * b, gen=gen)
+    q = rand_q(b, 8, 64, gen)
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    out, lse = check(q, k, v, ks, vs, lens, offsets_of([1] * b), sinks=sinks, config=tuning)
+    one, lse1 = call(q, k, v, offsets_of([1] * b), sinks=sinks, num_partitions=1)
+    assert_close(out, one, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
+    assert_close(lse, lse1, **LSE_TOL)
+
+
 def test_fp8_per_token_fast_loop(gen):
     """FP8 per-token K/V (the fast loop) through the work list."""
     quant = KVQuantConfig.per_token()

@@ -37,6 +37,7 @@ family; gpt-oss where its experts run as grouped matmuls: bf16 on CUDA); others 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import inspect
 from collections.abc import Callable
 
@@ -46,6 +47,7 @@ from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import check, check_bool, check_int
 from ..models import parallel
+from ..ops.specialize import request_block_classes
 from .step_inputs import StepInputs
 
 
@@ -253,6 +255,34 @@ class GraphRunner:
             out.copy_(self.model(ids, pos, kv, offs, rows, **hint))
 
         return forward
+
+    @torch.inference_mode()
+    def warm_up_prefill(self, max_tokens: int) -> tuple[int, ...]:
+        """Run, once, an eager prefill step of n chunks of 2 tokens for each request-count
+        class n (`ops.specialize.request_block_classes` up to the largest bucket; at most
+        max_tokens // 2, the most chunks of 2 tokens a step holds), every chunk on the pad
+        page: the kernels compile the variants an eager step can select (the prefill kernel's
+        BLOCK_B) at start-up instead of in the middle of serving (a Gluon prefill variant
+        compiles in ~5 s on an H200; docs/kernels/jit_specializations.md). The decode graphs
+        already compiled the decode, combine and store_kv variants. Touches the pad page
+        only. Returns the n run."""
+        max_tokens = check_int("max_tokens", max_tokens, 2)
+        s = self.buffers
+        sizes = sorted({min(n, max_tokens // 2) for n in request_block_classes(self.buckets[-1])})
+        pages = 2 if s.kv.kv_blocks.shape[3] < 2 else 1  # the pages 2 tokens reach
+        dev = s.input_ids.device
+        for n in sizes:
+            kv = s.kv_rows(n)
+            lut = kv.lookup_table.clone()
+            lut[:, :pages] = self.pad_page
+            kv = dataclasses.replace(kv, lookup_table=lut)
+            ids = torch.zeros(2 * n, dtype=torch.int64, device=dev)
+            pos = torch.arange(2, device=dev).repeat(n)
+            offs = torch.arange(0, 2 * n + 1, 2, dtype=torch.int32, device=dev)
+            rows = torch.arange(1, 2 * n, 2, device=dev)
+            hint = {"num_decodes": 0} if self._takes_hint else {}
+            self.model(ids, pos, kv, offs, rows, **hint)
+        return tuple(sizes)
 
     def bucket(self, n: int) -> int:
         """The captured batch size that serves n requests (n <= the largest bucket)."""

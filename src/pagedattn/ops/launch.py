@@ -14,6 +14,9 @@ What that saves: an eager MLA decode call 78.7 -> 72.6 us (bf16, P = 1) on an H1
 Anything that is not a compiled JIT function (Triton's interpreter on a CPU, a test's stand-in)
 takes `kernel[grid](...)`, and so does every first launch of a specialization.
 
+`jit_compiles()` lists the Triton/Gluon kernels compiled inside a block (any thread, any
+path), so a serving loop can show it compiled nothing after start-up.
+
 `recording()` lists the launches its thread makes through `launch` (`Launched`: the kernel,
 grid, arguments and the compiled kernel that ran), so that `ops.prepared` can freeze them into
 prepared launches. A launch that does not reach this function (an `ops.offline` capture
@@ -117,6 +120,29 @@ def _warmup(kernel: Any, grid: tuple, key: tuple | None, args: tuple, kwargs: di
     if key is not None:
         _COMPILED[key] = compiled
     return compiled
+
+
+@contextmanager
+def jit_compiles() -> Iterator[list[str]]:
+    """The names of the Triton/Gluon kernels compiled inside the block, in order (Triton's
+    post-compile hook: a binary loaded from Triton's disk cache counts too; the hook that was
+    set is restored after). Empty without Triton's runtime (knobs)."""
+    names: list[str] = []
+    if JITFunction is None:
+        yield names
+        return
+    prev = knobs.runtime.jit_post_compile_hook
+
+    def hook(**kw: Any) -> None:
+        names.append(kw["fn"].name)
+        if prev is not None:
+            prev(**kw)
+
+    knobs.runtime.jit_post_compile_hook = hook
+    try:
+        yield names
+    finally:
+        knobs.runtime.jit_post_compile_hook = prev
 
 
 _SMEM_OFFSETS: dict = {}

@@ -39,6 +39,7 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from ..specialize import INDEX_VIEWS, STEP_INTS
 from ..triton_constants import LN2, LOG2E
 from .triton_prefill import block_ranges
 from .triton_tiles import visible_range
@@ -362,7 +363,7 @@ if HAS_GLUON:
             lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l,
         )  # fmt: skip
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=INDEX_VIEWS)
     def _mha_prefill_sm90(
         Q, stride_qt, stride_qh,
         K, stride_kr, stride_kh, K_lut, stride_klut, K_off, k_page_stride,

@@ -33,6 +33,7 @@ from ..gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from ..specialize import INDEX_VIEWS, STEP_INTS
 from .gluon_prefill import (
     g_epilogue,
     g_first_tile,
@@ -189,7 +190,7 @@ if HAS_GLUON:
                     stride_ot, stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, BM, D,
                     o_l)  # fmt: skip
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=INDEX_VIEWS)
     def _mha_prefill_ws(
         Q, stride_qt, stride_qh,
         K, K_lut, stride_klut, K_off, k_page_stride,

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..pdl import pdl_signal
+from ..specialize import STEP_INTS
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import (
     kv_bases,
@@ -353,7 +354,7 @@ def _fp8_fast_loop(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_INTS)
 def _mha_decode_kernel(
     Q,
     stride_qt,

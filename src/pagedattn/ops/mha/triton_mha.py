@@ -62,6 +62,7 @@ from ..prepared import (
     hooks_idle,
     workspace,
 )
+from ..specialize import request_block
 from . import gluon_prefill, gluon_prefill_ws
 from .selection import (  # noqa: F401 - decode_config: kept importable here (test_dispatch_plan)
     DecodePlan,
@@ -249,13 +250,28 @@ def mha_mixed_triton(
         m = mask
         if mask.kind == "tensor":
             m = dataclasses.replace(mask, tensor=mask.tensor[rows])
+        ks, vs = _select_pair(k, v, start, stop)
         res = mha_triton(
-            q[rows], k.select_requests(start, stop), v.select_requests(start, stop), offs,
-            mask=m, return_lse=return_lse, out=out[rows], max_q_len=max_q, **kwargs,
+            q[rows], ks, vs, offs, mask=m, return_lse=return_lse, out=out[rows],
+            max_q_len=max_q, **kwargs,
         )  # fmt: skip
         if return_lse:
             lse[rows] = res[1]
     return (out, lse) if return_lse else out
+
+
+def _select_pair(k: RowOperand, v: RowOperand, start: int, stop: int):
+    """K's and V's operands over requests [start, stop), V's sharing K's views of the tensors
+    K and V share (the lookup table, cache lengths, row offsets). The kernels test identity:
+    shared rows read one page-table gather a tile (V_SAME_ROWS), and the mixed step's decode
+    part then runs the binary the graph replays compiled (docs/kernels/jit_specializations.md,
+    fix 3)."""
+    ks, vs = k.select_requests(start, stop), v.select_requests(start, stop)
+    for name in ("cache_lengths", "lut", "row_offsets"):
+        mine = getattr(k, name)
+        if mine is not None and mine is getattr(v, name):
+            setattr(vs, name, getattr(ks, name))
+    return ks, vs
 
 
 @dataclass
@@ -353,7 +369,7 @@ def _full_path(
     check(sm_scale > 0 and math.isfinite(sm_scale), "scale", "a finite float > 0", scale)
     dkp = max(16, triton.next_power_of_2(dk))
     dvp = max(16, triton.next_power_of_2(dv))
-    block_b = max(16, min(1024, triton.next_power_of_2(batch + 1)))
+    block_b = request_block(batch)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     how = ran.how = plan(
         q, ka, va, dk, dv, batch, mask, max_q_len, num_partitions, tuning, device_facts(q.device)
@@ -415,7 +431,8 @@ def _full_path(
         if balanced:
             worklist_combine_triton(
                 ka.cache_lengths, q_row_offsets, mask.code, mask.param, po, pl, out, lse, sinks,
-                block_n=bn, target=how.target, min_blocks=how.min_blocks, block_b=block_b,
+                group=group, block_n=bn, target=how.target, min_blocks=how.min_blocks,
+                block_b=block_b,
             )  # fmt: skip
         elif split:
             combine_triton(po, pl, out, lse, sinks)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..specialize import INDEX_VIEWS, STEP_INTS
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import kv_bases, pv_tile, q_to_f16, qk_tile, visible_range
 
@@ -78,7 +79,7 @@ def block_ranges(cache_len, m0, q_len, kv_len, MASK: tl.constexpr, W, BLOCK_M: t
     return lo_u, start, end, f_lo, f_hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_INTS, do_not_specialize_on_alignment=INDEX_VIEWS)
 def _mha_prefill_kernel(
     Q,
     stride_qt,

@@ -116,7 +116,7 @@ def find_item(r, n, incl, lo_al, chunk, item):
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])
 def _worklist_combine_kernel(
     cache_lens,
     q_offsets,
@@ -132,7 +132,8 @@ def _worklist_combine_kernel(
     stride_lt,
     stride_lh,
     H: tl.constexpr,
-    HP: tl.constexpr,
+    GROUP: tl.constexpr,
+    GP: tl.constexpr,
     DV: tl.constexpr,
     DVP: tl.constexpr,
     MASK: tl.constexpr,
@@ -142,61 +143,72 @@ def _worklist_combine_kernel(
     BLOCK_B: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    BLOCK_I: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """One row, all H heads: merge the partials of its items when it has several (a row of
-    one item was written by the decode kernel)."""
+    """One (row, KV head): merge the partials of the row's items for the KV head's GROUP query
+    heads when the row has several (a row of one item was written by the decode kernel).
+
+    Two passes, so that no load waits on the one before: the heads' largest LSE over the
+    items, then BLOCK_I items a step, each weighted by exp(lse - max). (A running merge, one
+    item a step over all heads in one program, took 31 us for a row of ~40 items: an H200,
+    2026-11-29, docs/kernels/mha_decode.md.)"""
     pdl_wait(PDL)
     row = tl.program_id(0)
+    hkv = tl.program_id(1)
     r, n, incl, lo_al, chunk = work_list(
         cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
     )
     at = r == row
     n_row = tl.sum(tl.where(at, n, 0), 0)
     if n_row > 1:
-        first = tl.sum(tl.where(at, incl, 0), 0) - n_row
-        offs_h = tl.arange(0, HP)
+        first = (tl.sum(tl.where(at, incl, 0), 0) - n_row).to(tl.int64)
+        offs_g = tl.arange(0, GP)
+        offs_i = tl.arange(0, BLOCK_I)
         offs_d = tl.arange(0, DVP)
-        hmask = offs_h < H
+        hq = hkv * GROUP + offs_g
+        gmask = offs_g < GROUP
         dmask = offs_d < DV
-        m = tl.full([HP], float("-inf"), tl.float32)
-        den = tl.zeros([HP], tl.float32)
-        acc = tl.zeros([HP, DVP], tl.float32)
-        for j in range(0, n_row):
-            it = (first + j).to(tl.int64)
-            lp = tl.load(PL + it * H + offs_h, mask=hmask, other=float("-inf")) * LOG2E
-            m_new = tl.maximum(m, lp)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m - m_use)
-            w = tl.math.exp2(lp - m_use)
-            o = tl.load(
-                PO + (it * H + offs_h)[:, None] * DV + offs_d[None, :],
-                mask=hmask[:, None] & dmask[None, :],
-                other=0.0,
-            )
-            # an unseen partial (lse -inf, w 0) adds nothing; a NaN one makes the row NaN
-            acc = acc * alpha[:, None] + tl.where(
-                (lp != float("-inf"))[:, None], w[:, None] * o, 0.0
-            )
-            den = den * alpha + w
-            m = m_new
+        m = tl.full([GP], float("-inf"), tl.float32)
+        for i0 in range(0, n_row, BLOCK_I):
+            it = first + i0 + offs_i
+            im = (i0 + offs_i) < n_row
+            lp = tl.load(PL + it[:, None] * H + hq[None, :], mask=im[:, None] & gmask[None, :],
+                         other=float("-inf"))  # fmt: skip
+            m = tl.maximum(m, tl.max(lp, 0) * LOG2E)
         m_use = tl.where(m == float("-inf"), 0.0, m)
+        den = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, DVP], tl.float32)
+        for i0 in tl.range(0, n_row, BLOCK_I, num_stages=2):
+            it = first + i0 + offs_i
+            im = (i0 + offs_i) < n_row
+            ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
+            ihm = im[:, None] & gmask[None, :]
+            lp = tl.load(PL + ih, mask=ihm, other=float("-inf")) * LOG2E
+            # an unseen partial (lse -inf) adds nothing; a NaN one makes the row NaN
+            seen = lp != float("-inf")
+            w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
+            o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
+                        mask=ihm[:, :, None] & dmask[None, None, :], other=0.0)  # fmt: skip
+            acc += tl.sum(tl.where(seen[:, :, None], w[:, :, None] * o, 0.0), 0)
+            den += tl.sum(w, 0)
         o = acc / tl.where(den != 0, den, 1.0)[:, None]
         lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
         if HAS_SINKS:
-            sink = tl.load(Sinks + offs_h, mask=hmask, other=float("-inf")) * LOG2E
+            sink = tl.load(Sinks + hq, mask=gmask, other=float("-inf")) * LOG2E
             o = o * tl.where(den != 0, 1.0 / (1.0 + tl.math.exp2(sink - lse2)), 0.0)[:, None]
         row64 = row.to(tl.int64)
+        hq64 = hq.to(tl.int64)
         tl.store(
-            Out + row64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+            Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_d[None, :],
             o.to(Out.dtype.element_ty),
-            mask=hmask[:, None] & dmask[None, :],
+            mask=gmask[:, None] & dmask[None, :],
         )
         if WRITE_LSE:
             tl.store(
-                Lse + row64 * stride_lt + offs_h * stride_lh,
+                Lse + row64 * stride_lt + hq64 * stride_lh,
                 tl.where(den != 0, lse2 * LN2, float("-inf")),
-                mask=hmask,
+                mask=gmask,
             )
 
 
@@ -211,6 +223,7 @@ def worklist_combine_triton(
     lse: torch.Tensor | None,
     sinks: torch.Tensor | None,
     *,
+    group: int,
     block_n: int,
     target: int,
     min_blocks: int,
@@ -219,14 +232,15 @@ def worklist_combine_triton(
     """Merge the split rows of a balanced decode launch (same list arguments as the launch).
 
     partial_out [items, H, DV] f32, partial_lse [items, H] f32; out [rows, H, DV] (last dim
-    contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None. No host sync."""
+    contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None; group: query heads a KV
+    head (H % group == 0; a program a (row, KV head)). No host sync."""
     rows = q_offsets.shape[0] - 1
     _, H, DV = partial_out.shape
     if rows == 0:
         return
     launch(
         _worklist_combine_kernel,
-        (rows,),
+        (rows, H // group),
         cache_lens,
         q_offsets,
         rows,
@@ -241,7 +255,8 @@ def worklist_combine_triton(
         lse.stride(0) if lse is not None else 0,
         lse.stride(1) if lse is not None else 0,
         H=H,
-        HP=triton.next_power_of_2(H),
+        GROUP=group,
+        GP=triton.next_power_of_2(group),
         DV=DV,
         DVP=triton.next_power_of_2(DV),
         MASK=mask_code,
@@ -251,6 +266,7 @@ def worklist_combine_triton(
         BLOCK_B=block_b,
         HAS_SINKS=sinks is not None,
         WRITE_LSE=lse is not None,
+        BLOCK_I=max(2, 32 // triton.next_power_of_2(group)),  # 32 (item, head) rows a step
         PDL=(pdl := pdl_enabled(out)),
         num_warps=4,
         **pdl_launch_kwargs(pdl),

@@ -31,6 +31,7 @@ from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..launch import launch
 from ..mha.triton_tiles import find_request
+from ..specialize import STORE_INTS, request_block
 
 install_interpreter_shim()
 
@@ -79,7 +80,7 @@ def _quantize_store(
         tl.store(S + s_off, stored, mask=sm & keep)
 
 
-@triton.jit(do_not_specialize=["reach", "limit", "reach2", "limit2"])  # bounds: one binary
+@triton.jit(do_not_specialize=("reach", "limit", "reach2", "limit2") + STORE_INTS)  # one binary
 def _store_kv_kernel(
     X,
     stride_xt,
@@ -294,7 +295,7 @@ def store_kv_triton(
         E8M0=kcx["E8M0"],
         E8M02=vcx["E8M0"],
         HAS_V=v_new is not None,
-        BLOCK_B=max(16, min(1024, triton.next_power_of_2(batch + 1))),
+        BLOCK_B=request_block(batch),
         num_warps=4 if H * D >= 1024 else 2,
     )
 

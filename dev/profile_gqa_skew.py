@@ -1,0 +1,101 @@
+"""Where a skewed GQA decode step's time goes (issue 56): the balanced work list's decode
+kernel, its combine and the gap between them, per `waves`, from torch.profiler device times
+and graph-replay wall times. Cases are bench_real's (seeded lognormal lengths, one long among
+short, a uniform control); GQA 32/8 d128 page 16 bf16.
+
+    python dev/profile_gqa_skew.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import bench_real as br  # noqa: E402
+from common import copy_bandwidth, time_ms  # noqa: E402
+
+from pagedattn.operands import PagedOperand  # noqa: E402
+from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
+from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
+from pagedattn.testing import ragged_offsets  # noqa: E402
+
+CASES = [
+    ("skew b32", ("lognormal", 1536), 32),
+    ("skew b64", ("lognormal", 1536), 64),
+    ("skew b128", ("lognormal", 1536), 128),
+    ("skew b256", ("lognormal", 1536), 256),
+    ("onelong 32k+63x200", ("onelong", 32768, 200), 64),
+    ("onelong 32k+255x200", ("onelong", 32768, 200), 256),
+    ("uniform b64 x4096", ("uniform", 4096), 64),
+]
+
+WAVES = (1, 3)  # the most waves; the list may keep one (`triton_worklist`)
+
+
+def kernel_times(fn, n=20) -> dict[str, float]:
+    """Mean device us a call of each kernel `fn` launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA":
+            out[e.key[:40]] = round(e.device_time_total / n, 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    bw = copy_bandwidth()
+    rows = []
+    for name, spec, b in CASES:
+        lens = br.draw_lengths(spec, b, 0)
+        pc = br.gqa_cache([s - 1 for s in lens], [1] * b, 16, 32, dev, 0)
+        inp = pc.inputs
+        k_op, v_op = PagedOperand(inp, pc.params, 0, "k"), PagedOperand(inp, pc.params, 0, "v")
+        q = torch.randn(b, 32, 128, device=dev, dtype=torch.bfloat16)
+        offs = ragged_offsets([1] * b, dev)
+        nbytes = sum(lens) * 8 * 2 * 128 * 2 + 2 * q.numel() * 2
+        floor_us = nbytes / (bw * 1e3)  # bw in GB/s
+        ref = None
+        for waves in (*WAVES, 0):  # 0: one partition count a batch (no list), for reference
+            cfg = MHATuning(decode={"waves": waves} if waves else {"balanced": False})
+            out = torch.full_like(q, float("nan"))
+            fn = lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = out.float().clone()
+            assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2), (name, waves)
+            ms = time_ms(fn)
+            us = float(ms.graph if getattr(ms, "graph", None) else ms) * 1e3
+            kt = kernel_times(fn)
+            row = dict(case=name, waves=waves, us=round(us, 1), floor_us=round(floor_us, 1),
+                       frac=round(floor_us / us, 3), kernels=kt)  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\ncopy {bw:.0f} GB/s")
+    print(f"{'case':<22} {'waves':>5} {'us':>8} {'frac':>6}  kernels (device us a call)")
+    for r in rows:
+        ks = ", ".join(f"{k.split('(')[0]} {v}" for k, v in r["kernels"].items())
+        print(f"{r['case']:<22} {r['waves']:>5} {r['us']:>8} {r['frac']:>6}  {ks}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(copy_gbps=bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Step-varying kernel arguments that the step's kernels do not specialize on.
+
+Triton and Gluon compile a new binary whenever an int argument changes class (1, a multiple of
+16, anything else) or a pointer changes its 16-byte alignment. A serving step changes those
+from one step to the next: its request count, the lookup table's width (the longest running
+request's pages) and, in a mixed step, where the prefill part's views of the cache lengths and
+the lookup table start. Each new class cost a compile in the middle of a serving stream (H200,
+2026-11-29: a Gluon prefill variant ~5.2 s, a decode variant ~0.9 s;
+docs/kernels/jit_specializations.md). These values only bound a loop, mask lanes or scale the
+row index of single-element loads, so one binary serves them all:
+
+- `STEP_INTS`: the request count and the lookup tables' row strides;
+- `INDEX_VIEWS`: the index tensors read one element at a time (page ids, row offsets, cache
+  lengths), which may be views at any element offset.
+"""
+
+STEP_INTS = ("batch", "stride_klut", "stride_vlut")
+STORE_INTS = ("batch", "stride_lut", "stride_lut2")
+INDEX_VIEWS = ("K_lut", "V_lut", "K_off", "V_off", "cache_lens")
+
+
+def request_block(batch: int) -> int:
+    """BLOCK_B of a launch over `batch` requests (the width of the [BLOCK_B] vector a program
+    finds its request in): the next power of two above batch, 16 to 1024. A compile-time
+    constant, so each class is one binary."""
+    return max(16, min(1024, 1 << batch.bit_length()))
+
+
+def request_block_classes(max_batch: int) -> tuple[int, ...]:
+    """One request count for each BLOCK_B class from 1 to max_batch requests (the largest of
+    each class, max_batch last): the step sizes a warm-up runs to compile every variant that
+    the request count selects."""
+    sizes = [n for n in range(1, max_batch + 1) if request_block(n) != request_block(n + 1)]
+    if not sizes or sizes[-1] != max_batch:
+        sizes.append(max_batch)
+    return tuple(sizes)
