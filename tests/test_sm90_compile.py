@@ -135,3 +135,28 @@ def test_v32_cluster_launch_constants(mode, ps, ps_c):
     assert kw["SS_DEQ1"] and kw["SS_SPLITCP"] == (mode == "dense")
     assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"]) == (200, 104)
     assert kw["SS_QASYNC"] == (mode == "sparse")
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
+def test_serving_step_layouts_share_their_binaries():
+    """Mixed steps whose request count, lookup-table width and split point differ (one
+    request-count class) launch the same sm_90 binaries as an H200 picks them, and their
+    decode part the decode graph's (`tests/jit_keys.py`): each new binary met while serving
+    was a compile mid-stream, ~5 s for a Gluon prefill variant (before `ops.specialize`, these
+    layouts gave 3 prefill, 3 decode and 2 combine binaries, the graph's included)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "..", "src"), env.get("PYTHONPATH", "")]
+    )
+    res = subprocess.run([sys.executable, os.path.join(HERE, "jit_keys.py")],
+                         capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = json.loads(res.stdout.strip().splitlines()[-1])
+    graph = steps.pop("graph decode b16")
+    kernels = {"_mha_decode_kernel", "_worklist_combine_kernel", "_mha_prefill_ws"}
+    for name in kernels:
+        hashes = {step[name] for step in steps.values()}
+        assert len(hashes) == 1, (name, steps)
+    for name in ("_mha_decode_kernel", "_worklist_combine_kernel"):
+        assert graph[name] == next(iter(steps.values()))[name], name
+    assert all(set(step) == kernels for step in steps.values()), steps

@@ -1,0 +1,77 @@
+"""The sm_90 binaries that serving steps of different layouts launch, as an H200 picks them:
+a script that test_sm90_compile runs in a subprocess (this CPU session may run Triton's
+interpreter, which does not compile). Prints one JSON line: for each layout, each kernel's
+Triton cache hashes (`ops.offline.cache_hash`: the binary a launch runs, found without
+compiling).
+
+Layouts: mixed steps of d decodes and n prefill chunks (Llama-3-8B heads, 32/8 d128, bf16,
+pages of 16) whose request counts, lookup-table widths and split points differ within one
+request-count class (d in 16..31, n in 1..14); and a pure decode step of 16 requests at the
+decode graphs' table width (the bucket-16 graph). docs/kernels/jit_specializations.md: each
+new binary met while serving was a compile mid-stream (a Gluon prefill variant ~5 s)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+from sm90_compile import MC, TM, WL, Device, offline  # tests/ is on sys.path
+
+from pagedattn import KVCacheParams, PagedOperand
+from pagedattn.testing import make_paged_cache, ragged_offsets
+
+H_Q, H_KV, D, PAGE = 32, 8, 128, 16
+GRAPH_COLS = 512  # the decode graphs' table width (pages of the engine's max_seq_len)
+
+# (decodes, chunks, the longest request's cache length: the table's width)
+# (2256 keys: a table of 144 columns, a multiple of 16; d 16: a request count that is one)
+LAYOUTS = [(17, 1, 2100), (18, 2, 2060), (19, 3, 2170), (16, 2, 2256), (25, 14, 2049),
+           (31, 5, 2300)]  # fmt: skip
+
+
+def operands(cache_lens, q_lens, cols=None):
+    params = KVCacheParams(torch.bfloat16, 2, H_KV, D, PAGE)
+    inputs = make_paged_cache(params, cache_lens, q_lens).inputs
+    if cols is not None:  # widen the table with sentinel entries, as the graphs' buffers are
+        lut = inputs.lookup_table
+        wide = torch.full((lut.shape[0], cols), int(inputs.kv_blocks.shape[0]), dtype=lut.dtype)
+        wide[:, : lut.shape[1]] = lut
+        inputs = dataclasses.replace(inputs, lookup_table=wide)
+    return PagedOperand(inputs, params, 1, "k"), PagedOperand(inputs, params, 1, "v")
+
+
+def launches(cache_lens, q_lens, num_decodes, cols=None):
+    """{kernel: cache hash} of one `mha_mixed_triton` step, as on an H200."""
+    k, v = operands(cache_lens, q_lens, cols)
+    offs = ragged_offsets(q_lens, "cpu")
+    q = torch.randn(int(offs[-1]), H_Q, D).to(torch.bfloat16)
+    made = []
+
+    def call():
+        made.extend(
+            offline.capture(
+                TM,
+                lambda: TM.mha_mixed_triton(q, k, v, offs, num_decodes),
+                device_facts=lambda device: Device(True, 132, True),
+            )  # fmt: skip
+        )
+
+    made.extend(offline.capture(MC, lambda: made.extend(offline.capture(WL, call))))
+    return {m.name: offline.cache_hash(m) for m in made}
+
+
+def main() -> None:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for d, n, longest in LAYOUTS:
+        cl = torch.randint(20, 400, (d + n,), generator=g).tolist()
+        cl[d // 2] = longest
+        out[f"mixed d{d} n{n}"] = launches(cl, [1] * d + [3] * n, d)
+    cl = torch.randint(20, 400, (16,), generator=g).tolist()
+    out["graph decode b16"] = launches(cl, [1] * 16, 16, cols=GRAPH_COLS)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
