@@ -269,9 +269,9 @@ def test_emulated_replay_after_lengths_changed_equals_a_fresh_eager_call(any_ckp
 
 
 def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
-    """`GraphRunner.warm_up_prefill` (run at start-up on CUDA) runs one eager prefill step a
-    request-count class over the pad page: every other page's bytes and the manager's entries
-    stay as they were, and the engine then gives the same tokens."""
+    """`GraphRunner.warm_up_eager` (run at start-up on CUDA) runs a prefill step and a mixed
+    step a request-count class over the pad page: every other page's bytes and the manager's
+    entries stay as they were, and the engine then gives the same tokens."""
     args = workload()
     want, _ = run_workload(EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW), *args)
     emu = EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW)
@@ -280,14 +280,15 @@ def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
     blocks.normal_(generator=torch.Generator().manual_seed(3))
     before = blocks.clone()
     state = {rid: mgr.pages(rid) for rid in mgr.request_ids}
-    assert g.warm_up_prefill(KW["max_num_batched_tokens"]) == (8,)  # one class up to 8 rows
-    assert g.warm_up_prefill(14) == (7,)  # at most 14 tokens: 7 chunks of 2
+    # one class up to 8 rows: 8 chunks of 2 tokens; 7 decodes and a chunk (8 rows)
+    assert g.warm_up_eager(KW["max_num_batched_tokens"]) == ((0, 8), (7, 1))
+    assert g.warm_up_eager(8) == ((0, 4), (6, 1))  # at most 8 tokens a step
     others = [p for p in range(blocks.shape[0]) if p != g.pad_page]
     assert torch.equal(blocks[others], before[others])
     assert not torch.equal(blocks[g.pad_page], before[g.pad_page])  # it did run
     assert {rid: mgr.pages(rid) for rid in mgr.request_ids} == state
     with pytest.raises(InvalidArgumentError, match="max_tokens"):
-        g.warm_up_prefill(1)
+        g.warm_up_eager(1)
     got, _ = run_workload(emu, *args)
     assert got == want
 
@@ -360,7 +361,7 @@ def test_cuda_graphs_match_eager_on_cuda(family, tmp_path):
 
 @pytest.mark.gpu
 def test_serving_compiles_no_kernel_after_start_up(tmp_path):
-    """After start-up (decode graphs captured, `warm_up_prefill` run), a stream of mixed steps
+    """After start-up (decode graphs captured, `warm_up_eager` run), a stream of mixed steps
     (decodes with prefill chunks, at batch sizes, chunk counts and lookup-table widths that
     change from step to step, views at any element offset) compiles no Triton/Gluon kernel: a
     compile in the middle of serving stalled a step for ~5 s (docs/kernels/

@@ -257,32 +257,43 @@ class GraphRunner:
         return forward
 
     @torch.inference_mode()
-    def warm_up_prefill(self, max_tokens: int) -> tuple[int, ...]:
-        """Run, once, an eager prefill step of n chunks of 2 tokens for each request-count
-        class n (`ops.specialize.request_block_classes` up to the largest bucket; at most
-        max_tokens // 2, the most chunks of 2 tokens a step holds), every chunk on the pad
-        page: the kernels compile the variants an eager step can select (the prefill kernel's
-        BLOCK_B) at start-up instead of in the middle of serving (a Gluon prefill variant
-        compiles in ~5 s on an H200; docs/kernels/jit_specializations.md). The decode graphs
-        already compiled the decode, combine and store_kv variants. Touches the pad page
-        only. Returns the n run."""
+    def warm_up_eager(self, max_tokens: int) -> tuple[tuple[int, int], ...]:
+        """Run, once, the eager steps whose kernel variants the decode graphs did not compile,
+        every request on the pad page, so that they compile at start-up instead of in the
+        middle of serving (a Gluon prefill variant compiles in ~5 s on an H200;
+        docs/kernels/jit_specializations.md). For each request-count class n
+        (`ops.specialize.request_block_classes` up to the largest bucket): a prefill step of n
+        chunks of 2 tokens (the prefill kernels' BLOCK_B) and a mixed step of n decodes and
+        one chunk (the decode kernels at request counts no bucket has: the MLA kernels
+        specialize on them). At most `max_tokens` tokens a step. Touches the pad page only.
+        Returns the (decodes, chunks) of the steps run."""
         max_tokens = check_int("max_tokens", max_tokens, 2)
-        s = self.buffers
-        sizes = sorted({min(n, max_tokens // 2) for n in request_block_classes(self.buckets[-1])})
-        pages = 2 if s.kv.kv_blocks.shape[3] < 2 else 1  # the pages 2 tokens reach
+        classes = request_block_classes(self.buckets[-1])
+        steps = sorted({(0, min(n, max_tokens // 2)) for n in classes})
+        steps += sorted({(min(n, self.buckets[-1] - 1, max_tokens - 2), 1) for n in classes})
+        steps = [(d, n) for d, n in steps if d > 0 or n > 0]
+        for d, n in steps:
+            self._pad_step(d, n)
+        return tuple(steps)
+
+    def _pad_step(self, decodes: int, chunks: int) -> None:
+        """One eager model step of `decodes` one-token requests, then `chunks` requests of 2
+        new tokens, every one at cache length 0 on the pad page."""
+        s, d, n = self.buffers, decodes, chunks
         dev = s.input_ids.device
-        for n in sizes:
-            kv = s.kv_rows(n)
-            lut = kv.lookup_table.clone()
-            lut[:, :pages] = self.pad_page
-            kv = dataclasses.replace(kv, lookup_table=lut)
-            ids = torch.zeros(2 * n, dtype=torch.int64, device=dev)
-            pos = torch.arange(2, device=dev).repeat(n)
-            offs = torch.arange(0, 2 * n + 1, 2, dtype=torch.int32, device=dev)
-            rows = torch.arange(1, 2 * n, 2, device=dev)
-            hint = {"num_decodes": 0} if self._takes_hint else {}
-            self.model(ids, pos, kv, offs, rows, **hint)
-        return tuple(sizes)
+        kv = s.kv_rows(d + n)
+        lut = kv.lookup_table.clone()
+        lut[:, : 2 if s.kv.kv_blocks.shape[3] < 2 else 1] = self.pad_page  # 2 tokens' pages
+        kv = dataclasses.replace(kv, lookup_table=lut)
+        q_lens = torch.tensor([1] * d + [2] * n, device=dev)
+        offs = torch.zeros(d + n + 1, dtype=torch.int32, device=dev)
+        offs[1:] = q_lens.cumsum(0)
+        pos = torch.cat([torch.zeros(d, dtype=torch.int64, device=dev),
+                         torch.arange(2, device=dev).repeat(n)])  # fmt: skip
+        ids = torch.zeros_like(pos)
+        rows = (offs[1:] - 1).to(torch.int64)  # each request's last token
+        hint = {"num_decodes": d} if self._takes_hint else {}
+        self.model(ids, pos, kv, offs, rows, **hint)
 
     def bucket(self, n: int) -> int:
         """The captured batch size that serves n requests (n <= the largest bucket)."""

@@ -247,7 +247,7 @@ class LLMEngine:
             else None
         )
         if graphs is not None and mode == "cuda":
-            graphs.warm_up_prefill(max_num_batched_tokens)  # compiles now, not mid-stream
+            graphs.warm_up_eager(max_num_batched_tokens)  # compiles now, not mid-stream
         self.runner = ModelRunner(model, dev, graphs)
         self._rng = random.Random(check_int("seed", seed, 0))
         self._ids = itertools.count()
