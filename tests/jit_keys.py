@@ -8,7 +8,12 @@ Layouts: mixed steps of d decodes and n prefill chunks (Llama-3-8B heads, 32/8 d
 pages of 16) whose request counts, lookup-table widths and split points differ within one
 request-count class (d in 16..31, n in 1..14); and a pure decode step of 16 requests at the
 decode graphs' table width (the bucket-16 graph). docs/kernels/jit_specializations.md: each
-new binary met while serving was a compile mid-stream (a Gluon prefill variant ~5 s)."""
+new binary met while serving was a compile mid-stream (a Gluon prefill variant ~5 s).
+
+And MLA decode (`mla_decode_triton`, bf16 h_q 16, which specializes on its request count and
+table stride): the binaries of 1..MLA_MAX one-token requests at table widths 1 to 40, and
+those that the decode graphs' buckets and the engine's warm-up (`cuda_graphs.warm_up_steps`)
+run at start-up."""
 
 from __future__ import annotations
 
@@ -16,13 +21,17 @@ import dataclasses
 import json
 
 import torch
-from sm90_compile import MC, TM, WL, Device, offline  # tests/ is on sys.path
+from sm90_compile import MC, TM, WL, Device, M, offline  # tests/ is on sys.path
 
 from pagedattn import KVCacheParams, PagedOperand
+from pagedattn.engine.cuda_graphs import decode_buckets, warm_up_steps
+from pagedattn.ops.mla import worklist as MW
 from pagedattn.testing import make_paged_cache, ragged_offsets
 
 H_Q, H_KV, D, PAGE = 32, 8, 128, 16
 GRAPH_COLS = 512  # the decode graphs' table width (pages of the engine's max_seq_len)
+MLA_MAX = 40  # MLA decode counts checked: 1..40 (request-count classes up to 64)
+MLA_POOL = 192  # pages of the MLA pool (an engine's is fixed; the kernels take its size)
 
 # (decodes, chunks, the longest request's cache length: the table's width)
 # (2256 keys: a table of 144 columns, a multiple of 16; d 16: a request count that is one)
@@ -61,6 +70,38 @@ def launches(cache_lens, q_lens, num_decodes, cols=None):
     return {m.name: offline.cache_hash(m) for m in made}
 
 
+def mla_binaries(decodes: int, seed: int, cols: int) -> list[str]:
+    """The binaries ("kernel hash") of an MLA decode call over `decodes` one-token requests
+    (bf16, h_q 16, pages of 64, a contiguous lookup table `cols` wide) and of its work-list
+    combine, as on an H200."""
+    g = torch.Generator().manual_seed(seed)
+    cl = torch.randint(0, 64 * min(cols, 4) - 1, (decodes,), generator=g).tolist()
+    params = KVCacheParams(torch.bfloat16, 2, 1, 576, 64, is_mla=True, num_q_heads=16,
+                           mla_rope_dim=64)  # fmt: skip
+    needed = sum(-(-(c + 1) // 64) for c in cl)  # a pool of MLA_POOL pages, as an engine's
+    inputs = make_paged_cache(params, cl, [1] * decodes, extra_pages=MLA_POOL - needed).inputs
+    lut = torch.full((decodes, cols), int(inputs.kv_blocks.shape[0]), dtype=torch.int32)
+    n = min(cols, inputs.lookup_table.shape[1])
+    lut[:, :n] = inputs.lookup_table[:, :n]
+    kv = PagedOperand(dataclasses.replace(inputs, lookup_table=lut), params, 1, "k")
+    q = torch.randn(decodes, 16, 576).to(torch.bfloat16)
+    offs = ragged_offsets([1] * decodes, "cpu")
+    made = []
+
+    def call():
+        made.extend(
+            offline.capture(
+                M,
+                lambda: M.mla_decode_triton(q, kv, offs, d_v=512),
+                _use_sm90_path=M.sm90_serves,
+                fast_hbm=lambda device: True,
+            )  # fmt: skip
+        )
+
+    made.extend(offline.capture(MW, call))
+    return sorted({f"{m.name} {offline.cache_hash(m)}" for m in made})
+
+
 def main() -> None:
     g = torch.Generator().manual_seed(0)
     out = {}
@@ -70,6 +111,19 @@ def main() -> None:
         out[f"mixed d{d} n{n}"] = launches(cl, [1] * d + [3] * n, d)
     cl = torch.randint(20, 400, (16,), generator=g).tolist()
     out["graph decode b16"] = launches(cl, [1] * 16, 16, cols=GRAPH_COLS)
+    # MLA decode over d decodes: what the decode graphs and the engine's warm-up compile, and
+    # what mixed steps of 1..MLA_MAX decodes run
+    start = {(b, GRAPH_COLS) for b in decode_buckets(MLA_MAX)}
+    start |= {(d, w) for d, _, w in warm_up_steps(MLA_MAX, 8192, GRAPH_COLS, 64) if d}
+    widths = [1, 2, 3, 9, 16, 17, 32, 40]
+    out["mla"] = {
+        "start": sorted({h for d, w in sorted(start) for h in mla_binaries(d, d, w)}),
+        "served": {
+            f"{d} x {w}": mla_binaries(d, 1000 + d, w)
+            for d in range(1, MLA_MAX + 1)
+            for w in (widths[d % 8], widths[(3 * d + 1) % 8])
+        },
+    }
     print(json.dumps(out))
 
 

@@ -24,7 +24,7 @@ import torch
 from tiny_llama import save_tiny_deepseek, save_tiny_gpt_oss, save_tiny_llama
 
 from pagedattn.engine import LLM, SamplingParams
-from pagedattn.engine.cuda_graphs import PAD_REQUEST, decode_buckets, graph_mode
+from pagedattn.engine.cuda_graphs import PAD_REQUEST, decode_buckets, graph_mode, warm_up_steps
 from pagedattn.errors import InvalidArgumentError
 from pagedattn.models.layers import grouped_experts_ok
 from pagedattn.models.llama import LlamaForCausalLM
@@ -269,9 +269,9 @@ def test_emulated_replay_after_lengths_changed_equals_a_fresh_eager_call(any_ckp
 
 
 def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
-    """`GraphRunner.warm_up_eager` (run at start-up on CUDA) runs a prefill step and a mixed
-    step a request-count class over the pad page: every other page's bytes and the manager's
-    entries stay as they were, and the engine then gives the same tokens."""
+    """`GraphRunner.warm_up_eager` (run at start-up on CUDA) runs prefill and mixed steps at
+    every class of request count and table width over the pad page: every other page's bytes
+    and the manager's entries stay as they were, and the engine then gives the same tokens."""
     args = workload()
     want, _ = run_workload(EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW), *args)
     emu = EmulatedLLM(any_ckpt, device="cpu", dtype=torch.float32, **KW)
@@ -280,9 +280,10 @@ def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
     blocks.normal_(generator=torch.Generator().manual_seed(3))
     before = blocks.clone()
     state = {rid: mgr.pages(rid) for rid in mgr.request_ids}
-    # one class up to 8 rows: 8 chunks of 2 tokens; 7 decodes and a chunk (8 rows)
-    assert g.warm_up_eager(KW["max_num_batched_tokens"]) == ((0, 8), (7, 1))
-    assert g.warm_up_eager(8) == ((0, 4), (6, 1))  # at most 8 tokens a step
+    cols = g.buffers.kv.lookup_table.shape[1]
+    ran = g.warm_up_eager(KW["max_num_batched_tokens"])
+    assert ran == warm_up_steps(8, KW["max_num_batched_tokens"], cols, KW["page_size"])
+    assert len(ran) == 21 and (7, 1, 3) in ran and (0, 8, cols) in ran
     others = [p for p in range(blocks.shape[0]) if p != g.pad_page]
     assert torch.equal(blocks[others], before[others])
     assert not torch.equal(blocks[g.pad_page], before[g.pad_page])  # it did run
@@ -291,6 +292,21 @@ def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
         g.warm_up_eager(1)
     got, _ = run_workload(emu, *args)
     assert got == want
+
+
+def test_warm_up_steps():
+    # counts 1, 3, 7, 8 (int_class_counts(8)); widths 3, 1 and the graphs' 40
+    steps = warm_up_steps(8, 16, 40, 4)
+    assert steps[:3] == ((0, 1, 1), (0, 1, 3), (0, 1, 40)) and len(steps) == 12 + 9
+    assert {(d, n) for d, n, _ in steps} == {(0, 1), (0, 3), (0, 7), (0, 8), (1, 1), (3, 1),
+                                             (7, 1)}  # fmt: skip
+    # pages of 1 row: widths of 2 tokens' pages at least; 8 tokens a step: 4 chunks, 6 decodes
+    steps = warm_up_steps(8, 8, 40, 1)
+    assert {w for _, _, w in steps} == {3, 40}
+    assert {(d, n) for d, n, _ in steps} == {(0, 1), (0, 3), (0, 4), (1, 1), (3, 1), (6, 1)}
+    assert warm_up_steps(1, 2, 1, 16) == ((0, 1, 1),)
+    with pytest.raises(InvalidArgumentError, match="max_tokens"):
+        warm_up_steps(8, 1, 40, 4)
 
 
 def test_buckets():

@@ -141,9 +141,11 @@ def test_v32_cluster_launch_constants(mode, ps, ps_c):
 def test_serving_step_layouts_share_their_binaries():
     """Mixed steps whose request count, lookup-table width and split point differ (one
     request-count class) launch the same sm_90 binaries as an H200 picks them, and their
-    decode part the decode graph's (`tests/jit_keys.py`): each new binary met while serving
-    was a compile mid-stream, ~5 s for a Gluon prefill variant (before `ops.specialize`, these
-    layouts gave 3 prefill, 3 decode and 2 combine binaries, the graph's included)."""
+    decode part the decode graph's; MLA decode, which specializes on both, launches only
+    binaries that the decode graphs and the engine's warm-up compile (`tests/jit_keys.py`):
+    each new binary met while serving was a compile mid-stream, ~5 s for a Gluon prefill
+    variant (before `ops.specialize`, these layouts gave 3 prefill, 3 decode and 2 combine
+    binaries, the graph's included)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(HERE, "..", "src"), env.get("PYTHONPATH", "")]
@@ -152,6 +154,11 @@ def test_serving_step_layouts_share_their_binaries():
                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     steps = json.loads(res.stdout.strip().splitlines()[-1])
+    mla = steps.pop("mla")
+    start = set(mla["start"])
+    missed = {k: [h for h in v if h not in start] for k, v in mla["served"].items()}
+    assert not any(missed.values()), {k: v for k, v in missed.items() if v}
+    assert len(start) >= 10  # (it does cover the classes: 1..40 requests at 8 widths)
     graph = steps.pop("graph decode b16")
     kernels = {"_mha_decode_kernel", "_worklist_combine_kernel", "_mha_prefill_ws"}
     for name in kernels:

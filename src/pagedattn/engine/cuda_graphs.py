@@ -47,7 +47,7 @@ from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import check, check_bool, check_int
 from ..models import parallel
-from ..ops.specialize import request_block_classes
+from ..ops.specialize import int_class_counts
 from .step_inputs import StepInputs
 
 
@@ -58,6 +58,31 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch]
     sizes += range(16, max_batch, 16)
     return (*sizes, max_batch)
+
+
+def warm_up_steps(
+    max_batch: int, max_tokens: int, graph_cols: int, page_size: int
+) -> tuple[tuple[int, int, int], ...]:
+    """The (decodes, chunks of 2 tokens, lookup-table width) of `GraphRunner.warm_up_eager`'s
+    steps, for decode graphs of up to `max_batch` requests with tables `graph_cols` wide (ints
+    >= 1), steps of at most `max_tokens` tokens (an int >= 2) and pages of `page_size`.
+
+    Request counts: `ops.specialize.int_class_counts` (every class of a count a kernel
+    specializes on), as n chunks, then as n decodes and one chunk (at most max_batch
+    requests). Widths: the graphs', 3 and 1 (a multiple of 16 or not, and 1: the classes of
+    the table's row stride, which the MLA kernels specialize on; 2 at least for pages of 1 row,
+    which 2 tokens fill)."""
+    max_batch = check_int("max_batch", max_batch, 1)
+    max_tokens = check_int("max_tokens", max_tokens, 2)
+    graph_cols = check_int("graph_cols", graph_cols, 1)
+    need = 2 if check_int("page_size", page_size, 1) < 2 else 1
+    widths = sorted({w for w in (graph_cols, 3, 1) if need <= w <= graph_cols})
+    counts = int_class_counts(max_batch)
+    chunks = sorted({min(n, max_tokens // 2) for n in counts})
+    decodes = sorted({min(d, max_batch - 1, max_tokens - 2) for d in counts} - {0})
+    return tuple(
+        [(0, n, w) for n in chunks for w in widths] + [(d, 1, w) for d in decodes for w in widths]
+    )
 
 
 def takes_num_decodes(model: torch.nn.Module) -> bool:
@@ -257,32 +282,29 @@ class GraphRunner:
         return forward
 
     @torch.inference_mode()
-    def warm_up_eager(self, max_tokens: int) -> tuple[tuple[int, int], ...]:
+    def warm_up_eager(self, max_tokens: int) -> tuple[tuple[int, int, int], ...]:
         """Run, once, the eager steps whose kernel variants the decode graphs did not compile,
         every request on the pad page, so that they compile at start-up instead of in the
         middle of serving (a Gluon prefill variant compiles in ~5 s on an H200;
-        docs/kernels/jit_specializations.md). For each request-count class n
-        (`ops.specialize.request_block_classes` up to the largest bucket): a prefill step of n
-        chunks of 2 tokens (the prefill kernels' BLOCK_B) and a mixed step of n decodes and
-        one chunk (the decode kernels at request counts no bucket has: the MLA kernels
-        specialize on them). At most `max_tokens` tokens a step. Touches the pad page only.
-        Returns the (decodes, chunks) of the steps run."""
-        max_tokens = check_int("max_tokens", max_tokens, 2)
-        classes = request_block_classes(self.buckets[-1])
-        steps = sorted({(0, min(n, max_tokens // 2)) for n in classes})
-        steps += sorted({(min(n, self.buckets[-1] - 1, max_tokens - 2), 1) for n in classes})
-        steps = [(d, n) for d, n in steps if d > 0 or n > 0]
-        for d, n in steps:
-            self._pad_step(d, n)
-        return tuple(steps)
+        docs/kernels/jit_specializations.md): prefill steps and mixed steps (decodes and a
+        chunk) at every class of request count and table width a kernel specializes on
+        (`warm_up_steps`), at most `max_tokens` tokens a step. Touches the pad page only.
+        Returns the (decodes, chunks, width) of the steps run."""
+        s = self.buffers
+        steps = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
+                              s.kv.kv_blocks.shape[3])  # fmt: skip
+        for d, n, cols in steps:
+            self._pad_step(d, n, cols)
+        return steps
 
-    def _pad_step(self, decodes: int, chunks: int) -> None:
+    def _pad_step(self, decodes: int, chunks: int, cols: int) -> None:
         """One eager model step of `decodes` one-token requests, then `chunks` requests of 2
-        new tokens, every one at cache length 0 on the pad page."""
+        new tokens, every one at cache length 0 on the pad page, with a lookup table `cols`
+        wide (contiguous)."""
         s, d, n = self.buffers, decodes, chunks
         dev = s.input_ids.device
         kv = s.kv_rows(d + n)
-        lut = kv.lookup_table.clone()
+        lut = torch.full((d + n, cols), int(s.pad_lookup_row[-1]), dtype=torch.int32, device=dev)
         lut[:, : 2 if s.kv.kv_blocks.shape[3] < 2 else 1] = self.pad_page  # 2 tokens' pages
         kv = dataclasses.replace(kv, lookup_table=lut)
         q_lens = torch.tensor([1] * d + [2] * n, device=dev)
@@ -330,4 +352,5 @@ __all__ = [
     "graph_mode",
     "supports_cuda_graphs",
     "takes_num_decodes",
+    "warm_up_steps",
 ]

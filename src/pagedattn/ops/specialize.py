@@ -26,11 +26,18 @@ def request_block(batch: int) -> int:
     return max(16, min(1024, 1 << batch.bit_length()))
 
 
-def request_block_classes(max_batch: int) -> tuple[int, ...]:
-    """One request count for each BLOCK_B class from 1 to max_batch requests (the largest of
-    each class, max_batch last): the step sizes a warm-up runs to compile every variant that
-    the request count selects."""
-    sizes = [n for n in range(1, max_batch + 1) if request_block(n) != request_block(n + 1)]
-    if not sizes or sizes[-1] != max_batch:
-        sizes.append(max_batch)
-    return tuple(sizes)
+def int_class_counts(limit: int) -> tuple[int, ...]:
+    """One count in 1..limit for each pair (Triton's class of the int: 1, a multiple of 16 or
+    other; next_pow2(n + 1), the width of a [n + 1]-vector's block), ascending: 1; the largest
+    of each [2^(k-1), 2^k - 1] (never a multiple of 16); from 16 on, the smallest (a multiple of
+    16). Launches at these counts compile every binary that a kernel specializing on a count
+    (as an int and through such a vector) can select below `limit` (MLA decode: q_args' batch
+    and its B_P2)."""
+    counts = {1}
+    k = 2
+    while (1 << (k - 1)) <= limit:
+        counts.add(min((1 << k) - 1, limit))
+        if (1 << (k - 1)) >= 16:
+            counts.add(1 << (k - 1))
+        k += 1
+    return tuple(sorted(c for c in counts if c <= limit))
