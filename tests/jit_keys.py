@@ -39,14 +39,21 @@ LAYOUTS = [(17, 1, 2100), (18, 2, 2060), (19, 3, 2170), (16, 2, 2256), (25, 14, 
            (31, 5, 2300)]  # fmt: skip
 
 
+def with_width(inputs, cols: int):
+    """`inputs` with a contiguous lookup table `cols` wide: the first columns of its table,
+    the sentinel (the pool's page count) past them, as the graphs' buffers are widened."""
+    lut = inputs.lookup_table
+    table = torch.full((lut.shape[0], cols), int(inputs.kv_blocks.shape[0]), dtype=lut.dtype)
+    n = min(cols, lut.shape[1])
+    table[:, :n] = lut[:, :n]
+    return dataclasses.replace(inputs, lookup_table=table)
+
+
 def operands(cache_lens, q_lens, cols=None):
     params = KVCacheParams(torch.bfloat16, 2, H_KV, D, PAGE)
     inputs = make_paged_cache(params, cache_lens, q_lens).inputs
-    if cols is not None:  # widen the table with sentinel entries, as the graphs' buffers are
-        lut = inputs.lookup_table
-        wide = torch.full((lut.shape[0], cols), int(inputs.kv_blocks.shape[0]), dtype=lut.dtype)
-        wide[:, : lut.shape[1]] = lut
-        inputs = dataclasses.replace(inputs, lookup_table=wide)
+    if cols is not None:
+        inputs = with_width(inputs, cols)
     return PagedOperand(inputs, params, 1, "k"), PagedOperand(inputs, params, 1, "v")
 
 
@@ -80,10 +87,7 @@ def mla_binaries(decodes: int, seed: int, cols: int) -> list[str]:
                            mla_rope_dim=64)  # fmt: skip
     needed = sum(-(-(c + 1) // 64) for c in cl)  # a pool of MLA_POOL pages, as an engine's
     inputs = make_paged_cache(params, cl, [1] * decodes, extra_pages=MLA_POOL - needed).inputs
-    lut = torch.full((decodes, cols), int(inputs.kv_blocks.shape[0]), dtype=torch.int32)
-    n = min(cols, inputs.lookup_table.shape[1])
-    lut[:, :n] = inputs.lookup_table[:, :n]
-    kv = PagedOperand(dataclasses.replace(inputs, lookup_table=lut), params, 1, "k")
+    kv = PagedOperand(with_width(inputs, cols), params, 1, "k")
     q = torch.randn(decodes, 16, 576).to(torch.bfloat16)
     offs = ragged_offsets([1] * decodes, "cpu")
     made = []

@@ -285,11 +285,10 @@ class GraphRunner:
     def warm_up_eager(self, max_tokens: int) -> tuple[tuple[int, int, int], ...]:
         """Run, once, the eager steps whose kernel variants the decode graphs did not compile,
         every request on the pad page, so that they compile at start-up instead of in the
-        middle of serving (a Gluon prefill variant compiles in ~5 s on an H200;
-        docs/kernels/jit_specializations.md): prefill steps and mixed steps (decodes and a
-        chunk) at every class of request count and table width a kernel specializes on
-        (`warm_up_steps`), at most `max_tokens` tokens a step. Touches the pad page only.
-        Returns the (decodes, chunks, width) of the steps run."""
+        middle of serving (docs/kernels/jit_specializations.md): prefill steps and mixed
+        steps (decodes and a chunk) at every class of request count and table width a kernel
+        specializes on (`warm_up_steps`), at most `max_tokens` tokens a step. Touches the pad
+        page only. Returns the (decodes, chunks, width) of the steps run."""
         s = self.buffers
         steps = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
                               s.kv.kv_blocks.shape[3])  # fmt: skip

@@ -4,10 +4,9 @@ Triton and Gluon compile a new binary whenever an int argument changes class (1,
 16, anything else) or a pointer changes its 16-byte alignment. A serving step changes those
 from one step to the next: its request count, the lookup table's width (the longest running
 request's pages) and, in a mixed step, where the prefill part's views of the cache lengths and
-the lookup table start. Each new class cost a compile in the middle of a serving stream (H200,
-2026-11-29: a Gluon prefill variant ~5.2 s, a decode variant ~0.9 s;
-docs/kernels/jit_specializations.md). These values only bound a loop, mask lanes or scale the
-row index of single-element loads, so one binary serves them all:
+the lookup table start. Each new class is a compile in the middle of a serving stream (seconds
+for a Gluon kernel; docs/kernels/jit_specializations.md). These values only bound a loop, mask
+lanes or scale the row index of single-element loads, so one binary serves them all:
 
 - `STEP_INTS`: the request count and the lookup tables' row strides;
 - `INDEX_VIEWS`: the index tensors read one element at a time (page ids, row offsets, cache

@@ -62,9 +62,9 @@ class DecodeConfig(_Fields):
     (`fast_flags`): fast, addr, clamp, v_delta, v_sel, v_perm, gp_min (the padded query-head
     tile), trans, k_cvt / v_cvt ("tl", "int" or "asm" e4m3 upcasts). balanced: where the call
     leaves num_partitions to the op, the balanced work list (`triton_worklist`) of `waves`
-    waves of resident CTAs instead of one partition count per batch (one: at 3, H200
-    2026-11-29, skewed b128 / b256 ran 0.74 -> 0.89 / 0.93 of copy but a uniform b64 x 4k
-    0.997 -> 0.954 and one long request among 63 short 0.49 -> 0.38; docs/kernels/mha_decode.md)."""
+    waves of resident CTAs instead of one partition count per batch (one ships: more waves
+    balance large skewed batches better but split the rows of uniform ones and over-split a
+    lone long request; docs/kernels/mha_decode.md has the measurements)."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
