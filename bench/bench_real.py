@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import Record, flashinfer, roofline_ms, save_and_report, suite_main, time_ms
 
-from pagedattn import KVCacheParams, PagedOperand, mha, mla_decode
+from pagedattn import KVCacheParams, PagedOperand, StepPlan, mha, mla_decode
 from pagedattn.testing import make_paged_cache, poison_, ragged_offsets
 
 SUITE = "real"
@@ -393,8 +393,14 @@ def run_gqa(ctx: Ctx, case: Case, lens: list[int], chunks=()) -> None:
     flops = 2 * visible_keys(seq, new) * h_q * 2 * D
     # a mixed step says how many decodes lead it, as a serving engine's batch does (`mha`)
     hint = len(lens) if chunks else None
+    # the step's work plan from the host's lengths, made once (at the first call) as
+    # FlashInfer's plan() is; a step that plans afresh on the device (lengths on the device
+    # only: one more small launch, and the plan's capacity as the grid) goes into the record
+    plan = StepPlan(cache_lens)
     ours = lambda: mha(q, k_op, v_op, offs, scale=scale, out=out, backend=ctx.backend,
-                       num_decodes=hint)  # fmt: skip
+                       num_decodes=hint, plan=plan)  # fmt: skip
+    fresh = lambda: mha(q, k_op, v_op, offs, scale=scale, out=out, backend=ctx.backend,
+                        num_decodes=hint, plan=StepPlan())  # fmt: skip
 
     def setup(fi):
         ws = torch.empty(WS_BYTES, dtype=torch.uint8, device="cuda")
@@ -414,6 +420,7 @@ def run_gqa(ctx: Ctx, case: Case, lens: list[int], chunks=()) -> None:
         else "BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores)"
     )
     extra = dict(page=page, h_q=h_q, h_kv=H_KV, d=D, tokens=int(q.shape[0]))
+    extra["device_planned_ms"] = round(float(ctx.time(fresh)), 4)
     if chunks:
         extra.update(decodes=len(lens), chunks=[list(c) for c in chunks], num_decodes=hint)
     finish(ctx, case, ours=ours, out=out, ref=ref, peer_fn=peer(ctx, case, setup), api=api,

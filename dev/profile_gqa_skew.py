@@ -1,7 +1,7 @@
 """Where a skewed GQA decode step's time goes (issue 56): the balanced work list's decode
-kernel, its combine and the gap between them, per `waves`, from torch.profiler device times
-and graph-replay wall times. Cases are bench_real's (seeded lognormal lengths, one long among
-short, a uniform control); GQA 32/8 d128 page 16 bf16.
+kernel, its combine and the gap between them, with and without the step's plan, from
+torch.profiler device times and graph-replay wall times. Cases are bench_real's (seeded
+lognormal lengths, one long among short, a uniform control); GQA 32/8 d128 page 16 bf16.
 
     python dev/profile_gqa_skew.py [--out FILE]
 """
@@ -20,6 +20,7 @@ import bench_real as br  # noqa: E402
 from common import copy_bandwidth, time_ms  # noqa: E402
 
 from pagedattn.operands import PagedOperand  # noqa: E402
+from pagedattn.ops.mha import StepPlan  # noqa: E402
 from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
 from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
 from pagedattn.testing import ragged_offsets  # noqa: E402
@@ -34,7 +35,26 @@ CASES = [
     ("uniform b64 x4096", ("uniform", 4096), 64),
 ]
 
-WAVES = (1, 3)  # the most waves; the list may keep one (`triton_worklist`)
+# list: the kernel derives one wave of items in every program; plan: the step's plan from the
+# host's lengths (made once, as FlashInfer's plan()); device-plan: made on the device once (the
+# grid: the plan's capacity); plan+planner: a device plan a call (the planner launch timed too);
+# P: one partition count a batch (no list), for reference
+VARIANTS = tuple(os.environ.get("VARIANTS", "list,plan,device-plan,plan+planner,P").split(","))
+
+
+def _call(variant, q, k_op, v_op, offs, out, lens):
+    if variant == "P":
+        cfg = MHATuning(decode={"balanced": False})
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)
+    if variant == "list":
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out)
+    if variant == "plan":
+        plan = StepPlan(lens)
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
+    if variant == "device-plan":
+        plan = StepPlan()
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
+    return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=StepPlan())
 
 
 def kernel_times(fn, n=20) -> dict[str, float]:
@@ -61,7 +81,10 @@ def main() -> None:
     dev = torch.device("cuda")
     bw = copy_bandwidth()
     rows = []
+    only = os.environ.get("CASES")
     for name, spec, b in CASES:
+        if only and name not in only.split(","):
+            continue
         lens = br.draw_lengths(spec, b, 0)
         pc = br.gqa_cache([s - 1 for s in lens], [1] * b, 16, 32, dev, 0)
         inp = pc.inputs
@@ -71,27 +94,26 @@ def main() -> None:
         nbytes = sum(lens) * 8 * 2 * 128 * 2 + 2 * q.numel() * 2
         floor_us = nbytes / (bw * 1e3)  # bw in GB/s
         ref = None
-        for waves in (*WAVES, 0):  # 0: one partition count a batch (no list), for reference
-            cfg = MHATuning(decode={"waves": waves} if waves else {"balanced": False})
+        for variant in VARIANTS:
             out = torch.full_like(q, float("nan"))
-            fn = lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)  # noqa: E731
+            fn = _call(variant, q, k_op, v_op, offs, out, [x - 1 for x in lens])
             fn()
             torch.cuda.synchronize()
             if ref is None:
                 ref = out.float().clone()
-            assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2), (name, waves)
+            assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2), (name, variant)
             ms = time_ms(fn)
             us = float(ms.graph if getattr(ms, "graph", None) else ms) * 1e3
             kt = kernel_times(fn)
-            row = dict(case=name, waves=waves, us=round(us, 1), floor_us=round(floor_us, 1),
+            row = dict(case=name, variant=variant, us=round(us, 1), floor_us=round(floor_us, 1),
                        frac=round(floor_us / us, 3), kernels=kt)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\ncopy {bw:.0f} GB/s")
-    print(f"{'case':<22} {'waves':>5} {'us':>8} {'frac':>6}  kernels (device us a call)")
+    print(f"{'case':<22} {'variant':>12} {'us':>8} {'frac':>6}  kernels (device us a call)")
     for r in rows:
         ks = ", ".join(f"{k.split('(')[0]} {v}" for k, v in r["kernels"].items())
-        print(f"{r['case']:<22} {r['waves']:>5} {r['us']:>8} {r['frac']:>6}  {ks}")
+        print(f"{r['case']:<22} {r['variant']:>12} {r['us']:>8} {r['frac']:>6}  {ks}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(copy_gbps=bw, rows=rows), f, indent=1)

@@ -44,6 +44,7 @@ from .ops.store_kv import gather_kv, store_kv
 
 _LAZY = {
     "mha": "pagedattn.ops.mha",
+    "StepPlan": "pagedattn.ops.mha",
     "mla_decode": "pagedattn.ops.mla",
     "fp8_bmm": "pagedattn.ops.linear",
     "mla_decode_branch_fp8": "pagedattn.ops.mla_branch",

@@ -47,6 +47,7 @@ from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import check, check_bool, check_int
 from ..models import parallel
+from ..ops.mha import StepPlan
 from ..ops.specialize import int_class_counts
 from .step_inputs import StepInputs
 
@@ -88,6 +89,11 @@ def warm_up_steps(
 def takes_num_decodes(model: torch.nn.Module) -> bool:
     """Whether the model's step forward takes the `num_decodes` hint (`StepInputs`)."""
     return "num_decodes" in inspect.signature(model.forward).parameters
+
+
+def takes_attention_plan(model: torch.nn.Module) -> bool:
+    """Whether the model's step forward takes the step's `attention_plan` (a `StepPlan`)."""
+    return "attention_plan" in inspect.signature(model.forward).parameters
 
 
 def supports_cuda_graphs(model: torch.nn.Module) -> bool:
@@ -287,19 +293,24 @@ class GraphRunner:
         every request on the pad page, so that they compile at start-up instead of in the
         middle of serving (docs/kernels/jit_specializations.md): prefill steps and mixed
         steps (decodes and a chunk) at every class of request count and table width a kernel
-        specializes on (`warm_up_steps`), at most `max_tokens` tokens a step. Touches the pad
-        page only. Returns the (decodes, chunks, width) of the steps run."""
+        specializes on (`warm_up_steps`), at most `max_tokens` tokens a step; a step with
+        decodes twice, with a work plan and without (`ModelRunner.eager` passes a plan of the
+        step's host lengths, which the decode launch uses where it splits into more than one
+        wave, `StepPlan`). Touches the pad page only. Returns the (decodes, chunks, width) of
+        the steps run."""
         s = self.buffers
         steps = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
                               s.kv.kv_blocks.shape[3])  # fmt: skip
         for d, n, cols in steps:
-            self._pad_step(d, n, cols)
+            for planned in (False, True) if d and takes_attention_plan(self.model) else (False,):
+                self._pad_step(d, n, cols, planned)
         return steps
 
-    def _pad_step(self, decodes: int, chunks: int, cols: int) -> None:
+    def _pad_step(self, decodes: int, chunks: int, cols: int, planned: bool = False) -> None:
         """One eager model step of `decodes` one-token requests, then `chunks` requests of 2
         new tokens, every one at cache length 0 on the pad page, with a lookup table `cols`
-        wide (contiguous)."""
+        wide (contiguous); planned: with a work plan made on the device (always used, so its
+        kernel variants compile whatever the pad lengths)."""
         s, d, n = self.buffers, decodes, chunks
         dev = s.input_ids.device
         kv = s.kv_rows(d + n)
@@ -314,6 +325,8 @@ class GraphRunner:
         ids = torch.zeros_like(pos)
         rows = (offs[1:] - 1).to(torch.int64)  # each request's last token
         hint = {"num_decodes": d} if self._takes_hint else {}
+        if planned:
+            hint["attention_plan"] = StepPlan()
         self.model(ids, pos, kv, offs, rows, **hint)
 
     def bucket(self, n: int) -> int:

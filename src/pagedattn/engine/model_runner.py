@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from .cuda_graphs import GraphRunner, takes_num_decodes
+from ..ops.mha import StepPlan
+from .cuda_graphs import GraphRunner, takes_attention_plan, takes_num_decodes
 from .step_inputs import StepInputs
 
 
@@ -33,6 +34,7 @@ class ModelRunner:
         self.device = device
         self.graphs = graphs
         self._takes_hint = takes_num_decodes(model)
+        self._takes_plan = takes_attention_plan(model)
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
@@ -46,6 +48,8 @@ class ModelRunner:
     def eager(self, inputs: StepInputs) -> torch.Tensor:
         """The step as one eager model call (what `execute` does without a graph)."""
         hint = {"num_decodes": inputs.num_decodes} if self._takes_hint else {}
+        if self._takes_plan:  # the step's plan, from the manager's host lengths (`mha`)
+            hint["attention_plan"] = StepPlan(inputs.host.cache_lengths)
         return self.model(
             inputs.input_ids,
             inputs.positions,

@@ -34,7 +34,7 @@ from ..ops.fused import apply_rope_reference, rms_norm, silu_mul
 from ..ops.fused.reference import rms_norm_reference
 from ..ops.linear import fp8_bmm
 from ..ops.masks import Mask
-from ..ops.mha import mha
+from ..ops.mha import StepPlan, mha
 from ..ops.store_kv import store_kv
 from . import parallel
 from .config import ModelConfig, RopeConfig
@@ -425,8 +425,9 @@ class GptOssMoE(nn.Module):
 @dataclass
 class StepContext:
     """What every layer of one step reads: the device's cache inputs, the cache's params, the
-    [b + 1] int32 query offsets, the step's RoPE cos/sin ([T, head_dim // 2]) and how many
-    requests lead it with one token each (None: not known)."""
+    [b + 1] int32 query offsets, the step's RoPE cos/sin ([T, head_dim // 2]), how many
+    requests lead it with one token each (None: not known) and the step's decode work plans
+    (a `StepPlan` of the step's host lengths, or None: the kernels derive their lists)."""
 
     kv_inputs: KVCacheInputsPerDevice
     kv_params: KVCacheParams
@@ -434,6 +435,8 @@ class StepContext:
     cos: torch.Tensor
     sin: torch.Tensor
     num_decodes: int | None = None  # the step's leading one-token requests (`mha`'s hint)
+    # the step's decode work plans (`mha`'s plan): made by its first layer, read by the others
+    plan: StepPlan | None = None
 
 
 def paged_attention(
@@ -461,6 +464,7 @@ def paged_attention(
         scale=scale,
         sinks=sinks,
         num_decodes=ctx.num_decodes,
+        plan=ctx.plan,
     )
 
 

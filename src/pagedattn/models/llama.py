@@ -26,6 +26,7 @@ from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check, check_int
 from ..ops import masks
 from ..ops.fused import rope_qkv
+from ..ops.mha import StepPlan
 from . import parallel
 from .config import ModelConfig
 from .layers import (
@@ -291,6 +292,7 @@ class DecoderForCausalLM(nn.Module):
         q_row_offsets: torch.Tensor,
         logits_rows: torch.Tensor,
         num_decodes: int | None = None,
+        attention_plan: StepPlan | None = None,
     ) -> torch.Tensor:
         """One step of a ragged batch (docs/models.md).
 
@@ -306,11 +308,15 @@ class DecoderForCausalLM(nn.Module):
           usually each request's last token when its prompt is complete.
         num_decodes: how many requests lead the batch with one token each (a mixed step's
           decodes first, `StepInputs.num_decodes`): `mha`'s hint, None where not known.
+        attention_plan: the step's `StepPlan` (made from its host cache lengths), which every
+          layer's `mha` reads; None: the decode kernels derive their work lists.
         Returns logits [n, vocab] float32.
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
         cos, sin = self.rotary_emb(positions, self.dtype)
         ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes)
+        if isinstance(ctx, StepContext):
+            ctx.plan = attention_plan
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from ...errors import Lazy, check
+from ...errors import InvalidArgumentError, Lazy, check
 from ...operands import RowOperand
 from .._checks import (
     INT32_MAX,
@@ -40,6 +40,7 @@ from ..dispatch import choose_backend
 from ..masks import Mask, causal
 from ..prepared import MISS, UNPREPARED
 from .reference import mha_reference
+from .step_plan import StepPlan
 
 Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MHA_QUANT_FORMATS = (None, "blockwise", "per_tensor")
@@ -198,6 +199,7 @@ def mha(
     out: torch.Tensor | None = None,
     backend: str | None = None,
     num_decodes: int | None = None,
+    plan: StepPlan | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ragged queries over a K/V operand (prefill, chunked prefill, decode).
 
@@ -225,6 +227,12 @@ def mha(
       without it a mixed step runs every request on the prefill kernel. The result does not
       depend on it. The reference checks it against the host offsets; on CUDA the offsets
       are the caller's to keep true (a device value, not read).
+    plan: a `StepPlan` shared by the step's layers, or None. The Triton decode launches over
+      causal or unmasked rows then take their balanced work list from a plan made once for
+      the step (one small launch at the first of them; docs/ops.md "The step's plan") instead
+      of deriving one in every program. The result does not depend on it; a plan made for
+      other lengths of the same batch stays correct (only less balanced). The reference and
+      `torch.compile` ignore it.
 
     Returns out [total_q, h_q, d_v] in q.dtype, or (out, lse).
 
@@ -234,9 +242,11 @@ def mha(
     global _prepared
     compiling = torch.compiler.is_compiling()
     hit = MISS
-    if num_decodes is not None:  # a mixed step: the full path (`_mixed`)
+    if plan is not None and not isinstance(plan, StepPlan):
+        raise InvalidArgumentError(f"plan: expected a StepPlan or None, got {type(plan).__name__}")
+    if num_decodes is not None or plan is not None:  # the full path (`_mixed`)
         return _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
-                      backend, num_decodes, compiling)  # fmt: skip
+                      backend, num_decodes, compiling, plan)  # fmt: skip
     if _prepared is not None and not compiling:
         hit = _prepared(
             q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend
@@ -273,14 +283,14 @@ def mha(
 
 
 def _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend,
-           num_decodes, compiling):  # fmt: skip
-    """`mha` with a `num_decodes` hint: checked, then the Triton path's two launches
-    (`triton_mha.mha_mixed_triton`) or, elsewhere, the one-launch path (the reference checks
-    the hint on the host)."""
+           num_decodes, compiling, plan=None):  # fmt: skip
+    """`mha` with a `num_decodes` hint or a step's plan: checked, then the Triton path's one
+    or two launches (`triton_mha.mha_mixed_triton`, `mha_triton`) or, elsewhere, the
+    one-launch path (the reference checks the hint on the host)."""
     mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
     batch, total_q = q_row_offsets.shape[0] - 1, q.shape[0]
     check(
-        isinstance(num_decodes, int) and not isinstance(num_decodes, bool)
+        num_decodes is None or isinstance(num_decodes, int) and not isinstance(num_decodes, bool)
         and 0 <= num_decodes <= min(batch, total_q),
         "num_decodes",
         Lazy(lambda: f"None or an int in [0, {min(batch, total_q)}] (min(batch, total_q))"),
@@ -295,9 +305,11 @@ def _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_ls
             kwargs["scale"] = 1.0 / math.sqrt(q.shape[-1])
         return mha_compiled(q, k, v, q_row_offsets, backend=backend, **kwargs)
     if choose_backend(q.device, backend) == "triton":
-        from .triton_mha import mha_mixed_triton
+        from .triton_mha import mha_mixed_triton, mha_triton
 
-        return mha_mixed_triton(q, k, v, q_row_offsets, num_decodes, **kwargs)
+        if num_decodes is None:
+            return mha_triton(q, k, v, q_row_offsets, plan=plan, **kwargs)
+        return mha_mixed_triton(q, k, v, q_row_offsets, num_decodes, plan=plan, **kwargs)
     if num_decodes:
         head = q_row_offsets[: num_decodes + 1].tolist()
         check(
@@ -310,4 +322,4 @@ def _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_ls
     return mha_reference(q, k, v, q_row_offsets, **kwargs)
 
 
-__all__ = ["mha", "mha_reference"]
+__all__ = ["StepPlan", "mha", "mha_reference"]

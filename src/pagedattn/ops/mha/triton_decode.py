@@ -397,6 +397,7 @@ def _mha_decode_kernel(
     PL,
     num_partitions,
     sm_scale_log2,
+    Plan,
     H_KV: tl.constexpr,
     GROUP: tl.constexpr,
     GP: tl.constexpr,
@@ -443,6 +444,7 @@ def _mha_decode_kernel(
     BALANCED: tl.constexpr = False,
     TARGET: tl.constexpr = 1,
     MIN_BLOCKS: tl.constexpr = 1,
+    PLAN: tl.constexpr = False,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
@@ -450,13 +452,31 @@ def _mha_decode_kernel(
     PO [total_q, h_q, P, DV] f32 / PL [total_q, h_q, P] f32 partials when SPLIT.
     BALANCED: one (work item, KV head) instead (`triton_worklist`: the grid is (TARGET +
     batch) x H_KV, programs past the list exit); a row of several items writes partials
-    PO [items, h_q, DV] / PL [items, h_q] at its items, a row of one the output.
+    PO [items, h_q, DV] / PL [items, h_q] at its items, a row of one the output. PLAN (with
+    BALANCED): the items come from a step's plan (`work_plan`, int32 Plan: n_items, then
+    (row, k_lo, k_hi, n_row) an item from word 8) instead of the kernel's own list.
     """
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hkv = pid % H_KV
     rest = pid // H_KV
-    if BALANCED:
+    k_lo = 0
+    k_hi = -1
+    if PLAN:
+        # the grid holds the plan's capacity; the programs past its items come FIRST and exit
+        # at once, while every SM is free (after the items, they cost a uniform b64 x 4k step
+        # 245 -> 281 us on an H200: docs/kernels/mha_decode.md, "the step's plan")
+        rest -= tl.num_programs(0) // H_KV - tl.load(Plan)
+        if rest < 0:
+            return
+        at = Plan + 8 + 4 * rest
+        row = tl.load(at)
+        k_lo = tl.load(at + 1)
+        k_hi = tl.load(at + 2)
+        split = tl.load(at + 3) > 1
+        part = 0
+        chunk = 0
+    elif BALANCED:
         w_r, w_n, w_incl, w_lo, w_chunk = work_list(
             cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
         )
@@ -476,12 +496,16 @@ def _mha_decode_kernel(
     lo, hi = visible_range(pos, kv_len, MASK, mask_param)
     # Split [lo, hi) into num_partitions chunks of whole tiles (tile starts BLOCK_N-aligned).
     lo_al = (lo // BLOCK_N) * BLOCK_N
-    if BALANCED:  # the item's chunk of `chunk` tiles (a row of one item: all of it)
-        per = tl.where(split, chunk * BLOCK_N, tl.maximum(hi - lo_al, 0))
+    if PLAN:  # the item's keys, within the row's (the last item: to the row's end)
+        p_lo = tl.maximum(lo_al, k_lo)
+        p_hi = tl.where(k_hi < 0, hi, tl.minimum(k_hi, hi))
     else:
-        per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo_al, 0), num_partitions), BLOCK_N) * BLOCK_N
-    p_lo = lo_al + part * per
-    p_hi = tl.minimum(p_lo + per, hi)
+        if BALANCED:  # the item's chunk of `chunk` tiles (a row of one item: all of it)
+            per = tl.where(split, chunk * BLOCK_N, tl.maximum(hi - lo_al, 0))
+        else:
+            per = tl.cdiv(tl.cdiv(tl.maximum(hi - lo_al, 0), num_partitions), BLOCK_N) * BLOCK_N
+        p_lo = lo_al + part * per
+        p_hi = tl.minimum(p_lo + per, hi)
 
     offs_g = tl.arange(0, GP)
     offs_n = tl.arange(0, BLOCK_N)

@@ -48,7 +48,7 @@ from ...operands import KernelArgs, RowOperand
 from ..constants import LOG2E_F
 from ..gluon_imports import GluonTensorDescriptor, nvmma_128b
 from ..launch import launch, recording
-from ..masks import Mask, causal
+from ..masks import MASK_CODES, Mask, causal
 from ..pdl import pdl_enabled
 from ..prepared import (
     MISS,
@@ -73,17 +73,24 @@ from .selection import (  # noqa: F401 - decode_config: kept importable here (te
     decode_config,
     fast_flags,
     mma_flags,
-    plan,
     quant_code,
     same_rows,
     storage_delta,
     tuning_from_env,
 )
+from .selection import (
+    plan as launch_plan,
+)
+from .step_plan import StepPlan
 from .triton_combine import combine_triton
 from .triton_decode import _mha_decode_kernel
 from .triton_prefill import _mha_prefill_kernel
 from .triton_tiles import Q_BLOCK, Q_TENSOR, Q_TOKEN
 from .triton_worklist import host_item_count, worklist_combine_triton
+from .work_plan import plan_capacity
+
+# masks whose rows see every key up to their own: the step's plan balances their decode launches
+PLANNED_MASKS = (MASK_CODES["null"], MASK_CODES["causal"])
 
 # causal-type masks: each request's heaviest query block runs first
 _REVERSE = ("causal", "sliding_window_causal", "chunked_causal")
@@ -191,6 +198,7 @@ def mha_triton(
     out: torch.Tensor | None = None,
     max_q_len: int | None = None,
     config: MHATuning | None = None,
+    plan: StepPlan | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ragged queries over K/V operands (docs/ops.md `mha`).
 
@@ -202,6 +210,9 @@ def mha_triton(
       decode path. Without it, decode is taken iff q.shape[0] == batch.
     config: development overrides of the launch configs (`selection.MHATuning`), applied over
       $PAGEDATTN_MHA_TUNING's.
+    plan: the step's `work_plan.StepPlan`: a balanced decode launch over a causal or unmasked
+      row reads its work list from the step's plan (made at the first such launch) instead of
+      deriving one wave of items in every program.
     Returns out [total_q, h_q, d_v] in q.dtype, and LSE [total_q, h_q] f32 if return_lse.
 
     This is the full path of every call (`pagedattn.mha` keeps prepared decode calls,
@@ -210,7 +221,7 @@ def mha_triton(
     return _full_path(
         q, k, v, q_row_offsets, mask=mask, scale=scale, sinks=sinks,
         num_partitions=num_partitions, return_lse=return_lse, out=out, max_q_len=max_q_len,
-        config=config,
+        config=config, plan=plan,
     )[0]  # fmt: skip
 
 
@@ -300,6 +311,7 @@ def _full_path(
     out: torch.Tensor | None,
     max_q_len: int | None = None,
     config: MHATuning | None = None,
+    plan: StepPlan | None = None,
 ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], _Ran]:
     """`mha_triton`'s body: (its result, what it ran)."""
     mask = causal() if mask is None else mask
@@ -371,7 +383,7 @@ def _full_path(
     dvp = max(16, triton.next_power_of_2(dv))
     block_b = request_block(batch)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    how = ran.how = plan(
+    how = ran.how = launch_plan(
         q, ka, va, dk, dv, batch, mask, max_q_len, num_partitions, tuning, device_facts(q.device)
     )
     q_head = [q, q.stride(0), q.stride(1)]
@@ -393,7 +405,16 @@ def _full_path(
         balanced = how.target > 0
         split = parts > 1 or balanced
         mma = mma_flags(cfg, prec, kcx, vcx)
-        if balanced:  # partials at the work items: at most target + batch of them
+        buf = None
+        if balanced and plan is not None and mask.code in PLANNED_MASKS:
+            buf, n_items = plan.get(ka.cache_lengths, batch, block_n=bn, target=how.target,
+                                    min_blocks=how.min_blocks)  # fmt: skip
+        if buf is not None:  # the step's plan: its items, or its capacity where not known
+            # (on the CPU too: the interpreter runs the same exits as the GPU)
+            items = bound = plan_capacity(batch, how.target) if n_items is None else n_items
+            po = torch.empty((bound, h_q, dv), dtype=torch.float32, device=q.device)
+            pl = torch.empty((bound, h_q), dtype=torch.float32, device=q.device)
+        elif balanced:  # partials at the work items: at most target + batch of them
             items = bound = how.target + batch
             if q.device.type == "cpu":  # host lengths: launch only the list's programs
                 items = host_item_count(
@@ -413,7 +434,7 @@ def _full_path(
             ran.po, ran.pl = po, pl
         launch(_mha_decode_kernel, (items * h_kv,),
             *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
-            H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
+            buf if buf is not None else q, H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
             **fast_flags(cfg, ka, va, dk, dv, kcx, vcx, k_tma or v_tma, mma["MMA_F16"]),
             DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_N=bn,
             K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=same_rows(ka, va, k_tma, v_tma),
@@ -425,14 +446,15 @@ def _full_path(
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
             BLOCK_B=block_b, PDL=split and pdl_enabled(q),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-            **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks)
+            **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
+                    **({"PLAN": True} if buf is not None else {}))
                if balanced else {}),
         )  # fmt: skip
         if balanced:
             worklist_combine_triton(
                 ka.cache_lengths, q_row_offsets, mask.code, mask.param, po, pl, out, lse, sinks,
                 group=group, block_n=bn, target=how.target, min_blocks=how.min_blocks,
-                block_b=block_b,
+                block_b=block_b, plan=buf,
             )  # fmt: skip
         elif split:
             combine_triton(po, pl, out, lse, sinks)

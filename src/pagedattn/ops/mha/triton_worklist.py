@@ -116,12 +116,14 @@ def find_item(r, n, incl, lo_al, chunk, item):
     )
 
 
-@triton.jit(do_not_specialize=["batch"])
+@triton.jit(do_not_specialize=["batch", "plan_cap"])
 def _worklist_combine_kernel(
     cache_lens,
     q_offsets,
     batch,
     mask_param,
+    Plan,
+    plan_cap,
     PO,
     PL,
     Sinks,
@@ -145,6 +147,7 @@ def _worklist_combine_kernel(
     WRITE_LSE: tl.constexpr,
     BLOCK_I: tl.constexpr,
     PDL: tl.constexpr = False,
+    PLAN: tl.constexpr = False,
 ):
     """One (row, KV head): merge the partials of the row's items for the KV head's GROUP query
     heads when the row has several (a row of one item was written by the decode kernel).
@@ -155,13 +158,18 @@ def _worklist_combine_kernel(
     pdl_wait(PDL)
     row = tl.program_id(0)
     hkv = tl.program_id(1)
-    r, n, incl, lo_al, chunk = work_list(
-        cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
-    )
-    at = r == row
-    n_row = tl.sum(tl.where(at, n, 0), 0)
-    if n_row > 1:
+    if PLAN:  # the step's plan (`work_plan`): (first item, items) of each request
+        at_row = Plan + 8 + 4 * plan_cap + 2 * row
+        first = tl.load(at_row).to(tl.int64)
+        n_row = tl.load(at_row + 1)
+    else:
+        r, n, incl, lo_al, chunk = work_list(
+            cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
+        )
+        at = r == row
+        n_row = tl.sum(tl.where(at, n, 0), 0)
         first = (tl.sum(tl.where(at, incl, 0), 0) - n_row).to(tl.int64)
+    if n_row > 1:
         offs_g = tl.arange(0, GP)
         offs_i = tl.arange(0, BLOCK_I)
         offs_d = tl.arange(0, DVP)
@@ -227,8 +235,10 @@ def worklist_combine_triton(
     target: int,
     min_blocks: int,
     block_b: int,
+    plan: torch.Tensor | None = None,
 ) -> None:
-    """Merge the split rows of a balanced decode launch (same list arguments as the launch).
+    """Merge the split rows of a balanced decode launch (same list arguments as the launch;
+    plan: the step's `work_plan` buffer the launch read its items from, or None).
 
     partial_out [items, H, DV] f32, partial_lse [items, H] f32; out [rows, H, DV] (last dim
     contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None; group: query heads a KV
@@ -244,6 +254,8 @@ def worklist_combine_triton(
         q_offsets,
         rows,
         mask_param,
+        plan if plan is not None else partial_lse,
+        (plan.shape[0] - 8 - 2 * rows) // 4 if plan is not None else 0,
         partial_out,
         partial_lse,
         sinks if sinks is not None else partial_lse,
@@ -267,6 +279,7 @@ def worklist_combine_triton(
         WRITE_LSE=lse is not None,
         BLOCK_I=max(2, 32 // triton.next_power_of_2(group)),  # 32 (item, head) rows a step
         PDL=(pdl := pdl_enabled(out)),
+        PLAN=plan is not None,
         num_warps=4,
         **pdl_launch_kwargs(pdl),
     )

@@ -1,0 +1,210 @@
+"""A step's decode work plan: the balanced work list planned once on the device, read by every
+layer's decode launch (`mha(..., plan=StepPlan())`).
+
+Without a plan, every program of a balanced decode launch derives the list itself from the
+lengths (`triton_worklist.work_list`), so the list must be one a program can rebuild cheaply:
+one wave of items. A plan is made by one small launch (`_plan_kernel`) and written into a
+device buffer; the decode programs and the combine read their item from it (a few loads). That
+lets the plan choose between lists that a program could not afford to derive:
+
+- the one-wave list (`triton_worklist`'s rule), kept where its items are even (a uniform batch:
+  one item a row, b16 x 16k: four) or where a row would split into more than `MAX_SPLIT` items
+  at `MAX_WAVES` waves (one long request among short ones: its combine would merge too many);
+- otherwise `MAX_WAVES` waves of smaller items, which the hardware's in-order dispatch of
+  programs balances over the SMs (a skewed batch: measured in docs/kernels/mha_decode.md).
+
+Layout of the buffer (int32; `cap` items, `rows` requests):
+
+    [0] n_items, [1] waves (1 or MAX_WAVES), [2] rows, [3] cap, [4:8] 0
+    [8 + 4 i : 8 + 4 i + 4]      item i: (row, k_lo, k_hi, n_row)   i < n_items
+    [8 + 4 cap + 2 r : ... + 2]  request r: (first item, items)
+
+Items are numbered row-major (a request's items consecutive); item j of a row of n covers keys
+[k_lo, k_hi) = [j c, (j + 1) c) with c its chunk (whole BLOCK_N tiles); the row's last item has
+k_hi = -1 (up to the row's end). The decode kernel clamps to the row's visible keys, so a plan
+made for other lengths of the same batch stays correct (only less balanced): every key of a
+row lies in exactly one of its items.
+
+`step_plan.StepPlan` holds the plans of one step, keyed by what the list depends on (rows, BLOCK_N,
+target, min chunk): pass one object to every layer of a step (the engine's `StepContext` holds
+one per forward; inside a captured CUDA graph the planner launch is captured with it, so a
+replay plans the replay's lengths). Only decode launches over a causal (or unmasked) causal
+row use a plan: windowed, chunked and tensor masks derive their list in the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_interpreter import install_interpreter_shim
+from ..launch import launch
+
+install_interpreter_shim()
+
+MAX_WAVES = 3
+# A row split into more items than this at MAX_WAVES keeps the one-wave list (32k among 63 x 200
+# keys: 3 waves cut the decode kernel 63 -> 57 us but its combine merged ~110 items, 23 -> 56
+# us; docs/kernels/mha_decode.md, "the combine, and more waves").
+MAX_SPLIT = 64
+# The one-wave list counts as even when its mean item holds >= EVEN_PCT % of its largest item's
+# tiles (uniform batches: 100; the suite's lognormal skew and one-long cases: < 70).
+EVEN_PCT = 80
+HEADER = 8
+_BLOCK_I = 64  # items a planner program writes
+_CH = 128  # requests a planner step reads
+
+
+def plan_capacity(rows: int, target: int) -> int:
+    """Items a plan over `rows` requests holds at most: sum_r cdiv(tiles_r, cb) <= total / cb +
+    rows with cb >= total / (waves * target)."""
+    return MAX_WAVES * target + rows
+
+
+def plan_numel(rows: int, target: int) -> int:
+    cap = plan_capacity(rows, target)
+    return HEADER + 4 * cap + 2 * rows
+
+
+@triton.jit
+def _row_tiles(cache_lens, r, rows, BLOCK_N: tl.constexpr):
+    rm = r < rows
+    cl = tl.maximum(tl.load(cache_lens + r, mask=rm, other=0), 0)
+    return tl.where(rm, tl.cdiv(cl + 1, BLOCK_N), 0), rm
+
+
+@triton.jit(do_not_specialize=["rows", "cap"])
+def _plan_kernel(
+    cache_lens,
+    rows,
+    Plan,
+    cap,
+    BLOCK_N: tl.constexpr,
+    TARGET: tl.constexpr,
+    MIN_BLOCKS: tl.constexpr,
+    WAVES: tl.constexpr,
+    SPLIT_MAX: tl.constexpr,
+    EVEN: tl.constexpr,
+    CH: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+):
+    """Program p writes items [p BLOCK_I, (p + 1) BLOCK_I) of the list (program 0 also the
+    header and the per-request table); every program derives the list's sizes itself."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, CH)
+    total = 0
+    for c0 in range(0, rows, CH):
+        tiles, _ = _row_tiles(cache_lens, c0 + offs, rows, BLOCK_N)
+        total += tl.sum(tiles, 0)
+    # the one-wave list of `triton_worklist.work_list`, and the WAVES-wave one
+    t9 = total.to(tl.int64) * 9
+    cb1 = tl.maximum(tl.cdiv(t9, TARGET * 8), MIN_BLOCKS).to(tl.int32)
+    cbw = tl.maximum(tl.cdiv(t9, WAVES * TARGET * 8), MIN_BLOCKS).to(tl.int32)
+    items1 = 0
+    big1 = 0
+    splitw = 0
+    for c0 in range(0, rows, CH):
+        tiles, rm = _row_tiles(cache_lens, c0 + offs, rows, BLOCK_N)
+        n1 = tl.where(rm, tl.maximum(tl.cdiv(tiles, cb1), 1), 0)
+        items1 += tl.sum(n1, 0)
+        big1 = tl.maximum(big1, tl.max(tl.cdiv(tiles, tl.maximum(n1, 1)), 0))
+        splitw = tl.maximum(splitw, tl.max(tl.cdiv(tiles, cbw), 0))
+    uneven = total.to(tl.int64) * 100 < EVEN * items1.to(tl.int64) * big1
+    many = uneven & (splitw <= SPLIT_MAX)
+    cb = tl.where(many, cbw, cb1)
+
+    roff = 8 + 4 * cap
+    it = pid * BLOCK_I + tl.arange(0, BLOCK_I)
+    i_row = tl.zeros([BLOCK_I], tl.int32)
+    i_j = tl.zeros([BLOCK_I], tl.int32)
+    i_n = tl.zeros([BLOCK_I], tl.int32)
+    i_c = tl.zeros([BLOCK_I], tl.int32)
+    base = 0
+    for c0 in range(0, rows, CH):
+        r = c0 + offs
+        tiles, rm = _row_tiles(cache_lens, r, rows, BLOCK_N)
+        n = tl.where(rm, tl.maximum(tl.cdiv(tiles, cb), 1), 0)
+        chunk = tl.cdiv(tiles, tl.maximum(n, 1))
+        incl = base + tl.cumsum(n, 0)
+        first = incl - n
+        if pid == 0:
+            tl.store(Plan + roff + 2 * r, first, mask=rm)
+            tl.store(Plan + roff + 2 * r + 1, n, mask=rm)
+        hit = (it[:, None] >= first[None, :]) & (it[:, None] < incl[None, :])
+        i_row += tl.sum(tl.where(hit, r[None, :], 0), 1)
+        i_j += tl.sum(tl.where(hit, it[:, None] - first[None, :], 0), 1)
+        i_n += tl.sum(tl.where(hit, n[None, :], 0), 1)
+        i_c += tl.sum(tl.where(hit, chunk[None, :], 0), 1)
+        base += tl.sum(n, 0)
+    ok = it < base
+    k_lo = i_j * i_c * BLOCK_N
+    k_hi = tl.where(i_j == i_n - 1, -1, k_lo + i_c * BLOCK_N)
+    at = Plan + 8 + 4 * it
+    tl.store(at, i_row, mask=ok)
+    tl.store(at + 1, k_lo, mask=ok)
+    tl.store(at + 2, k_hi, mask=ok)
+    tl.store(at + 3, i_n, mask=ok)
+    if pid == 0:
+        tl.store(Plan, base)
+        tl.store(Plan + 1, tl.where(many, WAVES, 1))
+        tl.store(Plan + 2, rows)
+        tl.store(Plan + 3, cap)
+        tl.store(Plan + 4 + tl.arange(0, 4), tl.zeros([4], tl.int32))
+
+
+def plan_work(
+    cache_lens: torch.Tensor, rows: int, *, block_n: int, target: int, min_blocks: int
+) -> torch.Tensor:
+    """The plan (module docstring) of a decode launch over requests [0, rows) of `cache_lens`
+    ([>= rows] int32, tokens before the step; each request one query): one launch, no sync."""
+    cap = plan_capacity(rows, target)
+    buf = torch.empty(plan_numel(rows, target), dtype=torch.int32, device=cache_lens.device)
+    launch(
+        _plan_kernel, (triton.cdiv(cap, _BLOCK_I),), cache_lens, rows, buf, cap,
+        BLOCK_N=block_n, TARGET=target, MIN_BLOCKS=min_blocks, WAVES=MAX_WAVES,
+        SPLIT_MAX=MAX_SPLIT, EVEN=EVEN_PCT, CH=_CH, BLOCK_I=_BLOCK_I, num_warps=4,
+    )  # fmt: skip
+    return buf
+
+
+def plan_work_host(
+    cache_lens: torch.Tensor, rows: int, *, block_n: int, target: int, min_blocks: int
+) -> torch.Tensor:
+    """`plan_work` in torch on the host (the same buffer, entries past n_items and the unused
+    header words 0): the reference the planner kernel is tested against."""
+    cl = cache_lens[:rows].to(torch.int64).clamp(min=0)
+    tiles = (cl + block_n) // block_n
+
+    def cdiv(a, b):
+        return -(-a // b)
+
+    total = int(tiles.sum())
+    cb1 = max(cdiv(total * 9, target * 8), min_blocks)
+    cbw = max(cdiv(total * 9, MAX_WAVES * target * 8), min_blocks)
+    n1 = cdiv(tiles, cb1).clamp(min=1)
+    items1 = int(n1.sum())
+    big1 = int(cdiv(tiles, n1).max()) if rows else 0
+    splitw = int(cdiv(tiles, cbw).max()) if rows else 0
+    many = total * 100 < EVEN_PCT * items1 * big1 and splitw <= MAX_SPLIT
+    cb = cbw if many else cb1
+    n = cdiv(tiles, cb).clamp(min=1)
+    chunk = cdiv(tiles, n)
+    cap = plan_capacity(rows, target)
+    out = torch.zeros(plan_numel(rows, target), dtype=torch.int64)
+    incl = torch.cumsum(n, 0)
+    first = incl - n
+    n_items = int(n.sum())
+    out[:4] = torch.tensor([n_items, MAX_WAVES if many else 1, rows, cap])
+    row = torch.repeat_interleave(torch.arange(rows), n)
+    j = torch.arange(n_items) - first[row]
+    k_lo = j * chunk[row] * block_n
+    k_hi = torch.where(j == n[row] - 1, -1, k_lo + chunk[row] * block_n)
+    items = torch.stack([row, k_lo, k_hi, n[row]], 1).flatten()
+    out[HEADER : HEADER + items.numel()] = items
+    roff = HEADER + 4 * cap
+    out[roff : roff + 2 * rows] = torch.stack([first, n], 1).flatten()
+    return out.to(torch.int32)
+
+
+__all__ = ["MAX_SPLIT", "MAX_WAVES", "plan_capacity", "plan_work", "plan_work_host"]
