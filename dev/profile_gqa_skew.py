@@ -54,6 +54,23 @@ def _call(variant, q, k_op, v_op, offs, out, lens):
     if variant == "device-plan":
         plan = StepPlan()
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
+    if variant.startswith("combine"):  # probe "combineE_W": E partial elements a step, W warps
+        import functools
+
+        import pagedattn.ops.mha.triton_mha as TM
+
+        r, w = (int(x) for x in variant[len("combine") :].split("_"))
+        plan = StepPlan(lens)
+        base = TM.worklist_combine_triton
+
+        def run():
+            TM.worklist_combine_triton = functools.partial(base, elems_a_step=r, num_warps=w)
+            try:
+                mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
+            finally:
+                TM.worklist_combine_triton = base
+
+        return run
     return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=StepPlan())
 
 

@@ -19,8 +19,8 @@ reserved them. It returns a `StepInputs`:
 - num_decodes: how many requests lead the batch with one new token each (the scheduler
   orders decodes first): the models pass it to `mha` (`num_decodes`), which then runs them on
   the decode kernel and the chunks on the prefill kernel;
-- plan: None (the attention work lists are derived in the kernels from the lengths: no plan
-  buffer, docs/ops.md).
+- plan: None (`ModelRunner` makes the step's attention `StepPlan` from `host.cache_lengths`
+  for an eager step; docs/ops.md, "The step's plan").
 
 The host arrays are packed into one int64 buffer and copied to the device once (staged in
 pinned memory on CUDA, `cache.buffers.host_to_device`: the host does not wait for the

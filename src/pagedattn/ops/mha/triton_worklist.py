@@ -36,6 +36,13 @@ from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import visible_range
 
+# Partial elements the combine loads a step (BLOCK_I items x GP heads x DVP dims), 4 warps.
+# H200 (docs/kernels/mha_decode.md, "the combine's step"; record
+# h200_2026-11-29_gqa_combine_step.json), GQA 32/8 d128: 16K (128 (item, head) rows) against
+# 4K: 32k among 63 / 255 x 200 keys 89.4 -> 78.2 / 128.5 -> 110.4 us, skewed b64 - b256 and
+# the uniform control the same within 1%; 8 warps was slower (skew b128 345 -> 362 us).
+COMBINE_ELEMS = 16384
+
 
 @triton.jit
 def work_list(
@@ -236,6 +243,8 @@ def worklist_combine_triton(
     min_blocks: int,
     block_b: int,
     plan: torch.Tensor | None = None,
+    elems_a_step: int = COMBINE_ELEMS,
+    num_warps: int = 4,
 ) -> None:
     """Merge the split rows of a balanced decode launch (same list arguments as the launch;
     plan: the step's `work_plan` buffer the launch read its items from, or None).
@@ -277,9 +286,11 @@ def worklist_combine_triton(
         BLOCK_B=block_b,
         HAS_SINKS=sinks is not None,
         WRITE_LSE=lse is not None,
-        BLOCK_I=max(2, 32 // triton.next_power_of_2(group)),  # 32 (item, head) rows a step
+        BLOCK_I=max(
+            2, elems_a_step // (triton.next_power_of_2(DV) * triton.next_power_of_2(group))
+        ),
         PDL=(pdl := pdl_enabled(out)),
         PLAN=plan is not None,
-        num_warps=4,
+        num_warps=num_warps,
         **pdl_launch_kwargs(pdl),
     )
