@@ -3,9 +3,11 @@ the plan's layout and rule: `work_plan`, docs/ops.md "The step's plan")."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...errors import Lazy, check
+from .._checks import describe
 
 
 class StepPlan:
@@ -34,15 +36,21 @@ class StepPlan:
         self.plans: dict[tuple[int, int, int, int], tuple[torch.Tensor, int | None]] = {}
         self.host_lengths = None
         if cache_lengths is not None:
-            t = torch.as_tensor(cache_lengths)
+            if isinstance(cache_lengths, torch.Tensor):
+                ok = cache_lengths.device.type == "cpu" and not (
+                    cache_lengths.dtype.is_floating_point or cache_lengths.dtype == torch.bool
+                )
+                a = cache_lengths.numpy() if ok else None
+            else:
+                a = np.asarray(cache_lengths)
+                ok = a.dtype.kind in "iu"
             check(
-                t.ndim == 1 and t.device.type == "cpu" and not t.dtype.is_floating_point
-                and t.dtype != torch.bool,
+                ok and a.ndim == 1,
                 "cache_lengths",
                 "a 1-D host sequence of ints (the step's cache lengths) or None",
-                Lazy(lambda: f"{tuple(t.shape)} {t.dtype} on {t.device}"),
-            )  # fmt: skip
-            self.host_lengths = t.to(torch.int64)
+                Lazy(lambda: describe(cache_lengths)),
+            )
+            self.host_lengths = a
 
     def get(
         self, cache_lens: torch.Tensor, rows: int, *, block_n: int, target: int, min_blocks: int
@@ -55,7 +63,7 @@ class StepPlan:
         if got is None or got[0] is not None and got[0].device != cache_lens.device:
             kw = dict(block_n=block_n, target=target, min_blocks=min_blocks)
             host = self.host_lengths
-            if host is not None and host.numel() >= rows:
+            if host is not None and host.shape[0] >= rows:
                 from ...cache.buffers import host_to_device
                 from .work_plan import plan_work_host
 
@@ -63,7 +71,7 @@ class StepPlan:
                 if int(buf[1]) == 1:  # the kernels' own list
                     got = (None, None)
                 else:
-                    got = (host_to_device(buf.numpy(), cache_lens.device), int(buf[0]))
+                    got = (host_to_device(buf.numpy(), cache_lens.device), int(buf[0]))  # no sync
             else:
                 from .work_plan import plan_work  # (Triton: imported at the first plan)
 

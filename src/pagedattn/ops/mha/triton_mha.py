@@ -78,9 +78,7 @@ from .selection import (  # noqa: F401 - decode_config: kept importable here (te
     storage_delta,
     tuning_from_env,
 )
-from .selection import (
-    plan as launch_plan,
-)
+from .selection import plan as launch_plan
 from .step_plan import StepPlan
 from .triton_combine import combine_triton
 from .triton_decode import _mha_decode_kernel
@@ -210,7 +208,7 @@ def mha_triton(
       decode path. Without it, decode is taken iff q.shape[0] == batch.
     config: development overrides of the launch configs (`selection.MHATuning`), applied over
       $PAGEDATTN_MHA_TUNING's.
-    plan: the step's `work_plan.StepPlan`: a balanced decode launch over a causal or unmasked
+    plan: the step's `step_plan.StepPlan`: a balanced decode launch over a causal or unmasked
       row reads its work list from the step's plan (made at the first such launch) instead of
       deriving one wave of items in every program.
     Returns out [total_q, h_q, d_v] in q.dtype, and LSE [total_q, h_q] f32 if return_lse.
@@ -434,7 +432,8 @@ def _full_path(
             ran.po, ran.pl = po, pl
         launch(_mha_decode_kernel, (items * h_kv,),
             *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
-            buf if buf is not None else q, H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
+            buf if buf is not None else q,  # the step's plan (read only where PLAN)
+            H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
             **fast_flags(cfg, ka, va, dk, dv, kcx, vcx, k_tma or v_tma, mma["MMA_F16"]),
             DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_N=bn,
             K_PAGE=kcx["PAGE"], V_PAGE=vcx["PAGE"], V_SAME_ROWS=same_rows(ka, va, k_tma, v_tma),

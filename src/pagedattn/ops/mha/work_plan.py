@@ -1,11 +1,12 @@
-"""A step's decode work plan: the balanced work list planned once on the device, read by every
-layer's decode launch (`mha(..., plan=StepPlan())`).
+"""A step's decode work plan: the balanced work list made once a step, read by every layer's
+decode launch (`mha(..., plan=StepPlan(...))`).
 
 Without a plan, every program of a balanced decode launch derives the list itself from the
 lengths (`triton_worklist.work_list`), so the list must be one a program can rebuild cheaply:
-one wave of items. A plan is made by one small launch (`_plan_kernel`) and written into a
-device buffer; the decode programs and the combine read their item from it (a few loads). That
-lets the plan choose between lists that a program could not afford to derive:
+one wave of items. A plan is made once, on the host (`plan_work_host`, from lengths the host
+holds) or by one small launch (`plan_work`, `_plan_kernel`), into an int32 buffer; the decode
+programs and the combine read their item from it (a few loads). That lets the plan choose
+between lists that a program could not afford to derive:
 
 - the one-wave list (`triton_worklist`'s rule), kept where its items are even (a uniform batch:
   one item a row, b16 x 16k: four) or where a row would split into more than `MAX_SPLIT` items
@@ -25,15 +26,15 @@ k_hi = -1 (up to the row's end). The decode kernel clamps to the row's visible k
 made for other lengths of the same batch stays correct (only less balanced): every key of a
 row lies in exactly one of its items.
 
-`step_plan.StepPlan` holds the plans of one step, keyed by what the list depends on (rows, BLOCK_N,
-target, min chunk): pass one object to every layer of a step (the engine's `StepContext` holds
-one per forward; inside a captured CUDA graph the planner launch is captured with it, so a
-replay plans the replay's lengths). Only decode launches over a causal (or unmasked) causal
-row use a plan: windowed, chunked and tensor masks derive their list in the kernel.
+`step_plan.StepPlan` holds the plans of one step, keyed by what the list depends on (rows,
+BLOCK_N, target, min chunk), and says which planner makes them (docs/ops.md, "The step's
+plan"). Only decode launches over causal or unmasked rows use a plan: windowed, chunked and
+tensor masks derive their list in the kernel.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -169,11 +170,13 @@ def plan_work(
 
 
 def plan_work_host(
-    cache_lens: torch.Tensor, rows: int, *, block_n: int, target: int, min_blocks: int
+    cache_lens, rows: int, *, block_n: int, target: int, min_blocks: int
 ) -> torch.Tensor:
-    """`plan_work` in torch on the host (the same buffer, entries past n_items and the unused
-    header words 0): the reference the planner kernel is tested against."""
-    cl = cache_lens[:rows].to(torch.int64).clamp(min=0)
+    """`plan_work` on the host, in numpy (the same buffer as a CPU int32 tensor; entries past
+    n_items and the unused header words 0). cache_lens: [>= rows] ints (a numpy array, a CPU
+    tensor or a sequence). The engine's eager steps plan here (tens of us at b256); the tests
+    check the planner kernel against it."""
+    cl = np.maximum(np.asarray(cache_lens, dtype=np.int64)[:rows], 0)
     tiles = (cl + block_n) // block_n
 
     def cdiv(a, b):
@@ -182,29 +185,30 @@ def plan_work_host(
     total = int(tiles.sum())
     cb1 = max(cdiv(total * 9, target * 8), min_blocks)
     cbw = max(cdiv(total * 9, MAX_WAVES * target * 8), min_blocks)
-    n1 = cdiv(tiles, cb1).clamp(min=1)
+    n1 = np.maximum(cdiv(tiles, cb1), 1)
     items1 = int(n1.sum())
     big1 = int(cdiv(tiles, n1).max()) if rows else 0
     splitw = int(cdiv(tiles, cbw).max()) if rows else 0
     many = total * 100 < EVEN_PCT * items1 * big1 and splitw <= MAX_SPLIT
     cb = cbw if many else cb1
-    n = cdiv(tiles, cb).clamp(min=1)
+    n = np.maximum(cdiv(tiles, cb), 1)
     chunk = cdiv(tiles, n)
     cap = plan_capacity(rows, target)
-    out = torch.zeros(plan_numel(rows, target), dtype=torch.int64)
-    incl = torch.cumsum(n, 0)
+    out = np.zeros(plan_numel(rows, target), dtype=np.int32)
+    incl = np.cumsum(n)
     first = incl - n
-    n_items = int(n.sum())
-    out[:4] = torch.tensor([n_items, MAX_WAVES if many else 1, rows, cap])
-    row = torch.repeat_interleave(torch.arange(rows), n)
-    j = torch.arange(n_items) - first[row]
+    n_items = int(incl[-1]) if rows else 0
+    out[:4] = (n_items, MAX_WAVES if many else 1, rows, cap)
+    row = np.repeat(np.arange(rows), n)
+    j = np.arange(n_items) - first[row]
     k_lo = j * chunk[row] * block_n
-    k_hi = torch.where(j == n[row] - 1, -1, k_lo + chunk[row] * block_n)
-    items = torch.stack([row, k_lo, k_hi, n[row]], 1).flatten()
-    out[HEADER : HEADER + items.numel()] = items
+    k_hi = np.where(j == n[row] - 1, -1, k_lo + chunk[row] * block_n)
+    items = out[HEADER : HEADER + 4 * n_items].reshape(n_items, 4)
+    items[:, 0], items[:, 1], items[:, 2], items[:, 3] = row, k_lo, k_hi, n[row]
     roff = HEADER + 4 * cap
-    out[roff : roff + 2 * rows] = torch.stack([first, n], 1).flatten()
-    return out.to(torch.int32)
+    table = out[roff : roff + 2 * rows].reshape(rows, 2)
+    table[:, 0], table[:, 1] = first, n
+    return torch.from_numpy(out)
 
 
 __all__ = ["MAX_SPLIT", "MAX_WAVES", "plan_capacity", "plan_work", "plan_work_host"]
