@@ -25,6 +25,8 @@ from sm90_compile import MC, TM, WL, Device, M, offline  # tests/ is on sys.path
 
 from pagedattn import KVCacheParams, PagedOperand
 from pagedattn.engine.cuda_graphs import decode_buckets, warm_up_steps
+from pagedattn.ops.mha import StepPlan
+from pagedattn.ops.mha import work_plan as WP
 from pagedattn.ops.mla import worklist as MW
 from pagedattn.testing import make_paged_cache, ragged_offsets
 
@@ -57,8 +59,10 @@ def operands(cache_lens, q_lens, cols=None):
     return PagedOperand(inputs, params, 1, "k"), PagedOperand(inputs, params, 1, "v")
 
 
-def launches(cache_lens, q_lens, num_decodes, cols=None):
-    """{kernel: cache hash} of one `mha_mixed_triton` step, as on an H200."""
+def launches(cache_lens, q_lens, num_decodes, cols=None, planned=False):
+    """{kernel: cache hash} of one `mha_mixed_triton` step, as on an H200; planned: with a
+    step's work plan (made on the device, so always used: the planned decode kernel and
+    combine, and the planner)."""
     k, v = operands(cache_lens, q_lens, cols)
     offs = ragged_offsets(q_lens, "cpu")
     q = torch.randn(int(offs[-1]), H_Q, D).to(torch.bfloat16)
@@ -68,12 +72,21 @@ def launches(cache_lens, q_lens, num_decodes, cols=None):
         made.extend(
             offline.capture(
                 TM,
-                lambda: TM.mha_mixed_triton(q, k, v, offs, num_decodes),
+                lambda: TM.mha_mixed_triton(
+                    q, k, v, offs, num_decodes, plan=StepPlan() if planned else None
+                ),
                 device_facts=lambda device: Device(True, 132, True),
             )  # fmt: skip
         )
 
-    made.extend(offline.capture(MC, lambda: made.extend(offline.capture(WL, call))))
+    made.extend(
+        offline.capture(
+            WP,
+            lambda: made.extend(
+                offline.capture(MC, lambda: made.extend(offline.capture(WL, call)))
+            ),
+        )
+    )
     return {m.name: offline.cache_hash(m) for m in made}
 
 
@@ -113,6 +126,9 @@ def main() -> None:
         cl = torch.randint(20, 400, (d + n,), generator=g).tolist()
         cl[d // 2] = longest
         out[f"mixed d{d} n{n}"] = launches(cl, [1] * d + [3] * n, d)
+        out[f"planned d{d} n{n}"] = launches(cl, [1] * d + [3] * n, d, planned=True)
+    # the warm-up's planned pad step of that request-count class (`GraphRunner._pad_step`)
+    out["planned warm-up d16 n1"] = launches([0] * 17, [1] * 16 + [2], 16, cols=3, planned=True)
     cl = torch.randint(20, 400, (16,), generator=g).tolist()
     out["graph decode b16"] = launches(cl, [1] * 16, 16, cols=GRAPH_COLS)
     # MLA decode over d decodes: what the decode graphs and the engine's warm-up compile, and

@@ -160,6 +160,12 @@ def test_serving_step_layouts_share_their_binaries():
     assert not any(missed.values()), {k: v for k, v in missed.items() if v}
     assert len(start) >= 10  # (it does cover the classes: 1..40 requests at 8 widths)
     graph = steps.pop("graph decode b16")
+    planned = {k: steps.pop(k) for k in list(steps) if k.startswith("planned")}
+    with_plan = {"_mha_decode_kernel", "_worklist_combine_kernel", "_mha_prefill_ws",
+                 "_plan_kernel"}  # fmt: skip
+    for name in with_plan:  # served planned steps launch the warm-up's planned binaries
+        assert len({step[name] for step in planned.values()}) == 1, (name, planned)
+    assert all(set(step) == with_plan for step in planned.values()), planned
     kernels = {"_mha_decode_kernel", "_worklist_combine_kernel", "_mha_prefill_ws"}
     for name in kernels:
         hashes = {step[name] for step in steps.values()}
@@ -167,3 +173,5 @@ def test_serving_step_layouts_share_their_binaries():
     for name in ("_mha_decode_kernel", "_worklist_combine_kernel"):
         assert graph[name] == next(iter(steps.values()))[name], name
     assert all(set(step) == kernels for step in steps.values()), steps
+    one = next(iter(planned.values()))
+    assert one["_mha_decode_kernel"] != graph["_mha_decode_kernel"]  # (PLAN: its own binary)
