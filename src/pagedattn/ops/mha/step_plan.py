@@ -27,13 +27,15 @@ class StepPlan:
       but the idle programs cost a step whose one-wave list is short (H200, uniform b64 x 4k:
       249 us with the list's grid, 282 with the capacity's; docs/kernels/mha_decode.md).
 
+    Host lengths shorter than a launch's rows fall back to the device planner.
+
     `plans`: {(rows, BLOCK_N, target, min_blocks): (int32 device buffer or None, items or
     None)}."""
 
     __slots__ = ("host_lengths", "plans")
 
     def __init__(self, cache_lengths=None) -> None:
-        self.plans: dict[tuple[int, int, int, int], tuple[torch.Tensor, int | None]] = {}
+        self.plans: dict[tuple[int, int, int, int], tuple[torch.Tensor | None, int | None]] = {}
         self.host_lengths = None
         if cache_lengths is not None:
             if isinstance(cache_lengths, torch.Tensor):
@@ -54,7 +56,7 @@ class StepPlan:
 
     def get(
         self, cache_lens: torch.Tensor, rows: int, *, block_n: int, target: int, min_blocks: int
-    ) -> tuple[torch.Tensor, int | None]:
+    ) -> tuple[torch.Tensor | None, int | None]:
         """(plan, its item count or None) of a decode launch over requests [0, rows) of
         cache_lens (planned at the first call of its key; the item count where the plan was
         made on the host), or (None, None) where the launch should derive its own list."""
