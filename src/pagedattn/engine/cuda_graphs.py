@@ -293,17 +293,21 @@ class GraphRunner:
         every request on the pad page, so that they compile at start-up instead of in the
         middle of serving (docs/kernels/jit_specializations.md): prefill steps and mixed
         steps (decodes and a chunk) at every class of request count and table width a kernel
-        specializes on (`warm_up_steps`), at most `max_tokens` tokens a step; a step with
-        decodes twice, with a work plan and without (`ModelRunner.eager` passes a plan of the
-        step's host lengths, which the decode launch uses where it splits into more than one
-        wave, `StepPlan`). Touches the pad page only. Returns the (decodes, chunks, width) of
-        the steps run."""
+        specializes on (`warm_up_steps`), at most `max_tokens` tokens a step; and, for a model
+        that takes the step's `attention_plan`, each count of decodes once more with a work plan
+        (`ModelRunner.eager` passes a plan of the step's host lengths, which the decode launch
+        uses where it splits into more than one wave, `StepPlan`; the MHA kernels do not
+        specialize on the table's width). Touches the pad page only. Returns the (decodes,
+        chunks, width) of the steps run without a plan."""
         s = self.buffers
         steps = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
                               s.kv.kv_blocks.shape[3])  # fmt: skip
+        planned = set() if takes_attention_plan(self.model) else None
         for d, n, cols in steps:
-            for planned in (False, True) if d and takes_attention_plan(self.model) else (False,):
-                self._pad_step(d, n, cols, planned)
+            self._pad_step(d, n, cols)
+            if planned is not None and d and d not in planned:
+                planned.add(d)
+                self._pad_step(d, n, cols, planned=True)
         return steps
 
     def _pad_step(self, decodes: int, chunks: int, cols: int, planned: bool = False) -> None:

@@ -676,10 +676,13 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
             t = self._freqs_cis = torch.stack((cos, sin), dim=-1).flatten(1)
         return t
 
-    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes) -> MLAStepContext:
+    def step_context(
+        self, kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan=None
+    ) -> MLAStepContext:
         """The MLA layers' step context: the request split (`MLAStepPlan`; num_decodes equal to
         the batch size, a pure decode step, builds it without a host sync, otherwise the query
-        counts are read on the host) and, for the fused branch, the RoPE table."""
+        counts are read on the host) and, for the fused branch, the RoPE table. attention_plan
+        (the MHA layers' `StepPlan`) is not read: the MLA layers plan the step themselves."""
         if q_row_offsets.shape[0] < 2:
             raise InvalidArgumentError("q_row_offsets: a step needs at least one request")
         plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets, num_decodes)

@@ -278,10 +278,12 @@ class DecoderForCausalLM(nn.Module):
         ):
             check(t.device == dev, f"{name}.device", str(dev), t.device)
 
-    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes):
+    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan=None):
         """What every layer of the step reads (`layers.StepContext`; a subclass with its own
         attention builds its own)."""
-        return StepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes)
+        return StepContext(
+            kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes, attention_plan
+        )
 
     @torch.inference_mode()
     def forward(
@@ -314,9 +316,7 @@ class DecoderForCausalLM(nn.Module):
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
         cos, sin = self.rotary_emb(positions, self.dtype)
-        ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes)
-        if isinstance(ctx, StepContext):
-            ctx.plan = attention_plan
+        ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan)
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:

@@ -229,11 +229,10 @@ def mha(
       are the caller's to keep true (a device value, not read).
     plan: a `StepPlan` shared by the step's layers, or None. The Triton decode launches over
       causal or unmasked rows then take their balanced work list from a plan made once for
-      the step (one small launch at the first of them; docs/ops.md "The step's plan") instead
-      of deriving one in every program. The result does not depend on it (within rounding,
-      as with num_partitions); a plan made for other lengths of the same batch stays correct
-      (only less balanced). The reference and
-      `torch.compile` ignore it.
+      the step (on the host from its lengths, or by one small launch; docs/ops.md "The step's
+      plan") instead of deriving one in every program. The result does not depend on it
+      (within rounding, as with num_partitions); a plan made for other lengths of the same
+      batch stays correct (only less balanced). The reference and `torch.compile` ignore it.
 
     Returns out [total_q, h_q, d_v] in q.dtype, or (out, lse).
 

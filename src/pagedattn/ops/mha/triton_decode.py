@@ -460,12 +460,10 @@ def _mha_decode_kernel(
     pid = tl.program_id(0)
     hkv = pid % H_KV
     rest = pid // H_KV
-    k_lo = 0
-    k_hi = -1
     if PLAN:
-        # the grid holds the plan's capacity; the programs past its items come FIRST and exit
-        # at once, while every SM is free (after the items, they cost a uniform b64 x 4k step
-        # 245 -> 281 us on an H200: docs/kernels/mha_decode.md, "the step's plan")
+        # a grid larger than the plan's items (a device plan's: its capacity) exits its first
+        # programs (docs/kernels/mha_decode.md, "the step's plan": the grid's size, not the
+        # order, costs a step)
         rest -= tl.num_programs(0) // H_KV - tl.load(Plan)
         if rest < 0:
             return
@@ -474,8 +472,6 @@ def _mha_decode_kernel(
         k_lo = tl.load(at + 1)
         k_hi = tl.load(at + 2)
         split = tl.load(at + 3) > 1
-        part = 0
-        chunk = 0
     elif BALANCED:
         w_r, w_n, w_incl, w_lo, w_chunk = work_list(
             cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B

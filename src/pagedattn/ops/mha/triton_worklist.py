@@ -36,11 +36,10 @@ from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import visible_range
 
-# Partial elements the combine loads a step (BLOCK_I items x GP heads x DVP dims), 4 warps.
-# H200 (docs/kernels/mha_decode.md, "the combine's step"; record
-# h200_2026-11-29_gqa_combine_step.json), GQA 32/8 d128: 16K (128 (item, head) rows) against
-# 4K: 32k among 63 / 255 x 200 keys 89.4 -> 78.2 / 128.5 -> 110.4 us, skewed b64 - b256 and
-# the uniform control the same within 1%; 8 warps was slower (skew b128 345 -> 362 us).
+# Partial elements the combine loads a step (BLOCK_I items x GP heads x DVP dims), 4 warps:
+# against 4K, a long row's merge takes a quarter of the dependent steps (GQA 32/8 d128, one long
+# request among short ones ~12% faster, the other cases the same within 1%; 8 warps slower;
+# docs/kernels/mha_decode.md, "the combine's step").
 COMBINE_ELEMS = 16384
 
 
