@@ -139,6 +139,7 @@ def capture(call, sm90=False):
         _use_sm90_path=lambda *a: sm90,
         mla_combine_triton=lambda *a, **k: None,
         mla_worklist_combine_triton=lambda *a, **k: None,
+        mla_runs_combine_triton=lambda *a, **k: None,
     )
     return launch
 

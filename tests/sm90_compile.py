@@ -108,6 +108,7 @@ def capture_mla(q, kv, q_lens, kw, h200=None):
         lambda: M.mla_decode_triton(q, kv, offs, **kw),
         mla_combine_triton=lambda *a, **k: None,
         mla_worklist_combine_triton=lambda *a, **k: None,
+        mla_runs_combine_triton=lambda *a, **k: None,
         **as_on_h100(_use_sm90_path=M.sm90_serves, **chip(h200)),
     )
 

@@ -28,7 +28,7 @@ from test_triton_mla import (
 
 from pagedattn.ops.mla import triton_mla
 from pagedattn.ops.mla.tuning import MLATuning
-from pagedattn.ops.mla.worklist import mla_host_item_count
+from pagedattn.ops.mla.worklist import mla_host_item_count, mla_host_run_programs, mla_host_runs
 from pagedattn.testing import ragged_offsets
 
 
@@ -41,6 +41,7 @@ def _plan(q, kv, q_lens, **kw):
         triton_mla,
         lambda: triton_mla.mla_decode_triton(q, kv, ragged_offsets(q_lens, q.device), **kw),
         mla_worklist_combine_triton=lambda *a, **k: calls.append(k),
+        mla_runs_combine_triton=lambda *a, **k: calls.append(k),
         mla_combine_triton=lambda *a, **k: None,
     )
     return launches[0], calls
@@ -66,6 +67,7 @@ SKEWED = [
     ("rope_aware", [513, 2, 0, 64], [1, 1, 2, 1], 16, True, True),
     ("fp8_g64_e8m0", [400, 1], [2, 1], 16, True, False),
     ("bf16", [450], [1], 128, True, True),  # one request over every item, two head blocks
+    ("bf16", [2600, 5, 0], [1, 1, 1], 16, True, True),  # > 8 pieces: the combine's 2nd step
 ]
 
 
@@ -74,10 +76,71 @@ SKEWED = [
     SKEWED,
     ids=[f"{c[0]}-b{len(c[1])}-max{max(c[1])}-sq{max(c[2])}-h{c[3]}" for c in SKEWED],
 )
-def test_balanced_list_matches_the_oracle(gen, fmt, cache_lens, q_lens, h_q, causal, sink):
-    """Skewed lengths on the list: long requests split into many items (min 4 blocks of BN
-    keys an item on the CPU's target), tiles of one item written directly."""
+@pytest.mark.parametrize(
+    "knobs",
+    [{"wl_one_wave": False}, {}, {"wl_runs": False}],
+    ids=["runs", "one-wave", "items"],
+)
+def test_balanced_list_matches_the_oracle(
+    gen, monkeypatch, fmt, cache_lens, q_lens, h_q, causal, sink, knobs
+):
+    """Skewed lengths on the contiguous runs, on one wave of items (program p, item p: the
+    runs' launch where the list fits one wave) and on the item list's own launch: long
+    requests cut into many pieces or items (min 4 blocks of BN keys on the CPU's target),
+    whole tiles written directly."""
+    set_tuning(monkeypatch, knobs)
     _case(gen, fmt, cache_lens, q_lens, h_q, causal, sink)
+
+
+def test_runs_give_orphan_tokens_zero(gen):
+    """Tokens past q_row_offsets[batch] (no request) get output 0 and LSE -inf on the runs,
+    whatever the buffers held before (poisoned output)."""
+    cache_lens, q_lens = [900, 3], [1, 2]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 16)
+    q = make_q(5, 16, 576, gen)
+    out = torch.full((5, 16, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+    o, lse = triton_mla.mla_decode_triton(q, cache.operand(), ragged_offsets(q_lens, DEV), out=out)
+    assert torch.all(o[3:] == 0) and torch.all(lse[3:] == float("-inf"))
+    ref = oracle(q[:3], [0, 1, 3], dense_keys(cache, cache_lens, q_lens, True))
+    check(o[:3], lse[:3], *ref, tol_for("bf16", 576))
+
+
+def test_host_runs_cover_every_block_once():
+    """The runs' arithmetic (`mla_host_runs`, the kernels' mirror) for random skewed lengths,
+    piece counts and tiles: every block of every tile is walked exactly once, a tile is cut
+    into as many segments as it says, its slots are distinct (2 p or 2 p + 1 of its piece p,
+    the first at the piece holding its first block), and no piece holds more than
+    max(ceil(units / pieces), min) units."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(150):
+        b = int(torch.randint(1, 30, (1,), generator=g))
+        q_lens = torch.randint(0, 6, (b,), generator=g)
+        cl = (torch.exp(torch.randn(b, generator=g) * 2.0) * 40).long().clamp(max=40000)
+        run_p = int(torch.randint(1, 150, (1,), generator=g))
+        tpt, ovh = (
+            int(torch.randint(1, 4, (1,), generator=g)),
+            int(torch.randint(0, 4, (1,), generator=g)),
+        )
+        run_min = int(torch.randint(1, 6, (1,), generator=g))
+        offs = torch.cat([torch.zeros(1, dtype=torch.long), q_lens.cumsum(0)])
+        runs = mla_host_runs(offs, cl, tpt=tpt, bn=64, ovh=ovh, run_p=run_p, run_min=run_min)
+        seen: dict[int, list] = {}
+        for p, segs in enumerate(runs):
+            for t, lo, hi, slot, n in segs:
+                assert slot in (2 * p, 2 * p + 1)
+                seen.setdefault(t, []).append((lo, hi, slot, n))
+        _, n_pieces = mla_host_run_programs(offs, cl, tpt=tpt, bn=64, ovh=ovh, run_p=run_p,
+                                            run_min=run_min, one_wave=False)  # fmt: skip
+        assert all(not segs for segs in runs[n_pieces:])
+        for bi in range(b):
+            w = -(-(int(cl[bi]) + int(q_lens[bi])) // 64)
+            for j in range(-(-int(q_lens[bi]) // tpt)):
+                segs = sorted(seen.pop(int(offs[bi]) + j * tpt))
+                assert [s[0] for s in segs][0] == 0 and segs[-1][1] == w
+                assert all(a[1] == c[0] for a, c in zip(segs, segs[1:]))  # contiguous, once
+                assert all(s[3] == len(segs) for s in segs)
+                assert len({s[2] for s in segs}) == len(segs)
+        assert not seen
 
 
 def test_balanced_list_equals_one_partition_count(gen, monkeypatch):
@@ -92,10 +155,35 @@ def test_balanced_list_equals_one_partition_count(gen, monkeypatch):
     torch.testing.assert_close(lse3, lse2, atol=1e-4, rtol=1e-5)
 
 
-def test_the_list_is_taken_and_splits_a_long_request(gen):
-    """Dense decode without num_partitions takes the list (grid (items) x head blocks on the
-    host-length path), a long request gets many items and the combine runs; num_partitions
-    and sparse keep one partition count."""
+@pytest.mark.parametrize("one_wave", [True, False])
+def test_the_runs_are_taken_and_split_a_long_request(gen, monkeypatch, one_wave):
+    """Dense decode without num_partitions on the portable kernel takes the runs' launch (grid:
+    the programs that have work x head blocks on the host-length path: the list's items where
+    they fit one wave of RUN_P, else the pieces that hold units), a long request is cut in
+    many and the runs' combine follows."""
+    set_tuning(monkeypatch, {"wl_one_wave": one_wave})
+    cache_lens, q_lens = [2000, 1, 0], [1, 1, 1]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 16)
+    q = make_q(3, 16, 576, gen)
+    launch, combines = _plan(q, cache.operand(), q_lens)
+    kw = launch.kwargs
+    assert kw["RUNS"] and kw["ONE_WAVE"] == one_wave and not kw.get("BALANCED")
+    assert len(combines) == 1 and "run_p" in combines[0] and kw["META"].shape == (3, 4)
+    offs, cl = ragged_offsets(q_lens), torch.tensor(cache_lens, dtype=torch.int32)
+    items, n = mla_host_run_programs(offs, cl, tpt=kw["TPT"], bn=kw["BN"], ovh=kw["RUN_OVH"],
+                                     run_p=kw["RUN_P"], run_min=kw["MIN_BLOCKS"],
+                                     one_wave=one_wave)  # fmt: skip
+    assert items == one_wave and n > 5 and launch.grid == (n * kw["NHB"],)
+    if one_wave:
+        assert n == mla_host_item_count(offs, cl, tpt=kw["TPT"], bn=kw["BN"], target=kw["RUN_P"],
+                                        min_blocks=kw["MIN_BLOCKS"])  # fmt: skip
+
+
+def test_the_list_is_taken_and_splits_a_long_request(gen, monkeypatch):
+    """With the runs off, dense decode without num_partitions takes the item list (grid
+    (items) x head blocks on the host-length path), a long request gets many items and the
+    combine runs; num_partitions and sparse keep one partition count."""
+    set_tuning(monkeypatch, {"wl_runs": False})
     cache_lens, q_lens = [2000, 1, 0], [1, 1, 1]
     cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 16)
     q = make_q(3, 16, 576, gen)
@@ -127,12 +215,19 @@ def test_host_item_count_bounds_the_grid():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
-@pytest.mark.parametrize("fmt,h_q", [("bf16", 16), ("bf16", 128), ("rope_aware", 16)])
+@pytest.mark.parametrize(
+    "fmt,h_q,runs",
+    [("bf16", 16, False), ("bf16", 16, True), ("bf16", 128, False), ("rope_aware", 16, False)],
+    ids=["bf16-h16", "bf16-h16-forced-runs", "bf16-h128", "rope_aware-h16"],
+)
 @pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp"])
-def test_gpu_balanced_sm90_kernels(gen, fmt, h_q, shape):
-    """The sm_90 kernels on the list (keys-as-M BF16 and rope-aware FP8 at 16 heads, the
-    TMA-fed seesaw at 128): one 20k request among 0/1-token ones (every SM shares it),
-    lognormal lengths, and 2-token queries; against the oracle."""
+def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, runs, shape):
+    """The sm_90 kernels on the balanced paths (keys-as-M BF16: one wave of items or runs, and
+    forced onto the contiguous runs; rope-aware FP8 at 16 heads and the TMA-fed seesaw at 128
+    on the list): one 20k request among 0/1-token ones (every SM shares it), lognormal
+    lengths, and 2-token queries; against the oracle."""
+    if runs:
+        set_tuning(monkeypatch, {"wl_one_wave": False})
     g = torch.Generator().manual_seed(11)
     if shape == "one_long":
         cache_lens, q_lens = [20000] + [0, 1, 37] * 7, [1] * 22
@@ -152,10 +247,14 @@ def test_gpu_balanced_sm90_kernels(gen, fmt, h_q, shape):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
-def test_gpu_balanced_graph_replays_with_new_lengths(gen):
+@pytest.mark.parametrize("one_wave", [True, False])
+def test_gpu_balanced_graph_replays_with_new_lengths(gen, monkeypatch, one_wave):
     """A captured balanced launch replayed after the lengths changed (the long request cut to
-    one key, then others emptied) equals a fresh eager call."""
+    one key, then others emptied) equals a fresh eager call (with one wave of items where they
+    fit, and forced onto the runs)."""
     from pagedattn.ops.mla import mla_decode
+
+    set_tuning(monkeypatch, {"wl_one_wave": one_wave})
 
     q_lens = [1] * 8
     cache = build_cache("bf16", 576, 64, [5000, 3, 0, 64, 1, 900, 2, 7], q_lens, gen, 16)

@@ -504,12 +504,15 @@ def _sm90_case(name, seed):
 
     g = torch.Generator().manual_seed(seed)
     fmt = {"v32 cluster": KVQuantConfig.flashmla_v32(), "persistent": KVQuantConfig.flashmla_v32()}
+    items = name.endswith(" items")  # the item list instead of the contiguous runs
+    name = name.removesuffix(" items").replace("tl", "tl balanced") if items else name
     h_q = {"keys-as-M": 16, "tma seesaw": 64, "v32 cluster": 128, "persistent": 128}.get(name, 4)
     d, dv = (576, 512) if name in ("keys-as-M", "tma seesaw", "v32 cluster", "persistent") else (
         D, DV)  # fmt: skip
     p = KVCacheParams(BF16, 2, 1, d, 64, is_mla=True, num_q_heads=h_q,
                       quantization=fmt.get(name), mla_rope_dim=64 if d == 576 else 16)  # fmt: skip
-    lens, q_lens = [700, 90, 333], [1, 2, 1]
+    # (keys-as-M: one token a tile, the 16 rows that walk the runs; 32 keep the item list)
+    lens, q_lens = [700, 90, 333], [1, 1, 1] if name == "keys-as-M" and not items else [1, 2, 1]
     pc = make_paged_cache(p, lens, q_lens, generator=g)
     kv = PagedOperand(pc.inputs, p, 1, "k")
     tokens = sum(q_lens)
@@ -529,15 +532,19 @@ def _sm90_case(name, seed):
     cfg = tuning.from_env()
     if name == "persistent":  # 3 clusters over 4 tokens of 2 tile pairs: boundaries cut tokens
         cfg = cfg.replace(ss_persist=True, ps_g=3)
+    if items:
+        cfg = cfg.replace(wl_runs=False)
     args = (q, kv, offs, dv, None, True, idx, topk, None, None, None, sink, parts, out)
     plan_as = {} if name.startswith("tl") else H200
     return args, plan_as, cfg
 
 
 COMPILED_CASES = {  # name -> (decode kernel, combine kernel or None)
-    "tl balanced": ("_mla_decode_kernel", "_mla_worklist_combine_kernel"),
+    "tl balanced": ("_mla_decode_kernel", "_mla_runs_combine_kernel"),
+    "tl items": ("_mla_decode_kernel", "_mla_worklist_combine_kernel"),
     "tl split": ("_mla_decode_kernel", "_mla_combine_kernel"),
-    "keys-as-M": ("_mla_decode_sm90_t", "_mla_worklist_combine_kernel"),
+    "keys-as-M": ("_mla_decode_sm90_t", "_mla_runs_combine_kernel"),
+    "keys-as-M items": ("_mla_decode_sm90_t", "_mla_worklist_combine_kernel"),
     "tma seesaw": ("_mla_decode_sm90_st", "_mla_worklist_combine_kernel"),
     "v32 cluster": ("_mla_decode_sm90_ss", "_mla_combine_kernel"),
     "persistent": ("_mla_decode_sm90_ps", "_mla_combine_kernel"),

@@ -51,7 +51,12 @@ from .triton_mla_args import DecodeArgs, OperandArgs, decode_args
 from .triton_mla_combine import mla_combine_triton
 from .triton_mla_plan import LaunchPlan, plan_decode, sm90_serves
 from .tuning import MLATuning
-from .worklist import mla_host_item_count, mla_worklist_combine_triton
+from .worklist import (
+    mla_host_item_count,
+    mla_host_run_programs,
+    mla_runs_combine_triton,
+    mla_worklist_combine_triton,
+)
 
 __all__ = ["PREPARED", "MLATuning", "PreparedMLA", "mla_decode_triton"]
 
@@ -99,6 +104,21 @@ def mla_decode_triton(
                       config)[0]  # fmt: skip
 
 
+def host_grid(plan: LaunchPlan, q_row_offsets: torch.Tensor, cache_lens: torch.Tensor) -> tuple:
+    """The grid of a balanced launch (the list or the runs) cut to the programs that have work,
+    from host lengths (Triton's interpreter would otherwise run every program of the bound)."""
+    kw = plan.kwargs
+    target, min_blocks = plan.balanced
+    if plan.runs:
+        n = mla_host_run_programs(q_row_offsets, cache_lens, tpt=kw["TPT"], bn=kw["BN"],
+                                  ovh=kw["RUN_OVH"], run_p=target, run_min=min_blocks,
+                                  one_wave=kw["ONE_WAVE"])[1]  # fmt: skip
+    else:
+        n = mla_host_item_count(q_row_offsets, cache_lens, tpt=kw["TPT"], bn=kw["BN"],
+                                target=target, min_blocks=min_blocks)  # fmt: skip
+    return (max(n, 1) * kw["NHB"],)
+
+
 class _Ran(NamedTuple):
     """What one full-path call handed its kernels (for `PreparedMLA.prepare`): the plan (None
     where nothing was launched), the checked arguments, the partials (None where not split)
@@ -124,23 +144,24 @@ def _full_path(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
     sm90 = config.gluon is not False and _use_sm90_path(q, a.K, a.has_x, a.d_qk)
     plan = plan_decode(a, config, num_partitions, sm90=sm90, hbm3e=sm90 and fast_hbm(q.device))
     dev, tokens, h_q = q.device, a.tokens, a.h_q
-    cut_t = None
+    cut_t, meta = None, {}
     if plan.ps is not None:  # the persistent kernel: partials of the tokens cut at clusters
         g, L, npr = plan.ps
         po = torch.empty(2, g, h_q, a.d_v, dtype=torch.float32, device=dev)
         pl = torch.empty(2, g, h_q, dtype=torch.float32, device=dev)
         cut_t = torch.empty(g, dtype=torch.int32, device=dev)
         args = a.ps_args(po, pl, cut_t, L, npr)
-    elif plan.balanced is not None:  # partials at the list's items (`worklist`)
-        target, min_blocks = plan.balanced
-        tpt, nhb, bn = plan.kwargs["TPT"], plan.kwargs["NHB"], plan.kwargs["BN"]
-        items = target + tokens
-        if not q.is_cuda:  # host lengths: launch only the list's programs
-            n = mla_host_item_count(a.q_row_offsets, a.K.cl, tpt=tpt, bn=bn, target=target,
-                                    min_blocks=min_blocks)  # fmt: skip
-            plan = plan._replace(grid=(max(n, 1) * nhb,))
-        po = torch.empty(items * tpt, h_q, a.d_v, dtype=torch.float32, device=dev)
-        pl = torch.empty(items * tpt, h_q, dtype=torch.float32, device=dev)
+    elif plan.balanced is not None:  # partials at the list's items or the runs' slots
+        target = plan.balanced[0]
+        tpt = plan.kwargs["TPT"]
+        rows = (2 * target if plan.runs else target + tokens) * tpt
+        if not q.is_cuda:  # host lengths: launch only the programs that have work
+            plan = plan._replace(grid=host_grid(plan, a.q_row_offsets, a.K.cl))
+        po = torch.empty(rows, h_q, a.d_v, dtype=torch.float32, device=dev)
+        pl = torch.empty(rows, h_q, dtype=torch.float32, device=dev)
+        if plan.runs:  # (slot, pieces, index in the tile) a token, for the combine
+            cut_t = torch.empty(tokens, 4, dtype=torch.int32, device=dev)
+            meta = {"META": cut_t}
         args = getattr(a, plan.args)(po, pl, 1)
     else:
         P = plan.partitions
@@ -151,11 +172,15 @@ def _full_path(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
             po, pl = a.lse, a.lse  # not written
         args = getattr(a, plan.args)(po, pl, P)
     launch(plan.kernel, plan.grid, *args, cluster=plan.cluster, smem_args=plan.smem_args,
-           **plan.kwargs)  # fmt: skip
+           **plan.kwargs, **meta)  # fmt: skip
     combine = True
-    if plan.balanced is not None:
+    if plan.runs:
+        mla_runs_combine_triton(a.q_row_offsets, cut_t, po, pl, a.out, a.lse, a.sink, tpt=tpt,
+                                run_p=target)  # fmt: skip
+    elif plan.balanced is not None:
         mla_worklist_combine_triton(a.q_row_offsets, a.K.cl, po, pl, a.out, a.lse, a.sink, tpt=tpt,
-                                    bn=bn, target=target, min_blocks=min_blocks)  # fmt: skip
+                                    bn=plan.kwargs["BN"], target=target,
+                                    min_blocks=plan.balanced[1])  # fmt: skip
     elif plan.ps is not None and L % npr:  # else no cluster boundary cuts a token
         mla_combine_triton(po, pl, a.out, a.lse, a.sink, cut=(L, npr, cut_t))
     elif plan.ps is None and plan.partitions > 1:
@@ -282,10 +307,7 @@ class _PreparedDecode:
         else:
             grid = None
             if self.host_grid is not None:  # Triton's interpreter: the host's lengths
-                tpt, bn, target, min_blocks, nhb = self.host_grid
-                n = mla_host_item_count(src[1], src[3], tpt=tpt, bn=bn, target=target,
-                                        min_blocks=min_blocks)  # fmt: skip
-                grid = (max(n, 1) * nhb,)
+                grid = host_grid(self.host_grid, src[1], src[3])
             d.run(stream, P, src, grid)
             if c is not None:
                 c.run(stream, P, src)
@@ -380,11 +402,7 @@ def _prepare_decode(made, src: list, ran: _Ran, out_given: bool) -> _PreparedDec
         off = -(-(off + t.numel()) // _WS_ALIGN) * _WS_ALIGN
     e.parts, e.ws_numel = tuple(parts), off
     plan = ran.plan
-    e.host_grid = None
-    if plan.balanced is not None and not e.decode.compiled:
-        target, min_blocks = plan.balanced
-        kw = plan.kwargs
-        e.host_grid = (kw["TPT"], kw["BN"], target, min_blocks, kw["NHB"])
+    e.host_grid = plan if plan.balanced is not None and not e.decode.compiled else None
     return e
 
 

@@ -49,7 +49,15 @@ import triton.language as tl
 from .._triton_interpreter import install_interpreter_shim
 from ..pdl import pdl_signal
 from ..triton_constants import LN2, LOG2E
-from .worklist import mla_find_item, mla_work_list
+from .worklist import (
+    mla_find_item,
+    mla_run_meta,
+    mla_run_piece,
+    mla_run_segment,
+    mla_run_stream,
+    mla_tile_tokens,
+    mla_work_list,
+)
 
 install_interpreter_shim()
 
@@ -519,11 +527,23 @@ def _mla_decode_kernel(
     BALANCED: tl.constexpr = False,
     TARGET: tl.constexpr = 1,
     MIN_BLOCKS: tl.constexpr = 1,
+    RUNS: tl.constexpr = False,
+    RUN_P: tl.constexpr = 1,
+    RUN_OVH: tl.constexpr = 0,
+    ONE_WAVE: tl.constexpr = True,
+    META=None,
 ):
     """One (tile, partition): BM (token, head) rows of one request over one key partition.
     BALANCED (dense, no extra operand): one (item of the balanced work list `worklist`, head
     block) instead: the grid is (TARGET + tokens) x NHB, programs past the list exit; a tile of
-    several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output."""
+    several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output.
+    RUNS (same modes): program p of RUN_P for head block hb (grid RUN_P x NHB): item p of the
+    list where its items fit one wave of RUN_P and none is longer than a run (ONE_WAVE), else
+    piece p of the contiguous runs
+    (`worklist`, "Contiguous runs"), one tile's blocks a segment; a tile cut into several
+    items or pieces writes partials at rows slot * TPT + i, a whole tile the output; the
+    program holding a tile's first block writes META (slot, pieces, i) of its tokens for the
+    combine."""
     Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
     OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
     (K, K_SC, K_LUT, K_ROFF, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
@@ -534,7 +554,30 @@ def _mla_decode_kernel(
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hb = pid % NHB
-    if BALANCED:
+    if RUNS:
+        tl.static_assert(not (K_SPARSE or HAS_X), "the runs are for dense decode")
+        p = pid // NHB
+        r_r, r_o, r_q, r_w, r_span, r_incl = mla_run_stream(
+            QOFF, K_CL, batch, TPT, BN, RUN_OVH, B_P2
+        )
+        size, total = mla_run_piece(r_incl, RUN_P, MIN_BLOCKS)
+        # one wave of whole items where the list fits it (ONE_WAVE) and none is longer than
+        # a run (program p: item p), else the runs; one code path (as the sm_90 kernel)
+        w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
+            QOFF, K_CL, batch, TPT, BN, RUN_P, MIN_BLOCKS, B_P2
+        )
+        max_chunk = tl.max(tl.where(w_n > 0, w_chunk, 0), 0)
+        use_items = (tl.sum(w_n, 0) <= RUN_P * ONE_WAVE) & (max_chunk <= size * BN)
+        ok, t_i, lo_i, hi_i, c_i = mla_find_item(w_r, w_c, w_n, w_incl, w_chunk, w_lo, p, TPT)
+        _runs(
+            q_args, out_args, k_args, x_args, META, p, hb, r_r, r_o, r_q, r_w, r_span, r_incl,
+            size, total, use_items, ok, t_i, lo_i, hi_i, c_i, H_Q, D_QK, D_V, BM, BN, HPT, TPT,
+            B_P2, CAUSAL, HAS_SINK, K_FMT, K_AMODE, K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED,
+            K_SPARSE, K_HAS_TOPK, K_TOPK_TOK, HAS_X, X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G,
+            X_E8M0, X_PAGED, X_HAS_TOPK, X_TOPK_TOK, NUM_STAGES, K_PREFETCH, X_PREFETCH, K_ALIGN,
+            X_ALIGN, RUN_OVH,
+        )  # fmt: skip
+    elif BALANCED:
         tl.static_assert(not (K_SPARSE or HAS_X), "the balanced list is for dense decode")
         w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
             QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2
@@ -543,16 +586,108 @@ def _mla_decode_kernel(
         valid, t, w_klo, w_khi, c_tile = mla_find_item(
             w_r, w_c, w_n, w_incl, w_chunk, w_lo, item, TPT
         )
-        if not valid:
-            return
-        split = c_tile > 1
-        part = item * TPT - t  # partial rows item * TPT + i (`worklist`)
-        p_tokens = 1
+        if valid:  # partial rows item * TPT + i (`worklist`)
+            _decode_tile(
+                q_args, out_args, k_args, x_args, t, hb, item * TPT - t, c_tile > 1, w_klo,
+                w_khi, H_Q, D_QK, D_V, BM, BN, HPT, TPT, B_P2, False, CAUSAL, HAS_SINK, K_FMT,
+                K_AMODE, K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED, K_SPARSE, K_HAS_TOPK,
+                K_TOPK_TOK, HAS_X, X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G, X_E8M0, X_PAGED,
+                X_HAS_TOPK, X_TOPK_TOK, NUM_STAGES, K_PREFETCH, X_PREFETCH, K_ALIGN, X_ALIGN,
+                True,
+            )  # fmt: skip
     else:
-        part = tl.program_id(1)
-        t = pid // NHB
-        split = SPLIT
-        p_tokens = n_tokens
+        _decode_tile(
+            q_args, out_args, k_args, x_args, pid // NHB, hb, tl.program_id(1), False, 0, 0,
+            H_Q, D_QK, D_V, BM, BN, HPT, TPT, B_P2, SPLIT, CAUSAL, HAS_SINK, K_FMT, K_AMODE,
+            K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED, K_SPARSE, K_HAS_TOPK, K_TOPK_TOK, HAS_X,
+            X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G, X_E8M0, X_PAGED, X_HAS_TOPK, X_TOPK_TOK,
+            NUM_STAGES, K_PREFETCH, X_PREFETCH, K_ALIGN, X_ALIGN, False,
+        )  # fmt: skip
+
+
+@triton.jit
+def _runs(
+    q_args, out_args, k_args, x_args, META, p, hb, r_r, r_o, r_q, r_w, r_span, r_incl, size,
+    total, use_items, ok, t_i, lo_i, hi_i, c_i, H_Q: tl.constexpr, D_QK: tl.constexpr,
+    D_V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HPT: tl.constexpr,
+    TPT: tl.constexpr, B_P2: tl.constexpr, CAUSAL: tl.constexpr, HAS_SINK: tl.constexpr,
+    K_FMT: tl.constexpr, K_AMODE: tl.constexpr, K_FOLD_T: tl.constexpr, K_NC: tl.constexpr,
+    K_CW: tl.constexpr, K_G: tl.constexpr, K_E8M0: tl.constexpr, K_PAGED: tl.constexpr,
+    K_SPARSE: tl.constexpr, K_HAS_TOPK: tl.constexpr, K_TOPK_TOK: tl.constexpr,
+    HAS_X: tl.constexpr, X_FMT: tl.constexpr, X_AMODE: tl.constexpr, X_FOLD_T: tl.constexpr,
+    X_NC: tl.constexpr, X_CW: tl.constexpr, X_G: tl.constexpr, X_E8M0: tl.constexpr,
+    X_PAGED: tl.constexpr, X_HAS_TOPK: tl.constexpr, X_TOPK_TOK: tl.constexpr,
+    NUM_STAGES: tl.constexpr, K_PREFETCH: tl.constexpr, X_PREFETCH: tl.constexpr,
+    K_ALIGN: tl.constexpr, X_ALIGN: tl.constexpr, RUN_OVH: tl.constexpr,
+):  # fmt: skip
+    """Program p's tiles one after the other (`_decode_tile` each), the META of the tiles it
+    starts: where `use_items`, its item of the list (ok: it has one; t_i, [lo_i, hi_i) keys,
+    c_i items in its tile; partial slot 2 p), else piece p of the contiguous runs
+    (`mla_run_stream`: size units a piece)."""
+    QOFF = q_args[3]
+    batch = q_args[4]
+    begin = tl.where(use_items, 0, p.to(tl.int64) * size)
+    end = tl.where(use_items, ok.to(tl.int64), tl.minimum(begin + size, total))
+    pos = begin
+    while pos < end:
+        if use_items:
+            t = t_i
+            n_tok = mla_tile_tokens(QOFF, batch, t_i, TPT, B_P2)
+            lo = lo_i
+            hi = hi_i
+            slot = 2 * p
+            n_pieces = c_i
+            first = lo_i == 0
+            nxt = end
+        else:
+            t, n_tok, lo_b, hi_b, w_b, b0, b1, slot = mla_run_segment(
+                r_r, r_o, r_q, r_w, r_span, r_incl, pos, end, begin, p, TPT, RUN_OVH
+            )
+            lo = lo_b * BN
+            hi = tl.where(lo_b < hi_b, hi_b * BN, lo)
+            n_pieces = ((b1 - 1) // size - b0 // size + 1).to(tl.int32)
+            first = lo_b == 0
+            nxt = b1
+        if lo < hi:
+            if first & (hb == 0):  # the tile's first item or piece: the combine's META
+                mla_run_meta(META, t, n_tok, slot, n_pieces, TPT)
+            _decode_tile(
+                q_args, out_args, k_args, x_args, t, hb, slot * TPT - t, n_pieces > 1, lo, hi,
+                H_Q, D_QK, D_V, BM, BN, HPT, TPT, B_P2, False, CAUSAL, HAS_SINK, K_FMT, K_AMODE,
+                K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED, K_SPARSE, K_HAS_TOPK, K_TOPK_TOK,
+                HAS_X, X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G, X_E8M0, X_PAGED, X_HAS_TOPK,
+                X_TOPK_TOK, NUM_STAGES, K_PREFETCH, X_PREFETCH, K_ALIGN, X_ALIGN, True,
+            )  # fmt: skip
+        pos = nxt
+
+
+@triton.jit
+def _decode_tile(
+    q_args, out_args, k_args, x_args, t, hb, part, split, item_lo, item_hi,
+    H_Q: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, HPT: tl.constexpr, TPT: tl.constexpr, B_P2: tl.constexpr,
+    SPLIT: tl.constexpr, CAUSAL: tl.constexpr, HAS_SINK: tl.constexpr, K_FMT: tl.constexpr,
+    K_AMODE: tl.constexpr, K_FOLD_T: tl.constexpr, K_NC: tl.constexpr, K_CW: tl.constexpr,
+    K_G: tl.constexpr, K_E8M0: tl.constexpr, K_PAGED: tl.constexpr, K_SPARSE: tl.constexpr,
+    K_HAS_TOPK: tl.constexpr, K_TOPK_TOK: tl.constexpr, HAS_X: tl.constexpr,
+    X_FMT: tl.constexpr, X_AMODE: tl.constexpr, X_FOLD_T: tl.constexpr, X_NC: tl.constexpr,
+    X_CW: tl.constexpr, X_G: tl.constexpr, X_E8M0: tl.constexpr, X_PAGED: tl.constexpr,
+    X_HAS_TOPK: tl.constexpr, X_TOPK_TOK: tl.constexpr, NUM_STAGES: tl.constexpr,
+    K_PREFETCH: tl.constexpr, X_PREFETCH: tl.constexpr, K_ALIGN: tl.constexpr,
+    X_ALIGN: tl.constexpr, ITEM: tl.constexpr,
+):  # fmt: skip
+    """One tile of `_mla_decode_kernel`: the BM (token, head) rows of head block hb of the
+    tile led by token t over one key range. ITEM: [item_lo, item_hi) of its keys (a balanced
+    item or a run's segment); the output (sinks folded), or where `split` (run time)
+    normalised partials at rows part + t + i of PO / PL. Else split-K partition `part` of
+    NUM_P: the output, or where SPLIT partials at rows part * n_tokens + t + i."""
+    Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+    OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
+    (K, K_SC, K_LUT, K_ROFF, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+     K_lut_stride, K_ps, K_psr, K_psb, K_psb_h, K_nenc, K_npages, K_idx_stride,
+     K_idx_len) = k_args  # fmt: skip
+    (X, X_SC, X_IDX, X_TOPK, X_stride, X_stride_h, X_stride_q, X_sc_stride, X_ps, X_psr, X_psb,
+     X_psb_h, X_nenc, X_idx_stride, X_idx_len) = x_args  # fmt: skip
 
     # Request of token t: the last b with q_row_offsets[b] <= t (b == batch: orphan token).
     ob = tl.arange(0, B_P2)
@@ -607,9 +742,9 @@ def _mla_decode_kernel(
         n_x = _topk_len(X_TOPK, X_idx_len, t, b, live, X_HAS_TOPK, X_TOPK_TOK)
         n_x = tl.where(live & leader, n_x, 0)
     total = n_main + n_x
-    if BALANCED:
-        lo = w_klo
-        hi = tl.minimum(w_khi, total)
+    if ITEM:
+        lo = item_lo
+        hi = tl.minimum(item_hi, total)
     else:
         chunk = tl.cdiv(tl.cdiv(total, NUM_P), BN) * BN
         lo = part * chunk
@@ -645,19 +780,40 @@ def _mla_decode_kernel(
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
     dmask = dA < D_V
     smask = row_ok[:, None] & dmask[None, :]
-    if split:
-        inv = tl.where(seen, 1.0 / l_safe, 0.0)
-        o = acc * inv[:, None]
-        prow = (part * p_tokens + tok_c) * H_Q + head_c
-        tl.store(PO + prow[:, None] * D_V + dA[None, :], o, mask=smask)
-        tl.store(PL + prow, lse, mask=row_ok)
+    if ITEM:
+        if split:
+            _store_partial(PO, PL, acc, lse, seen, l_safe, part, tok_c, head_c, dA, row_ok,
+                           smask, H_Q, D_V)  # fmt: skip
+        else:
+            _store_out(OUT, stride_ot, stride_oh, LSE, SINK, acc, m_i, lse, seen, l_safe, tok_c,
+                       head_c, dA, row_ok, smask, H_Q, HAS_SINK)  # fmt: skip
+    elif SPLIT:
+        _store_partial(PO, PL, acc, lse, seen, l_safe, part * n_tokens, tok_c, head_c, dA,
+                       row_ok, smask, H_Q, D_V)  # fmt: skip
     else:
-        inv = tl.where(seen, 1.0 / l_safe, 0.0)
-        if HAS_SINK:
-            sink = tl.load(SINK + head_c, mask=row_ok, other=0.0)
-            m_use = tl.where(seen, m_i, 0.0)
-            inv = tl.where(seen, 1.0 / (l_safe + tl.exp2(sink * LOG2E - m_use)), 0.0)
-        o = acc * inv[:, None]
-        optr = OUT + tok_c[:, None] * stride_ot + head_c[:, None] * stride_oh + dA[None, :]
-        tl.store(optr, o.to(OUT.dtype.element_ty), mask=smask)
-        tl.store(LSE + tok_c * H_Q + head_c, lse, mask=row_ok)
+        _store_out(OUT, stride_ot, stride_oh, LSE, SINK, acc, m_i, lse, seen, l_safe, tok_c,
+                   head_c, dA, row_ok, smask, H_Q, HAS_SINK)  # fmt: skip
+
+
+@triton.jit
+def _store_partial(PO, PL, acc, lse, seen, l_safe, base, tok_c, head_c, dA, row_ok, smask,
+                   H_Q: tl.constexpr, D_V: tl.constexpr):  # fmt: skip
+    """Normalised float32 partials of a tile's rows at rows base + token of PO / PL."""
+    inv = tl.where(seen, 1.0 / l_safe, 0.0)
+    prow = (base + tok_c) * H_Q + head_c
+    tl.store(PO + prow[:, None] * D_V + dA[None, :], acc * inv[:, None], mask=smask)
+    tl.store(PL + prow, lse, mask=row_ok)
+
+
+@triton.jit
+def _store_out(OUT, stride_ot, stride_oh, LSE, SINK, acc, m_i, lse, seen, l_safe, tok_c, head_c,
+               dA, row_ok, smask, H_Q: tl.constexpr, HAS_SINK: tl.constexpr):  # fmt: skip
+    """A tile's output rows (the sink joining the denominator) and their LSE."""
+    inv = tl.where(seen, 1.0 / l_safe, 0.0)
+    if HAS_SINK:
+        sink = tl.load(SINK + head_c, mask=row_ok, other=0.0)
+        m_use = tl.where(seen, m_i, 0.0)
+        inv = tl.where(seen, 1.0 / (l_safe + tl.exp2(sink * LOG2E - m_use)), 0.0)
+    optr = OUT + tok_c[:, None] * stride_ot + head_c[:, None] * stride_oh + dA[None, :]
+    tl.store(optr, (acc * inv[:, None]).to(OUT.dtype.element_ty), mask=smask)
+    tl.store(LSE + tok_c * H_Q + head_c, lse, mask=row_ok)

@@ -67,8 +67,10 @@ class LaunchPlan(NamedTuple):
     cluster: int = 1
     smem_args: Mapping[str, str] | None = None
     ps: tuple[int, int, int] | None = None  # the persistent kernel's (G, L, NPR)
-    # the balanced work list's (TARGET, MIN_BLOCKS) (`worklist`): grid (TARGET + tokens) x NHB
+    # the balanced work list's (TARGET, MIN_BLOCKS) (`worklist`): grid (TARGET + tokens) x NHB;
+    # with `runs`, the contiguous runs' (RUN_P, MIN_BLOCKS): grid RUN_P x NHB
     balanced: tuple[int, int] | None = None
+    runs: bool = False
 
 
 def _next_pow2(n: int) -> int:
@@ -264,6 +266,13 @@ def _common(kwargs: dict, a: DecodeArgs, cfg: dict, P: int) -> dict:
     return kwargs
 
 
+# The kernels that walk contiguous runs (`worklist`, "Contiguous runs"); the others of the
+# balanced list take one item a program, and so does the keys-as-M kernel at 32 query rows
+# (TPT 2 at 16 heads), where the runs' state spills inside its key loop (offline sm_90 compile:
+# 23 LDL and 9 STL between its MMAs, none at 16 rows).
+RUN_KERNELS = (_mla_decode_kernel, _mla_decode_sm90_t)
+
+
 def _balanced_eligible(a: DecodeArgs, config: MLATuning, num_partitions: int | None) -> bool:
     """Whether the balanced work list (`worklist`) serves: dense decode without an extra
     operand, no explicit `num_partitions`, `config.wl.balanced`."""
@@ -274,9 +283,16 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
     """`plan` (one partition, grid x = tokens x head blocks [/ cluster]) on the balanced work
     list: TARGET = `wl_waves` waves of `ctas_per_sm` resident CTAs a SM over the head blocks,
     the grid (TARGET + tokens) x NHB, the kernel's BALANCED constexprs and PDL (the combine
-    follows)."""
+    follows). On the kernels that walk contiguous runs (`RUN_KERNELS`, `wl_runs`): RUN_P =
+    TARGET programs a head block, grid RUN_P x NHB, the RUNS constexprs."""
     nhb, wl = plan.kwargs["NHB"], config.wl
     target = max(1, num_sms(a.q.device) * ctas_per_sm * wl.wl_waves // nhb)
+    if wl.wl_runs and plan.kernel in RUN_KERNELS and plan.kwargs.get("NR", 16) == 16:
+        kwargs = dict(plan.kwargs, RUNS=True, RUN_P=target, RUN_OVH=wl.wl_overhead,
+                      ONE_WAVE=wl.wl_one_wave, MIN_BLOCKS=wl.wl_min_blocks, SPLIT=False,
+                      PDL=pdl_enabled(a.q))  # fmt: skip
+        return plan._replace(grid=(target * nhb,), kwargs=kwargs, partitions=1,
+                             balanced=(target, wl.wl_min_blocks), runs=True)  # fmt: skip
     kwargs = dict(plan.kwargs, BALANCED=True, TARGET=target, MIN_BLOCKS=wl.wl_min_blocks,
                   SPLIT=False, PDL=pdl_enabled(a.q))  # fmt: skip
     grid = ((target + a.tokens) * nhb,)

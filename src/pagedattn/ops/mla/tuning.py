@@ -138,6 +138,17 @@ class WorkListTuning:
     wl_waves: int = 1
     # blocks of BN keys an item holds at least (its prologue stays a small part of it)
     wl_min_blocks: int = 4
+    # the kernels that have them (the portable one, the keys-as-M BF16 one) walk contiguous
+    # runs of the step's blocks instead of one item a program (`worklist`, "Contiguous runs")
+    wl_runs: bool = True
+    # on those kernels, one item a program where the list's items fit one wave (no tile cut
+    # mid-run: H200, bench_real, mla h_q 16 uniform b128 x 4k 0.150 ms on the list, 0.184 on
+    # runs, which cut every request in two); runs otherwise
+    wl_one_wave: bool = True
+    # a tile's prologue (q, its first pages, the ring fill) in blocks of the runs' stream: ~5 us
+    # on sm_90 (docs/kernels/triton_mla.md) against ~2.3 us to stream a 64-key BF16 block at a
+    # SM's share of the H200's copy bandwidth (73.7 KB / (4.26 TB/s / 132))
+    wl_overhead: int = 2
 
 
 _FAMILIES = {

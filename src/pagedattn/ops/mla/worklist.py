@@ -31,6 +31,25 @@ folded in) and its LSE; a tile of several writes normalised float32 partials at 
 `k * TPT + i` (i: the token's index in the tile) of PO [items * TPT, h_q, D_V] / PL [items *
 TPT, h_q] (natural-log LSE), and `_mla_worklist_combine_kernel` merges them (sinks, LSE, NaN as
 in `ops.combine`).
+
+Contiguous runs (`RUNS`: the portable kernel, and `_mla_decode_sm90_t` at 16 query rows).
+Items of a SM's whole share leave a partial second wave on skewed lengths; instead each of
+RUN_P = TARGET programs (a head block) walks an equal run of the step's concatenated blocks,
+as FlashMLA's scheduler does:
+
+    stream:  tile after tile (request-major), each OVH + w_b units (its prologue, its blocks),
+    S = max(cdiv(units, RUN_P), MIN_BLOCKS),   piece p = units [p S, min((p + 1) S, units)).
+
+A program walks its piece's segments (a tile's blocks inside it, `mla_run_segment`) one after
+the other. A tile inside one piece writes the output; a cut tile writes partials at slot 2 p
+(the tile is its piece's first) or 2 p + 1 (its last), rows `slot * TPT + i`; the program
+holding a tile's first block writes META[t + i] = (first slot, pieces, i) for its tokens, and
+`_mla_runs_combine_kernel` takes the slots 2 (p0 + k) after the first one (p0 = first slot //
+2) and merges them 8 at a time. Where the item list (TARGET = RUN_P) fits one wave and no item
+is longer than S (ONE_WAVE), program p takes item p instead (slot 2 p, pieces = its tile's
+items): a uniform batch keeps whole tiles. Every program decides from the same lengths, so the
+grid RUN_P x head blocks is host-known. `mla_host_run_programs` mirrors the choice and the
+counts on the host, `mla_host_runs` the segments (tests).
 """
 
 from __future__ import annotations
@@ -42,6 +61,20 @@ import triton.language as tl
 from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
+
+
+@triton.jit
+def mla_requests(QOFF, K_CL, batch, TPT: tl.constexpr, BN: tl.constexpr, B_P2: tl.constexpr):
+    """Per request [B_P2] (0 past batch): (r, first token o_lo, query length q_len, tiles of TPT
+    tokens, blocks w of BN keys a tile reads)."""
+    r = tl.arange(0, B_P2)
+    rm = r < batch
+    o_lo = tl.load(QOFF + r, mask=rm, other=0)
+    o_hi = tl.load(QOFF + r + 1, mask=rm, other=0)
+    q_len = tl.maximum(o_hi - o_lo, 0)
+    cl = tl.maximum(tl.load(K_CL + r, mask=rm, other=0), 0)
+    tiles = tl.where(rm, tl.cdiv(q_len, TPT), 0)
+    return r, o_lo, q_len, tiles, tl.cdiv(cl + q_len, BN)
 
 
 @triton.jit
@@ -58,14 +91,7 @@ def mla_work_list(
     """(r [B_P2] request ids, c [B_P2] chunks a tile, n [B_P2] items a request (0 past batch),
     incl [B_P2] inclusive prefix sums of n, chunk [B_P2] keys a chunk, o_lo [B_P2] first
     token) of the module docstring's list."""
-    r = tl.arange(0, B_P2)
-    rm = r < batch
-    o_lo = tl.load(QOFF + r, mask=rm, other=0)
-    o_hi = tl.load(QOFF + r + 1, mask=rm, other=0)
-    q_len = tl.maximum(o_hi - o_lo, 0)
-    cl = tl.maximum(tl.load(K_CL + r, mask=rm, other=0), 0)
-    tiles = tl.where(rm, tl.cdiv(q_len, TPT), 0)
-    w = tl.cdiv(cl + q_len, BN)
+    r, o_lo, q_len, tiles, w = mla_requests(QOFF, K_CL, batch, TPT, BN, B_P2)
     total = tl.sum(tiles.to(tl.int64) * w, 0)
     cb = tl.maximum(tl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(tl.int32)
     c = tl.maximum(tl.cdiv(w, cb), 1)
@@ -114,6 +140,264 @@ def mla_host_item_count(
     cb = max(-(-total * 9 // (target * 8)), min_blocks)
     c = ((w + cb - 1) // cb).clamp(min=1)
     return int((tiles * c).sum())
+
+
+# --------------------------------------------------------------------------------------------
+# Contiguous runs (the keys-as-M BF16 kernel and the portable kernel)
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def mla_run_stream(QOFF, K_CL, batch, TPT: tl.constexpr, BN: tl.constexpr, OVH: tl.constexpr,
+                   B_P2: tl.constexpr):  # fmt: skip
+    """The step's stream of units (`RUNS` in the module docstring): per request [B_P2] its id r,
+    first token o_lo, query length q_len, blocks a tile w, stream span (tiles * (w + OVH),
+    int64) and inclusive prefix sums incl of the spans (0 past batch)."""
+    r, o_lo, q_len, tiles, w = mla_requests(QOFF, K_CL, batch, TPT, BN, B_P2)
+    span = tiles.to(tl.int64) * (w + OVH)
+    incl = tl.cumsum(span, 0)
+    return r, o_lo, q_len, w, span, incl
+
+
+@triton.jit
+def mla_run_piece(incl, RUN_P: tl.constexpr, RUN_MIN: tl.constexpr):
+    """(S, total): the units a piece holds and the stream's length."""
+    total = tl.max(incl, 0)
+    return tl.maximum(tl.cdiv(total, RUN_P), RUN_MIN), total
+
+
+@triton.jit
+def mla_run_segment(r, o_lo, q_len, w, span, incl, pos, end, begin, p, TPT: tl.constexpr,
+                    OVH: tl.constexpr):  # fmt: skip
+    """The segment of the run [begin, end) of piece p that starts at stream position pos:
+    (t, n_tok, lo, hi, w_b, b0, b1, slot). t: its tile's leader token and n_tok its tokens;
+    [lo, hi): its blocks of the
+    tile (empty where the piece ends in the tile's prologue units); w_b: the tile's blocks;
+    [b0, b1): the tile's blocks in the stream (the next segment starts at b1); slot: its
+    partial slot, 2 p for the piece's first tile and 2 p + 1 for its last."""
+    b = tl.sum(tl.where(incl <= pos, 1, 0), 0)
+    at = r == b
+    start = tl.sum(tl.where(at, incl - span, 0), 0)
+    w_b = tl.sum(tl.where(at, w, 0), 0)
+    j = (pos - start) // (w_b + OVH)
+    row = start + j * (w_b + OVH)
+    b0 = row + OVH
+    b1 = b0 + w_b
+    lo = tl.maximum(pos, b0) - b0
+    hi = tl.minimum(end, b1) - b0
+    o_b = tl.sum(tl.where(at, o_lo, 0), 0)
+    t = o_b + (j * TPT).to(tl.int32)
+    n_tok = tl.minimum(o_b + tl.sum(tl.where(at, q_len, 0), 0) - t, TPT)
+    slot = 2 * p + (row > begin).to(tl.int32)
+    return t, n_tok, lo.to(tl.int32), hi.to(tl.int32), w_b, b0, b1, slot
+
+
+@triton.jit
+def mla_run_meta(META, t, n_tok, slot, n_pieces, TPT: tl.constexpr):
+    """The combine's META (slot, pieces, index in the tile) of the n_tok tokens of the tile led
+    by token t."""
+    for i in tl.static_range(TPT):
+        mp = META + (t + i).to(tl.int64) * 4
+        tl.store(mp, slot, mask=i < n_tok)
+        tl.store(mp + 1, n_pieces, mask=i < n_tok)
+        tl.store(mp + 2, slot * 0 + i, mask=i < n_tok)
+
+
+@triton.jit
+def mla_tile_tokens(QOFF, batch, t, TPT: tl.constexpr, B_P2: tl.constexpr):
+    """The tokens of the tile led by token t: min(TPT, the end of t's request - t)."""
+    ob = tl.arange(0, B_P2)
+    offs = tl.load(QOFF + ob, mask=ob <= batch, other=2147483647)
+    return tl.minimum(tl.min(tl.where(offs > t, offs, 2147483647), 0) - t, TPT)
+
+
+def mla_host_run_programs(q_row_offsets: torch.Tensor, cache_lens: torch.Tensor, *, tpt: int,
+                          bn: int, ovh: int, run_p: int, run_min: int,
+                          one_wave: bool) -> tuple[bool, int]:  # fmt: skip
+    """(one wave of items, programs with work) of a `RUNS` launch, from host tensors (torch
+    arithmetic mirroring the kernels' choice): items where `one_wave`, the list (TARGET =
+    run_p) fits one wave and no item is longer than a run's S units (then its item count),
+    else the pieces of the runs that hold units."""
+    offs = q_row_offsets.to(torch.int64)
+    q_len = (offs[1:] - offs[:-1]).clamp(min=0)
+    cl = cache_lens.to(torch.int64).clamp(min=0)
+    tiles = (q_len + tpt - 1) // tpt
+    w = (cl + q_len + bn - 1) // bn
+    total = int((tiles * (w + ovh)).sum())
+    size = max(-(-total // run_p), run_min)
+    if one_wave:
+        cb = max(-(-int((tiles * w).sum()) * 9 // (run_p * 8)), run_min)
+        c = ((w + cb - 1) // cb).clamp(min=1)
+        n_items = int((tiles * c).sum())
+        chunk = torch.where(tiles > 0, (w + c - 1) // c, 0)
+        longest = int(chunk.max()) if chunk.numel() else 0
+        if n_items <= run_p and longest <= size:
+            return True, n_items
+    return False, -(-total // size)
+
+
+def mla_host_runs(q_row_offsets, cache_lens, *, tpt: int, bn: int, ovh: int, run_p: int,
+                  run_min: int) -> list[list[tuple[int, int, int, int, int]]]:  # fmt: skip
+    """The segments each piece of `RUNS` walks, from host lengths (Python arithmetic mirroring
+    `mla_run_stream` / `mla_run_segment`): per piece a list of (t, lo, hi, slot, pieces of the
+    tile), for the tests of the cover."""
+    offs = [int(x) for x in q_row_offsets.tolist()]
+    cls = [max(int(x), 0) for x in cache_lens.tolist()]
+    tiles_w = []
+    for b in range(len(offs) - 1):
+        q_len = max(offs[b + 1] - offs[b], 0)
+        tiles_w.append((offs[b], -(-q_len // tpt), -(-(cls[b] + q_len) // bn)))
+    total = sum(n * (w + ovh) for _, n, w in tiles_w)
+    size = max(-(-total // run_p), run_min)
+    rows, pos = [], 0
+    for o_lo, n, w in tiles_w:
+        for j in range(n):
+            rows.append((pos, o_lo + j * tpt, w))
+            pos += w + ovh
+    runs = []
+    for p in range(run_p):
+        begin, end = p * size, min((p + 1) * size, total)
+        segs = []
+        for row, t, w in rows:
+            b0, b1 = row + ovh, row + ovh + w
+            lo, hi = max(begin, b0) - b0, min(end, b1) - b0
+            if lo < hi:
+                n_pieces = (b1 - 1) // size - b0 // size + 1
+                segs.append((t, lo, hi, 2 * p + int(row > begin), n_pieces))
+        runs.append(segs)
+    return runs
+
+
+@triton.jit
+def _mla_runs_combine_kernel(
+    QOFF,
+    batch,
+    META,  # [tokens, 4] int32: first slot, pieces, index in the tile (written by the decode)
+    PO,  # [2 RUN_P * TPT, H_Q, D_V] f32
+    PL,  # [2 RUN_P * TPT, H_Q] f32
+    SINK,
+    OUT,
+    stride_ot,
+    stride_oh,
+    LSE,  # [tokens, H_Q] f32 contiguous
+    H_Q: tl.constexpr,
+    BH: tl.constexpr,
+    D_V: tl.constexpr,
+    DB: tl.constexpr,
+    NS: tl.constexpr,
+    TPT: tl.constexpr,
+    RUN_P: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """One (token, block of BH heads, DB output dims): merge the partials of its tile when
+    the tile was cut into several pieces (a tile of one piece was written by the decode
+    kernel), NS partials a step as one [NS, BH, DB] load; a token of no request (outside
+    [q_row_offsets[0], q_row_offsets[batch])) gets output 0 and LSE -inf. META's values
+    are clamped to the partial buffers (no access outside them whatever the offsets)."""
+    pdl_wait(PDL)
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    dc = tl.program_id(2)
+    t64 = t.to(tl.int64)
+    offs_h = hb * BH + tl.arange(0, BH)
+    offs_d = dc * DB + tl.arange(0, DB)
+    hmask = offs_h < H_Q
+    dmask = offs_d < D_V
+    omask = hmask[:, None] & dmask[None, :]
+    optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
+    if not covered:
+        tl.store(optr, tl.zeros([BH, DB], OUT.dtype.element_ty), mask=omask)
+        if dc == 0:
+            tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32),
+                     mask=hmask)  # fmt: skip
+    else:
+        n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
+        if n > 1:
+            s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
+            i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
+            m = tl.full([BH], float("-inf"), tl.float32)
+            den = tl.zeros([BH], tl.float32)
+            acc = tl.zeros([BH, DB], tl.float32)
+            for kc in range(0, n, NS):
+                k = kc + tl.arange(0, NS)
+                slot = tl.minimum(tl.where(k == 0, s0, 2 * (s0 // 2 + k)), 2 * RUN_P - 1)
+                prow = (slot.to(tl.int64) * TPT + i)[:, None] * H_Q + offs_h[None, :]
+                pm = (k < n)[:, None] & hmask[None, :]
+                lp = tl.load(PL + prow, mask=pm, other=float("-inf")) * LOG2E
+                m_new = tl.maximum(m, tl.max(lp, 0))
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.math.exp2(m - m_use)
+                w = tl.math.exp2(lp - m_use[None, :])
+                o = tl.load(PO + prow[:, :, None] * D_V + offs_d[None, None, :],
+                            mask=pm[:, :, None] & dmask[None, None, :], other=0.0)  # fmt: skip
+                # an unseen partial (lse -inf, w 0) adds nothing; a NaN one makes the row NaN
+                part = tl.where((lp != float("-inf"))[:, :, None], w[:, :, None] * o, 0.0)
+                acc = acc * alpha[:, None] + tl.sum(part, 0)
+                den = den * alpha + tl.sum(w, 0)
+                m = m_new
+            has = den != 0.0
+            m_use = tl.where(m == float("-inf"), 0.0, m)
+            inv = tl.where(has, 1.0 / tl.where(has, den, 1.0), 0.0)
+            if HAS_SINK:
+                sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+                # 1 / (den + exp(sink - m)) in the max-shifted frame; sink=+inf -> 0
+                inv = tl.where(has, 1.0 / (den + tl.math.exp2(sink * LOG2E - m_use)), 0.0)
+            tl.store(optr, (acc * inv[:, None]).to(OUT.dtype.element_ty), mask=omask)
+            if dc == 0:
+                lse = tl.where(has, (m_use + tl.math.log2(tl.where(has, den, 1.0))) * LN2,
+                               float("-inf"))  # fmt: skip
+                tl.store(LSE + t64 * H_Q + offs_h, lse, mask=hmask)
+
+
+def mla_runs_combine_triton(
+    q_row_offsets: torch.Tensor,
+    meta: torch.Tensor,
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    sinks: torch.Tensor | None,
+    *,
+    tpt: int,
+    run_p: int,
+) -> None:
+    """Merge the cut tiles of a `RUNS` decode launch. meta [tokens, 4] int32 (the decode's);
+    partial_out [2 run_p * tpt, h_q, d_v] f32, partial_lse [2 run_p * tpt, h_q] f32; out
+    [tokens, h_q, d_v] (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks [h_q] f32
+    or None. No host sync. A program per (token, 16 heads, 64 dims): a token whose tile was cut
+    into n pieces loads its partials 8 at a time (a long request's token cut into ~100 pieces
+    takes 13 steps, not 100 dependent loads)."""
+    tokens, h_q, d_v = out.shape
+    batch = q_row_offsets.shape[0] - 1
+    if tokens == 0 or batch == 0:
+        return
+    bh = min(16, triton.next_power_of_2(h_q))
+    db = min(64, triton.next_power_of_2(d_v))
+    launch(
+        _mla_runs_combine_kernel,
+        (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
+        q_row_offsets,
+        batch,
+        meta,
+        partial_out,
+        partial_lse,
+        sinks if sinks is not None else partial_lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        H_Q=h_q,
+        BH=bh,
+        D_V=d_v,
+        DB=db,
+        NS=8,
+        TPT=tpt,
+        RUN_P=run_p,
+        HAS_SINK=sinks is not None,
+        PDL=(pdl := pdl_enabled(out)),
+        num_warps=4,
+        **pdl_launch_kwargs(pdl),
+    )
 
 
 @triton.jit
@@ -245,4 +529,10 @@ def mla_worklist_combine_triton(
     )
 
 
-__all__ = ["mla_host_item_count", "mla_worklist_combine_triton"]
+__all__ = [
+    "mla_host_item_count",
+    "mla_host_run_programs",
+    "mla_host_runs",
+    "mla_runs_combine_triton",
+    "mla_worklist_combine_triton",
+]

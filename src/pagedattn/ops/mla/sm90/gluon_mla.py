@@ -237,6 +237,11 @@ if HAS_GLUON:
         gl.store(trp + 4, g_clock())
         gl.store(trp + 9, g_cycles())
 
+    @gluon.constexpr_function
+    def one_l_t():
+        """The layout of a [B_P2] request vector in a one-warpgroup kernel."""
+        return gl.BlockedLayout([1], [32], [4], [0])
+
     @gluon.jit
     def g_program(NHB: gl.constexpr, PDL: gl.constexpr):
         """A decode program's (t, hb, part) (grid: token x head block, partition), the
@@ -267,6 +272,18 @@ if HAS_GLUON:
         g_pdl_signal(PDL)
         pid = gl.program_id(0)
         item = pid // NHB
+        _n, ok, t, lo, hi, c_b, _m = g_list_item(
+            QOFF, K_CL, batch, item, TPT, BN, TARGET, MIN_BLOCKS, B_P2, one_l
+        )
+        return ok, t, pid % NHB, lo, hi, c_b > 1, item * TPT - t
+
+    @gluon.jit
+    def g_requests(
+        QOFF, K_CL, batch, TPT: gl.constexpr, BN: gl.constexpr, B_P2: gl.constexpr,
+        one_l: gl.constexpr,
+    ):  # fmt: skip
+        """`worklist.mla_requests` (same arithmetic): per request [B_P2] (r, o_lo, q_len,
+        tiles, w)."""
         r = gl.arange(0, B_P2, layout=one_l)
         rm = r < batch
         o_lo = gl.load(QOFF + r, mask=rm, other=0)
@@ -274,14 +291,26 @@ if HAS_GLUON:
         q_len = gl.maximum(o_hi - o_lo, 0)
         cl = gl.maximum(gl.load(K_CL + r, mask=rm, other=0), 0)
         tiles = gl.where(rm, gl.cdiv(q_len, TPT), 0)
-        w = gl.cdiv(cl + q_len, BN)
+        return r, o_lo, q_len, tiles, gl.cdiv(cl + q_len, BN)
+
+    @gluon.jit
+    def g_list_item(
+        QOFF, K_CL, batch, item, TPT: gl.constexpr, BN: gl.constexpr, TARGET: gl.constexpr,
+        MIN_BLOCKS: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr,
+    ):  # fmt: skip
+        """Item `item` of the balanced list (`worklist.mla_work_list` / `mla_find_item`, same
+        arithmetic): (the list's items, ok: item is one, t: its tile's leader token, [lo, hi):
+        its chunk of the tile's keys before the causal clamp, c_b: the tile's items, the
+        longest item's keys)."""
+        r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
         total = gl.sum(tiles.to(gl.int64) * w, 0)
         cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
         c = gl.maximum(gl.cdiv(w, cb), 1)
         n = tiles * c
         chunk = gl.cdiv(w, c) * BN
         incl = gl.associative_scan(n, 0, _g_add)
-        ok = item < gl.sum(n, 0)
+        n_items = gl.sum(n, 0)
+        ok = item < n_items
         b = gl.sum(gl.where(incl <= item, 1, 0), 0)
         at = r == b
         n_b = gl.sum(gl.where(at, n, 0), 0)
@@ -290,7 +319,49 @@ if HAS_GLUON:
         local = item - (gl.sum(gl.where(at, incl, 0), 0) - n_b)
         t = gl.sum(gl.where(at, o_lo, 0), 0) + (local // c_b) * TPT
         lo = (local % c_b) * chunk_b
-        return ok, t, pid % NHB, lo, lo + chunk_b, c_b > 1, item * TPT - t
+        return n_items, ok, t, lo, lo + chunk_b, c_b, gl.max(gl.where(n > 0, chunk, 0), 0)
+
+    @gluon.jit
+    def g_run_stream(
+        QOFF, K_CL, batch, TPT: gl.constexpr, BN: gl.constexpr, OVH: gl.constexpr,
+        B_P2: gl.constexpr, one_l: gl.constexpr,
+    ):  # fmt: skip
+        """`worklist.mla_run_stream` (same arithmetic): per request [B_P2] (r, o_lo, q_len, w,
+        span, incl) of the contiguous runs' stream."""
+        r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
+        span = tiles.to(gl.int64) * (w + OVH)
+        incl = gl.associative_scan(span, 0, _g_add)
+        return r, o_lo, q_len, w, span, incl
+
+    @gluon.jit
+    def g_run_segment(r, o_lo, q_len, w, span, incl, pos, end, begin, p, TPT: gl.constexpr,
+                      OVH: gl.constexpr):  # fmt: skip
+        """`worklist.mla_run_segment` (same arithmetic): (t, n_tok, lo, hi, w_b, b0, b1,
+        slot) of the segment of piece p's run [begin, end) that starts at pos."""
+        b = gl.sum(gl.where(incl <= pos, 1, 0), 0)
+        at = r == b
+        start = gl.sum(gl.where(at, incl - span, 0), 0)
+        w_b = gl.sum(gl.where(at, w, 0), 0)
+        j = (pos - start) // (w_b + OVH)
+        row = start + j * (w_b + OVH)
+        b0 = row + OVH
+        b1 = b0 + w_b
+        lo = gl.maximum(pos, b0) - b0
+        hi = gl.minimum(end, b1) - b0
+        o_b = gl.sum(gl.where(at, o_lo, 0), 0)
+        t = o_b + (j * TPT).to(gl.int32)
+        n_tok = gl.minimum(o_b + gl.sum(gl.where(at, q_len, 0), 0) - t, TPT)
+        slot = 2 * p + (row > begin).to(gl.int32)
+        return t, n_tok, lo.to(gl.int32), hi.to(gl.int32), w_b, b0, b1, slot
+
+    @gluon.jit
+    def g_run_meta(META, t, n_tok, slot, n_pieces, TPT: gl.constexpr):
+        """The combine's META (slot, pieces, index in the tile) of a tile's tokens."""
+        for i in gl.static_range(TPT):
+            mp = META + (t + i).to(gl.int64) * 4
+            gl.store(mp, slot, mask=i < n_tok)
+            gl.store(mp + 1, n_pieces, mask=i < n_tok)
+            gl.store(mp + 2, slot * 0 + i, mask=i < n_tok)
 
     @gluon.jit
     def g_rope_ptrs(rows, K, stride, stride_h, FMT: gl.constexpr, ld_l: gl.constexpr,
@@ -1081,6 +1152,8 @@ if HAS_GLUON:
         BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr, PF: gl.constexpr = True,
         KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
         BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
+        RUNS: gl.constexpr = False, RUN_P: gl.constexpr = 1, RUN_OVH: gl.constexpr = 0,
+        ONE_WAVE: gl.constexpr = True, META=None,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1101,6 +1174,14 @@ if HAS_GLUON:
         vectors straight from them: `t_store`).
         The per-token scales go through a [NBUF, BN] ring read in S's row layout.
 
+        BALANCED: one item of the balanced list a program (`g_work_item`). RUNS: program p of
+        RUN_P (grid RUN_P x NHB) takes item p of the list where its items fit one wave
+        (ONE_WAVE), else piece p of the contiguous runs (`worklist`, "Contiguous runs"): the
+        tiles of its run one after the other (`_t_tile` each: q, the ring's fill, the key
+        loop, the store); a tile cut into several items or pieces to partials at rows slot *
+        TPT + i, a whole tile to the output; the program holding a tile's first block writes
+        its META.
+
         TRACE (development, `dev/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start, before its loop, when its first tile has landed,
         after the loop and at its end (slots 0-4), its SM (6), tile count (7) and the SM's cycle
@@ -1116,30 +1197,17 @@ if HAS_GLUON:
         )
         raw_l: gl.constexpr = t_raw_layout(KSWZ)
         one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
         if FMT == 0:
             QT: gl.constexpr = gl.bfloat16
         else:
             QT: gl.constexpr = gl.float16
 
-        if BALANCED:  # one item of the balanced list (`g_work_item`)
-            ok, t, hb, w_lo, w_hi, split, part = g_work_item(
-                QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
-            )
-            if not ok:
-                return
-            item = (w_lo, w_hi)
-        else:
-            t, hb, part = g_program(NHB, PDL)
-            item = None
         if TRACE:
             trp = g_trace_open(TR)
-        b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
-
+        else:
+            trp = TR
         q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)
         q_rope_buf = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
-        q_lat = q_lat_buf.index(0)
-        q_rope = q_rope_buf.index(0)
         p_smem = gl.allocate_shared_memory(QT, [NR, BN], sm_l)
         k_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], sm_l)
         v1_l: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -1158,6 +1226,132 @@ if HAS_GLUON:
                 k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
                 k_sc.index(i).store(gl.zeros([BN], gl.float32, one_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+
+        if RUNS:
+            g_pdl_signal(PDL)
+            pid = gl.program_id(0)
+            hb = pid % NHB
+            p = pid // NHB
+            rr, ro, rq, rw, rspan, rincl = g_run_stream(
+                QOFF, K_CL, batch, TPT, BN, RUN_OVH, B_P2, one_l
+            )
+            total = gl.max(rincl, 0)
+            size = gl.maximum(gl.cdiv(total, RUN_P), MIN_BLOCKS)
+            # one wave of whole items where the list fits it (ONE_WAVE) and none is longer
+            # than a run (program p: item p), else the runs (one code path: a second copy of
+            # the tile's code cost the runs 3-14%, H200 bench_real)
+            n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
+                QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
+            )
+            use_items = (n_items <= RUN_P * ONE_WAVE) & (max_chunk <= size * BN)
+            _t_runs(
+                q_args, out_args, k_args, META, p, hb, rr, ro, rq, rw, rspan, rincl, size, total,
+                use_items, ok, t_i, lo_i, hi_i, c_i, q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf,
+                k_main, k_sc, trp, H_Q, D_V, HPT, TPT, B_P2, CAUSAL, HAS_SINK, SPARSE, HAS_TOPK,
+                TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, RUN_OVH,
+            )  # fmt: skip
+        else:
+            if BALANCED:  # one item of the balanced list (`g_work_item`)
+                ok, t, hb, w_lo, w_hi, split, part = g_work_item(
+                    QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
+                )
+                if ok:
+                    _t_tile(
+                        q_args, out_args, k_args, t, hb, part, split, (w_lo, w_hi), q_lat_buf,
+                        q_rope_buf, p_smem, k_rope, vbuf, k_main, k_sc, trp, H_Q, D_V, HPT,
+                        TPT, B_P2, CAUSAL, HAS_SINK, SPARSE, HAS_TOPK, TOPK_TOK, FMT, BN, NBUF,
+                        NR, PF, TRACE, False, True,
+                    )  # fmt: skip
+            else:
+                t, hb, part = g_program(NHB, PDL)
+                _t_tile(
+                    q_args, out_args, k_args, t, hb, part, False, None, q_lat_buf, q_rope_buf,
+                    p_smem, k_rope, vbuf, k_main, k_sc, trp, H_Q, D_V, HPT, TPT, B_P2, CAUSAL,
+                    HAS_SINK, SPARSE, HAS_TOPK, TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, SPLIT,
+                    False,
+                )  # fmt: skip
+        if TRACE:
+            gl.thread_barrier()
+            g_trace_close(trp)
+
+    @gluon.jit
+    def _t_runs(
+        q_args, out_args, k_args, META, p, hb, rr, ro, rq, rw, rspan, rincl, size, total,
+        use_items, ok, t_i, lo_i, hi_i, c_i, q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf, k_main,
+        k_sc, trp, H_Q: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
+        B_P2: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr, BN: gl.constexpr,
+        NBUF: gl.constexpr, NR: gl.constexpr, PF: gl.constexpr, TRACE: gl.constexpr,
+        RUN_OVH: gl.constexpr,
+    ):  # fmt: skip
+        """Program p's tiles one after the other (`_t_tile` each), the META of the tiles it
+        starts: where `use_items`, its item of the list (ok: it has one; t_i, [lo_i, hi_i)
+        keys, c_i items in its tile; partial slot 2 p), else piece p of the contiguous runs
+        (`g_run_stream`: size units a piece)."""
+        QOFF = q_args[3]
+        batch = q_args[4]
+        begin = gl.where(use_items, 0, p.to(gl.int64) * size)
+        end = gl.where(use_items, ok.to(gl.int64), gl.minimum(begin + size, total))
+        pos = begin
+        while pos < end:
+            if use_items:
+                _b, _lv, i0, _ld, q_len = g_request(QOFF, batch, t_i, TPT, B_P2, one_l_t())
+                t, n_tok, lo, hi, slot, n_pieces, first, nxt = (
+                    t_i,
+                    q_len - i0,
+                    lo_i,
+                    hi_i,
+                    2 * p,
+                    c_i,
+                    lo_i == 0,
+                    end,
+                )
+            else:
+                t, n_tok, lo_b, hi_b, w_b, b0, b1, slot = g_run_segment(
+                    rr, ro, rq, rw, rspan, rincl, pos, end, begin, p, TPT, RUN_OVH
+                )
+                lo = lo_b * BN
+                hi = gl.where(lo_b < hi_b, hi_b * BN, lo)
+                n_pieces = ((b1 - 1) // size - b0 // size + 1).to(gl.int32)
+                first = lo_b == 0
+                nxt = b1
+            if lo < hi:
+                if first & (hb == 0):  # the tile's first item or piece: the combine's META
+                    g_run_meta(META, t, n_tok, slot, n_pieces, TPT)
+                _t_tile(
+                    q_args, out_args, k_args, t, hb, slot * TPT - t, n_pieces > 1, (lo, hi),
+                    q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf, k_main, k_sc, trp, H_Q, D_V,
+                    HPT, TPT, B_P2, CAUSAL, HAS_SINK, SPARSE, HAS_TOPK, TOPK_TOK, FMT, BN, NBUF,
+                    NR, PF, TRACE, False, True,
+                )  # fmt: skip
+                gl.thread_barrier()  # q and the ring are the next tile's from here on
+            pos = nxt
+
+    @gluon.jit
+    def _t_tile(
+        q_args, out_args, k_args, t, hb, part, split, item, q_lat_buf, q_rope_buf, p_smem,
+        k_rope, vbuf, k_main, k_sc, trp, H_Q: gl.constexpr, D_V: gl.constexpr,
+        HPT: gl.constexpr, TPT: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr,
+        HAS_SINK: gl.constexpr, SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr,
+        TOPK_TOK: gl.constexpr, FMT: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+        NR: gl.constexpr, PF: gl.constexpr, TRACE: gl.constexpr, SPLIT: gl.constexpr,
+        ITEM: gl.constexpr,
+    ):  # fmt: skip
+        """One tile of `_mla_decode_sm90_t` (head block hb of the tile led by token t) over
+        one key range. ITEM: `item` (lo, hi) of its keys (an item of the list or a run's
+        segment); the output (sinks folded), or where `split` (run time) partials at rows
+        part + t + i. Else partition `part` of NUM_P: the output, or where SPLIT partials at
+        rows part * n_tokens + t + i."""
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
+        (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+         K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len) = k_args  # fmt: skip
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        q_lat = q_lat_buf.index(0)
+        q_rope = q_rope_buf.index(0)
 
         # q's loads are issued first and used after the ring fill, so that their latency
         # overlaps the dependent loads of the key range and the first tiles' page ids.
@@ -1215,7 +1409,7 @@ if HAS_GLUON:
             gl.store(trp + 3, g_clock())
 
         l_i = gl.sum(l_acc, 0)
-        if BALANCED:  # partial rows item * TPT + i where the tile has several items
+        if ITEM:  # partial rows part + t + i where the tile was split
             if split:
                 t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, 1, OUT, stride_ot, stride_oh,
                         LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, True, FMT)  # fmt: skip
@@ -1226,9 +1420,6 @@ if HAS_GLUON:
             t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, part, n_tokens, OUT, stride_ot,
                     stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, SPLIT,
                     FMT)  # fmt: skip
-        if TRACE:
-            gl.thread_barrier()
-            g_trace_close(trp)
 
 else:  # Triton without Gluon: the sm_90 paths are never taken (`triton_mla._use_sm90_path`)
     _mla_decode_sm90 = _mla_decode_sm90_t = None
