@@ -318,11 +318,12 @@ class PreparedMLA:
     """`pagedattn.mla_decode`'s prepared calls (`ops.prepared`), keyed by `_signature`: the
     decode launch (every kernel of `triton_mla_plan`: the TMA-fed seesaw's descriptors are
     re-encoded per cache pointer, the cluster kernels keep their cluster and shared offsets)
-    and its combine (the balanced list's, split-K's, the persistent kernel's cut tokens'). A
-    call whose launches cannot be prepared (an argument the launcher copies: a non-contiguous
-    attn_sink or indices, a non-float32 per-tensor scale; two arguments sharing memory), or
-    that launches nothing (no token or no head), keeps the full path: its signature is stored
-    as UNPREPARED so that it is not prepared again.
+    and its combine (the balanced list's or its runs', split-K's, the persistent kernel's cut
+    tokens'; the runs' META travels as the `cut_t` source). A call whose launches cannot be
+    prepared (an argument the launcher copies: a non-contiguous attn_sink or indices, a
+    non-float32 per-tensor scale; two arguments sharing memory), or that launches nothing (no
+    token or no head), keeps the full path: its signature is stored as UNPREPARED so that it
+    is not prepared again.
 
     `__call__(...)` (the lookup, `mla_decode`'s arguments): the result of a hit, or MISS /
     UNPREPARED. `prepare(...)`: the full path of a validated call, prepared on the way.

@@ -23,7 +23,9 @@ Partitions: dense decode without an extra operand on the tl kernel, the keys-as-
 and the TMA-fed seesaw takes the balanced work list (`worklist`: every request's keys in
 chunks of about the same size, so a long request is shared by all SMs) unless
 `num_partitions` is given or `config.wl.balanced` is off; else `num_partitions`, or
-`cache.dispatch.mla_num_partitions` (one wave of tiles over the longest request).
+`cache.dispatch.mla_num_partitions` (one wave of tiles over the longest request). The tl
+kernel and the keys-as-M BF16 kernel at 16 rows walk the list's contiguous runs instead
+(`RUN_KERNELS`, `config.wl.wl_runs`; one wave of items where those fit).
 The measurements behind each choice: docs/kernels/triton_mla.md.
 """
 
@@ -399,7 +401,8 @@ def _sm90_plan(
         kernel, extra = _mla_decode_sm90, dict(PIPE=cfg["PIPE"], num_warps=8)
     if kernel is not _mla_decode_sm90:  # the traced kernels
         extra.update(_trace_kwargs(config.trace))
-    # the keys-as-M kernels and the TMA-fed seesaw take the balanced list (one CTA a SM)
+    # the keys-as-M kernels and the TMA-fed seesaw take the balanced list or its runs (one CTA
+    # a SM)
     balanced = balanced and kernel in (_mla_decode_sm90_t, _mla_decode_sm90_tw,
                                        _mla_decode_sm90_st)  # fmt: skip
     P = 1 if balanced else P

@@ -23,7 +23,7 @@ a small part of it.
 Each program derives the list itself from q_row_offsets and cache lengths (a [B_P2] vector: two
 loads, a division and a prefix sum), so a launch needs no planner and no plan buffer; the
 combine derives the same list. The Gluon kernels' form of `mla_find_item` is
-`sm90.gluon_mla.g_work_item` (same arithmetic).
+`sm90.gluon_mla.g_list_item` (same arithmetic; `g_work_item` takes the program's item).
 
 Item k of tile (b, j), chunk p sees keys [p chunk_b, (p + 1) chunk_b) of that tile's range (the
 kernel clamps it to the causal limit). A tile of one item writes the final output (sinks
