@@ -26,6 +26,7 @@ sm_90 MLA decodes and MHA prefill, the FP8 MHA decode loop, split-K combines).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 
@@ -566,10 +567,15 @@ def check_mla(case: MLACase, backend, name, **kw):
     check(res, lse, case.exp_out, case.exp_lse, name)
 
 
-@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("parts", [1, 3, None, "runs"])
 @pytest.mark.parametrize("val", list(VALUES))
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_mla_dense_bf16(backend, val, parts, gen):
+def test_mla_dense_bf16(backend, val, parts, gen, monkeypatch):
+    """parts None: the balanced paths (one wave of items here); "runs": forced onto the
+    contiguous runs, which cut r1 (the NaN key's request) between two pieces."""
+    if parts == "runs":
+        monkeypatch.setenv("PAGEDATTN_MLA_TUNING", json.dumps({"wl_one_wave": False}))
+        parts = None
     case = mla_dense_case("bf16", CPU, VALUES[val], gen)
     check_mla(case, backend, f"{backend} mla bf16 {val}", num_partitions=parts)
 
