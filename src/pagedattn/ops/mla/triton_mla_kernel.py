@@ -539,11 +539,10 @@ def _mla_decode_kernel(
     several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output.
     RUNS (same modes): program p of RUN_P for head block hb (grid RUN_P x NHB): item p of the
     list where its items fit one wave of RUN_P and none is longer than a run (ONE_WAVE), else
-    piece p of the contiguous runs
-    (`worklist`, "Contiguous runs"), one tile's blocks a segment; a tile cut into several
-    items or pieces writes partials at rows slot * TPT + i, a whole tile the output; the
-    program holding a tile's first block writes META (slot, pieces, i) of its tokens for the
-    combine."""
+    piece p of the contiguous runs (`worklist`, "Contiguous runs"), one tile's blocks a
+    segment; a tile cut into several items or pieces writes partials at rows slot * TPT + i, a
+    whole tile the output; the program holding a tile's first block writes META (slot,
+    pieces, i) of its tokens for the combine."""
     Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
     OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
     (K, K_SC, K_LUT, K_ROFF, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
@@ -567,6 +566,7 @@ def _mla_decode_kernel(
             QOFF, K_CL, batch, TPT, BN, RUN_P, MIN_BLOCKS, B_P2
         )
         max_chunk = tl.max(tl.where(w_n > 0, w_chunk, 0), 0)
+        # (ONE_WAVE scales the bound: a constant `& False` broke the sm_90 lowering)
         use_items = (tl.sum(w_n, 0) <= RUN_P * ONE_WAVE) & (max_chunk <= size * BN)
         ok, t_i, lo_i, hi_i, c_i = mla_find_item(w_r, w_c, w_n, w_incl, w_chunk, w_lo, p, TPT)
         _runs(

@@ -169,10 +169,10 @@ def mla_run_segment(r, o_lo, q_len, w, span, incl, pos, end, begin, p, TPT: tl.c
                     OVH: tl.constexpr):  # fmt: skip
     """The segment of the run [begin, end) of piece p that starts at stream position pos:
     (t, n_tok, lo, hi, w_b, b0, b1, slot). t: its tile's leader token and n_tok its tokens;
-    [lo, hi): its blocks of the
-    tile (empty where the piece ends in the tile's prologue units); w_b: the tile's blocks;
-    [b0, b1): the tile's blocks in the stream (the next segment starts at b1); slot: its
-    partial slot, 2 p for the piece's first tile and 2 p + 1 for its last."""
+    [lo, hi): its blocks of the tile (empty where the piece ends in the tile's prologue
+    units); w_b: the tile's blocks; [b0, b1): the tile's blocks in the stream (the next
+    segment starts at b1); slot: its partial slot, 2 p for the piece's first tile and 2 p + 1
+    for its last."""
     b = tl.sum(tl.where(incl <= pos, 1, 0), 0)
     at = r == b
     start = tl.sum(tl.where(at, incl - span, 0), 0)

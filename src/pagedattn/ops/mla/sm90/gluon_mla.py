@@ -1243,6 +1243,7 @@ if HAS_GLUON:
             n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
                 QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
             )
+            # (ONE_WAVE scales the bound: a constant `& False` broke the sm_90 lowering)
             use_items = (n_items <= RUN_P * ONE_WAVE) & (max_chunk <= size * BN)
             _t_runs(
                 q_args, out_args, k_args, META, p, hb, rr, ro, rq, rw, rspan, rincl, size, total,
