@@ -46,7 +46,7 @@ the other. A tile inside one piece writes the output; a cut tile writes partials
 holding a tile's first block writes META[t + i] = (first slot, pieces, i) for its tokens, and
 `_mla_runs_combine_kernel` takes the slots 2 (p0 + k) after the first one (p0 = first slot //
 2) and merges them 8 at a time. Where the item list (TARGET = RUN_P) fits one wave and no item
-is longer than S (ONE_WAVE), program p takes item p instead (slot 2 p, pieces = its tile's
+is longer than 9/8 S (ONE_WAVE), program p takes item p instead (slot 2 p, pieces = its tile's
 items): a uniform batch keeps whole tiles. Every program decides from the same lengths, so the
 grid RUN_P x head blocks is host-known. `mla_host_run_programs` mirrors the choice and the
 counts on the host, `mla_host_runs` the segments (tests).
@@ -214,7 +214,7 @@ def mla_host_run_programs(q_row_offsets: torch.Tensor, cache_lens: torch.Tensor,
                           one_wave: bool) -> tuple[bool, int]:  # fmt: skip
     """(one wave of items, programs with work) of a `RUNS` launch, from host tensors (torch
     arithmetic mirroring the kernels' choice): items where `one_wave`, the list (TARGET =
-    run_p) fits one wave and no item is longer than a run's S units (then its item count),
+    run_p) fits one wave and no item is longer than 9/8 of a run's S units (then its item count),
     else the pieces of the runs that hold units."""
     offs = q_row_offsets.to(torch.int64)
     q_len = (offs[1:] - offs[:-1]).clamp(min=0)
@@ -229,7 +229,7 @@ def mla_host_run_programs(q_row_offsets: torch.Tensor, cache_lens: torch.Tensor,
         n_items = int((tiles * c).sum())
         chunk = torch.where(tiles > 0, (w + c - 1) // c, 0)
         longest = int(chunk.max()) if chunk.numel() else 0
-        if n_items <= run_p and longest <= size:
+        if n_items <= run_p and longest * 8 <= size * 9:
             return True, n_items
     return False, -(-total // size)
 

@@ -1237,14 +1237,15 @@ if HAS_GLUON:
             )
             total = gl.max(rincl, 0)
             size = gl.maximum(gl.cdiv(total, RUN_P), MIN_BLOCKS)
-            # one wave of whole items where the list fits it (ONE_WAVE) and none is longer
-            # than a run (program p: item p), else the runs (one code path: a second copy of
-            # the tile's code cost the runs 3-14%, H200 bench_real)
+            # one wave of whole items where the list fits it (ONE_WAVE) and none exceeds 9/8
+            # of a run (program p: item p; the list's own slack, so that a uniform batch whose
+            # tiles are a block longer than a run keeps them whole), else the runs (one code
+            # path: a second copy of the tile's code cost the runs 3-14%, H200 bench_real)
             n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
                 QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
             )
             # (ONE_WAVE scales the bound: a constant `& False` broke the sm_90 lowering)
-            use_items = (n_items <= RUN_P * ONE_WAVE) & (max_chunk <= size * BN)
+            use_items = (n_items <= RUN_P * ONE_WAVE) & (max_chunk * 8 <= size * (9 * BN))
             _t_runs(
                 q_args, out_args, k_args, META, p, hb, rr, ro, rq, rw, rspan, rincl, size, total,
                 use_items, ok, t_i, lo_i, hi_i, c_i, q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf,
