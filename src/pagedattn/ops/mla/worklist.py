@@ -131,15 +131,23 @@ def mla_host_item_count(
     mirrors the kernel's). The launcher sizes the grid with it where the lengths are already on
     the host (the CPU, where Triton's interpreter would otherwise run every program of the
     bound)."""
+    tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
+    return int((tiles * _host_chunks(tiles, w, target, min_blocks)).sum())
+
+
+def _host_tiles(q_row_offsets, cache_lens, tpt: int, bn: int):
+    """Per request (tiles of tpt tokens, blocks of bn keys a tile reads), int64 (host mirror of
+    `mla_requests`)."""
     offs = q_row_offsets.to(torch.int64)
     q_len = (offs[1:] - offs[:-1]).clamp(min=0)
     cl = cache_lens.to(torch.int64).clamp(min=0)
-    tiles = (q_len + tpt - 1) // tpt
-    w = (cl + q_len + bn - 1) // bn
-    total = int((tiles * w).sum())
-    cb = max(-(-total * 9 // (target * 8)), min_blocks)
-    c = ((w + cb - 1) // cb).clamp(min=1)
-    return int((tiles * c).sum())
+    return (q_len + tpt - 1) // tpt, (cl + q_len + bn - 1) // bn
+
+
+def _host_chunks(tiles, w, target: int, min_blocks: int):
+    """Per request the chunks a tile splits into on the list (host mirror of `mla_work_list`)."""
+    cb = max(-(-int((tiles * w).sum()) * 9 // (target * 8)), min_blocks)
+    return ((w + cb - 1) // cb).clamp(min=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,16 +224,11 @@ def mla_host_run_programs(q_row_offsets: torch.Tensor, cache_lens: torch.Tensor,
     arithmetic mirroring the kernels' choice): items where `one_wave`, the list (TARGET =
     run_p) fits one wave and no item is longer than 9/8 of a run's S units (then its item count),
     else the pieces of the runs that hold units."""
-    offs = q_row_offsets.to(torch.int64)
-    q_len = (offs[1:] - offs[:-1]).clamp(min=0)
-    cl = cache_lens.to(torch.int64).clamp(min=0)
-    tiles = (q_len + tpt - 1) // tpt
-    w = (cl + q_len + bn - 1) // bn
+    tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
     total = int((tiles * (w + ovh)).sum())
     size = max(-(-total // run_p), run_min)
     if one_wave:
-        cb = max(-(-int((tiles * w).sum()) * 9 // (run_p * 8)), run_min)
-        c = ((w + cb - 1) // cb).clamp(min=1)
+        c = _host_chunks(tiles, w, run_p, run_min)
         n_items = int((tiles * c).sum())
         chunk = torch.where(tiles > 0, (w + c - 1) // c, 0)
         longest = int(chunk.max()) if chunk.numel() else 0
@@ -264,6 +267,30 @@ def mla_host_runs(q_row_offsets, cache_lens, *, tpt: int, bn: int, ovh: int, run
                 segs.append((t, lo, hi, 2 * p + int(row > begin), n_pieces))
         runs.append(segs)
     return runs
+
+
+@triton.jit
+def mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK: tl.constexpr):
+    """The output [BH, DB] f32 of an LSE merge (both combines) from the running acc [BH, DB],
+    denominator den [BH] and max m [BH] (log2 units): 0 for a head that saw no key; the sink
+    [h_q] joins the denominator only (+inf gives 0)."""
+    has = den != 0.0
+    inv = tl.where(has, 1.0 / tl.where(has, den, 1.0), 0.0)
+    if HAS_SINK:
+        sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        # 1 / (den + exp(sink - m)) in the max-shifted frame; sink=+inf -> 0
+        inv = tl.where(has, 1.0 / (den + tl.math.exp2(sink * LOG2E - m_use)), 0.0)
+    return acc * inv[:, None]
+
+
+@triton.jit
+def mla_merge_lse(den, m):
+    """The natural-log LSE [BH] of an LSE merge (`mla_merge_out`'s den and m): -inf for a head
+    that saw no key."""
+    has = den != 0.0
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    return tl.where(has, (m_use + tl.math.log2(tl.where(has, den, 1.0))) * LN2, float("-inf"))
 
 
 @triton.jit
@@ -335,18 +362,10 @@ def _mla_runs_combine_kernel(
                 acc = acc * alpha[:, None] + tl.sum(part, 0)
                 den = den * alpha + tl.sum(w, 0)
                 m = m_new
-            has = den != 0.0
-            m_use = tl.where(m == float("-inf"), 0.0, m)
-            inv = tl.where(has, 1.0 / tl.where(has, den, 1.0), 0.0)
-            if HAS_SINK:
-                sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
-                # 1 / (den + exp(sink - m)) in the max-shifted frame; sink=+inf -> 0
-                inv = tl.where(has, 1.0 / (den + tl.math.exp2(sink * LOG2E - m_use)), 0.0)
-            tl.store(optr, (acc * inv[:, None]).to(OUT.dtype.element_ty), mask=omask)
+            o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
+            tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
             if dc == 0:
-                lse = tl.where(has, (m_use + tl.math.log2(tl.where(has, den, 1.0))) * LN2,
-                               float("-inf"))  # fmt: skip
-                tl.store(LSE + t64 * H_Q + offs_h, lse, mask=hmask)
+                tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
 
 
 def mla_runs_combine_triton(
@@ -465,16 +484,9 @@ def _mla_worklist_combine_kernel(
             )
             den = den * alpha + w
             m = m_new
-        has = den != 0.0
-        m_use = tl.where(m == float("-inf"), 0.0, m)
-        inv = tl.where(has, 1.0 / tl.where(has, den, 1.0), 0.0)
-        if HAS_SINK:
-            sink = tl.load(SINK + offs_h, mask=hmask, other=0.0)
-            # 1 / (den + exp(sink - m)) in the max-shifted frame; sink=+inf -> 0
-            inv = tl.where(has, 1.0 / (den + tl.math.exp2(sink * LOG2E - m_use)), 0.0)
-        tl.store(optr, (acc * inv[:, None]).to(OUT.dtype.element_ty), mask=omask)
-        lse = tl.where(has, (m_use + tl.math.log2(tl.where(has, den, 1.0))) * LN2, float("-inf"))
-        tl.store(LSE + t64 * H_Q + offs_h, lse, mask=hmask)
+        o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
+        tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
+        tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
 
 
 def mla_worklist_combine_triton(
