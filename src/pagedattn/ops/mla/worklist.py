@@ -45,7 +45,7 @@ the other. A tile inside one piece writes the output; a cut tile writes partials
 (the tile is its piece's first) or 2 p + 1 (its last), rows `slot * TPT + i`; the program
 holding a tile's first block writes META[t + i] = (first slot, pieces, i) for its tokens, and
 `_mla_runs_combine_kernel` takes the slots 2 (p0 + k) after the first one (p0 = first slot //
-2) and merges them 8 at a time. Where the item list (TARGET = RUN_P) fits one wave and no item
+2) and merges them (`mla_merge_rows`, `RUNS_MERGE`). Where the item list (TARGET = RUN_P) fits one wave and no item
 is longer than 9/8 S (ONE_WAVE), program p takes item p instead (slot 2 p, pieces = its tile's
 items): a uniform batch keeps whole tiles. Every program decides from the same lengths, so the
 grid RUN_P x head blocks is host-known. `mla_host_run_programs` mirrors the choice and the
@@ -53,6 +53,8 @@ counts on the host, `mla_host_runs` the segments (tests).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -269,6 +271,33 @@ def mla_host_runs(q_row_offsets, cache_lens, *, tpt: int, bn: int, ovh: int, run
     return runs
 
 
+@dataclass(frozen=True)
+class MergeShape:
+    """A combine's launch shape (`mla_merge_rows`): a program merges 16 heads (fewer where h_q
+    is) by `db` output dims, `ns` partials a step, the step's loads pipelined `stages` deep,
+    with `num_warps` warps."""
+
+    ns: int
+    db: int
+    stages: int
+    num_warps: int = 4
+
+    def blocks(self, h_q: int, d_v: int) -> tuple[int, int]:
+        """(heads, output dims) a program."""
+        return min(16, triton.next_power_of_2(h_q)), min(self.db, triton.next_power_of_2(d_v))
+
+
+#: The shipped shapes (H200, the suite's MLA steps, dev/profile_mla_skew.py; records
+#: `bench/results/h200_2026-11-30_mla_combine_profile.json`, docs/kernels/triton_mla.md "The
+#: combines"). The runs' combine (h_q 16): 5.5 / 5.6 / 14.2 us a call on the skewed b64 / b128
+#: / one-long steps, against 18.9 / 19.5 / 32.0 for one [8, 16, 64] load a step summed across
+#: warps (255 registers, two CTAs an SM, no pipelining). The item list's (h_q 128, 64 heads a
+#: partial row, bytes count): 9.1 / 10.8 / 20.4 us, against 11.0 / 10.4 / 35.0 for one item
+#: of all 512 dims a step, unpipelined.
+RUNS_MERGE = MergeShape(ns=2, db=64, stages=3)
+ITEMS_MERGE = MergeShape(ns=1, db=256, stages=3)
+
+
 @triton.jit
 def mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK: tl.constexpr):
     """The output [BH, DB] f32 of an LSE merge (both combines) from the running acc [BH, DB],
@@ -294,6 +323,40 @@ def mla_merge_lse(den, m):
 
 
 @triton.jit
+def mla_merge_rows(PL, PO, n, r0, base, step, offs_h, hmask, offs_d, dmask, H_Q: tl.constexpr,
+                   D_V: tl.constexpr, NS: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """(acc [BH, DB], den [BH], m [BH]) of the LSE merge of n >= 1 partials (both combines):
+    partial k at row r0 (k = 0) or base + step k (k >= 1) of PL [rows, H_Q] (natural-log LSE)
+    and PO [rows, H_Q, D_V], acc = sum_k 2^(lse_k - m) o_k and den = sum_k 2^(lse_k - m) with m
+    the max LSE (log2 units), for `mla_merge_out` / `mla_merge_lse`.
+
+    NS partials a step, online (the running max rescales den and an [NS, BH, DB] accumulator
+    that is summed over its NS rows once, after the loop); the step's loads are software-
+    pipelined STAGES deep (cp.async), so a step does not wait for its own loads' latency. An
+    unseen partial (LSE -inf) adds nothing; a NaN one makes the row NaN."""
+    m = tl.full([offs_h.shape[0]], float("-inf"), tl.float32)
+    den = tl.zeros([offs_h.shape[0]], tl.float32)
+    acc = tl.zeros([NS, offs_h.shape[0], offs_d.shape[0]], tl.float32)
+    for kc in tl.range(0, n, NS, num_stages=STAGES):
+        k = kc + tl.arange(0, NS)
+        row = tl.where(k == 0, r0, base + step * k.to(tl.int64))
+        prow = row[:, None] * H_Q + offs_h[None, :]
+        pm = (k < n)[:, None] & hmask[None, :]
+        lp = tl.load(PL + prow, mask=pm, other=float("-inf")) * LOG2E
+        o = tl.load(PO + prow[:, :, None] * D_V + offs_d[None, None, :],
+                    mask=pm[:, :, None] & dmask[None, None, :], other=0.0)  # fmt: skip
+        m_new = tl.maximum(m, tl.max(lp, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        w = tl.math.exp2(lp - m_use[None, :])
+        den = den * alpha + tl.sum(w, 0)
+        part = tl.where((lp != float("-inf"))[:, :, None], w[:, :, None] * o, 0.0)
+        acc = acc * alpha[None, :, None] + part
+        m = m_new
+    return tl.sum(acc, 0), den, m
+
+
+@triton.jit
 def _mla_runs_combine_kernel(
     QOFF,
     batch,
@@ -310,6 +373,7 @@ def _mla_runs_combine_kernel(
     D_V: tl.constexpr,
     DB: tl.constexpr,
     NS: tl.constexpr,
+    STAGES: tl.constexpr,
     TPT: tl.constexpr,
     RUN_P: tl.constexpr,
     HAS_SINK: tl.constexpr,
@@ -317,9 +381,9 @@ def _mla_runs_combine_kernel(
 ):
     """One (token, block of BH heads, DB output dims): merge the partials of its tile when
     the tile was cut into several pieces (a tile of one piece was written by the decode
-    kernel), NS partials a step as one [NS, BH, DB] load; a token of no request (outside
-    [q_row_offsets[0], q_row_offsets[batch])) gets output 0 and LSE -inf. META's values
-    are clamped to the partial buffers (no access outside them whatever the offsets)."""
+    kernel), `mla_merge_rows`; a token of no request (outside [q_row_offsets[0],
+    q_row_offsets[batch])) gets output 0 and LSE -inf. META's values are clamped to the partial
+    buffers (no access outside them whatever the offsets)."""
     pdl_wait(PDL)
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -331,6 +395,11 @@ def _mla_runs_combine_kernel(
     dmask = offs_d < D_V
     omask = hmask[:, None] & dmask[None, :]
     optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    # META's entries are loaded with the offsets (one latency, not two); a token outside the
+    # requests has whatever its entry holds, unused
+    s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
+    n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
+    i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
     covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
     if not covered:
         tl.store(optr, tl.zeros([BH, DB], OUT.dtype.element_ty), mask=omask)
@@ -338,30 +407,14 @@ def _mla_runs_combine_kernel(
             tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32),
                      mask=hmask)  # fmt: skip
     else:
-        n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
         if n > 1:
-            s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
-            i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
-            m = tl.full([BH], float("-inf"), tl.float32)
-            den = tl.zeros([BH], tl.float32)
-            acc = tl.zeros([BH, DB], tl.float32)
-            for kc in range(0, n, NS):
-                k = kc + tl.arange(0, NS)
-                slot = tl.minimum(tl.where(k == 0, s0, 2 * (s0 // 2 + k)), 2 * RUN_P - 1)
-                prow = (slot.to(tl.int64) * TPT + i)[:, None] * H_Q + offs_h[None, :]
-                pm = (k < n)[:, None] & hmask[None, :]
-                lp = tl.load(PL + prow, mask=pm, other=float("-inf")) * LOG2E
-                m_new = tl.maximum(m, tl.max(lp, 0))
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.math.exp2(m - m_use)
-                w = tl.math.exp2(lp - m_use[None, :])
-                o = tl.load(PO + prow[:, :, None] * D_V + offs_d[None, None, :],
-                            mask=pm[:, :, None] & dmask[None, None, :], other=0.0)  # fmt: skip
-                # an unseen partial (lse -inf, w 0) adds nothing; a NaN one makes the row NaN
-                part = tl.where((lp != float("-inf"))[:, :, None], w[:, :, None] * o, 0.0)
-                acc = acc * alpha[:, None] + tl.sum(part, 0)
-                den = den * alpha + tl.sum(w, 0)
-                m = m_new
+            # piece k >= 1 is slot 2 (s0 // 2 + k) (its piece's first tile); clamped so that
+            # the last row is 2 RUN_P - 1 (n <= RUN_P - s0 // 2 for a list the decode wrote)
+            base = (2 * (s0 // 2)).to(tl.int64) * TPT + i
+            n = tl.minimum(n, RUN_P - s0 // 2)
+            acc, den, m = mla_merge_rows(PL, PO, n, s0.to(tl.int64) * TPT + i, base, 2 * TPT,
+                                         offs_h, hmask, offs_d, dmask, H_Q, D_V, NS,
+                                         STAGES)  # fmt: skip
             o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
             tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
             if dc == 0:
@@ -379,19 +432,17 @@ def mla_runs_combine_triton(
     *,
     tpt: int,
     run_p: int,
+    merge: MergeShape = RUNS_MERGE,
 ) -> None:
     """Merge the cut tiles of a `RUNS` decode launch. meta [tokens, 4] int32 (the decode's);
     partial_out [2 run_p * tpt, h_q, d_v] f32, partial_lse [2 run_p * tpt, h_q] f32; out
     [tokens, h_q, d_v] (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks [h_q] f32
-    or None. No host sync. A program per (token, 16 heads, 64 dims): a token whose tile was cut
-    into n pieces loads its partials 8 at a time (a long request's token cut into ~100 pieces
-    takes 13 steps, not 100 dependent loads)."""
+    or None. No host sync. A program per (token, 16 heads, merge.db dims), `mla_merge_rows`."""
     tokens, h_q, d_v = out.shape
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
-    bh = min(16, triton.next_power_of_2(h_q))
-    db = min(64, triton.next_power_of_2(d_v))
+    bh, db = merge.blocks(h_q, d_v)
     launch(
         _mla_runs_combine_kernel,
         (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
@@ -409,12 +460,13 @@ def mla_runs_combine_triton(
         BH=bh,
         D_V=d_v,
         DB=db,
-        NS=8,
+        NS=merge.ns,
+        STAGES=merge.stages,
         TPT=tpt,
         RUN_P=run_p,
         HAS_SINK=sinks is not None,
         PDL=(pdl := pdl_enabled(out)),
-        num_warps=4,
+        num_warps=merge.num_warps,
         **pdl_launch_kwargs(pdl),
     )
 
@@ -434,7 +486,9 @@ def _mla_worklist_combine_kernel(
     H_Q: tl.constexpr,
     BH: tl.constexpr,
     D_V: tl.constexpr,
-    D_PAD: tl.constexpr,
+    DB: tl.constexpr,
+    NS: tl.constexpr,
+    STAGES: tl.constexpr,
     TPT: tl.constexpr,
     BN: tl.constexpr,
     TARGET: tl.constexpr,
@@ -443,12 +497,14 @@ def _mla_worklist_combine_kernel(
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """One (token, block of BH heads): merge the partials of its tile's items when the tile
-    has several (a tile of one item was written by the decode kernel), one item a step; a
-    token of no request (past q_row_offsets[batch]) gets output 0 and LSE -inf."""
+    """One (token, block of BH heads, DB output dims): merge the partials of its tile's items
+    when the tile has several (a tile of one item was written by the decode kernel),
+    `mla_merge_rows`; a token of no request (past q_row_offsets[batch]) gets output 0 and LSE
+    -inf."""
     pdl_wait(PDL)
     t = tl.program_id(0)
     hb = tl.program_id(1)
+    dc = tl.program_id(2)
     r, c, n, incl, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
@@ -457,36 +513,25 @@ def _mla_worklist_combine_kernel(
     i0 = t - tl.sum(tl.where(at, o_lo, 0), 0)
     t64 = t.to(tl.int64)
     offs_h = hb * BH + tl.arange(0, BH)
-    offs_d = tl.arange(0, D_PAD)
+    offs_d = dc * DB + tl.arange(0, DB)
     hmask = offs_h < H_Q
     dmask = offs_d < D_V
     omask = hmask[:, None] & dmask[None, :]
     optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     if (b < 0) | (i0 // TPT >= n_b // c_b):  # a token past the requests' (no item has it)
-        tl.store(optr, tl.zeros([BH, D_PAD], OUT.dtype.element_ty), mask=omask)
-        tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32), mask=hmask)
+        tl.store(optr, tl.zeros([BH, DB], OUT.dtype.element_ty), mask=omask)
+        if dc == 0:
+            tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32),
+                     mask=hmask)  # fmt: skip
     elif c_b > 1:
         first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
-        m = tl.full([BH], float("-inf"), tl.float32)
-        den = tl.zeros([BH], tl.float32)
-        acc = tl.zeros([BH, D_PAD], tl.float32)
-        for p in range(0, c_b):
-            prow = ((first + p).to(tl.int64) * TPT + i0 % TPT) * H_Q + offs_h
-            lp = tl.load(PL + prow, mask=hmask, other=float("-inf")) * LOG2E
-            m_new = tl.maximum(m, lp)
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m - m_use)
-            w = tl.math.exp2(lp - m_use)
-            o = tl.load(PO + prow[:, None] * D_V + offs_d[None, :], mask=omask, other=0.0)
-            # an unseen partial (lse -inf, w 0) adds nothing; a NaN one makes the row NaN
-            acc = acc * alpha[:, None] + tl.where(
-                (lp != float("-inf"))[:, None], w[:, None] * o, 0.0
-            )
-            den = den * alpha + w
-            m = m_new
+        r0 = first.to(tl.int64) * TPT + i0 % TPT
+        acc, den, m = mla_merge_rows(PL, PO, c_b, r0, r0, TPT, offs_h, hmask, offs_d, dmask,
+                                     H_Q, D_V, NS, STAGES)  # fmt: skip
         o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
         tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
-        tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
+        if dc == 0:
+            tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
 
 
 def mla_worklist_combine_triton(
@@ -502,19 +547,21 @@ def mla_worklist_combine_triton(
     bn: int,
     target: int,
     min_blocks: int,
+    merge: MergeShape = ITEMS_MERGE,
 ) -> None:
     """Merge the split tiles of a balanced MLA decode launch (same list arguments as the
-    launch). partial_out [items * TPT, h_q, d_v] f32, partial_lse [items * TPT, h_q] f32; out
-    [tokens, h_q, d_v] (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks [h_q] f32
-    or None. No host sync."""
+    launch); a program per (token, 16 heads, merge.db dims), `mla_merge_rows`. partial_out
+    [items * TPT, h_q, d_v] f32, partial_lse [items * TPT, h_q] f32; out [tokens, h_q, d_v]
+    (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks [h_q] f32 or None. No host
+    sync."""
     tokens, h_q, d_v = out.shape
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
-    bh = min(16, triton.next_power_of_2(h_q))
+    bh, db = merge.blocks(h_q, d_v)
     launch(
         _mla_worklist_combine_kernel,
-        (tokens, triton.cdiv(h_q, bh)),
+        (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
         q_row_offsets,
         cache_lens,
         batch,
@@ -528,7 +575,9 @@ def mla_worklist_combine_triton(
         H_Q=h_q,
         BH=bh,
         D_V=d_v,
-        D_PAD=triton.next_power_of_2(d_v),
+        DB=db,
+        NS=merge.ns,
+        STAGES=merge.stages,
         TPT=tpt,
         BN=bn,
         TARGET=target,
@@ -536,7 +585,7 @@ def mla_worklist_combine_triton(
         B_P2=triton.next_power_of_2(batch + 1),
         HAS_SINK=sinks is not None,
         PDL=(pdl := pdl_enabled(out)),
-        num_warps=4,
+        num_warps=merge.num_warps,
         **pdl_launch_kwargs(pdl),
     )
 

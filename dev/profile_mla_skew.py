@@ -1,0 +1,127 @@
+"""Where a skewed MLA decode step's time goes (issue 56): the decode kernel, its combine and
+the gap between them, for bench_real's MLA cases (seeded lognormal lengths, one long among
+short, uniform controls; d_qk 576 / d_v 512, page 64, bf16), from graph-replay wall times and
+torch.profiler device times, on the shipped choice and on forced variants.
+
+    python dev/profile_mla_skew.py [--out FILE]     (CASES=name,... VARIANTS="name;...")
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import bench_real as br  # noqa: E402
+from common import copy_bandwidth, time_ms  # noqa: E402
+from profile_gqa_skew import kernel_times  # noqa: E402
+
+import pagedattn.ops.mla.triton_mla as TM  # noqa: E402
+import pagedattn.ops.mla.worklist as WL  # noqa: E402
+from pagedattn.operands import PagedOperand  # noqa: E402
+from pagedattn.ops.mla.triton_mla import mla_decode_triton  # noqa: E402
+from pagedattn.ops.mla.tuning import MLATuning  # noqa: E402
+from pagedattn.testing import ragged_offsets  # noqa: E402
+
+CASES = [
+    ("h16 skew b64", ("lognormal", 3072), 64, 16),
+    ("h16 skew b128", ("lognormal", 3072), 128, 16),
+    ("h16 onelong", ("onelong", 32768, 300), 64, 16),
+    ("h16 uniform b128", ("uniform", 4096), 128, 16),
+    ("h128 skew b64", ("lognormal", 3072), 64, 128),
+    ("h128 skew b128", ("lognormal", 3072), 128, 128),
+    ("h128 onelong", ("onelong", 32768, 300), 64, 128),
+    ("h128 uniform b128", ("uniform", 4096), 128, 128),
+]
+
+# shipped: the default tuning; runs: the contiguous runs forced (no one-wave items); items: the
+# balanced item list (no runs); P: one partition count a batch. "merge=NS,DB,STAGES,WARPS":
+# the shipped tuning with the combines' `worklist.MergeShape(ns, db, stages, num_warps)`.
+VARIANTS = {
+    "shipped": {},
+    "runs": {"wl_one_wave": False},
+    "items": {"wl_runs": False},
+    "P": {"balanced": False},
+}
+
+
+def _with_merge(variant: str, call):
+    """`call` with the combines' shape of a "merge=NS,DB,STAGES,WARPS" variant (else as
+    is)."""
+    if not variant.startswith("merge="):
+        return call
+    ns, db, stages, warps = (int(x) for x in variant[len("merge=") :].split(","))
+    shape = WL.MergeShape(ns=ns, db=db, stages=stages, num_warps=warps)
+    names = ("mla_runs_combine_triton", "mla_worklist_combine_triton")
+    base = {n: getattr(TM, n) for n in names}
+
+    def run():
+        for n in names:
+            setattr(TM, n, functools.partial(base[n], merge=shape))
+        try:
+            call()
+        finally:
+            for n in names:
+                setattr(TM, n, base[n])
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    bw = copy_bandwidth()
+    rows = []
+    only = os.environ.get("CASES")
+    names = os.environ.get("VARIANTS", ";".join(VARIANTS)).split(";")
+    for name, spec, b, h_q in CASES:
+        if only and name not in only.split(","):
+            continue
+        lens = br.draw_lengths(spec, b, 0)
+        pc = br.mla_cache([s - 1 for s in lens], [1] * b, 64, h_q, dev, 0)
+        op = PagedOperand(pc.inputs, pc.params, 0, "k")
+        offs = ragged_offsets([1] * b, dev)
+        q = torch.randn(b, h_q, 576, device=dev, dtype=torch.bfloat16)
+        nbytes = sum(lens) * 576 * 2 + q.numel() * 2 + b * h_q * 512 * 2
+        floor_us = nbytes / (bw * 1e3)
+        ref = None
+        for variant in names:
+            try:
+                cfg = MLATuning().replace(**VARIANTS.get(variant, {}))
+            except Exception as e:  # a knob this tree lacks
+                print(f"skip {variant}: {e}")
+                continue
+            out = torch.full((b, h_q, 512), float("nan"), device=dev, dtype=torch.bfloat16)
+            fn = _with_merge(variant, lambda: mla_decode_triton(q, op, offs, scale=576**-0.5,
+                                                                out=out, config=cfg))  # fmt: skip
+            fn()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = out.float().clone()
+            ok = bool(torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2))
+            ms = time_ms(fn)
+            us = float(ms.graph if getattr(ms, "graph", None) else ms) * 1e3
+            kt = kernel_times(fn)
+            row = dict(case=name, variant=variant, us=round(us, 1), floor_us=round(floor_us, 1),
+                       frac=round(floor_us / us, 3), ok=ok, kernels=kt)  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\ncopy {bw:.0f} GB/s")
+    print(f"{'case':<18} {'variant':>8} {'us':>7} {'frac':>6} ok  kernels (device us a call)")
+    for r in rows:
+        ks = ", ".join(f"{k.split('(')[0]} {v}" for k, v in r["kernels"].items())
+        print(f"{r['case']:<18} {r['variant']:>8} {r['us']:>7} {r['frac']:>6} {int(r['ok'])}  {ks}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(copy_gbps=bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
