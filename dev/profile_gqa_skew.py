@@ -54,17 +54,22 @@ def _call(variant, q, k_op, v_op, offs, out, lens):
     if variant == "device-plan":
         plan = StepPlan()
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
-    if variant.startswith("combine"):  # probe "combineE_W": E partial elements a step, W warps
+    if variant.startswith("combine"):
+        # probe "combineE_W[_D_S]": E partial elements a step, W warps, D output dims a
+        # program, loads pipelined S deep
         import functools
 
         import pagedattn.ops.mha.triton_mha as TM
 
-        r, w = (int(x) for x in variant[len("combine") :].split("_"))
+        r, w, *ds = (int(x) for x in variant[len("combine") :].split("_"))
+        more = dict(dims_a_program=ds[0], stages=ds[1]) if ds else {}
         plan = StepPlan(lens)
         base = TM.worklist_combine_triton
 
         def run():
-            TM.worklist_combine_triton = functools.partial(base, elems_a_step=r, num_warps=w)
+            TM.worklist_combine_triton = functools.partial(
+                base, elems_a_step=r, num_warps=w, **more
+            )
             try:
                 mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
             finally:

@@ -36,11 +36,17 @@ from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import visible_range
 
-# Partial elements the combine loads a step (BLOCK_I items x GP heads x DVP dims), 4 warps:
-# against 4K, a long row's merge takes a quarter of the dependent steps (GQA 32/8 d128, one long
-# request among short ones ~12% faster, the other cases the same within 1%; 8 warps slower;
-# docs/kernels/mha_decode.md, "the combine's step").
-COMBINE_ELEMS = 16384
+# The combine's shape: a program merges COMBINE_DIMS output dims of a (row, KV head), its
+# BLOCK_I items x GP heads x dims a step = COMBINE_ELEMS partial elements, loads pipelined
+# COMBINE_STAGES deep, 4 warps. H200, GQA 32/8 d128 (dev/profile_gqa_skew.py,
+# `bench/results/h200_2026-11-30_gqa_combine_shape.json`; docs/kernels/mha_decode.md, "the
+# combine's step"): skewed b64 / b128 / b256 7.5 / 9.6 / 10.0 us, one long among 63 / 255
+# short 7.8 / 10.5 us, against 9.4 / 14.8 / 14.4 and 12.5 / 10.5 for a program of all 128
+# dims, 16K elements a step summed across warps each step (115 registers, 74 KB of shared
+# memory); a uniform step 4.1 against 3.1 us.
+COMBINE_ELEMS = 1024
+COMBINE_DIMS = 32
+COMBINE_STAGES = 4
 
 
 @triton.jit
@@ -143,7 +149,6 @@ def _worklist_combine_kernel(
     GROUP: tl.constexpr,
     GP: tl.constexpr,
     DV: tl.constexpr,
-    DVP: tl.constexpr,
     MASK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TARGET: tl.constexpr,
@@ -152,18 +157,23 @@ def _worklist_combine_kernel(
     HAS_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     BLOCK_I: tl.constexpr,
+    DB: tl.constexpr,
+    STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
     PLAN: tl.constexpr = False,
 ):
-    """One (row, KV head): merge the partials of the row's items for the KV head's GROUP query
-    heads when the row has several (a row of one item was written by the decode kernel).
+    """One (row, KV head, DB output dims): merge the partials of the row's items for the KV
+    head's GROUP query heads when the row has several (a row of one item was written by the
+    decode kernel).
 
     Two passes, so that no load waits on the one before: the heads' largest LSE over the
-    items, then BLOCK_I items a step, each weighted by exp(lse - max) (docs/kernels/
-    mha_decode.md: against a running merge of one item a step over all heads)."""
+    items, then BLOCK_I items a step, each weighted by exp(lse - max), into a [BLOCK_I, GP, DB]
+    accumulator summed once after the loop, the steps' loads pipelined STAGES deep
+    (docs/kernels/mha_decode.md, "the combine's step")."""
     pdl_wait(PDL)
     row = tl.program_id(0)
     hkv = tl.program_id(1)
+    dc = tl.program_id(2)
     if PLAN:  # the step's plan (`work_plan`): (first item, items) of each request
         at_row = Plan + 8 + 4 * plan_cap + 2 * row
         first = tl.load(at_row).to(tl.int64)
@@ -178,7 +188,7 @@ def _worklist_combine_kernel(
     if n_row > 1:
         offs_g = tl.arange(0, GP)
         offs_i = tl.arange(0, BLOCK_I)
-        offs_d = tl.arange(0, DVP)
+        offs_d = dc * DB + tl.arange(0, DB)
         hq = hkv * GROUP + offs_g
         gmask = offs_g < GROUP
         dmask = offs_d < DV
@@ -191,8 +201,8 @@ def _worklist_combine_kernel(
             m = tl.maximum(m, tl.max(lp, 0) * LOG2E)
         m_use = tl.where(m == float("-inf"), 0.0, m)
         den = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, DVP], tl.float32)
-        for i0 in tl.range(0, n_row, BLOCK_I, num_stages=2):
+        acc = tl.zeros([BLOCK_I, GP, DB], tl.float32)
+        for i0 in tl.range(0, n_row, BLOCK_I, num_stages=STAGES):
             it = first + i0 + offs_i
             im = (i0 + offs_i) < n_row
             ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
@@ -203,9 +213,9 @@ def _worklist_combine_kernel(
             w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
             o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
                         mask=ihm[:, :, None] & dmask[None, None, :], other=0.0)  # fmt: skip
-            acc += tl.sum(tl.where(seen[:, :, None], w[:, :, None] * o, 0.0), 0)
+            acc += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
             den += tl.sum(w, 0)
-        o = acc / tl.where(den != 0, den, 1.0)[:, None]
+        o = tl.sum(acc, 0) / tl.where(den != 0, den, 1.0)[:, None]
         lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
         if HAS_SINKS:
             sink = tl.load(Sinks + hq, mask=gmask, other=float("-inf")) * LOG2E
@@ -217,7 +227,7 @@ def _worklist_combine_kernel(
             o.to(Out.dtype.element_ty),
             mask=gmask[:, None] & dmask[None, :],
         )
-        if WRITE_LSE:
+        if WRITE_LSE and dc == 0:
             tl.store(
                 Lse + row64 * stride_lt + hq64 * stride_lh,
                 tl.where(den != 0, lse2 * LN2, float("-inf")),
@@ -243,6 +253,8 @@ def worklist_combine_triton(
     block_b: int,
     plan: torch.Tensor | None = None,
     elems_a_step: int = COMBINE_ELEMS,
+    dims_a_program: int = COMBINE_DIMS,
+    stages: int = COMBINE_STAGES,
     num_warps: int = 4,
 ) -> None:
     """Merge the split rows of a balanced decode launch (same list arguments as the launch;
@@ -250,14 +262,16 @@ def worklist_combine_triton(
 
     partial_out [items, H, DV] f32, partial_lse [items, H] f32; out [rows, H, DV] (last dim
     contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None; group: query heads a KV
-    head (H % group == 0; a program a (row, KV head)). No host sync."""
+    head (H % group == 0; a program a (row, KV head, dims_a_program output dims): elems_a_step
+    partial elements a step, pipelined `stages` deep). No host sync."""
     rows = q_offsets.shape[0] - 1
     _, H, DV = partial_out.shape
     if rows == 0:
         return
+    db = min(dims_a_program, triton.next_power_of_2(DV))
     launch(
         _worklist_combine_kernel,
-        (rows, H // group),
+        (rows, H // group, triton.cdiv(DV, db)),
         cache_lens,
         q_offsets,
         rows,
@@ -277,7 +291,6 @@ def worklist_combine_triton(
         GROUP=group,
         GP=triton.next_power_of_2(group),
         DV=DV,
-        DVP=triton.next_power_of_2(DV),
         MASK=mask_code,
         BLOCK_N=block_n,
         TARGET=target,
@@ -285,9 +298,9 @@ def worklist_combine_triton(
         BLOCK_B=block_b,
         HAS_SINKS=sinks is not None,
         WRITE_LSE=lse is not None,
-        BLOCK_I=max(
-            2, elems_a_step // (triton.next_power_of_2(DV) * triton.next_power_of_2(group))
-        ),
+        BLOCK_I=max(2, elems_a_step // (db * triton.next_power_of_2(group))),
+        DB=db,
+        STAGES=stages,
         PDL=(pdl := pdl_enabled(out)),
         PLAN=plan is not None,
         num_warps=num_warps,
