@@ -47,9 +47,9 @@ holding a tile's first block writes META[t + i] = (first slot, pieces, i) for it
 `_mla_runs_combine_kernel` takes the slots 2 (p0 + k) after the first one (p0 = first slot //
 2) and merges them (`mla_merge_rows`, `RUNS_MERGE`). Where the item list (TARGET = RUN_P) fits
 one wave and no item is longer than 9/8 S (ONE_WAVE), program p takes item p instead (slot 2 p,
-pieces = its tile's items): a uniform batch keeps whole tiles. Every program decides from the same lengths, so the
-grid RUN_P x head blocks is host-known. `mla_host_run_programs` mirrors the choice and the
-counts on the host, `mla_host_runs` the segments (tests).
+pieces = its tile's items): a uniform batch keeps whole tiles. Every program decides from the
+same lengths, so the grid RUN_P x head blocks is host-known. `mla_host_run_programs` mirrors
+the choice and the counts on the host, `mla_host_runs` the segments (tests).
 """
 
 from __future__ import annotations
