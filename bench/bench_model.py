@@ -79,7 +79,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, call_times, roofline_ms, save_and_report, suite_main
+from common import Record, call_times, roofline_ms, save_and_report, selected, suite_main
 from random_model import random_model
 
 from pagedattn import KVCacheParams, KVQuantConfig
@@ -805,7 +805,7 @@ def _free(ctx: Ctx) -> None:
 
 def run(records: list[Record], ceilings: dict, seed: int = 0, dry: bool = False,
         only: str | None = None) -> dict:  # fmt: skip
-    """Every case (or those whose name contains `only`) into `records`, consecutive cases of
+    """Every case (or those `only` selects: `common.selected`) into `records`, consecutive cases of
     one shape on one model; returns the run's metadata (seed, errors, seconds per case)."""
     ctx = Ctx(records, ceilings, seed, dry)
     seconds: dict[str, float] = {}
@@ -813,7 +813,7 @@ def run(records: list[Record], ceilings: dict, seed: int = 0, dry: bool = False,
     t_all = time.perf_counter()
     model, model_shape = None, None
     for case in CASES:
-        if only and only not in case.name:
+        if not selected(case.name, only):
             continue
         c = shrink(case) if dry else case
         cfg_dict = hf_config_dict(c.shape, dry)

@@ -43,7 +43,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, flashinfer, roofline_ms, save_and_report, suite_main, time_ms
+from common import (
+    Record,
+    flashinfer,
+    roofline_ms,
+    save_and_report,
+    selected,
+    suite_main,
+    time_ms,
+)
 
 from pagedattn import KVCacheParams, PagedOperand, StepPlan, mha, mla_decode
 from pagedattn.testing import make_paged_cache, poison_, ragged_offsets
@@ -602,14 +610,14 @@ def run_case(ctx: Ctx, case: Case) -> None:
 
 def run(records: list[Record], ceilings: dict, seed: int = 0, dry: bool = False,
         only: str | None = None) -> dict:  # fmt: skip
-    """Every case (or those whose name contains `only`) into `records`; returns the run's
-    metadata (seed, errors, seconds per case)."""
+    """Every case (or those `only` selects: `common.selected`) into
+    `records`; returns the run's metadata (seed, errors, seconds per case)."""
     fi = None if dry else flashinfer()
     ctx = Ctx(records, ceilings, seed, dry, fi)
     seconds: dict[str, float] = {}
     t_all = time.perf_counter()
     for case in CASES:
-        if only and only not in case.name:
+        if not selected(case.name, only):
             continue
         c = shrink(case) if dry else case
         t0 = time.perf_counter()

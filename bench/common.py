@@ -342,6 +342,12 @@ def roofline_ms(ceilings: dict, nbytes: float, flops: float) -> tuple[float, str
     return (t_copy, "copy") if t_copy >= t_mm else (t_mm, "mm")
 
 
+def selected(name: str, only: str | None) -> bool:
+    """Whether a case named `name` runs under `--only` (None: all; else a comma-separated list
+    of parts, one of which the name contains)."""
+    return not only or any(part in name for part in only.split(","))
+
+
 def suite_main(argv, doc: str, name: str, run_and_save, probe_flashinfer: bool = True) -> None:
     """The command line of a suite script (`bench_real.py`, `bench_model.py`): --dry-run (CPU,
     tiny sizes, placeholder ceilings, one thread), --seed, --only, --out; on CUDA the copy and
@@ -351,7 +357,9 @@ def suite_main(argv, doc: str, name: str, run_and_save, probe_flashinfer: bool =
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, no timing claims")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument(
+        "--only", default=None, help="run the cases whose name contains one of these (a,b,...)"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.dry_run:

@@ -131,13 +131,20 @@ def main() -> None:
                        frac=round(floor_us / us, 3), kernels=kt)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
+    report(rows, bw, args.out)
+
+
+def report(rows: list[dict], bw: float, out: str | None) -> None:
+    """Print the rows' table (case, variant, us, fraction of the floor, `ok` where a row has
+    it, each kernel's device us) and write {copy_gbps, rows} to `out` (None: not written)."""
     print(f"\ncopy {bw:.0f} GB/s")
-    print(f"{'case':<22} {'variant':>12} {'us':>8} {'frac':>6}  kernels (device us a call)")
+    print(f"{'case':<22} {'variant':>16} {'us':>8} {'frac':>6}  kernels (device us a call)")
     for r in rows:
         ks = ", ".join(f"{k.split('(')[0]} {v}" for k, v in r["kernels"].items())
-        print(f"{r['case']:<22} {r['variant']:>12} {r['us']:>8} {r['frac']:>6}  {ks}")
-    if args.out:
-        with open(args.out, "w") as f:
+        ok = "" if "ok" not in r else f" ok {int(r['ok'])}"
+        print(f"{r['case']:<22} {r['variant']:>16} {r['us']:>8} {r['frac']:>6}{ok}  {ks}")
+    if out:
+        with open(out, "w") as f:
             json.dump(dict(copy_gbps=bw, rows=rows), f, indent=1)
 
 

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import bench_real as br  # noqa: E402
 from common import copy_bandwidth, time_ms  # noqa: E402
-from profile_gqa_skew import kernel_times  # noqa: E402
+from profile_gqa_skew import kernel_times, report  # noqa: E402
 
 import pagedattn.ops.mla.triton_mla as TM  # noqa: E402
 import pagedattn.ops.mla.worklist as WL  # noqa: E402
@@ -113,14 +113,7 @@ def main() -> None:
                        frac=round(floor_us / us, 3), ok=ok, kernels=kt)  # fmt: skip
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\ncopy {bw:.0f} GB/s")
-    print(f"{'case':<18} {'variant':>8} {'us':>7} {'frac':>6} ok  kernels (device us a call)")
-    for r in rows:
-        ks = ", ".join(f"{k.split('(')[0]} {v}" for k, v in r["kernels"].items())
-        print(f"{r['case']:<18} {r['variant']:>8} {r['us']:>7} {r['frac']:>6} {int(r['ok'])}  {ks}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(copy_gbps=bw, rows=rows), f, indent=1)
+    report(rows, bw, args.out)
 
 
 if __name__ == "__main__":

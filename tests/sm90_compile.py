@@ -304,6 +304,16 @@ def mha_cases():
                 f"mha prefill ragged {mn} {h_q}/{h_kv} d {d}",
                 partial(mha_launches, kv, kv, [640, 640], h_q, d, mask=mask),
             )
+        for d, dr in ((128, 64), (64, 32), (64, 16)) if mn == "causal" else ():
+            # test_triton_mha's wider K (d_qk = d_v + dr), one mask: the CI's compile time
+            xk = torch.full((5, 640, 2, d + dr), float("nan")).to(torch.bfloat16)
+            k = ContinuousBatchingOperand(xk, slots, cl.to(torch.int32))
+            v = ContinuousBatchingOperand(rows[..., :d].contiguous(), slots, cl.to(torch.int32))
+            yield (
+                f"mha prefill wider k {mn} d {d + dr}/{d}",
+                partial(mha_launches, k, v, [277, 6, 1, 140, 0], 8, d + dr, dict(gluon=True),
+                        mask=mask, sinks=torch.randn(8)),
+            )  # fmt: skip
 
 
 def main(suites: list[str], full: bool) -> None:

@@ -592,6 +592,31 @@ def test_gpu_sm90_prefill_ws(mi, page_size, h_q, h_kv, d, bn, gen):
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over)
 
 
+def _row_slots_case(d, dr, gen, device=DEV):
+    """K of d + dr dims and V of d (dr > 0: MLA's expanded prefill, 192 / 128) in one NaN padded
+    row slot per request (row offsets) with cached prefixes, and q of d + dr dims; (q, k, v,
+    ks, vs, cache_lens, offs), ks / vs each request's K / V in float64."""
+    cache_lens, q_lens = [0, 300, 23, 129, 5], [277, 6, 1, 140, 0]
+    B, S, H = 5, 640, 2
+    xc = torch.full((B, S, H, d + dr), math.nan, dtype=BF16)
+    yc = torch.full((B, S, H, d), math.nan, dtype=BF16)
+    slots = [3, 0, 4, 1, 2]
+    ks, vs = [], []
+    for b, (c, n) in enumerate(zip(cache_lens, q_lens)):
+        x = torch.randn(c + n, H, d + dr, generator=gen).to(BF16)
+        y = torch.randn(c + n, H, d, generator=gen).to(BF16)
+        xc[slots[b], : c + n], yc[slots[b], : c + n] = x, y
+        ks.append(x.double())
+        vs.append(y.double())
+    cl = torch.tensor(cache_lens, dtype=torch.int32, device=device)
+    st = torch.tensor(slots, dtype=torch.int32, device=device)
+    k = ContinuousBatchingOperand(xc.to(device), st, cl)
+    v = ContinuousBatchingOperand(yc.to(device), st, cl)
+    offs = offsets_of(q_lens)
+    q = torch.randn(offs[-1], 8, d + dr, generator=gen).to(BF16).to(device)
+    return q, k, v, ks, vs, cache_lens, offs
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="the Gluon prefill is sm_90 only")
 @pytest.mark.parametrize("mi", range(4))
@@ -611,24 +636,8 @@ def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
     """The Gluon prefill over one slot per request (row offsets, cached prefixes) whose unused
     rows are NaN: TMA boxes read past each request's keys (K masked, the last V tile zeroed).
     Against the oracle and against the tl kernel."""
-    cache_lens, q_lens = [0, 300, 23, 129, 5], [277, 6, 1, 140, 0]
-    B, S, H, D = 5, 640, 2, 128
-    xc = torch.full((B, S, H, D), math.nan, dtype=BF16)
-    yc = torch.full((B, S, H, D), math.nan, dtype=BF16)
-    slots = [3, 0, 4, 1, 2]
-    ks, vs = [], []
-    for b, (c, n) in enumerate(zip(cache_lens, q_lens)):
-        x = torch.randn(c + n, H, D, generator=gen).to(BF16)
-        y = torch.randn(c + n, H, D, generator=gen).to(BF16)
-        xc[slots[b], : c + n], yc[slots[b], : c + n] = x, y
-        ks.append(x.double())
-        vs.append(y.double())
-    cl = torch.tensor(cache_lens, dtype=torch.int32, device=DEV)
-    st = torch.tensor(slots, dtype=torch.int32, device=DEV)
-    k = ContinuousBatchingOperand(xc.to(DEV), st, cl)
-    v = ContinuousBatchingOperand(yc.to(DEV), st, cl)
-    offs = offsets_of(q_lens)
-    q = rand_q(offs[-1], 8, D, gen)
+    D = 128
+    q, k, v, ks, vs, cache_lens, offs = _row_slots_case(D, 0, gen)
     mask = [masks.causal(), masks.null(), masks.sliding_window_causal(70),
             masks.chunked_causal(128)][mi]  # fmt: skip
     sinks = torch.randn(8, generator=gen).to(DEV)
@@ -636,6 +645,38 @@ def test_gpu_sm90_prefill_row_offsets_tma(mi, cfg, gen):
     assert MS.tma_ok(ka, 128) and MS.sm90_prefill_serves(q, ka, ka, D, D, mask)
     assert MS.sm90_prefill_plan(ka, ka).ws  # the default: warp-specialized
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **cfg)
+
+
+@pytest.mark.parametrize("d,dr", [(128, 64), (64, 32), (64, 16)])
+def test_sm90_prefill_takes_wider_k(d, dr, gen):
+    """d_qk = d_v + 16 / 32 / 64 goes to the warp-specialized Gluon prefill (K boxed as its
+    first d_v columns and the rest), where both are TMA boxes; d_qk < d_v, a non-power-of-two
+    remainder, or K/V that are not TMA boxes do not."""
+    q, k, v, *_ = _row_slots_case(d, dr, gen, device="cpu")
+    ka, va = k.kernel_args(), v.kernel_args()
+    causal = masks.causal()
+    assert MS.tma_ok(ka, 128, d) and not MS.tma_ok(ka, 128)
+    p = MS.sm90_prefill_serves(q, ka, va, d + dr, d, causal)
+    assert p is not None and p.ws and p.k_box == 128
+    assert MS.sm90_prefill_serves(q, va, ka, d, d + dr, causal) is None  # d_qk < d_v
+    paged1 = build_paged(1, 2, d + dr, [3], [2], gen=gen)[0].kernel_args()  # pages of 1
+    assert MS.sm90_prefill_serves(q, paged1, va, d + dr, d, causal) is None
+    q48, k48, *_ = _row_slots_case(d, 48, gen, device="cpu")  # 48: not a power of two
+    assert MS.sm90_prefill_serves(q48, k48.kernel_args(), va, d + 48, d, causal) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("d,dr", [(128, 64), (64, 32), (64, 16)])
+@pytest.mark.parametrize("mi", [0, 2])
+def test_gpu_sm90_prefill_wider_k(d, dr, mi, gen):
+    """The warp-specialized Gluon prefill with d_qk = d_v + dr (MLA's expanded form) over NaN
+    padded row slots with cached prefixes, against the oracle and the tl kernel."""
+    q, k, v, ks, vs, cache_lens, offs = _row_slots_case(d, dr, gen)
+    mask = [masks.causal(), masks.null(), masks.sliding_window_causal(70)][mi]
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    assert MS.sm90_prefill_serves(q, k.kernel_args(), v.kernel_args(), d + dr, d, mask).ws
+    check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks)
 
 
 @pytest.mark.gpu

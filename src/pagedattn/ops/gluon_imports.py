@@ -34,8 +34,16 @@ def nvmma_128b(rank: int = 2):
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=rank)
 
 
+@functools.cache
+def nvmma_16b_cols(cols: int):
+    """The rank-2 shared layout of 16-bit elements for rows of `cols` columns: swizzled over
+    the row's bytes up to 128 (a 32-column row is 64 bytes: a 64-byte swizzle), built once."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * cols), element_bitwidth=16, rank=2)
+
+
 __all__ = [
     "GluonTensorDescriptor",
+    "nvmma_16b_cols",
     "HAS_GLUON",
     "cp",
     "fence_async_shared",

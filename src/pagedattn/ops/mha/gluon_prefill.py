@@ -277,13 +277,24 @@ if HAS_GLUON:
             )
 
     @gluon.jit
+    def g_scores(q_s, k_tile, zero_s, qr_s, kr_tile, DR: gl.constexpr):
+        """S = Q K^T issued (async): Q's first D columns against the tile's (q_s, k_tile), and
+        where DR > 0 its next DR columns (qr_s, kr_tile: d_qk = D + DR, MLA's expanded form)
+        accumulated into the same S."""
+        s = warpgroup_mma(q_s, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if DR > 0:
+            s = warpgroup_mma(qr_s, kr_tile.permute((1, 0)), s, is_async=True)
+        return s
+
+    @gluon.jit
     def g_first_tile(q_s, k_tile, zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale,
                       dtype: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                      s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr):  # fmt: skip
-        """S = Q K^T of the first tile (k_tile landed) and its softmax (nothing to rescale
-        yet). Returns P (dtype) as the register A operand of the P V product, m, l, a zero O,
-        and [n_lo, n_hi): the tile indices that every row sees in full."""
-        s = warpgroup_mma(q_s, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                      s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr,
+                      qr_s=None, kr_tile=None, DR: gl.constexpr = 0):  # fmt: skip
+        """S = Q K^T of the first tile (k_tile landed; `g_scores`) and its softmax (nothing to
+        rescale yet). Returns P (dtype) as the register A operand of the P V product, m, l, a
+        zero O, and [n_lo, n_hi): the tile indices that every row sees in full."""
+        s = g_scores(q_s, k_tile, zero_s, qr_s, kr_tile, DR)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, s_l))
@@ -297,12 +308,13 @@ if HAS_GLUON:
     @gluon.jit
     def g_tile_products(q_s, k_tile, v_prev, zero_s, acc, p_op, m_i, l_i, t0, lo_r, hi_r,
                          masked: gl.constexpr, qk_scale, BN: gl.constexpr, s_l: gl.constexpr,
-                         o_l: gl.constexpr, dot_l: gl.constexpr):  # fmt: skip
-        """One iteration's products once tile t0's K (k_tile) and the previous tile's V (v_prev)
-        have landed: S = Q K^T and O += P_prev V_prev issued together, the softmax of S under
-        the P V product, then O rescaled. Returns (O, P as the register A operand, m, l); both
-        products are complete on return."""
-        s = warpgroup_mma(q_s, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                         o_l: gl.constexpr, dot_l: gl.constexpr, qr_s=None, kr_tile=None,
+                         DR: gl.constexpr = 0):  # fmt: skip
+        """One iteration's products once tile t0's K (k_tile, and kr_tile where DR > 0) and the
+        previous tile's V (v_prev) have landed: S = Q K^T (`g_scores`) and O += P_prev V_prev
+        issued together, the softmax of S under the P V product, then O rescaled. Returns (O,
+        P as the register A operand, m, l); both products are complete on return."""
+        s = g_scores(q_s, k_tile, zero_s, qr_s, kr_tile, DR)
         acc = warpgroup_mma(p_op, v_prev, acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         p, m_i, l_i, alpha = _g_softmax(s, m_i, l_i, t0, lo_r, hi_r, masked, qk_scale, BN, s_l)

@@ -54,7 +54,7 @@ if HAS_GLUON:
         args, WG: gl.constexpr,
         D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
         V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
-        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr, DR: gl.constexpr,
     ):  # fmt: skip
         """One warp: TMA boxes of K and V for tiles 0 .. max(n_it, 1) - 1, each into its ring
         stage once both consumers have freed it. (WG is unused: worker partitions share one
@@ -62,8 +62,8 @@ if HAS_GLUON:
         (Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
          V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
          Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, qk_scale,
-         bc, hq, col, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi,
-         q_s, k_s, v_s, bars) = args  # fmt: skip
+         bc, hq, k_col, v_col, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo,
+         f_hi, q_s, k_s, v_s, bars, KR, qr_s, kr_s) = args  # fmt: skip
         k_ready, k_empty, v_ready, v_empty, _vfix = bars
         n_t = gl.maximum(gl.cdiv(gl.maximum(end - start, 0), BN), 1)
         for j in range(n_t):
@@ -71,31 +71,40 @@ if HAS_GLUON:
             ph = ((j // NBUF) & 1) ^ 1  # a fresh mbarrier passes a wait on phase 1
             t0 = start + j * BN
             mbarrier.wait(k_empty.index(st), ph)
-            _ws_fill(K, k_s.index(st), k_ready.index(st), t0, kv_len, bc, col, K_lut, stride_klut,
-                     k_base, k_page_stride, K_PAGE, K_BOX, BN)  # fmt: skip
+            _ws_fill(K, k_s.index(st), k_ready.index(st), t0, kv_len, bc, k_col, K_lut,
+                     stride_klut, k_base, k_page_stride, K_PAGE, K_BOX, BN, KR, kr_s.index(st),
+                     k_col + D, DR)  # fmt: skip
             mbarrier.wait(v_empty.index(st), ph)
-            _ws_fill(V, v_s.index(st), v_ready.index(st), t0, kv_len, bc, col, V_lut, stride_vlut,
-                     v_base, v_page_stride, V_PAGE, V_BOX, BN)  # fmt: skip
+            _ws_fill(V, v_s.index(st), v_ready.index(st), t0, kv_len, bc, v_col, V_lut,
+                     stride_vlut, v_base, v_page_stride, V_PAGE, V_BOX, BN)  # fmt: skip
 
     @gluon.jit
     def _ws_fill(desc, dst, bar, t0, kv_len, b, col, lut, stride_lut, row_base, page_stride,
-                 PAGE: gl.constexpr, BOX: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+                 PAGE: gl.constexpr, BOX: gl.constexpr, BN: gl.constexpr, desc2=None,
+                 dst2=None, col2=0, DR: gl.constexpr = 0):  # fmt: skip
         """TMA boxes of BOX rows filling the [BN, D] tile `dst` with key positions
         [t0, t0 + BN) (one box where the tile stays in one page, else one a page), completing
-        on `bar`. Boxes past the request's keys read page 0 (rows the consumers mask in S and
-        zero in V; boxes before kv_len, past the visible range, hold the request's own finite
-        keys)."""
-        mbarrier.expect(bar, desc.block_type.nbytes * (BN // BOX))
+        on `bar`; where DR > 0 also the [BN, DR] tile `dst2` from `desc2` at column col2 (the
+        same rows: K's columns past d_v). Boxes past the request's keys read page 0 (rows the
+        consumers mask in S and zero in V; boxes before kv_len, past the visible range, hold
+        the request's own finite keys)."""
+        if DR > 0:
+            mbarrier.expect(bar, (desc.block_type.nbytes + desc2.block_type.nbytes) * (BN // BOX))
+        else:
+            mbarrier.expect(bar, desc.block_type.nbytes * (BN // BOX))
         for i in gl.static_range(BN // BOX):
             t = t0 + i * BOX
             r0 = g_row0(t, t < kv_len, b, lut, stride_lut, row_base, page_stride, PAGE)
             tma.async_copy_global_to_shared(desc, [r0, col], bar, dst.slice(i * BOX, BOX))
+            if DR > 0:
+                tma.async_copy_global_to_shared(desc2, [r0, col2], bar,
+                                                dst2.slice(i * BOX, BOX))  # fmt: skip
 
     @gluon.jit
     def _ws_step(
         j, start, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_w, k_s, v_s, bars, zero_s,
-        MASKED: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, s_l: gl.constexpr,
-        o_l: gl.constexpr, dot_l: gl.constexpr,
+        qr_w, kr_s, MASKED: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+        s_l: gl.constexpr, o_l: gl.constexpr, dot_l: gl.constexpr, DR: gl.constexpr,
     ):  # fmt: skip
         """Iteration j >= 1 of one consumer (see the module docstring). Returns (O, P_j as the
         register A operand, m, l)."""
@@ -108,7 +117,7 @@ if HAS_GLUON:
         mbarrier.wait(v_ready.index(pst), ((j - 1) // NBUF) & 1)
         acc, p_op, m_i, l_i = g_tile_products(
             q_w, k_s.index(st), v_s.index(pst), zero_s, acc, p_op, m_i, l_i, start + j * BN,
-            lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l,
+            lo_r, hi_r, MASKED, qk_scale, BN, s_l, o_l, dot_l, qr_w, kr_s.index(st), DR,
         )  # fmt: skip
         mbarrier.arrive(k_empty.index(st), count=1)
         mbarrier.arrive(v_empty.index(pst), count=1)
@@ -119,15 +128,15 @@ if HAS_GLUON:
         args, WG: gl.constexpr,
         D: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, K_PAGE: gl.constexpr,
         V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr, MASK: gl.constexpr,
-        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
+        HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr, DR: gl.constexpr,
     ):  # fmt: skip
         """One warpgroup: query rows [m0 + 64 WG, m0 + 64 WG + 64) of the program's block, over
         every tile of the block's key range; writes their output (and LSE)."""
         (Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
          V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
          Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, qk_scale,
-         bc, hq, col, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi,
-         q_s, k_s, v_s, bars) = args  # fmt: skip
+         bc, hq, k_col, v_col, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo,
+         f_hi, q_s, k_s, v_s, bars, KR, qr_s, kr_s) = args  # fmt: skip
         k_ready, k_empty, v_ready, v_empty, vfix = bars
         BM: gl.constexpr = 64
         dtype: gl.constexpr = Q.dtype.element_ty
@@ -147,6 +156,11 @@ if HAS_GLUON:
         )
         q_w = q_s.index(WG)
         g_store_q(Q, stride_qt, stride_qh, q_start, q_len, mw, hq, q_w, BM, D, ld_l)
+        qr_w = qr_s.index(WG)
+        if DR > 0:  # q's columns D .. D + DR
+            TDR: gl.constexpr = DR // 8
+            ldr_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TDR, TDR], [4, 1], [1, 0])
+            g_store_q(Q + D, stride_qt, stride_qh, q_start, q_len, mw, hq, qr_w, BM, DR, ldr_l)
         fence_async_shared()
         gl.thread_barrier()
 
@@ -157,7 +171,7 @@ if HAS_GLUON:
         mbarrier.wait(k_ready.index(0), 0)
         p_op, m_i, l_i, acc, n_lo, n_hi = g_first_tile(
             q_w, k_s.index(0), zero_s, start, f_lo, f_hi, n_it, lo_r, hi_r, qk_scale, dtype,
-            BM, BN, D, s_l, o_l, dot_l,
+            BM, BN, D, s_l, o_l, dot_l, qr_w, kr_s.index(0), DR,
         )  # fmt: skip
         mbarrier.arrive(k_empty.index(0), count=1)
 
@@ -168,7 +182,7 @@ if HAS_GLUON:
             for j in range(j_lo, j_hi):
                 acc, p_op, m_i, l_i = _ws_step(
                     j, start, acc, p_op, m_i, l_i, lo_r, hi_r, qk_scale, q_w, k_s, v_s, bars,
-                    zero_s, part != 1, BN, NBUF, s_l, o_l, dot_l,
+                    zero_s, qr_w, kr_s, part != 1, BN, NBUF, s_l, o_l, dot_l, DR,
                 )  # fmt: skip
 
         last = gl.maximum(n_it, 1) - 1
@@ -201,12 +215,14 @@ if HAS_GLUON:
         K_PAGE: gl.constexpr, V_PAGE: gl.constexpr, K_BOX: gl.constexpr, V_BOX: gl.constexpr,
         MASK: gl.constexpr, HAS_SINKS: gl.constexpr, WRITE_LSE: gl.constexpr,
         REVERSE: gl.constexpr, BLOCKS_FASTEST: gl.constexpr, BLOCK_B: gl.constexpr,
-        NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        NBUF: gl.constexpr, CONSUMER_REGS: gl.constexpr, DR: gl.constexpr = 0, KR=None,
     ):  # fmt: skip
-        """Q [total_q, H_Q, D] -> Out [total_q, H_Q, D] (q dtype), Lse [total_q, H_Q] f32
-        (natural log). K, V: Gluon TMA descriptors of [BLOCK_N, D] boxes of the [rows,
-        heads * D] views. Launch with num_warps=4 (the first consumer); the second consumer
-        and the producer are worker partitions."""
+        """Q [total_q, H_Q, D + DR] -> Out [total_q, H_Q, D] (q dtype), Lse [total_q, H_Q] f32
+        (natural log). K, V: Gluon TMA descriptors of [K_BOX / V_BOX, D] boxes of the [rows,
+        heads * (D + DR)] and [rows, heads * D] views; where DR > 0 (d_qk = d_v + DR: MLA's
+        expanded prefill, 192 = 128 + 64), KR one of [K_BOX, DR] boxes of K's view (its
+        columns past D), whose products join S. Launch with num_warps=4 (the first consumer);
+        the second consumer and the producer are worker partitions."""
         BM: gl.constexpr = 128
         BN: gl.constexpr = BLOCK_N
         dtype: gl.constexpr = Q.dtype.element_ty
@@ -224,6 +240,15 @@ if HAS_GLUON:
         q_s = gl.allocate_shared_memory(dtype, [2, 64, D], sm_l)
         k_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
         v_s = gl.allocate_shared_memory(dtype, [NBUF, BN, D], sm_l)
+        if DR > 0:  # q's and K's columns past D (rows of DR * 2 bytes: a swizzle that fits)
+            r_l: gl.constexpr = gl.NVMMASharedLayout(
+                swizzle_byte_width=2 * DR if DR < 64 else 128, element_bitwidth=16, rank=2
+            )
+            qr_s = gl.allocate_shared_memory(dtype, [2, 64, DR], r_l)
+            kr_s = gl.allocate_shared_memory(dtype, [NBUF, BN, DR], r_l)
+        else:  # (unread)
+            qr_s = q_s
+            kr_s = k_s
         bar_l: gl.constexpr = mbarrier.MBarrierLayout()
         k_ready = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
         k_empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], bar_l)
@@ -242,18 +267,19 @@ if HAS_GLUON:
             Q, stride_qt, stride_qh, K, K_lut, stride_klut, k_base, k_page_stride,
             V, V_lut, stride_vlut, v_base, v_page_stride, Sinks, mask_param,
             Out, stride_ot, stride_oh, Lse, stride_lt, stride_lh, sm_scale_log2,
-            bc, hq, hkv * D, q_start, q_len, m0, cache_len, kv_len, lo_u, start, end, f_lo, f_hi,
-            q_s, k_s, v_s, (k_ready, k_empty, v_ready, v_empty, vfix),
+            bc, hq, hkv * (D + DR), hkv * D, q_start, q_len, m0, cache_len, kv_len, lo_u, start,
+            end, f_lo, f_hi, q_s, k_s, v_s, (k_ready, k_empty, v_ready, v_empty, vfix), KR, qr_s,
+            kr_s,
         )  # fmt: skip
         # fmt: off
         gl.warp_specialize(
             [
                 (_ws_consume, (args, 0, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
-                               HAS_SINKS, WRITE_LSE)),
+                               HAS_SINKS, WRITE_LSE, DR)),
                 (_ws_consume, (args, 1, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
-                               HAS_SINKS, WRITE_LSE)),
+                               HAS_SINKS, WRITE_LSE, DR)),
                 (_ws_producer, (args, 0, D, BN, NBUF, K_PAGE, V_PAGE, K_BOX, V_BOX, MASK,
-                                HAS_SINKS, WRITE_LSE)),
+                                HAS_SINKS, WRITE_LSE, DR)),
             ],
             [4, 1],
             [CONSUMER_REGS, 24],

@@ -317,17 +317,19 @@ def quant_code(ka: KernelArgs, head_dim: int) -> int:
     )
 
 
-def tma_ok(ka: KernelArgs, block_n: int) -> bool:
+def tma_ok(ka: KernelArgs, block_n: int, box_cols: int | None = None) -> bool:
     """A [BLOCK_N, D] TMA box of the [rows, heads * D] view is usable: tiles stay in one page,
-    D is a power of two <= 256, and the view is 16-byte aligned."""
+    D is a power of two in [16, 256], and the view is 16-byte aligned. box_cols < D: boxes of
+    [BLOCK_N, box_cols] and [BLOCK_N, D - box_cols] (a head's first columns and the rest, the
+    Gluon prefill's d_qk > d_v), each width a power of two in [16, 256]."""
     r = ka.rows
     d = r.shape[2]
     elem = r.element_size()
+    widths = (d,) if box_cols is None or box_cols >= d else (box_cols, d - box_cols)
     return (
         (ka.page_size == 0 or ka.page_size % block_n == 0)
-        and d == triton.next_power_of_2(d)
-        and d >= 16
-        and d <= 256
+        and all(w == triton.next_power_of_2(w) and 16 <= w <= 256 for w in widths)
+        and (d * elem) % 16 == 0
         and r.stride(2) == 1
         and r.stride(1) == d
         and (r.stride(0) * elem) % 16 == 0
@@ -335,14 +337,14 @@ def tma_ok(ka: KernelArgs, block_n: int) -> bool:
     )
 
 
-def tma_box_rows(ka: KernelArgs, block_n: int) -> int | None:
+def tma_box_rows(ka: KernelArgs, block_n: int, box_cols: int | None = None) -> int | None:
     """Rows of the TMA boxes that fill a [block_n, D] tile: block_n where tiles stay in one
     page (row-offset K/V, pages a multiple of block_n), the page size where pages of >= 8 rows
-    divide block_n (one box a page), else None (no TMA)."""
-    if tma_ok(ka, block_n):
+    divide block_n (one box a page), else None (no TMA). box_cols: as `tma_ok`."""
+    if tma_ok(ka, block_n, box_cols):
         return block_n
     p = ka.page_size
-    if p >= 8 and block_n % p == 0 and tma_ok(ka, p):
+    if p >= 8 and block_n % p == 0 and tma_ok(ka, p, box_cols):
         return p
     return None
 
@@ -426,9 +428,11 @@ def sm90_prefill_plan(
     ka: KernelArgs, va: KernelArgs, tuning: MHATuning = NO_TUNING
 ) -> Sm90PrefillPlan:
     """The Gluon sm_90 prefill launch: the warp-specialized kernel wherever K and V tiles are
-    TMA boxes (one a tile, or one a page), else `gluon_prefill`."""
+    TMA boxes (one a tile, or one a page), else `gluon_prefill`. K wider than V (d_qk > d_v)
+    is boxed as its first d_v columns and the rest (`tma_ok`'s box_cols)."""
     over = {k[2:]: v for k, v in tuning.prefill.items() if k.startswith("g_")}
-    kb, vb = tma_box_rows(ka, 128), tma_box_rows(va, 128)
+    kc = va.rows.shape[2]
+    kb, vb = tma_box_rows(ka, 128, kc), tma_box_rows(va, 128)
     if kb and vb and over.get("ws", True) and over.get("tma", True):
         cfg = SM90_PREFILL_WS
     else:
@@ -437,7 +441,7 @@ def sm90_prefill_plan(
     cfg = replace(cfg, **over)
     bn = cfg.BLOCK_N
     use_tma = bool(cfg.tma) and tma_ok(ka, bn) and tma_ok(va, bn)
-    kb, vb = tma_box_rows(ka, bn), tma_box_rows(va, bn)
+    kb, vb = tma_box_rows(ka, bn, kc), tma_box_rows(va, bn)
     ws = bool(cfg.ws) and cfg.tma and bool(kb and vb)
     return Sm90PrefillPlan(cfg, ws, use_tma, kb, vb)
 
@@ -446,8 +450,11 @@ def sm90_prefill_shapes_ok(
     q: torch.Tensor, ka: KernelArgs, va: KernelArgs, dk: int, dv: int, mask: Mask
 ) -> bool:
     """The shapes a Gluon sm_90 prefill takes: BF16/FP16 K/V of q's dtype without quantization,
-    d_qk == d_v in (64, 128), a range mask (not a tensor mask), 16-byte aligned rows."""
-    ok = q.dtype in (torch.bfloat16, torch.float16) and dk == dv and dk in (64, 128)
+    d_v in (64, 128) and d_qk == d_v, or d_qk = d_v + 16 / 32 / 64 (MLA's expanded prefill:
+    192 / 128; the warp-specialized kernel only, `sm90_prefill_serves`), a range mask (not a
+    tensor mask), 16-byte aligned rows."""
+    ok = q.dtype in (torch.bfloat16, torch.float16) and dv in (64, 128)
+    ok = ok and (dk == dv or dk - dv in (16, 32, 64))
     ok = ok and mask.kind != "tensor"
     for a in (ka, va):
         r = a.rows
@@ -479,6 +486,8 @@ def sm90_prefill_serves(
     if not sm90_prefill_shapes_ok(q, ka, va, dk, dv, mask):
         return None
     p = sm90_prefill_plan(ka, va, tuning)
+    if dk != dv and not p.ws:  # (gluon_prefill takes d_qk == d_v only)
+        return None
     paged = ka.page_size > 0 and va.page_size > 0
     return p if want is True or paged or p.ws else None
 

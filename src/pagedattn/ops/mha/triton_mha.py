@@ -46,7 +46,7 @@ from ...cache.dispatch import cuda_capability, fast_hbm, num_sms
 from ...errors import check
 from ...operands import KernelArgs, RowOperand
 from ..constants import LOG2E_F
-from ..gluon_imports import GluonTensorDescriptor, nvmma_128b
+from ..gluon_imports import GluonTensorDescriptor, nvmma_16b_cols, nvmma_128b
 from ..launch import launch, recording
 from ..masks import MASK_CODES, Mask, causal
 from ..pdl import pdl_enabled
@@ -102,25 +102,30 @@ def device_facts(device: torch.device) -> Device:
     )
 
 
+def _tma_descriptor(r: torch.Tensor, block: list, gluon_layout=None):
+    """A tl (gluon_layout None) or Gluon TMA descriptor of `block` boxes over rows [rows,
+    heads, D] seen as [rows, heads * D]."""
+    view = [r, [r.shape[0], r.shape[1] * r.shape[2]], [r.stride(0), 1]]
+    if gluon_layout is None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor(*view, block)
+    return GluonTensorDescriptor(*view, block, gluon_layout)
+
+
 def _kv_launch_args(
-    ka: KernelArgs, head_dim: int, tma_block_n: int | None, gluon_layout=None
-) -> tuple[list, dict]:
+    ka: KernelArgs, head_dim: int, tma_block_n: int | None, gluon_layout=None,
+    box_cols: int | None = None,
+) -> tuple[list, dict]:  # fmt: skip
     """Positional args (base, stride_r, stride_h, lut, stride_lut, row_offsets, page_stride,
     scales, stride_sr, stride_sh) and the constexprs of one operand. With tma_block_n, base is a
-    descriptor of [tma_block_n, D] boxes of the [rows, heads * D] view: a tl one, or a Gluon one
-    in `gluon_layout`."""
+    descriptor of [tma_block_n, box_cols (default D)] boxes of the [rows, heads * D] view: a tl
+    one, or a Gluon one in `gluon_layout`."""
     r = ka.rows
     check(r.stride(2) == 1, "K/V rows", "a last dim of stride 1", r.stride())
     base = r
     if tma_block_n is not None:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        view = [r, [r.shape[0], r.shape[1] * r.shape[2]], [r.stride(0), 1]]
-        block = [tma_block_n, r.shape[2]]
-        if gluon_layout is None:
-            base = TensorDescriptor(*view, block)
-        else:
-            base = GluonTensorDescriptor(*view, block, gluon_layout)
+        base = _tma_descriptor(r, [tma_block_n, box_cols or r.shape[2]], gluon_layout)
     paged = ka.page_size > 0
     lut = ka.lut if paged else ka.cache_lengths
     off = ka.row_offsets if not paged else ka.cache_lengths
@@ -458,8 +463,8 @@ def _full_path(
         elif split:
             combine_triton(po, pl, out, lse, sinks)
     elif isinstance(how, Sm90PrefillPlan):
-        _prefill_sm90(how, q, q_row_offsets, ka, va, dk, h_q, group, block_b, mask, sinks, out,
-                      lse, sm_scale)  # fmt: skip
+        _prefill_sm90(how, q, q_row_offsets, ka, va, dk, dv, h_q, group, block_b, mask, sinks,
+                      out, lse, sm_scale)  # fmt: skip
     else:
         assert isinstance(how, PrefillPlan)
         cfg, k_tma, v_tma = how.config, how.k_tma, how.v_tma
@@ -483,17 +488,21 @@ def _full_path(
     return ((out, lse) if return_lse else out), ran
 
 
-def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, d, h_q, group, block_b, mask,
-                  sinks, out, lse, sm_scale) -> None:  # fmt: skip
+def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, dk, dv, h_q, group, block_b,
+                  mask, sinks, out, lse, sm_scale) -> None:  # fmt: skip
     """Launch `gluon_prefill_ws._mha_prefill_ws` or `gluon_prefill._mha_prefill_sm90` (the
-    grid and block order of the tl kernel) as `how` says."""
+    grid and block order of the tl kernel) as `how` says. d_qk > d_v (the warp-specialized
+    kernel only, `selection.sm90_prefill_serves`): K's columns past d_v are a second
+    descriptor's boxes (KR, DR = d_qk - d_v)."""
     cfg, ws, use_tma = how.config, how.ws, how.tma
     total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
     bn = cfg.BLOCK_N
+    d, dr = dv, dk - dv
     layout = nvmma_128b(2)
     box_k, box_v = (how.k_box, how.v_box) if ws else ((bn, bn) if use_tma else (None, None))
-    k_args, kcx = _kv_launch_args(ka, d, box_k, layout)  # the kernel's shared layout
+    k_args, kcx = _kv_launch_args(ka, dk, box_k, layout, box_cols=d)  # the kernel's layout
     v_args, vcx = _kv_launch_args(va, d, box_v, layout)
+    extra = dict(DR=dr, KR=_tma_descriptor(ka.rows, [box_k, dr], nvmma_16b_cols(dr))) if dr else {}
     tail = [
         ka.cache_lengths, q_row_offsets, batch, sinks if sinks is not None else q, mask.param,
         out, out.stride(0), out.stride(1), lse if lse is not None else out,
@@ -511,7 +520,7 @@ def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, d, h_q, group,
         launch(gluon_prefill_ws._mha_prefill_ws, grid,
             q, q.stride(0), q.stride(1), k_args[0], *k_args[3:7], v_args[0], *v_args[3:7],
             *tail, K_BOX=box_k, V_BOX=box_v, CONSUMER_REGS=cfg.consumer_regs, num_warps=4,
-            maxnreg=cfg.maxnreg, **cx,
+            maxnreg=cfg.maxnreg, **cx, **extra,
         )  # fmt: skip
     else:
         launch(gluon_prefill._mha_prefill_sm90, grid,
