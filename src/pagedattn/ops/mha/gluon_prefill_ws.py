@@ -7,7 +7,10 @@ program), for K/V whose [BLOCK_N, D] tiles are TMA boxes: one a tile where tiles
 page (ragged / row-offset K/V, pages a multiple of BLOCK_N), one a page for pages of 8 or more
 rows that divide BLOCK_N. The dispatcher (`selection.sm90_prefill_plan`) takes it on sm_90
 wherever that holds (H100, causal 8 x 4096 d128: ragged 509-515 TFLOP/s against 422 for the
-tl kernel; pages of 16 499).
+tl kernel; pages of 16 499). It also takes d_qk = d_v + DR (DR 16 / 32 / 64: MLA's expanded
+prefill, 192 / 128), K's columns past d_v a second box into the same stage and a second product
+into S (H200, DeepSeek-V3 causal 8 x 2048 over 2048: 641 TFLOP/s, FlashInfer's ragged prefill
+637 in the same run; docs/kernels/gluon_prefill.md).
 
 The stages have "ready" mbarriers (TMA bytes, count 1) and "empty" ones (count 2: each consumer
 arrives once its products that read the stage are complete), K and V rings apart so K is freed
