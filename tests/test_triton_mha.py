@@ -592,15 +592,17 @@ def test_gpu_sm90_prefill_ws(mi, page_size, h_q, h_kv, d, bn, gen):
     check_gluon_prefill(q, k, v, ks, vs, cache_lens, offs, mask, sinks, **over)
 
 
-def _row_slots_case(d, dr, gen, device=DEV):
+def _row_slots_case(d, dr, gen, device=DEV, cache_lens=(0, 300, 23, 129, 5),
+                    q_lens=(277, 6, 1, 140, 0), slot_rows=640):  # fmt: skip
     """K of d + dr dims and V of d (dr > 0: MLA's expanded prefill, 192 / 128) in one NaN padded
-    row slot per request (row offsets) with cached prefixes, and q of d + dr dims; (q, k, v,
-    ks, vs, cache_lens, offs), ks / vs each request's K / V in float64."""
-    cache_lens, q_lens = [0, 300, 23, 129, 5], [277, 6, 1, 140, 0]
-    B, S, H = 5, 640, 2
+    row slot of slot_rows rows per request (row offsets, slots in a shuffled order) with cached
+    prefixes, and q of d + dr dims; (q, k, v, ks, vs, cache_lens, offs), ks / vs each
+    request's K / V in float64."""
+    B, S, H = len(cache_lens), slot_rows, 2
     xc = torch.full((B, S, H, d + dr), math.nan, dtype=BF16)
     yc = torch.full((B, S, H, d), math.nan, dtype=BF16)
-    slots = [3, 0, 4, 1, 2]
+    slots = [3, 0, 4, 1, 2][:B] if B == 5 else list(range(B))[::-1]
+    cache_lens, q_lens = list(cache_lens), list(q_lens)
     ks, vs = [], []
     for b, (c, n) in enumerate(zip(cache_lens, q_lens)):
         x = torch.randn(c + n, H, d + dr, generator=gen).to(BF16)
@@ -663,6 +665,20 @@ def test_sm90_prefill_takes_wider_k(d, dr, gen):
     assert MS.sm90_prefill_serves(q, paged1, va, d + dr, d, causal) is None
     q48, k48, *_ = _row_slots_case(d, 48, gen, device="cpu")  # 48: not a power of two
     assert MS.sm90_prefill_serves(q48, k48.kernel_args(), va, d + 48, d, causal) is None
+
+
+@pytest.mark.parametrize("d,dr", [(64, 32), (128, 64)])
+@pytest.mark.parametrize("mi", [0, 2])
+def test_prefill_wider_k_against_oracle(d, dr, mi, gen):
+    """d_qk = d_v + dr (MLA's expanded prefill) on the portable prefill kernel (what every
+    device without the sm_90 Gluon kernel runs): NaN padded row slots, cached prefixes, sinks
+    and the LSE, against the float64 oracle."""
+    q, k, v, ks, vs, cache_lens, offs = _row_slots_case(
+        d, dr, gen, cache_lens=(0, 20, 5), q_lens=(9, 3, 17), slot_rows=48
+    )
+    mask = [masks.causal(), masks.null(), masks.sliding_window_causal(7)][mi]
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    check(q, k, v, ks, vs, cache_lens, offs, mask=mask, sinks=sinks, tol=PREFILL_TOL)
 
 
 @pytest.mark.gpu
