@@ -38,12 +38,9 @@ from .triton_tiles import visible_range
 
 # The combine's shape: a program merges COMBINE_DIMS output dims of a (row, KV head), its
 # BLOCK_I items x GP heads x dims a step = COMBINE_ELEMS partial elements, loads pipelined
-# COMBINE_STAGES deep, 4 warps. H200, GQA 32/8 d128 (dev/profile_gqa_skew.py,
-# `bench/results/h200_2026-11-30_gqa_combine_shape.json`; docs/kernels/mha_decode.md, "the
-# combine's step"): skewed b64 / b128 / b256 7.5 / 9.6 / 10.0 us, one long among 63 / 255
-# short 7.8 / 10.5 us, against 9.4 / 14.8 / 14.4 and 12.5 / 10.5 for a program of all 128
-# dims, 16K elements a step summed across warps each step (115 registers, 74 KB of shared
-# memory); a uniform step 4.1 against 3.1 us.
+# COMBINE_STAGES deep, 4 warps: the fastest of the shapes swept on the real-workload suite's
+# GQA 32/8 d128 steps on an H200 (skewed b64 7.5 us against 9.4 for all 128 dims a program;
+# the sweep and its record: docs/kernels/mha_decode.md, "the combine's step").
 COMBINE_ELEMS = 1024
 COMBINE_DIMS = 32
 COMBINE_STAGES = 4

@@ -287,13 +287,10 @@ class MergeShape:
         return min(16, triton.next_power_of_2(h_q)), min(self.db, triton.next_power_of_2(d_v))
 
 
-#: The shipped shapes (H200, the suite's MLA steps, dev/profile_mla_skew.py; records
-#: `bench/results/h200_2026-11-30_mla_combine_profile.json`, docs/kernels/triton_mla.md "The
-#: combines"). The runs' combine (h_q 16): 5.5 / 5.6 / 14.2 us a call on the skewed b64 / b128
-#: / one-long steps, against 18.9 / 19.5 / 32.0 for one [8, 16, 64] load a step summed across
-#: warps (255 registers, two CTAs an SM, no pipelining). The item list's (h_q 128, 64 heads a
-#: partial row, bytes count): 9.1 / 10.8 / 20.4 us, against 11.0 / 10.4 / 35.0 for one item
-#: of all 512 dims a step, unpipelined.
+#: The shipped shapes: the fastest of the sweep on the real-workload suite's MLA steps on an
+#: H200 (runs' combine, h_q 16, skewed b64: 5.5 us against 18.9 for the unpipelined form; the
+#: item list's, h_q 128, whose 64-head partial rows make it move bytes, favours wider
+#: programs: 256 dims). The sweep and its record: docs/kernels/triton_mla.md, "The combines".
 RUNS_MERGE = MergeShape(ns=2, db=64, stages=3)
 ITEMS_MERGE = MergeShape(ns=1, db=256, stages=3)
 
@@ -357,6 +354,38 @@ def mla_merge_rows(PL, PO, n, r0, base, step, offs_h, hmask, offs_d, dmask, H_Q:
 
 
 @triton.jit
+def mla_merge_token(t, covered, n, r0, base, step, PL, PO, SINK, OUT, stride_ot, stride_oh,
+                    LSE, H_Q: tl.constexpr, BH: tl.constexpr, D_V: tl.constexpr,
+                    DB: tl.constexpr, NS: tl.constexpr, STAGES: tl.constexpr,
+                    HAS_SINK: tl.constexpr):  # fmt: skip
+    """Both combines' program (token t; heads and output dims from program ids 1 and 2): a
+    token outside the requests (not `covered`) gets output 0 and LSE -inf; a covered one whose
+    tile was cut into n > 1 partials (rows as `mla_merge_rows` takes them) gets their merge
+    (sinks folded in); one of a single partial was written by the decode kernel."""
+    hb = tl.program_id(1)
+    dc = tl.program_id(2)
+    t64 = t.to(tl.int64)
+    offs_h = hb * BH + tl.arange(0, BH)
+    offs_d = dc * DB + tl.arange(0, DB)
+    hmask = offs_h < H_Q
+    dmask = offs_d < D_V
+    omask = hmask[:, None] & dmask[None, :]
+    optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
+    if not covered:
+        tl.store(optr, tl.zeros([BH, DB], OUT.dtype.element_ty), mask=omask)
+        if dc == 0:
+            tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32),
+                     mask=hmask)  # fmt: skip
+    elif n > 1:
+        acc, den, m = mla_merge_rows(PL, PO, n, r0, base, step, offs_h, hmask, offs_d, dmask,
+                                     H_Q, D_V, NS, STAGES)  # fmt: skip
+        o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
+        tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
+        if dc == 0:
+            tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
+
+
+@triton.jit
 def _mla_runs_combine_kernel(
     QOFF,
     batch,
@@ -386,39 +415,19 @@ def _mla_runs_combine_kernel(
     buffers (no access outside them whatever the offsets)."""
     pdl_wait(PDL)
     t = tl.program_id(0)
-    hb = tl.program_id(1)
-    dc = tl.program_id(2)
     t64 = t.to(tl.int64)
-    offs_h = hb * BH + tl.arange(0, BH)
-    offs_d = dc * DB + tl.arange(0, DB)
-    hmask = offs_h < H_Q
-    dmask = offs_d < D_V
-    omask = hmask[:, None] & dmask[None, :]
-    optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
     # META's entries are loaded with the offsets (one latency, not two); a token outside the
     # requests has whatever its entry holds, unused
     s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
     n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
     i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
     covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
-    if not covered:
-        tl.store(optr, tl.zeros([BH, DB], OUT.dtype.element_ty), mask=omask)
-        if dc == 0:
-            tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32),
-                     mask=hmask)  # fmt: skip
-    else:
-        if n > 1:
-            # piece k >= 1 is slot 2 (s0 // 2 + k) (its piece's first tile); clamped so that
-            # the last row is 2 RUN_P - 1 (n <= RUN_P - s0 // 2 for a list the decode wrote)
-            base = (2 * (s0 // 2)).to(tl.int64) * TPT + i
-            n = tl.minimum(n, RUN_P - s0 // 2)
-            acc, den, m = mla_merge_rows(PL, PO, n, s0.to(tl.int64) * TPT + i, base, 2 * TPT,
-                                         offs_h, hmask, offs_d, dmask, H_Q, D_V, NS,
-                                         STAGES)  # fmt: skip
-            o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
-            tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
-            if dc == 0:
-                tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
+    # piece k >= 1 is slot 2 (s0 // 2 + k) (its piece's first tile); n clamped so that the
+    # last row is 2 RUN_P - 1 (n <= RUN_P - s0 // 2 for a list the decode wrote)
+    mla_merge_token(t, covered, tl.minimum(n, RUN_P - s0 // 2), s0.to(tl.int64) * TPT + i,
+                    (2 * (s0 // 2)).to(tl.int64) * TPT + i, 2 * TPT, PL, PO, SINK, OUT,
+                    stride_ot, stride_oh, LSE, H_Q, BH, D_V, DB, NS, STAGES,
+                    HAS_SINK)  # fmt: skip
 
 
 def mla_runs_combine_triton(
@@ -503,35 +512,17 @@ def _mla_worklist_combine_kernel(
     -inf."""
     pdl_wait(PDL)
     t = tl.program_id(0)
-    hb = tl.program_id(1)
-    dc = tl.program_id(2)
     r, c, n, incl, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
     n_b = tl.sum(tl.where(at, n, 0), 0)
     i0 = t - tl.sum(tl.where(at, o_lo, 0), 0)
-    t64 = t.to(tl.int64)
-    offs_h = hb * BH + tl.arange(0, BH)
-    offs_d = dc * DB + tl.arange(0, DB)
-    hmask = offs_h < H_Q
-    dmask = offs_d < D_V
-    omask = hmask[:, None] & dmask[None, :]
-    optr = OUT + t64 * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-    if (b < 0) | (i0 // TPT >= n_b // c_b):  # a token past the requests' (no item has it)
-        tl.store(optr, tl.zeros([BH, DB], OUT.dtype.element_ty), mask=omask)
-        if dc == 0:
-            tl.store(LSE + t64 * H_Q + offs_h, tl.full([BH], float("-inf"), tl.float32),
-                     mask=hmask)  # fmt: skip
-    elif c_b > 1:
-        first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
-        r0 = first.to(tl.int64) * TPT + i0 % TPT
-        acc, den, m = mla_merge_rows(PL, PO, c_b, r0, r0, TPT, offs_h, hmask, offs_d, dmask,
-                                     H_Q, D_V, NS, STAGES)  # fmt: skip
-        o = mla_merge_out(acc, den, m, SINK, offs_h, hmask, HAS_SINK)
-        tl.store(optr, o.to(OUT.dtype.element_ty), mask=omask)
-        if dc == 0:
-            tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
+    covered = (b >= 0) & (i0 // TPT < n_b // c_b)  # (else no item has the token)
+    first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
+    r0 = first.to(tl.int64) * TPT + i0 % TPT
+    mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot, stride_oh, LSE,
+                    H_Q, BH, D_V, DB, NS, STAGES, HAS_SINK)  # fmt: skip
 
 
 def mla_worklist_combine_triton(
