@@ -451,33 +451,8 @@ def mla_runs_combine_triton(
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
-    bh, db = merge.blocks(h_q, d_v)
-    launch(
-        _mla_runs_combine_kernel,
-        (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
-        q_row_offsets,
-        batch,
-        meta,
-        partial_out,
-        partial_lse,
-        sinks if sinks is not None else partial_lse,
-        out,
-        out.stride(0),
-        out.stride(1),
-        lse,
-        H_Q=h_q,
-        BH=bh,
-        D_V=d_v,
-        DB=db,
-        NS=merge.ns,
-        STAGES=merge.stages,
-        TPT=tpt,
-        RUN_P=run_p,
-        HAS_SINK=sinks is not None,
-        PDL=(pdl := pdl_enabled(out)),
-        num_warps=merge.num_warps,
-        **pdl_launch_kwargs(pdl),
-    )
+    _launch_merge(_mla_runs_combine_kernel, (q_row_offsets, batch, meta), partial_out,
+                  partial_lse, out, lse, sinks, merge, TPT=tpt, RUN_P=run_p)  # fmt: skip
 
 
 @triton.jit
@@ -549,13 +524,22 @@ def mla_worklist_combine_triton(
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
+    _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch), partial_out,
+                  partial_lse, out, lse, sinks, merge, TPT=tpt, BN=bn, TARGET=target,
+                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1))  # fmt: skip
+
+
+def _launch_merge(kernel, lead: tuple, partial_out, partial_lse, out, lse, sinks,
+                  merge: MergeShape, **constexprs) -> None:  # fmt: skip
+    """Launch a combine (`mla_merge_token`'s grid: tokens x head blocks x dim blocks of
+    `merge`): its own leading arguments `lead` and constexprs, then the partials, sinks,
+    output and LSE that both take."""
+    tokens, h_q, d_v = out.shape
     bh, db = merge.blocks(h_q, d_v)
     launch(
-        _mla_worklist_combine_kernel,
+        kernel,
         (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
-        q_row_offsets,
-        cache_lens,
-        batch,
+        *lead,
         partial_out,
         partial_lse,
         sinks if sinks is not None else partial_lse,
@@ -569,14 +553,10 @@ def mla_worklist_combine_triton(
         DB=db,
         NS=merge.ns,
         STAGES=merge.stages,
-        TPT=tpt,
-        BN=bn,
-        TARGET=target,
-        MIN_BLOCKS=min_blocks,
-        B_P2=triton.next_power_of_2(batch + 1),
         HAS_SINK=sinks is not None,
         PDL=(pdl := pdl_enabled(out)),
         num_warps=merge.num_warps,
+        **constexprs,
         **pdl_launch_kwargs(pdl),
     )
 
