@@ -2,7 +2,7 @@
 checks, plan, launches) against the prepared path (`ops.prepared`), by part, for `pagedattn.mha`
 and `pagedattn.mla_decode`.
 
-    TRITON_INTERPRET=1 python dev/host_cost_cpu.py [--rounds 7] [--calls 2000] [--op mha|mla]
+    TRITON_INTERPRET=1 python dev/host_cost_cpu.py [--rounds 7] [--calls 2000] [--op mha|step|mla]
 
 Shapes: the suite's host-cost cases (bench/bench_real.py): mha decode GQA 32/8 heads, d128,
 pages of 16, bf16, ~1k keys a request, b in (1, 8, 64), out given and not; mla_decode h_q 16,
@@ -45,7 +45,7 @@ from pagedattn.ops import prepared as PR  # noqa: E402
 from pagedattn.ops.dispatch import choose_backend  # noqa: E402
 from pagedattn.ops.launch import Launched  # noqa: E402
 from pagedattn.ops.masks import causal  # noqa: E402
-from pagedattn.ops.mha import _validate, mha  # noqa: E402
+from pagedattn.ops.mha import StepPlan, _validate, mha  # noqa: E402
 from pagedattn.ops.mha import triton_mha as TM  # noqa: E402
 from pagedattn.ops.mha import triton_worklist as WL  # noqa: E402
 from pagedattn.ops.mha.selection import NO_TUNING, plan  # noqa: E402
@@ -98,7 +98,7 @@ def _types(kernel, values: list) -> list:
     return out
 
 
-def stub_build(rec: Launched, sources):
+def stub_build(rec: Launched, sources, descriptors: bool = False):
     """`PreparedLaunch.build` of a recorded (interpreted) launch in its compiled form, with the
     stub launcher (the code a CUDA hit runs, minus the C call)."""
     sig = inspect.signature(rec.kernel.fn)
@@ -112,38 +112,51 @@ def stub_build(rec: Launched, sources):
     )  # fmt: skip
 
 
-def prepare_stubbed(q, k, v, offs, out, return_lse=False) -> None:
+def prepare_stubbed(q, k, v, offs, out, return_lse=False, num_decodes=None, step_plan=None):
     """Put the call's prepared entry (compiled form, stub launcher) into `mha`'s cache, from
     the launches its full path makes (recorded, not run)."""
     ran = []
     kw = dict(mask=causal(), scale=None, sinks=None, num_partitions=None,
-              return_lse=return_lse, out=out)  # fmt: skip
+              return_lse=return_lse, out=out, plan=step_plan)  # fmt: skip
 
     def call():
-        ran.append(TM._full_path(q, k, v, offs, **kw)[1])
+        ran.append(TM._mixed_path(q, k, v, offs, num_decodes or 0, **kw))
 
     made_wl: list = []
     made = offline.capture(TM, lambda: made_wl.extend(offline.capture(WL, call)))
     recs = [Launched(m.kernel, m.grid, m.args, m.kwargs) for m in made + made_wl]
-    key, src = TM._signature(q, k, v, offs, None, None, None, None, return_lse, out, "triton")
+    key, src = TM._signature(q, k, v, offs, None, None, None, None, return_lse, out, "triton",
+                             num_decodes, step_plan)  # fmt: skip
     pick = itemgetter(*TM._guarded(src))
-    r = ran[-1]
-    src[TM._OUT], src[TM._LSE], src[TM._PO], src[TM._PL] = r.out, r.lse, r.po, r.pl
+    res, rans = ran[-1]
     saved = PR.PreparedLaunch.build
     PR.PreparedLaunch.build = staticmethod(stub_build)
     try:
-        entry = TM._prepare_decode(recs, src, r, out is not None, q, causal())
+        outs = res if return_lse else (res, None)
+        entry = TM._prepare_call(recs, src, rans, outs, out is not None, causal())
     finally:
         PR.PreparedLaunch.build = saved
-    assert entry is not None and entry.decode.compiled, "not preparable"
+    assert entry is not None and entry.fast, "not preparable"
     TM.PREPARED.cache.store(key, PR.tensor_guard(pick(src)), pick, entry)
     import pagedattn.ops.mha as M
 
     M._prepared = TM.PREPARED
 
 
-def mha_rows(a) -> None:
+def _stubbed_full_path(fn):
+    """fn() with `mha`'s launches stubbed (and the interpreter's host item count, which CUDA
+    does not take)."""
     noop = lambda *args, **kwargs: None  # noqa: E731
+    saved = TM.launch, WL.launch, TM.host_item_count
+    TM.launch = WL.launch = noop
+    TM.host_item_count = lambda *args, **kwargs: 1
+    try:
+        return fn()
+    finally:
+        TM.launch, WL.launch, TM.host_item_count = saved
+
+
+def mha_rows(a) -> None:
     for b in (1, 8, 64):
         p = KVCacheParams(torch.bfloat16, 1, H_KV, D, PAGE, num_q_heads=H_Q)
         pc = make_paged_cache(p, [CTX - 1] * b, [1] * b)
@@ -164,23 +177,16 @@ def mha_rows(a) -> None:
             choose_backend(q.device, "triton")
             return TM.mha_triton(q, k, v, offs, out=o)
 
-        saved = TM.launch, WL.launch, TM.host_item_count
-        TM.launch = WL.launch = noop
-        TM.host_item_count = lambda *args, **kwargs: 1  # CUDA sizes the grid without it
-        try:
-            parts = {
-                "full path, out given": lambda: full(out),
-                "full path, out=None": lambda: full(None),
-                "  _validate": lambda: _validate(
-                    q, k, v, offs, None, None, None, None, False, out
-                ),  # fmt: skip
-                "  selection.plan": lambda: plan(
-                    q, ka, va, D, D, b, causal(), None, None, NO_TUNING, TM.device_facts(q.device)
-                ),
-            }
-            rows = {n: per_call_us(f, a.calls, a.rounds) for n, f in parts.items()}
-        finally:
-            TM.launch, WL.launch, TM.host_item_count = saved
+        parts = {
+            "full path, out given": lambda: full(out),
+            "full path, out=None": lambda: full(None),
+            "  _validate": lambda: _validate(q, k, v, offs, None, None, None, None, False, out),
+            "  selection.plan": lambda: plan(
+                q, ka, va, D, D, b, causal(), None, None, NO_TUNING, TM.device_facts(q.device)
+            ),
+        }
+        rows = _stubbed_full_path(lambda: {n: per_call_us(f, a.calls, a.rounds)
+                                           for n, f in parts.items()})  # fmt: skip
         parts = {
             "prepared, out given": lambda: mha(q, k, v, offs, out=out, backend="triton"),
             "prepared, out=None": lambda: mha(q, k, v, offs, backend="triton"),
@@ -196,6 +202,35 @@ def mha_rows(a) -> None:
         rows.update({n: per_call_us(f, a.calls, a.rounds) for n, f in parts.items()})
         for n, us in rows.items():
             print(f"b{b:<3d} {n:34s} {us:8.2f}")
+
+
+def step_rows(a) -> None:
+    """An engine layer's call (`models.layers`): `mha(..., num_decodes=D, plan=step plan)` of a
+    mixed step (D decodes over ~1k keys, then 4 prefill chunks of 64 over 256 cached) and of a
+    decode step (every request one query), the step plan made from host lengths (once a
+    step: made before the timed calls, as the first layer does)."""
+    for name, nd, chunks in (("mixed", 56, 4), ("decode", 64, 0)):
+        p = KVCacheParams(torch.bfloat16, 1, H_KV, D, PAGE, num_q_heads=H_Q)
+        lens = [CTX - 1 - 7 * i for i in range(nd)] + [256] * chunks
+        q_lens = [1] * nd + [64] * chunks
+        pc = make_paged_cache(p, lens, q_lens)
+        k, v = PagedOperand(pc.inputs, p, 0, "k"), PagedOperand(pc.inputs, p, 0, "v")
+        offs = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        q = torch.randn(int(offs[-1]), H_Q, D, dtype=torch.bfloat16)
+        step = StepPlan(lens[:nd])
+        TM.PREPARED.cache.clear()
+        prepare_stubbed(q, k, v, offs, None, False, nd, step)
+        kw = dict(num_decodes=nd, plan=step, backend="triton")
+
+        def full():
+            _validate(q, k, v, offs, None, None, None, None, False, None)
+            choose_backend(q.device, "triton")
+            return TM.mha_mixed_triton(q, k, v, offs, nd, plan=step)
+
+        rows = {"full path": _stubbed_full_path(lambda: per_call_us(full, a.calls, a.rounds))}
+        rows["prepared"] = per_call_us(lambda: mha(q, k, v, offs, **kw), a.calls, a.rounds)
+        for n, us in rows.items():
+            print(f"{name} step layer call ({nd} decodes, {chunks} chunks) {n:12s} {us:8.2f}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,11 +390,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--op", choices=("mha", "mla", "all"), default="all")
+    ap.add_argument("--op", choices=("mha", "step", "mla", "all"), default="all")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; us per call, best of {a.rounds}")
     if a.op in ("mha", "all"):
         mha_rows(a)
+    if a.op in ("step", "all"):
+        step_rows(a)
     if a.op in ("mla", "all"):
         mla_rows(a)
 

@@ -1,7 +1,7 @@
 """Host cost of one eager decode call on the GPU machine, MHA and MLA: the public op (prepared
 calls, `ops.prepared`) against its full path, and FlashInfer's run() on the same shapes.
 
-    . dev/probe_env.sh && python dev/host_cost_gpu.py [--calls 200] [--rounds 5] [--op mha|mla]
+    . dev/probe_env.sh && python dev/host_cost_gpu.py [--calls 200] [--rounds 5] [--op mha|step|mla]
         [--quick]
 
 MHA (`pagedattn.mha` against `mha_triton`, torch SDPA and FlashInfer's
@@ -48,6 +48,7 @@ import torch  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand, mha, store_kv  # noqa: E402
 from pagedattn.ops import prepared as PR  # noqa: E402
+from pagedattn.ops.mha import StepPlan  # noqa: E402
 from pagedattn.ops.mha import triton_mha as TM  # noqa: E402
 from pagedattn.ops.mla import mla_decode  # noqa: E402
 from pagedattn.ops.mla import triton_mla as TMLA  # noqa: E402
@@ -214,9 +215,9 @@ def mha_main(a, fi) -> list[str]:
         if entry is None:
             failures.append(f"b{b}: the decode call was not prepared")
             continue
-        saved = [(x, x.fast) for x in (entry.decode, entry.combine) if x is not None]
+        saved = [(x, x.fast) for x in entry.launches]
         for x, _ in saved:
-            x.fast = lambda stream, P: None
+            x.fast = lambda stream, P, g=None: None
         try:
             py = min(wall_us(lambda: mha(q, k, v, offs, scale=scale, out=out), a.calls)
                      for _ in range(a.rounds))  # fmt: skip
@@ -233,7 +234,7 @@ def mha_main(a, fi) -> list[str]:
             print(f"b{b:<3d} {name:32s} {us:8.1f}", flush=True)
         print(
             f"b{b} launches a prepared call makes: "
-            f"{1 + (entry.combine is not None)}; prepared entries {len(TM.PREPARED.cache)}"
+            f"{len(entry.launches)}; prepared entries {len(TM.PREPARED.cache)}"
         )
     print("\nhost cost per eager call (us)")
     names = list(dict.fromkeys(n for _, n, _ in table))
@@ -241,6 +242,56 @@ def mha_main(a, fi) -> list[str]:
     for n in names:
         vals = {b: us for b, m, us in table if m == n}
         print(f"{n:32s}" + "".join(f"{vals.get(b, math.nan):10.1f}" for b in (1, 8, 64)))
+    PR.release_workspaces()
+    return failures
+
+
+# --------------------------------------------------------------------------------------------
+# An engine's layer calls (mha with num_decodes and a step plan)
+# --------------------------------------------------------------------------------------------
+def step_main(a) -> list[str]:
+    """Wall time of an engine layer's `mha(..., num_decodes=D, plan=step plan)` (prepared)
+    against its full path (`mha_mixed_triton`): a mixed step (56 decodes, 4 prefill chunks of
+    16 over 64 cached) and a decode step (64 requests), 64-160 keys a decode (so that the
+    device's work, ~10 us, stays under the host's), the plan made from host lengths once (as
+    a step's first layer does); first, hits equal the full path bitwise. Returns the
+    failures."""
+    failures = []
+    for name, nd, chunks in (("mixed step", 56, 4), ("decode step", 64, 0)):
+        lens = [63 + 16 * (i % 7) for i in range(nd)] + [64] * chunks
+        q_lens = [1] * nd + [16] * chunks
+        p = KVCacheParams(torch.bfloat16, 1, H_KV, D, PAGE, num_q_heads=H_Q, devices=["cuda"])
+        pc = make_paged_cache(p, lens, q_lens, device="cuda",
+                              generator=torch.Generator().manual_seed(nd))  # fmt: skip
+        pc.inputs.kv_blocks.normal_()
+        k, v = PagedOperand(pc.inputs, p, 0, "k"), PagedOperand(pc.inputs, p, 0, "v")
+        offs = ragged_offsets(q_lens, "cuda")
+        q = torch.randn(int(offs[-1]), H_Q, D, device="cuda", dtype=torch.bfloat16)
+        plan = StepPlan(lens[:nd])
+        for _ in range(3):
+            got = mha(q, k, v, offs, num_decodes=nd, plan=plan, return_lse=True)
+            want = TM.mha_mixed_triton(q, k, v, offs, nd, plan=plan, return_lse=True)
+            if not bitwise_equal(got, want):
+                failures.append(f"{name}: a prepared call differs from the full path")
+        rows = {
+            "mha (prepared)": lambda: mha(q, k, v, offs, num_decodes=nd, plan=plan),
+            "mha_mixed_triton (full path)": lambda: TM.mha_mixed_triton(q, k, v, offs, nd,
+                                                                        plan=plan),
+        }  # fmt: skip
+        for fn in rows.values():
+            for _ in range(20):
+                fn()
+        best = dict.fromkeys(rows, math.inf)
+        for _ in range(a.rounds):
+            for n, fn in rows.items():
+                best[n] = min(best[n], wall_us(fn, a.calls))
+        key, _ = TM._signature(q, k, v, offs, None, None, None, None, False, None, None, nd,
+                               plan)  # fmt: skip
+        cands = TM.PREPARED.cache.candidates(key) or [(None, None, None)]
+        if cands[0][2] is None:
+            failures.append(f"{name}: not prepared")
+        for n, us in best.items():
+            print(f"{name} ({nd} decodes, {chunks} chunks) {n:30s} {us:8.1f}", flush=True)
     PR.release_workspaces()
     return failures
 
@@ -532,7 +583,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--op", choices=("mha", "mla", "all"), default="all")
+    ap.add_argument("--op", choices=("mha", "step", "mla", "all"), default="all")
     quick = "MLA: check the h_q 16 BF16 cases only (fewer kernels to compile)"
     ap.add_argument("--quick", action="store_true", help=quick)
     a = ap.parse_args()
@@ -547,6 +598,8 @@ def main() -> None:
     failures = []
     if a.op in ("mha", "all"):
         failures += mha_main(a, fi)
+    if a.op in ("step", "all"):
+        failures += step_main(a)
     if a.op in ("mla", "all"):
         failures += mla_main(a, fi)
     if failures:

@@ -22,10 +22,14 @@ What makes a hit safe:
 - Each frozen launch keeps its grid, its constexprs and its int / float arguments (sizes,
   strides, batch, mask parameter, scale: functions of the guarded key), also inside Triton
   tuple arguments; every pointer argument is taken from the call (`PreparedLaunch` maps each
-  to one of the op's call tensors, its "sources"), never cached. A launch whose pointer does
-  not map to exactly one source (an argument the op derived with an offset or a copy, two
-  sources sharing memory) or with a callable grid is not prepared: the op keeps its full path
-  for that signature.
+  to one of the op's call tensors, its "sources"), never cached. A view from a later element
+  of a source (a slice of its requests) is that source's pointer plus the byte offset the
+  prepared call had: the op derives such views from the key (a split point, guarded
+  strides), and keys the pointers' 16-byte residues, so the offset pointer's alignment is the
+  same too. A launch whose pointer does not map to exactly one source (an argument the op
+  derived by a copy, a view inside two sources sharing memory) or with a callable grid is not
+  prepared: the op keeps its full path for that signature. An op may pass a grid per call
+  where its grid depends on a value outside the key (`PreparedLaunch.run`).
 - Compiled launches only: a cluster launch keeps its cluster size and the shared-memory
   offsets `ops.launch.launch` read of the compiled kernel (`smem_args`: functions of the
   kernel). A host tensor descriptor (Triton's or Gluon's `TensorDescriptor`) whose base maps to
@@ -283,14 +287,25 @@ def guard_call(key: Any, src: list, guarded: Sequence[int]) -> tuple[Any, Any] |
 # --------------------------------------------------------------------------------------------
 # Prepared launches
 # --------------------------------------------------------------------------------------------
-def _match_source(arg: torch.Tensor, sources: Sequence[torch.Tensor | None]) -> int | None:
-    """The index of the source `arg` is (by identity: the first), else of the one source whose
-    data pointer it shares (an op hands its kernels its sources, or views of them from their
-    first element: a reshape, a dtype view); None when none or several different objects
-    match."""
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from `t`'s first element to just past its last (0 for an empty tensor)."""
+    if t.numel() == 0:
+        return 0
+    return t.element_size() * (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+
+
+def _match_source(
+    arg: torch.Tensor, sources: Sequence[torch.Tensor | None]
+) -> tuple[int, int] | None:
+    """(index, byte offset) of the source `arg` views: the source it is (by identity: the
+    first), else the one source whose data pointer it shares (an op hands its kernels its
+    sources, or views of them from their first element: a reshape, a dtype view; offset 0),
+    else the one source whose memory holds arg's first element (a view from a later element,
+    e.g. the requests [d, batch) of a mixed step: the offset is arg's pointer less the
+    source's). None when none or several different objects match."""
     for i, s in enumerate(sources):
         if s is arg:
-            return i
+            return i, 0
     p = arg.data_ptr()
     found: int | None = None
     for i, s in enumerate(sources):
@@ -299,7 +314,18 @@ def _match_source(arg: torch.Tensor, sources: Sequence[torch.Tensor | None]) -> 
                 return None
             if found is None:
                 found = i
-    return found
+    if found is not None:
+        return found, 0
+    storage = arg.untyped_storage().data_ptr()
+    for i, s in enumerate(sources):
+        if s is None or s.untyped_storage().data_ptr() != storage:
+            continue
+        if s.data_ptr() < p < s.data_ptr() + _extent(s):
+            if found is not None and sources[found] is not s:
+                return None
+            if found is None:
+                found = i
+    return None if found is None else (found, p - sources[found].data_ptr())
 
 
 def hooks_idle() -> bool:
@@ -324,14 +350,19 @@ def _literal(v: Any) -> str | None:
 
 def _template(a: Any, sources: Sequence[torch.Tensor | None]) -> Any:
     """How an interpreted launch rebuilds argument `a` from a call's sources: ("s", index,
-    dtype to view it as or None) for a tensor, ("t", [templates]) for a tuple, ("v", a) for an
-    int / float / bool / None; None where it cannot (a tensor of no single source, another
-    object)."""
+    dtype to view it as or None) for a tensor from a source's first element, ("o", index,
+    dtype or None, shape, strides, byte offset) for a view from a later element, ("t",
+    [templates]) for a tuple, ("v", a) for an int / float / bool / None; None where it cannot
+    (a tensor of no single source, another object)."""
     if isinstance(a, torch.Tensor):
-        i = _match_source(a, sources)
-        if i is None:
+        m = _match_source(a, sources)
+        if m is None:
             return None
-        return ("s", i, a.dtype if a.dtype != sources[i].dtype else None)
+        i, off = m
+        dtype = a.dtype if a.dtype != sources[i].dtype else None
+        if off:
+            return ("o", i, dtype, tuple(a.shape), a.stride(), off)
+        return ("s", i, dtype)
     if type(a) is tuple:
         parts = [_template(x, sources) for x in a]
         return None if any(p is None for p in parts) else ("t", parts)
@@ -346,13 +377,16 @@ def _fill(t: tuple, S: Sequence[torch.Tensor | None]) -> Any:
     if kind == "s":
         x = S[t[1]]
         return x if t[2] is None else x.view(t[2])
+    if kind == "o":
+        x = S[t[1]] if t[2] is None else S[t[1]].view(t[2])
+        return x.as_strided(t[3], t[4], x.storage_offset() + t[5] // x.element_size())
     if kind == "t":
         return tuple(_fill(p, S) for p in t[1])
     return t[1]
 
 
 def _template_sources(t: tuple, into: set) -> None:
-    if t[0] == "s":
+    if t[0] in ("s", "o"):
         into.add(t[1])
     elif t[0] == "t":
         for p in t[1]:
@@ -443,14 +477,16 @@ class PreparedLaunch:
     pointer arguments taken from the call's sources.
 
     `run(stream, P, S, grid=None)`: P[i] the data pointer (int) of source i, S[i] the source
-    tensor itself. Compiled launches read P only (their grid is fixed); interpreted ones
-    (Triton's interpreter, CPU) read S and take `grid` where the op's grid depends on host
-    values. `fast(stream, P)`: the compiled launch straight into Triton's C launcher, for
-    callers that checked `hooks_idle()` (None where the launcher needs scratch memory, and
-    for interpreted launches). `sources`: the source indices the launch reads. Build with
-    `PreparedLaunch.build`.
+    tensor itself. Compiled launches read P only; interpreted ones (Triton's interpreter, CPU)
+    read S. `grid` (a 3-tuple for compiled launches): the call's grid where the op's grid
+    depends on a value outside the key (a step plan's item count, the host's lengths), else
+    the recorded one. `fast(stream, P, g=grid)`: the compiled launch straight into Triton's C
+    launcher, for callers that checked `hooks_idle()` (None where the launcher needs scratch
+    memory, and for interpreted launches). `sources`: the source indices the launch reads.
+    Build with `PreparedLaunch.build`.
 
-    Arguments: tensors (each one source, or a view of it from its first element), ints,
+    Arguments: tensors (each one source, or a view of it: from its first element, or from a
+    later one at a fixed byte offset, which the op derives from the key), ints,
     floats, bools, None, tuples of these (Triton's tuple arguments) and, compiled only, host
     tensor descriptors whose base is one source (`_Descriptors`). Compiled launches also keep
     a cluster size (the launcher's num_ctas) and shared-memory offset arguments
@@ -596,11 +632,11 @@ class PreparedLaunch:
             if isinstance(v, torch.Tensor):
                 if not (isinstance(ty, str) and ty.startswith("*")):
                     return None
-                i = _match_source(v, sources)
-                if i is None:
+                m = _match_source(v, sources)
+                if m is None:
                     return None
-                used.add(i)
-                return f"P[{i}]"
+                used.add(m[0])
+                return f"P[{m[0]}] + {m[1]}" if m[1] else f"P[{m[0]}]"
             if type(v) is tuple:
                 if type(ty) is not tuple or len(ty) != len(v):
                     return None
@@ -627,9 +663,10 @@ class PreparedLaunch:
                 run_parts.append(s)
                 fast_parts.append(s)
                 continue
-            i = _match_source(v.base, sources) if expand is not None else None
-            if i is None or (raw is not None and n_desc >= len(metas)):
+            m = _match_source(v.base, sources) if expand is not None else None
+            if m is None or m[1] or (raw is not None and n_desc >= len(metas)):
                 return None
+            i = m[0]
             ns[f"_d{j}"] = _Descriptors(v, metas[n_desc] if raw is not None else None, expand)
             n_desc += 1
             used.add(i)
@@ -644,16 +681,17 @@ class PreparedLaunch:
         src = (
             "def run(stream, P, S=None, grid=None):\n"
             f"    a = ({run_src})\n"
-            "    _ck.run(_grid[0], _grid[1], _grid[2], stream, _fn, _meta,\n"
-            "            _ck.launch_metadata(_grid, stream, *a),\n"
+            "    g = _grid if grid is None else grid\n"
+            "    _ck.run(g[0], g[1], g[2], stream, _fn, _meta,\n"
+            "            _ck.launch_metadata(g, stream, *a),\n"
             "            _rt.launch_enter_hook, _rt.launch_exit_hook, *a)\n"
         )
         if direct is not None:
             go = direct[0] if raw is None else raw  # (the C launch inside descriptor handling)
             ns.update(_go=go, _coop=bool(direct[1]), _pdl=bool(direct[2]))
             src += (
-                "def fast(stream, P):\n"
-                f"    _go({g[0]}, {g[1]}, {g[2]}, stream, _fn, _coop, _pdl, None, None, _meta, "
+                "def fast(stream, P, g=_grid):\n"
+                "    _go(g[0], g[1], g[2], stream, _fn, _coop, _pdl, None, None, _meta, "
                 f"None, None, None, {', '.join(fast_parts)})\n"
             )
         name = getattr(ck, "name", "kernel")

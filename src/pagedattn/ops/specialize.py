@@ -10,12 +10,13 @@ lanes or scale the row index of single-element loads, so one binary serves them 
 
 - `STEP_INTS`: the request count and the lookup tables' row strides;
 - `INDEX_VIEWS`: the index tensors read one element at a time (page ids, row offsets, cache
-  lengths), which may be views at any element offset.
+  lengths, the query rows' offsets: a mixed step's prefill part reads q_row_offsets[D:]),
+  which may be views at any element offset.
 """
 
 STEP_INTS = ("batch", "stride_klut", "stride_vlut")
 STORE_INTS = ("batch", "stride_lut", "stride_lut2")
-INDEX_VIEWS = ("K_lut", "V_lut", "K_off", "V_off", "cache_lens")
+INDEX_VIEWS = ("K_lut", "V_lut", "K_off", "V_off", "cache_lens", "q_offsets")
 
 
 def request_block(batch: int) -> int:

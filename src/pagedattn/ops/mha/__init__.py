@@ -11,12 +11,14 @@ CUDA-graph safe) and dispatches with `ops.dispatch.choose_backend`: the Triton k
 to guard. Every bad argument, a call that does not bind included, raises
 `InvalidArgumentError` naming it before anything is written.
 
-Host path: a decode call on the Triton backend is validated and planned once per call
-signature (`triton_mha.PreparedMHA`, `ops.prepared`): a later call of the same signature (the
-same shapes, strides, dtypes, devices, operand formats, mask, scale, flags and environment;
-any tensors) skips the checks and the plan and launches the frozen kernels with its own
-tensors. A call whose signature never validated takes the full path, so bad arguments raise
-exactly as without the cache; `triton_mha.mha_triton` is the same op without it.
+Host path: a call on the Triton backend (decode, prefill, a mixed step's two parts, with or
+without a step plan) is validated and planned once per call signature
+(`triton_mha.PreparedMHA`, `ops.prepared`): a later call of the same signature (the same
+shapes, strides, dtypes, devices, operand formats, mask, scale, flags, num_decodes, whether a
+plan is given, and environment; any tensors, any step plan) skips the checks and the plan
+and launches the frozen kernels with its own tensors (and its step plan's buffer). A call
+whose signature never validated takes the full path, so bad arguments raise exactly as
+without the cache; `triton_mha.mha_triton` is the same op without it.
 """
 
 from __future__ import annotations
@@ -244,49 +246,14 @@ def mha(
     hit = MISS
     if plan is not None and not isinstance(plan, StepPlan):
         raise InvalidArgumentError(f"plan: expected a StepPlan or None, got {type(plan).__name__}")
-    if num_decodes is not None or plan is not None:  # the full path (`_mixed`)
-        return _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
-                      backend, num_decodes, compiling, plan)  # fmt: skip
     if _prepared is not None and not compiling:
         hit = _prepared(
-            q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend
-        )
+            q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend,
+            num_decodes, plan,
+        )  # fmt: skip
         if hit is not MISS and hit is not UNPREPARED:
             return hit
     given_mask = mask
-    mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
-    kwargs = dict(
-        mask=mask,
-        scale=scale,
-        sinks=sinks,
-        num_partitions=num_partitions,
-        return_lse=return_lse,
-        out=out,
-    )
-    if compiling:
-        from ..compiled import mha_compiled
-
-        if scale is None:
-            kwargs["scale"] = 1.0 / math.sqrt(q.shape[-1])
-        return mha_compiled(q, k, v, q_row_offsets, backend=backend, **kwargs)
-    if choose_backend(q.device, backend) == "triton":
-        from .triton_mha import PREPARED, mha_triton
-
-        if hit is UNPREPARED:
-            return mha_triton(q, k, v, q_row_offsets, **kwargs)
-        _prepared = PREPARED
-        return PREPARED.prepare(
-            q, k, v, q_row_offsets, given_mask, scale, sinks, num_partitions, return_lse, out,
-            backend, mask,
-        )  # fmt: skip
-    return mha_reference(q, k, v, q_row_offsets, **kwargs)
-
-
-def _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out, backend,
-           num_decodes, compiling, plan=None):  # fmt: skip
-    """`mha` with a `num_decodes` hint or a step's plan: checked, then the Triton path's one
-    or two launches (`triton_mha.mha_mixed_triton`, `mha_triton`) or, elsewhere, the
-    one-launch path (the reference checks the hint on the host)."""
     mask = _validate(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out)
     batch, total_q = q_row_offsets.shape[0] - 1, q.shape[0]
     check(
@@ -298,18 +265,22 @@ def _mixed(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_ls
     )  # fmt: skip
     kwargs = dict(mask=mask, scale=scale, sinks=sinks, num_partitions=num_partitions,
                   return_lse=return_lse, out=out)  # fmt: skip
-    if compiling:  # the hint is for the eager launcher
+    if compiling:  # (num_decodes and the plan are for the eager launcher)
         from ..compiled import mha_compiled
 
         if scale is None:
             kwargs["scale"] = 1.0 / math.sqrt(q.shape[-1])
         return mha_compiled(q, k, v, q_row_offsets, backend=backend, **kwargs)
     if choose_backend(q.device, backend) == "triton":
-        from .triton_mha import mha_mixed_triton, mha_triton
+        from .triton_mha import PREPARED, mha_mixed_triton
 
-        if num_decodes is None:
-            return mha_triton(q, k, v, q_row_offsets, plan=plan, **kwargs)
-        return mha_mixed_triton(q, k, v, q_row_offsets, num_decodes, plan=plan, **kwargs)
+        if hit is UNPREPARED:
+            return mha_mixed_triton(q, k, v, q_row_offsets, num_decodes or 0, plan=plan, **kwargs)
+        _prepared = PREPARED
+        return PREPARED.prepare(
+            q, k, v, q_row_offsets, given_mask, scale, sinks, num_partitions, return_lse, out,
+            backend, mask, num_decodes, plan,
+        )  # fmt: skip
     if num_decodes:
         head = q_row_offsets[: num_decodes + 1].tolist()
         check(

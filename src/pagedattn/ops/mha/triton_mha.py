@@ -52,6 +52,7 @@ from ..masks import MASK_CODES, Mask, causal
 from ..pdl import pdl_enabled
 from ..prepared import (
     MISS,
+    UNPREPARED,
     PreparedCache,
     PreparedLaunch,
     capturing,
@@ -85,7 +86,7 @@ from .triton_decode import _mha_decode_kernel
 from .triton_prefill import _mha_prefill_kernel
 from .triton_tiles import Q_BLOCK, Q_TENSOR, Q_TOKEN
 from .triton_worklist import host_item_count, worklist_combine_triton
-from .work_plan import plan_capacity
+from .work_plan import _plan_kernel, plan_capacity
 
 # masks whose rows see every key up to their own: the step's plan balances their decode launches
 PLANNED_MASKS = (MASK_CODES["null"], MASK_CODES["causal"])
@@ -242,14 +243,23 @@ def mha_mixed_triton(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """A mixed step whose first `num_decodes` requests have one query each (`mha`'s
     num_decodes): those on the decode kernel (its balanced work list: q rows 0 .. D - 1 over
-    requests 0 .. D - 1, `max_q_len` 1), the rest on the prefill kernel (q rows D.. over
-    requests D.., offsets rebased), both writing views of one `out` / LSE. A batch of only
-    decodes or only chunks is one launch as `mha_triton`. Other arguments: `mha_triton`'s."""
+    requests 0 .. D - 1, `max_q_len` 1), the rest on the prefill kernel (requests D.., whose
+    offsets q_row_offsets[D:] address q, out and the LSE from row 0: the prefill kernels map
+    their blocks from the offsets' differences), both writing one `out` / LSE. A batch of
+    only decodes or only chunks is one launch as `mha_triton`. Other arguments:
+    `mha_triton`'s."""
+    return _mixed_path(q, k, v, q_row_offsets, num_decodes, mask=mask, return_lse=return_lse,
+                       out=out, **kwargs)[0]  # fmt: skip
+
+
+def _mixed_path(q, k, v, q_row_offsets, num_decodes, *, mask, return_lse, out, **kwargs):
+    """`mha_mixed_triton`'s body: (its result, what each launch part ran)."""
     batch, total_q = q_row_offsets.shape[0] - 1, q.shape[0]
     d = int(num_decodes)
     if d == 0 or d >= batch:
-        return mha_triton(q, k, v, q_row_offsets, mask=mask, return_lse=return_lse, out=out,
-                          max_q_len=1 if d >= batch else None, **kwargs)  # fmt: skip
+        res, ran = _full_path(q, k, v, q_row_offsets, mask=mask, return_lse=return_lse, out=out,
+                              max_q_len=1 if d >= batch else None, **kwargs)  # fmt: skip
+        return res, [ran]
     mask = causal() if mask is None else mask
     if out is None:
         out = torch.empty((total_q, q.shape[1], v.head_dim), dtype=q.dtype, device=q.device)
@@ -258,20 +268,18 @@ def mha_mixed_triton(
         if return_lse
         else None
     )
-    parts = ((0, d, slice(0, d), q_row_offsets[: d + 1], 1),
-             (d, batch, slice(d, total_q), q_row_offsets[d:] - d, None))  # fmt: skip
-    for start, stop, rows, offs, max_q in parts:
-        m = mask
-        if mask.kind == "tensor":
-            m = dataclasses.replace(mask, tensor=mask.tensor[rows])
-        ks, vs = _select_pair(k, v, start, stop)
-        res = mha_triton(
-            q[rows], ks, vs, offs, mask=m, return_lse=return_lse, out=out[rows],
-            max_q_len=max_q, **kwargs,
-        )  # fmt: skip
-        if return_lse:
-            lse[rows] = res[1]
-    return (out, lse) if return_lse else out
+    ks, vs = _select_pair(k, v, 0, d)
+    m = dataclasses.replace(mask, tensor=mask.tensor[:d]) if mask.kind == "tensor" else mask
+    _, dec = _full_path(
+        q[:d], ks, vs, q_row_offsets[: d + 1], mask=m, return_lse=return_lse, out=out[:d],
+        lse_out=None if lse is None else lse[:d], max_q_len=1, **kwargs,
+    )  # fmt: skip
+    ks, vs = _select_pair(k, v, d, batch)
+    _, pre = _full_path(
+        q, ks, vs, q_row_offsets[d:], mask=mask, return_lse=return_lse, out=out, lse_out=lse,
+        rows=total_q - d, **kwargs,
+    )  # fmt: skip
+    return ((out, lse) if return_lse else out), [dec, pre]
 
 
 def _select_pair(k: RowOperand, v: RowOperand, start: int, stop: int):
@@ -290,14 +298,20 @@ def _select_pair(k: RowOperand, v: RowOperand, start: int, stop: int):
 
 @dataclass
 class _Ran:
-    """What one full-path call handed its kernels (for `PreparedMHA.prepare`): the plan (None
-    where nothing was launched), the outputs and the split-K partials (None unless split)."""
+    """What one full-path launch part handed its kernels (for `PreparedMHA.prepare`): the plan
+    (None where nothing was launched), the outputs and the split-K partials (None unless
+    split), the requests it covered, and for a balanced decode launch that asked the step's
+    plan: the `StepPlan.get` arguments (rows, block_n, target, min_blocks) and the buffer it
+    got (None: the kernels' own list)."""
 
     how: DecodePlan | PrefillPlan | Sm90PrefillPlan | None
     out: torch.Tensor
     lse: torch.Tensor | None
     po: torch.Tensor | None = None
     pl: torch.Tensor | None = None
+    rows: int = 0
+    plan_key: tuple[int, int, int, int] | None = None
+    plan_buf: torch.Tensor | None = None
 
 
 def _full_path(
@@ -306,17 +320,22 @@ def _full_path(
     v: RowOperand,
     q_row_offsets: torch.Tensor,
     *,
-    mask: Mask | None,
-    scale: float | None,
-    sinks: torch.Tensor | None,
-    num_partitions: int | torch.Tensor | None,
-    return_lse: bool,
-    out: torch.Tensor | None,
+    mask: Mask | None = None,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    num_partitions: int | torch.Tensor | None = None,
+    return_lse: bool = False,
+    out: torch.Tensor | None = None,
     max_q_len: int | None = None,
     config: MHATuning | None = None,
     plan: StepPlan | None = None,
+    lse_out: torch.Tensor | None = None,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], _Ran]:
-    """`mha_triton`'s body: (its result, what it ran)."""
+    """`mha_triton`'s body: (its result, what it ran). For `_mixed_path`: lse_out, the LSE to
+    write (return_lse) instead of a new one; rows, the q rows the requests cover where fewer
+    than q's (a prefill launch over requests whose offsets start past row 0: the grid's
+    bound)."""
     mask = causal() if mask is None else mask
     check(q.ndim == 3, "q", "a [total_q, h_q, d] tensor", tuple(q.shape))
     check(
@@ -359,9 +378,12 @@ def _full_path(
             f"a [{total_q}, {h_q}, {dv}] {q.dtype} tensor with a contiguous last dim",
             f"{tuple(out.shape)} {out.dtype}",
         )
-    lse = torch.empty((total_q, h_q), dtype=torch.float32, device=q.device) if return_lse else None
-    ran = _Ran(None, out, lse)
-    if total_q == 0 or batch == 0:
+    lse = lse_out
+    if return_lse and lse is None:
+        lse = torch.empty((total_q, h_q), dtype=torch.float32, device=q.device)
+    ran = _Ran(None, out, lse, rows=batch)
+    q_rows = total_q if rows is None else rows
+    if q_rows == 0 or batch == 0:
         return ((out, lse) if return_lse else out), ran
 
     if sinks is not None:
@@ -410,8 +432,10 @@ def _full_path(
         mma = mma_flags(cfg, prec, kcx, vcx)
         buf = None
         if balanced and plan is not None and mask.code in PLANNED_MASKS:
+            ran.plan_key = (batch, bn, how.target, how.min_blocks)
             buf, n_items = plan.get(ka.cache_lengths, batch, block_n=bn, target=how.target,
                                     min_blocks=how.min_blocks)  # fmt: skip
+            ran.plan_buf = buf
         if buf is not None:  # the step's plan: its items, or its capacity where not known
             # (on the CPU too: the interpreter runs the same exits as the GPU)
             items = bound = plan_capacity(batch, how.target) if n_items is None else n_items
@@ -463,8 +487,8 @@ def _full_path(
         elif split:
             combine_triton(po, pl, out, lse, sinks)
     elif isinstance(how, Sm90PrefillPlan):
-        _prefill_sm90(how, q, q_row_offsets, ka, va, dk, dv, h_q, group, block_b, mask, sinks,
-                      out, lse, sm_scale)  # fmt: skip
+        _prefill_sm90(how, q, q_rows, q_row_offsets, ka, va, dk, dv, h_q, group, block_b, mask,
+                      sinks, out, lse, sm_scale)  # fmt: skip
     else:
         assert isinstance(how, PrefillPlan)
         cfg, k_tma, v_tma = how.config, how.k_tma, how.v_tma
@@ -472,7 +496,7 @@ def _full_path(
         kv_args, kcx, vcx = _kv_pair_args(
             ka, va, dk, dv, bn if k_tma else None, bn if v_tma else None
         )
-        n_tiles = min(triton.cdiv(total_q, bm) + batch, total_q)
+        n_tiles = min(triton.cdiv(q_rows, bm) + batch, q_rows)
         launch(_mha_prefill_kernel, (n_tiles * h_q,),
             *q_head, *kv_args, *common_tail, *out_tail, sm_scale * LOG2E_F,
             H_Q=h_q, GROUP=group, DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_M=bm, BLOCK_N=bn,
@@ -488,14 +512,14 @@ def _full_path(
     return ((out, lse) if return_lse else out), ran
 
 
-def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, dk, dv, h_q, group, block_b,
-                  mask, sinks, out, lse, sm_scale) -> None:  # fmt: skip
+def _prefill_sm90(how: Sm90PrefillPlan, q, total_q, q_row_offsets, ka, va, dk, dv, h_q, group,
+                  block_b, mask, sinks, out, lse, sm_scale) -> None:  # fmt: skip
     """Launch `gluon_prefill_ws._mha_prefill_ws` or `gluon_prefill._mha_prefill_sm90` (the
-    grid and block order of the tl kernel) as `how` says. d_qk > d_v (the warp-specialized
-    kernel only, `selection.sm90_prefill_serves`): K's columns past d_v are a second
-    descriptor's boxes (KR, DR = d_qk - d_v)."""
+    grid and block order of the tl kernel) as `how` says, over the total_q rows the requests
+    cover. d_qk > d_v (the warp-specialized kernel only, `selection.sm90_prefill_serves`): K's
+    columns past d_v are a second descriptor's boxes (KR, DR = d_qk - d_v)."""
     cfg, ws, use_tma = how.config, how.ws, how.tma
-    total_q, batch = q.shape[0], q_row_offsets.shape[0] - 1
+    batch = q_row_offsets.shape[0] - 1
     bn = cfg.BLOCK_N
     d, dr = dv, dk - dv
     layout = nvmma_128b(2)
@@ -531,24 +555,25 @@ def _prefill_sm90(how: Sm90PrefillPlan, q, q_row_offsets, ka, va, dk, dv, h_q, g
 
 
 # --------------------------------------------------------------------------------------------
-# Prepared decode calls (`pagedattn.mha`'s host path; the mechanism is `ops.prepared`)
+# Prepared calls (`pagedattn.mha`'s host path; the mechanism is `ops.prepared`)
 # --------------------------------------------------------------------------------------------
 # The call's tensors a prepared launch takes its pointers from ("sources"), by index
 SOURCES = (
     "q", "q_row_offsets", "k.rows", "k.cache_lengths", "k.lut", "k.row_offsets", "k.scales",
     "v.rows", "v.cache_lengths", "v.lut", "v.row_offsets", "v.scales", "sinks", "mask.tensor",
-    "out", "lse", "partial_out", "partial_lse",
+    "out", "lse", "partial_out", "partial_lse", "step plan",
 )  # fmt: skip
-_OUT, _LSE, _PO, _PL = 14, 15, 16, 17
+_OUT, _LSE, _PO, _PL, _PLAN = 14, 15, 16, 17, 18
 _PL_ALIGN = 64  # float32 elements (256 bytes) between the partial outputs and LSEs
 
 
 def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
-               backend) -> tuple[tuple, list]:  # fmt: skip
+               backend, num_decodes=None, plan=None) -> tuple[tuple, list]:  # fmt: skip
     """(key, sources) of a `pagedattn.mha` call (`ops.prepared`): the key holds every
-    non-tensor value the op's checks and plan read; `_guarded(sources)` are the tensors whose
-    metadata the guard checks. Raises (AttributeError, TypeError, ...) for arguments it cannot
-    read: the caller then takes the full path, which reports them."""
+    non-tensor value the op's checks and plan read (the step plan's presence; its buffers
+    are the call's, `_PreparedCall`); `_guarded(sources)` are the tensors whose metadata the
+    guard checks. Raises (AttributeError, TypeError, ...) for arguments it cannot read: the
+    caller then takes the full path, which reports them."""
     kr, kc, kl, ko, ks = k.rows, k.cache_lengths, k.lut, k.row_offsets, k.scales
     vr, vc, vl, vo, vs = v.rows, v.cache_lengths, v.lut, v.row_offsets, v.scales
     if mask is None:
@@ -557,7 +582,7 @@ def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, retur
         mt = mask.tensor
         mk = (type(mask), mask.kind, mask.window, mask.chunk)
     src = [q, q_row_offsets, kr, kc, kl, ko, ks, vr, vc, vl, vo, vs, sinks, mt, out,
-           None, None, None]  # fmt: skip
+           None, None, None, None]  # fmt: skip
     key = (
         q.shape, type(k), k.page_size, k.page_stride_rows, k.quant_format,
         k.quantization_granularity, k.quantization_enabled, k.head_dim, k.num_heads, k.dtype,
@@ -567,7 +592,7 @@ def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, retur
         vr is kr, vc is kc, vl is kl, vo is ko, vs is ks,
         mk, mt is None, sinks is None, out is None, type(scale), scale,
         type(num_partitions), num_partitions, type(return_lse), return_lse, backend,
-        env_state(), current_device(q),
+        type(num_decodes), num_decodes, plan is None, env_state(), current_device(q),
     )  # fmt: skip
     if k.quant_format is not None or v.quant_format is not None:
         # the FP8 decode loop addresses V (and its scales) from K's when one storage holds both
@@ -585,20 +610,36 @@ def _guarded(src: list) -> tuple[int, ...]:
     )  # fmt: skip
 
 
-class _PreparedDecode:
-    """A decode call's frozen launches (the decode kernel and, where split, its combine) and
-    what each call allocates (`PreparedMHA`)."""
+class _PreparedCall:
+    """A call's frozen launches (in order: a decode part's kernel and its combine where split,
+    a prefill part's kernel) and what each call allocates or asks (`PreparedMHA`).
+
+    `grid_at`: the index of the balanced decode launch whose grid is the call's (-1: every grid
+    fixed): with a step plan whose buffer the launch reads (`plan_get`: `StepPlan.get`'s
+    arguments, `plan_buf`), the plan's item count (or its capacity, `cap`, where only the
+    device knows it) times `h_kv`; in Triton's interpreter without one (`host_grid`), the item
+    count of the host's lengths."""
 
     __slots__ = (
-        "decode", "combine", "inputs", "aligned", "device", "index", "out_shape", "dtype",
-        "lse_shape", "return_lse", "po_shape", "pl_shape", "po_numel", "pl_numel", "pl_off",
-        "ws_numel", "host_grid",
+        "launches", "inputs", "aligned", "device", "index", "out_shape", "dtype", "lse_shape",
+        "return_lse", "po_shape", "pl_shape", "po_numel", "pl_numel", "pl_off", "ws_numel",
+        "grid_at", "plan_get", "plan_buf", "cap", "h_kv", "host_grid", "fast",
     )  # fmt: skip
 
-    def __call__(self, src: list):
-        """The call's result, or MISS where a pointer's 16-byte alignment differs from the
-        prepared call's (Triton specialized on it)."""
-        P = [0] * 18
+    def __call__(self, src: list, plan: StepPlan | None = None):
+        """The call's result, or MISS where a pointer's 16-byte residue differs from the
+        prepared call's (Triton specialized on it) or the step plan's answer is of the other
+        kind (a buffer, or the kernels' own list) than the prepared launch's."""
+        P = [0] * 19
+        grid = None
+        if self.plan_get is not None:
+            rows, bn, target, min_blocks = self.plan_get
+            buf, n = plan.get(src[3], rows, block_n=bn, target=target, min_blocks=min_blocks)
+            if (buf is not None) != self.plan_buf:
+                return MISS
+            if buf is not None:
+                src[_PLAN] = buf
+                grid = ((self.cap if n is None else n) * self.h_kv, 1, 1)
         acc = 0
         for i in self.inputs:
             p = P[i] = src[i].data_ptr()
@@ -607,7 +648,7 @@ class _PreparedDecode:
         if aligned is True:
             if acc & 15:
                 return MISS
-        elif tuple(P[i] & 15 == 0 for i in self.inputs) != aligned:
+        elif tuple(P[i] & 15 for i in self.inputs) != aligned:
             return MISS
         dev, index = self.device, self.index
         out = src[_OUT]
@@ -619,7 +660,6 @@ class _PreparedDecode:
             lse = src[_LSE] = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
             P[_LSE] = lse.data_ptr()
         stream = current_stream(index)
-        d, c = self.decode, self.combine
         if self.ws_numel:
             if capturing(index):  # fresh buffers: the graph's private pool owns them
                 po = src[_PO] = torch.empty(self.po_shape, dtype=torch.float32, device=dev)
@@ -628,35 +668,37 @@ class _PreparedDecode:
             else:
                 w, base = workspace(dev, stream, self.ws_numel)
                 P[_PO], P[_PL] = base, base + 4 * self.pl_off
-                if not d.compiled:
+                if not self.fast:
                     src[_PO] = w[: self.po_numel].view(self.po_shape)
                     src[_PL] = w[self.pl_off : self.pl_off + self.pl_numel].view(self.pl_shape)
-        if d.fast is not None and (c is None or c.fast is not None) and hooks_idle():
-            d.fast(stream, P)
-            if c is not None:
-                c.fast(stream, P)
+        at = self.grid_at
+        if self.fast and hooks_idle():
+            for j, x in enumerate(self.launches):
+                if j == at and grid is not None:
+                    x.fast(stream, P, grid)
+                else:
+                    x.fast(stream, P)
         else:
-            grid = None
-            if self.host_grid is not None:  # Triton's interpreter: the host's lengths
-                h_kv, mask_code, mask_param, block_n, target, min_blocks = self.host_grid
+            if at >= 0 and grid is None and self.host_grid is not None:
+                # Triton's interpreter: the host's lengths
+                h_kv, rows, mask_code, mask_param, block_n, target, min_blocks = self.host_grid
                 items = host_item_count(
-                    src[3], src[1], mask_code, mask_param, block_n=block_n, target=target,
-                    min_blocks=min_blocks,
+                    src[3][:rows], src[1][: rows + 1], mask_code, mask_param, block_n=block_n,
+                    target=target, min_blocks=min_blocks,
                 )  # fmt: skip
                 grid = (items * h_kv,)
-            d.run(stream, P, src, grid)
-            if c is not None:
-                c.run(stream, P, src)
+            for j, x in enumerate(self.launches):
+                x.run(stream, P, src, grid if j == at else None)
         return (out, lse) if self.return_lse else out
 
 
 class PreparedMHA:
-    """`pagedattn.mha`'s prepared calls (`ops.prepared`): decode calls (every request one
-    query: the decode kernel and its split-K combine), keyed by `_signature`. A call of any
-    other plan (prefill, chunked prefill), or whose launches cannot be prepared (an argument
-    the launcher copies: a q, mask tensor or sinks that is not contiguous; two arguments
-    sharing memory; TMA descriptors), keeps the full path: its signature is stored as
-    UNPREPARED so that it is not prepared again.
+    """`pagedattn.mha`'s prepared calls (`ops.prepared`): every plan (decode with its split-K
+    or balanced combine, prefill and chunked prefill, a mixed step's two parts, with or
+    without a step plan), keyed by `_signature`. A call whose launches cannot be prepared (an
+    argument the launcher copies: a q, mask tensor or sinks that is not contiguous; two
+    arguments sharing memory) keeps the full path: its signature is stored as UNPREPARED so
+    that it is not prepared again.
 
     `__call__(...)` (the lookup, `mha`'s arguments): the result of a hit, or MISS /
     UNPREPARED. `prepare(...)`: the full path of a validated call, prepared on the way.
@@ -667,85 +709,118 @@ class PreparedMHA:
         self.cache = PreparedCache(capacity, per_key)
 
     def __call__(self, q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse,
-                 out, backend):  # fmt: skip
+                 out, backend, num_decodes=None, plan=None):  # fmt: skip
         try:
             key, src = _signature(
                 q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
-                backend,
+                backend, num_decodes, plan,
             )  # fmt: skip
+            cands = self.cache.candidates(key)
         except Exception:  # arguments the signature cannot read: the full path reports them
             return MISS
-        return self.cache.lookup(key, src)
+        if cands is None:
+            return MISS
+        for guard, pick, entry in cands:
+            if guard.check(*pick(src)):
+                if entry is None:
+                    return UNPREPARED
+                r = entry(src, plan)
+                if r is not MISS:
+                    return r
+        return MISS
 
     def prepare(self, q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse,
-                out, backend, resolved_mask: Mask):  # fmt: skip
-        """`mha_triton`'s full path for a call `mha` validated (mask: as the caller gave it,
-        resolved_mask: None resolved to causal), its launches prepared and stored."""
+                out, backend, resolved_mask: Mask, num_decodes=None, plan=None):  # fmt: skip
+        """The Triton full path (`mha_triton`, or `mha_mixed_triton` with num_decodes) of a
+        call `mha` validated (mask: as the caller gave it, resolved_mask: None resolved to
+        causal), its launches prepared and stored."""
         kwargs = dict(
             mask=resolved_mask, scale=scale, sinks=sinks, num_partitions=num_partitions,
-            return_lse=return_lse, out=out,
+            return_lse=return_lse, out=out, plan=plan,
         )  # fmt: skip
         try:
             key, src = _signature(
                 q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
-                backend,
+                backend, num_decodes, plan,
             )  # fmt: skip
             guarded = guard_call(key, src, _guarded(src))
         except Exception:  # (not expected of a validated call) not prepared
             guarded = None
+        nd = 0 if num_decodes is None else num_decodes
         if guarded is None:
-            return _full_path(q, k, v, q_row_offsets, **kwargs)[0]
+            return _mixed_path(q, k, v, q_row_offsets, nd, **kwargs)[0]
         guard, pick = guarded
         with recording() as made:
-            res, ran = _full_path(q, k, v, q_row_offsets, **kwargs)
-        expected = _expected_launches(ran.how)
-        if expected < 0:  # nothing launched (an empty batch), or not a decode plan
+            res, rans = _mixed_path(q, k, v, q_row_offsets, nd, **kwargs)
+        made = [m for m in made if m.kernel is not _plan_kernel]  # (the step plan's own)
+        expected = sum(_expected_launches(r.how) for r in rans)
+        if expected == 0:  # nothing launched (an empty batch)
             self.cache.store(key, guard, pick, None)
         elif len(made) == expected:  # (fewer: an offline capture replaced `launch`)
-            out_given = out is not None
-            src[_OUT], src[_LSE], src[_PO], src[_PL] = ran.out, ran.lse, ran.po, ran.pl
-            entry = _prepare_decode(made, src, ran, out_given, q, resolved_mask)
+            outs = res if return_lse else (res, None)
+            entry = _prepare_call(made, src, rans, outs, out is not None, resolved_mask)
             self.cache.store(key, guard, pick, entry)
         return res
 
 
 def _expected_launches(how) -> int:
-    """The launches a full path of plan `how` makes through `ops.launch.launch`; -1 where
-    none is prepared (no plan: nothing launched; a prefill plan)."""
-    if not isinstance(how, DecodePlan):
-        return -1
-    return 2 if how.target > 0 or how.num_partitions > 1 else 1
+    """The launches a full-path part of plan `how` makes through `ops.launch.launch`."""
+    if how is None:
+        return 0
+    if isinstance(how, DecodePlan):
+        return 2 if how.target > 0 or how.num_partitions > 1 else 1
+    return 1
 
 
-def _prepare_decode(made, src: list, ran: _Ran, out_given: bool, q: torch.Tensor, mask: Mask):
-    """The `_PreparedDecode` of a decode call's recorded launches `made` (src: the call's
-    sources, its outputs and partials included), or None where they cannot be prepared."""
-    launches = [PreparedLaunch.build(m, src) for m in made]
+def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mask: Mask):
+    """The `_PreparedCall` of a call's recorded launches `made` (src: the call's sources;
+    rans: what each part ran; outs: the call's (out, LSE or None)), or None where they cannot
+    be prepared."""
+    out, lse = outs
+    src[_OUT], src[_LSE] = out, lse
+    dec = next((r for r in rans if isinstance(r.how, DecodePlan)), None)
+    if dec is not None and dec.po is not None:
+        src[_PO], src[_PL] = dec.po, dec.pl
+    plan_buf = dec is not None and dec.plan_buf is not None
+    if plan_buf:  # the buffer the full path's launch read
+        src[_PLAN] = dec.plan_buf
+    launches = [PreparedLaunch.build(m, src, descriptors=True) for m in made]
     if any(p is None for p in launches) or len({p.compiled for p in launches}) != 1:
         return None
-    e = _PreparedDecode()
-    e.decode = launches[0]
-    e.combine = launches[1] if len(launches) > 1 else None
+    e = _PreparedCall()
+    e.launches = tuple(launches)
+    e.fast = all(p.fast is not None for p in launches)
     fresh = {_LSE, _PO, _PL} | (set() if out_given else {_OUT})
     e.inputs = tuple(sorted(set().union(*(p.sources for p in launches)) - fresh))
-    flags = tuple(src[i].data_ptr() & 15 == 0 for i in e.inputs)
-    e.aligned = True if all(flags) else flags
+    e.aligned = tuple(src[i].data_ptr() & 15 for i in e.inputs)
+    if not any(e.aligned):
+        e.aligned = True
+    q = src[0]
     e.device, e.index = q.device, current_device(q)
-    e.out_shape, e.dtype = tuple(ran.out.shape), ran.out.dtype
-    e.return_lse = ran.lse is not None
-    e.lse_shape = tuple(ran.lse.shape) if ran.lse is not None else None
+    e.out_shape, e.dtype = tuple(out.shape), out.dtype
+    e.return_lse = lse is not None
+    e.lse_shape = tuple(lse.shape) if lse is not None else None
     e.po_shape = e.pl_shape = None
     e.po_numel = e.pl_numel = e.pl_off = e.ws_numel = 0
-    if ran.po is not None:
-        e.po_shape, e.pl_shape = tuple(ran.po.shape), tuple(ran.pl.shape)
-        e.po_numel, e.pl_numel = ran.po.numel(), ran.pl.numel()
+    e.grid_at, e.plan_get, e.plan_buf, e.cap, e.host_grid = -1, None, False, 0, None
+    e.h_kv = src[2].shape[1]
+    if dec is None:
+        return e
+    how = dec.how
+    if dec.po is not None:
+        e.po_shape, e.pl_shape = tuple(dec.po.shape), tuple(dec.pl.shape)
+        if plan_buf:  # the plan's capacity: its item count varies with the lengths
+            e.cap = plan_capacity(dec.rows, how.target)
+            e.po_shape, e.pl_shape = (e.cap,) + e.po_shape[1:], (e.cap,) + e.pl_shape[1:]
+        e.po_numel, e.pl_numel = math.prod(e.po_shape), math.prod(e.pl_shape)
         e.pl_off = -(-e.po_numel // _PL_ALIGN) * _PL_ALIGN
         e.ws_numel = e.pl_off + e.pl_numel
-    how = ran.how
-    e.host_grid = None
-    if how.target > 0 and not e.decode.compiled:
-        e.host_grid = (src[2].shape[1], mask.code, mask.param, how.config.BLOCK_N, how.target,
-                       how.min_blocks)  # fmt: skip
+    if how.target > 0:
+        e.grid_at = 0  # the decode part launches first
+        e.plan_get, e.plan_buf = dec.plan_key, plan_buf
+        if not plan_buf and not launches[0].compiled:
+            e.host_grid = (e.h_kv, dec.rows, mask.code, mask.param, how.config.BLOCK_N,
+                           how.target, how.min_blocks)  # fmt: skip
     return e
 
 
