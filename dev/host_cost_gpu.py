@@ -1,8 +1,8 @@
 """Host cost of one eager decode call on the GPU machine, MHA and MLA: the public op (prepared
 calls, `ops.prepared`) against its full path, and FlashInfer's run() on the same shapes.
 
-    . dev/probe_env.sh && python dev/host_cost_gpu.py [--calls 200] [--rounds 5] [--op mha|step|mla]
-        [--quick]
+    . dev/probe_env.sh && python dev/host_cost_gpu.py [--calls 200] [--rounds 5]
+        [--op mha|step|fused|mla] [--quick]
 
 MHA (`pagedattn.mha` against `mha_triton`, torch SDPA and FlashInfer's
 BatchDecodeWithPagedKVCacheWrapper.run()): the suite's host-cost case (bench/bench_real.py
@@ -297,6 +297,68 @@ def step_main(a) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# The small ops a layer calls (their launch is their host path: `prepared.cached_launch`)
+# --------------------------------------------------------------------------------------------
+def fused_main(a) -> list[str]:
+    """Wall time of the public small ops an engine layer calls (Llama-3.2-1B widths, 64
+    tokens: rms_norm with and without a residual, rope_qkv, silu_mul, store_kv), each through
+    `prepared.cached_launch` and through `ops.launch.launch` (the ops' module attribute
+    swapped), rows alternating within a round; first, the two give the same bytes. Returns
+    the failures."""
+    from pagedattn.ops import launch as L
+    from pagedattn.ops.fused import rms_norm, rope_qkv, silu_mul
+    from pagedattn.ops.fused import triton_fused as TF
+    from pagedattn.ops.store_kv import triton_store as TS
+
+    bf, T, Hd = torch.bfloat16, 64, 2048
+    p = KVCacheParams(bf, 2, 8, 64, PAGE, num_q_heads=32, devices=["cuda"])
+    pc = make_paged_cache(p, [500] * T, [1] * T, device="cuda",
+                          generator=torch.Generator().manual_seed(0))  # fmt: skip
+    offs = ragged_offsets([1] * T, "cuda")
+    x, r = torch.randn(T, Hd, device="cuda").to(bf), torch.randn(T, Hd, device="cuda").to(bf)
+    w = torch.randn(Hd, device="cuda").to(bf)
+    qkv = torch.randn(T, 48 * 64, device="cuda").to(bf)
+    cs = torch.randn(T, 32, device="cuda").to(bf)
+    gu = torch.randn(T, 2 * 8192, device="cuda").to(bf)
+    kn = torch.randn(T, 8, 64, device="cuda").to(bf)
+    ops = {
+        "rms_norm": lambda: rms_norm(x, w, 1e-5),
+        "rms_norm + residual": lambda: rms_norm(x, w, 1e-5, r),
+        "rope_qkv": lambda: rope_qkv(qkv, cs, cs, 32, 8),
+        "silu_mul": lambda: silu_mul(gu),
+        "store_kv": lambda: store_kv(kn, kn, pc.inputs, p, 1, offs),
+    }
+    cached = TF.cached_launch
+
+    def plain(on: bool) -> None:
+        TF.cached_launch = TS.cached_launch = L.launch if on else cached
+
+    failures = []
+    for name, fn in ops.items():
+        if name == "store_kv":
+            continue
+        plain(True)
+        want = fn()
+        plain(False)
+        got = fn()
+        if not bitwise_equal(got, want):
+            failures.append(f"{name}: the cached launch differs from launch")
+    best = {(n, m): math.inf for n in ops for m in ("cached", "launch")}
+    for fn in ops.values():
+        for _ in range(20):
+            fn()
+    for _ in range(a.rounds):
+        for n, fn in ops.items():
+            for m in ("cached", "launch"):
+                plain(m == "launch")
+                best[n, m] = min(best[n, m], wall_us(fn, a.calls))
+    plain(False)
+    for n in ops:
+        print(f"{n:22s} cached_launch {best[n, 'cached']:7.1f}  launch {best[n, 'launch']:7.1f}")
+    return failures
+
+
+# --------------------------------------------------------------------------------------------
 # MLA
 # --------------------------------------------------------------------------------------------
 MLA_D_QK, MLA_D_V, MLA_CTX, MLA_TOPK = 576, 512, 1024, 256
@@ -583,7 +645,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--op", choices=("mha", "step", "mla", "all"), default="all")
+    ap.add_argument("--op", choices=("mha", "step", "fused", "mla", "all"), default="all")
     quick = "MLA: check the h_q 16 BF16 cases only (fewer kernels to compile)"
     ap.add_argument("--quick", action="store_true", help=quick)
     a = ap.parse_args()
@@ -600,6 +662,8 @@ def main() -> None:
         failures += mha_main(a, fi)
     if a.op in ("step", "all"):
         failures += step_main(a)
+    if a.op in ("fused", "all"):
+        failures += fused_main(a)
     if a.op in ("mla", "all"):
         failures += mla_main(a, fi)
     if failures:

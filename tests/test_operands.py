@@ -140,3 +140,27 @@ def test_operand_errors():
         pa.RaggedOperand(torch.zeros(4, 1, 2), torch.tensor([0, 4]))
     with pytest.raises(InvalidArgumentError, match="quantization"):
         pa.ScalesOperand(cache.inputs, p, 0)
+
+
+def test_paged_rows_are_memoized_per_blocks_tensor():
+    """A layer's row view is made once per blocks tensor (the engine builds every layer's
+    operands each step): the same view object again, equal to a fresh one; a new storage
+    under the same tensor gets a new view; the memo lets the blocks tensor go."""
+    import gc
+
+    from pagedattn import operands as O
+
+    b = torch.randn(3, 2, 2, 4, 2, 8)
+    r1, r2 = O._paged_rows(b, 1, 1), O._paged_rows(b, 1, 1)
+    fresh = O._paged_rows_view(b, 1, 1)
+    assert r1 is r2 and r1[1] == fresh[1]
+    assert r1[0].data_ptr() == fresh[0].data_ptr() and r1[0].stride() == fresh[0].stride()
+    b.view(-1)[37] = 1234.0
+    assert torch.equal(r1[0], fresh[0])
+    b.set_(torch.randn(3, 2, 2, 4, 2, 8))  # a new storage under the same tensor object
+    r3 = O._paged_rows(b, 1, 1)
+    assert r3[0].data_ptr() == O._paged_rows_view(b, 1, 1)[0].data_ptr() != r1[0].data_ptr()
+    i = id(b)
+    del b, r1, r2, r3, fresh
+    gc.collect()
+    assert i not in O._ROWS

@@ -17,6 +17,7 @@ tokens reads `cache_length(b) + q_len(b)` keys (the new tokens' K/V are written 
 from __future__ import annotations
 
 import copy
+import weakref
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -324,8 +325,44 @@ def load_model1_rows(
     return mla_formats.unpack_model1_tokens(data[page, off], trailer[page, off], out_dtype)
 
 
+# id(blocks tensor) -> (a weak reference to it, {(kv_idx, layer, data pointer, shape, strides):
+# (rows view, page stride)}): an engine builds each layer's operands every step (store_kv's and
+# mha's: 4 a layer, ~20 us each of host time on the H200 host, most of it the indexing and
+# as_strided below); an entry goes when its blocks tensor does, and the key's pointer, shape
+# and strides keep a view from outliving a change of the blocks' storage. (Keyed by id, not a
+# WeakKeyDictionary: its lookups compare tensors with ==.)
+_ROWS: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _forget(i: int, r: weakref.ref) -> None:
+    if _ROWS.get(i, (None,))[0] is r:
+        del _ROWS[i]
+
+
 def _paged_rows(blocks: torch.Tensor, kv_idx: int, layer: int) -> tuple[torch.Tensor, int]:
     """[P, kv_dim, L, page, H, D] -> ([P*kv_dim*L*page - offset, H, D] row view, page stride)."""
+    i = id(blocks)
+    entry = _ROWS.get(i)
+    if entry is None or entry[0]() is not blocks:
+        try:
+            r = weakref.ref(blocks, lambda r, i=i: _forget(i, r))
+        except TypeError:  # (not weak-referenceable)
+            return _paged_rows_view(blocks, kv_idx, layer)
+        entry = _ROWS[i] = (r, {})
+    memo = entry[1]
+    key = (kv_idx, layer, blocks.data_ptr(), blocks.shape, blocks.stride())
+    got = memo.get(key)
+    if got is None:
+        rows, stride = _paged_rows_view(blocks, kv_idx, layer)
+        # the same view over the storage alone (a view's `_base` would keep `blocks` alive)
+        alone = rows.new_empty(0).set_(
+            rows.untyped_storage(), rows.storage_offset(), rows.shape, rows.stride()
+        )
+        got = memo[key] = (alone, stride)
+    return got
+
+
+def _paged_rows_view(blocks: torch.Tensor, kv_idx: int, layer: int) -> tuple[torch.Tensor, int]:
     P, kv_dim, L, page, H, D = blocks.shape
     page_stride_rows = kv_dim * L * page
     base = blocks[0, kv_idx, layer]  # [page, H, D], data_ptr at the right offset

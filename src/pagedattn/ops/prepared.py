@@ -73,7 +73,7 @@ from typing import Any
 
 import torch
 
-from .launch import Launched, _fast_path
+from .launch import _RECORD, Launched, _fast_path, launch, recording
 
 try:
     from triton import knobs
@@ -697,6 +697,81 @@ class PreparedLaunch:
         name = getattr(ck, "name", "kernel")
         exec(compile(src, f"<prepared launch of {name}>", "exec"), ns)
         return cls(ns["run"], tuple(sorted(used)), True, kernel, grid, ns.get("fast"))
+
+
+# --------------------------------------------------------------------------------------------
+# Cached launches (small ops: the launch is the op's whole host path)
+# --------------------------------------------------------------------------------------------
+_LAUNCHES: OrderedDict = OrderedDict()  # launch key -> PreparedLaunch, or None (not preparable)
+MAX_LAUNCHES = 512
+
+
+def _launch_key(kernel: Any, args: tuple, kwargs: dict, tensors: list) -> tuple | None:
+    """The key of a launch (every value Triton specializes on and a frozen launch inlines):
+    the kernel, the current CUDA device, each non-tensor argument's type and value, each
+    tensor's dtype and 16-byte residue (its pointer is the call's: appended to `tensors`);
+    None where an argument is another object (a descriptor, a tuple)."""
+    key: list = [kernel, _cuda_device()]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            tensors.append(a)
+            key.append((a.dtype, a.data_ptr() & 15))
+        elif a is None or type(a) in (int, float, bool, str):
+            key.append((type(a), a))
+        else:
+            return None
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            key.append((k, v.dtype, v.data_ptr() & 15))
+        elif v is None or type(v) in (int, float, bool, str):
+            key.append((k, type(v), v))
+        else:
+            return None
+    return tuple(key)
+
+
+def cached_launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> None:
+    """`ops.launch.launch(kernel, grid, *args, **kwargs)` through a frozen launch per key
+    (`_launch_key`: the kernel, the device, every int / float / bool / str / None argument's
+    value, every tensor's dtype and 16-byte residue): the first launch of a key runs `launch`
+    and freezes it (`PreparedLaunch`), later ones hand the compiled launcher the tensors'
+    pointers and the call's grid, skipping Triton's binder. For ops whose launch is their
+    host path (the fused layer ops, `store_kv`): no per-op key to write, and one that is
+    right by construction, since everything a launch inlines is in it. `launch` itself runs
+    where the kernel is not compiled (Triton's interpreter), while `ops.launch.recording` is
+    active (a prepared op records its launches), while a Triton launch hook is registered,
+    and for a key whose launch cannot be frozen (scratch memory, an object argument). At
+    most MAX_LAUNCHES keys are kept (the oldest dropped)."""
+    if (
+        not _fast_path(kernel, grid)
+        or getattr(_RECORD, "launches", None) is not None
+        or not hooks_idle()
+    ):
+        launch(kernel, grid, *args, **kwargs)
+        return
+    tensors: list = []
+    key = _launch_key(kernel, args, kwargs, tensors)
+    if key is None:
+        launch(kernel, grid, *args, **kwargs)
+        return
+    e = _LAUNCHES.get(key, MISS)
+    if e is MISS:
+        with recording() as made:
+            launch(kernel, grid, *args, **kwargs)
+        e = None
+        if len(made) == 1 and made[0].compiled is not None:
+            e = PreparedLaunch.build(made[0], tensors)
+            e = e if e is not None and e.fast is not None else None
+        _LAUNCHES[key] = e
+        while len(_LAUNCHES) > MAX_LAUNCHES:
+            _LAUNCHES.popitem(last=False)
+        return
+    if e is None:
+        launch(kernel, grid, *args, **kwargs)
+        return
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    e.fast(_cuda_stream(key[1]), [t.data_ptr() for t in tensors], g)
 
 
 # --------------------------------------------------------------------------------------------

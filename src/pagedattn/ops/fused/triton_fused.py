@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..prepared import cached_launch
+
 
 @triton.jit
 def _rms_norm_kernel(X, R, W, OUT, ROUT, H, sx, sr, so, sro, eps,
@@ -40,7 +42,8 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_first=False):
         return out if residual is None else (out, rout)
     r = residual if residual is not None else x
     block = triton.next_power_of_2(H)
-    _rms_norm_kernel[(T,)](
+    cached_launch(
+        _rms_norm_kernel, (T,),
         x, r, weight, out, rout, H, x.stride(0), r.stride(0), out.stride(0), rout.stride(0),
         float(eps), HAS_RES=residual is not None, WEIGHT_FIRST=weight_first, BLOCK=block,
         num_warps=min(16, max(1, block // 256)),
@@ -98,7 +101,8 @@ def rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm=None, k_norm=None, eps=0.0)
     norm = q_norm is not None
     qn = q_norm if norm else cos
     kn = k_norm if norm else cos
-    _rope_qkv_kernel[(T, h_q + 2 * h_kv)](
+    cached_launch(
+        _rope_qkv_kernel, (T, h_q + 2 * h_kv),
         qkv, cos, sin, qn, kn, q, k, v, qkv.stride(0), cos.stride(0), sin.stride(0),
         h_q, h_kv, float(eps), D=d, NORM=norm, num_warps=1 if d <= 128 else 2,
     )  # fmt: skip
@@ -123,7 +127,8 @@ def silu_mul_triton(gate_up):
     if T == 0:
         return out
     block = min(2048, triton.next_power_of_2(inter))
-    _silu_mul_kernel[(T, triton.cdiv(inter, block))](
+    cached_launch(
+        _silu_mul_kernel, (T, triton.cdiv(inter, block)),
         gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=block,
         num_warps=max(1, min(8, block // 256)),
     )  # fmt: skip

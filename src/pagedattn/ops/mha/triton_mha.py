@@ -24,9 +24,10 @@ to bf16 in registers (exact for e8m0 scales; float32 scales round like a bf16 ca
 config sets kv_lo).
 
 Prepared calls (`PreparedMHA`, `PREPARED`; the mechanism is `ops.prepared`): `pagedattn.mha`
-validates and plans a decode call once per signature and then launches the frozen decode
-kernel and combine with each call's tensors (host cost: docs/kernels/launch.md).
-`mha_triton` itself always takes the full path.
+validates and plans a call once per signature (any plan: decode and its combine, prefill, a
+mixed step's two parts, with a step plan) and then launches the frozen kernels with each
+call's tensors (host cost: docs/kernels/launch.md). `mha_triton` and `mha_mixed_triton`
+themselves always take the full path.
 
 Tuning: `config=` (`selection.MHATuning`) and `PAGEDATTN_MHA_TUNING` override fields of the
 selected configs (development). No host sync and no data-dependent allocation: safe under
@@ -219,8 +220,8 @@ def mha_triton(
       deriving one wave of items in every program.
     Returns out [total_q, h_q, d_v] in q.dtype, and LSE [total_q, h_q] f32 if return_lse.
 
-    This is the full path of every call (`pagedattn.mha` keeps prepared decode calls,
-    `PreparedMHA`; this function never reads or fills that cache).
+    This is the full path of every call (`pagedattn.mha` keeps prepared calls, `PreparedMHA`;
+    this function never reads or fills that cache).
     """
     return _full_path(
         q, k, v, q_row_offsets, mask=mask, scale=scale, sinks=sinks,

@@ -29,8 +29,8 @@ import triton.language as tl
 
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
-from ..launch import launch
 from ..mha.triton_tiles import find_request
+from ..prepared import cached_launch
 from ..specialize import STORE_INTS, request_block
 
 install_interpreter_shim()
@@ -274,7 +274,7 @@ def store_kv_triton(
         v_args, vcx = _op_args(v_cache, v_new)
     else:
         v_args, vcx = k_args, kcx
-    launch(
+    cached_launch(
         _store_kv_kernel,
         (total,),
         *k_args,
