@@ -15,7 +15,6 @@ in Triton's interpreter (TRITON_INTERPRET=1), so these tests run the hit path en
 
 from __future__ import annotations
 
-import inspect
 import os
 from operator import itemgetter
 
@@ -26,7 +25,12 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # CPU CI: before triton is imported
 
 from bad_inputs import assert_rejected, tensor_variants  # noqa: E402
-from prepared_fixtures import count_full_paths, fresh_prepared  # noqa: E402
+from prepared_fixtures import (  # noqa: E402
+    assert_launched_as,
+    count_full_paths,
+    fresh_prepared,
+    recording_build,
+)
 
 from pagedattn import DenseOperand, KVCacheParams, PagedOperand  # noqa: E402
 from pagedattn.errors import InvalidArgumentError  # noqa: E402
@@ -371,25 +375,6 @@ def test_env_state_follows_the_environment(monkeypatch):
     assert len(a) == len(PR.ENV_NAMES)
 
 
-def _types(kernel, values):
-    params = inspect.signature(kernel.fn).parameters.values()
-    return ["constexpr" if "constexpr" in str(p.annotation)
-            else "*" + str(v.dtype) if isinstance(v, torch.Tensor)
-            else "fp32" if isinstance(v, float) else "i32"
-            for p, v in zip(params, values)]  # fmt: skip
-
-
-def _bound(kernel, args, kwargs):
-    sig = inspect.signature(kernel.fn)
-    b = sig.bind(*args, **{k: x for k, x in kwargs.items() if k in sig.parameters})
-    b.apply_defaults()
-    return list(b.arguments.values())
-
-
-class _Ck:
-    function, packed_metadata, name = 11, (4, 1, 0), "stub"
-
-
 def _captured(q, k, v, offs, out, kw):
     """The full path's launches of a call, none run: [(kernel, grid, bound values)], _Ran."""
     ran = []
@@ -413,14 +398,7 @@ def test_compiled_form_passes_the_full_paths_arguments(monkeypatch, kw):
     recorder here): for a second call with other tensors, each launch gets the grid, metadata,
     values and pointers that the full path's own launch of that call has (pointers: data_ptr
     of the tensor it passes; the partials: the stream's workspace; the LSE: the call's)."""
-    seen = []
-
-    def stub_build(rec, sources, descriptors=False):
-        values = _bound(rec.kernel, rec.args, rec.kwargs)
-        return PR.PreparedLaunch.generated(values, _types(rec.kernel, values), sources,
-                                           rec.grid, rec.kernel, _Ck,
-                                           (lambda *a: seen.append(a), False, False))  # fmt: skip
-
+    seen: list = []
     calls = []
     for seed in (1, 2):
         k, v, _ = paged([9, 30, 4], seed=seed)
@@ -429,7 +407,7 @@ def test_compiled_form_passes_the_full_paths_arguments(monkeypatch, kw):
     made, ran = _captured(*calls[0], kw)
     key, src = TM._signature(*calls[0][:4], None, None, None, kw["num_partitions"],
                              kw["return_lse"], calls[0][4], "triton")  # fmt: skip
-    monkeypatch.setattr(PR.PreparedLaunch, "build", staticmethod(stub_build))
+    monkeypatch.setattr(PR.PreparedLaunch, "build", staticmethod(recording_build(seen)))
     recs = [Launched(m.kernel, m.grid, m.args, m.kwargs) for m in made]
     entry = TM._prepare_call(recs, src, [ran], (ran.out, ran.lse), True, masks.causal())
     assert entry is not None and entry.fast and all(x.compiled for x in entry.launches)
@@ -445,24 +423,12 @@ def test_compiled_form_passes_the_full_paths_arguments(monkeypatch, kw):
     assert len(seen) == len(want) == len(made)
     stream = PR.current_stream(PR.current_device(q))  # (0 on a CPU)
     _, base = PR.workspace(entry.device, stream, max(entry.ws_numel, 1))
-    for a, m in zip(seen, want):
-        grid = tuple(m.grid) + (1,) * (3 - len(m.grid))
-        assert a[:3] == grid and a[3] == stream and a[4] == _Ck.function
-        assert a[9] == _Ck.packed_metadata
-        values = _bound(m.kernel, m.args, m.kwargs)
-        names = list(inspect.signature(m.kernel.fn).parameters)
-        assert len(a) - 13 == len(values)
-        for name, x, y in zip(names, a[13:], values):
-            if not isinstance(y, torch.Tensor):
-                assert x == y, name
-            elif ran2.po is not None and y is ran2.po:
-                assert x == base, name
-            elif ran2.pl is not None and y is ran2.pl:
-                assert x == base + 4 * entry.pl_off, name
-            elif ran2.lse is not None and y is ran2.lse:
-                assert x == result[1].data_ptr(), name
-            else:
-                assert x == y.data_ptr(), name
+    pointers = {}
+    if ran2.po is not None:
+        pointers = {id(ran2.po): base, id(ran2.pl): base + 4 * entry.pl_off}
+    if ran2.lse is not None:
+        pointers[id(ran2.lse)] = result[1].data_ptr()
+    assert_launched_as(seen, want, stream, lambda t: pointers.get(id(t)))
 
 
 def test_recording_lists_this_threads_launches():

@@ -19,7 +19,6 @@ decodes of 0 and 1 cached tokens beside long ones, sinks, windowed and tensor ma
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import pytest
@@ -28,7 +27,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # CPU CI: before triton is imported
 
-from prepared_fixtures import count_full_paths, fresh_prepared  # noqa: E402
+from prepared_fixtures import (  # noqa: E402
+    assert_launched_as,
+    count_full_paths,
+    fresh_prepared,
+    recording_build,
+)
 from test_triton_mha import (  # noqa: E402
     DEV,
     LSE_TOL,
@@ -183,25 +187,6 @@ def plans_of(lens, k):
     return list(plan.plans.values())
 
 
-def _types(kernel, values):
-    params = inspect.signature(kernel.fn).parameters.values()
-    return ["constexpr" if "constexpr" in str(p.annotation)
-            else "*" + str(v.dtype) if isinstance(v, torch.Tensor)
-            else "fp32" if isinstance(v, float) else "i32"
-            for p, v in zip(params, values)]  # fmt: skip
-
-
-def _bound(kernel, args, kwargs):
-    sig = inspect.signature(kernel.fn)
-    b = sig.bind(*args, **{k: x for k, x in kwargs.items() if k in sig.parameters})
-    b.apply_defaults()
-    return list(b.arguments.values())
-
-
-class _Ck:
-    function, packed_metadata, name = 11, (4, 1, 0), "stub"
-
-
 def _captured(call):
     """The launches `call` makes through the MHA modules, none run, and its result."""
     res = []
@@ -222,14 +207,7 @@ def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
     C launcher a recorder): for a second call with other tensors, lengths and plan, each
     launch gets the grid (the plan's item count), values and pointers (views from a later
     request: their source's pointer plus the offset) of the full path's own launches."""
-    seen = []
-
-    def stub_build(rec, sources, descriptors=False):
-        values = _bound(rec.kernel, rec.args, rec.kwargs)
-        return PR.PreparedLaunch.generated(values, _types(rec.kernel, values), sources,
-                                           rec.grid, rec.kernel, _Ck,
-                                           (lambda *a: seen.append(a), False, False))  # fmt: skip
-
+    seen: list = []
     nd, chunks = 8, [(40, 9), (3, 20)]
     q_lens = [1] * nd + [n for _, n in chunks]
     calls = []
@@ -249,7 +227,7 @@ def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
     made, ((_, full_lse), rans) = _captured(lambda: full(calls[0]))
     q, k, v, offs, out, plan = calls[0]
     key, src = TM._signature(q, k, v, offs, None, None, None, None, True, out, "triton", nd, plan)
-    monkeypatch.setattr(PR.PreparedLaunch, "build", staticmethod(stub_build))
+    monkeypatch.setattr(PR.PreparedLaunch, "build", staticmethod(recording_build(seen)))
     recs = [Launched(m.kernel, m.grid, m.args, m.kwargs) for m in made]
     assert len(recs) == 3  # decode, its combine, prefill
     entry = TM._prepare_call(recs, src, rans, (out, full_lse), True, masks.causal())
@@ -266,23 +244,15 @@ def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
     assert rans2[0].plan_buf is src2[TM._PLAN]
     stream = PR.current_stream(PR.current_device(q))
     _, base = PR.workspace(entry.device, stream, max(entry.ws_numel, 1))
-    for a, m in zip(seen, want):
-        grid = tuple(m.grid) + (1,) * (3 - len(m.grid))
-        assert a[:3] == grid and a[3] == stream and a[4] == _Ck.function
-        values = _bound(m.kernel, m.args, m.kwargs)
-        names = list(inspect.signature(m.kernel.fn).parameters)
-        assert len(a) - 13 == len(values)
-        for name, x, y in zip(names, a[13:], values):
-            if not isinstance(y, torch.Tensor):
-                assert x == y, name
-            elif rans2[0].po is not None and y is rans2[0].po:
-                assert x == base, name
-            elif rans2[0].pl is not None and y is rans2[0].pl:
-                assert x == base + 4 * entry.pl_off, name
-            elif y.data_ptr() == rans2[0].lse.data_ptr():
-                assert x == result[1].data_ptr(), name
-            else:
-                assert x == y.data_ptr(), name
+    d = rans2[0]
+    pointers = {id(d.po): base, id(d.pl): base + 4 * entry.pl_off}
+
+    def pointer_of(t):  # (the LSE's views: the decode part's first rows, the prefill's whole)
+        if t.data_ptr() == d.lse.data_ptr():
+            return result[1].data_ptr()
+        return pointers.get(id(t))
+
+    assert_launched_as(seen, want, stream, pointer_of)
     # the decode launch's grid is the plan's item count, which differs between the two calls
     assert seen[0][0] != recs[0].grid[0]
 

@@ -250,10 +250,10 @@ class PreparedCache:
         c.insert(0, (guard, pick, value))
         del c[self.per_key :]
 
-    def lookup(self, key: Any, src: list) -> Any:
+    def lookup(self, key: Any, src: list, *extra: Any) -> Any:
         """The prepared result of a call with signature `key` and sources `src` (its entry's
-        value called on src), UNPREPARED where the signature is stored as not preparable, or
-        MISS."""
+        value called on src and `extra`, e.g. a step plan), UNPREPARED where the signature is
+        stored as not preparable, or MISS."""
         try:
             cands = self.candidates(key)
         except TypeError:  # an unhashable key: a bad argument the full path reports
@@ -264,7 +264,7 @@ class PreparedCache:
             if guard.check(*pick(src)):
                 if entry is None:
                     return UNPREPARED
-                r = entry(src)
+                r = entry(src, *extra)
                 if r is not MISS:
                     return r
         return MISS

@@ -53,7 +53,6 @@ from ..masks import MASK_CODES, Mask, causal
 from ..pdl import pdl_enabled
 from ..prepared import (
     MISS,
-    UNPREPARED,
     PreparedCache,
     PreparedLaunch,
     capturing,
@@ -716,19 +715,9 @@ class PreparedMHA:
                 q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
                 backend, num_decodes, plan,
             )  # fmt: skip
-            cands = self.cache.candidates(key)
         except Exception:  # arguments the signature cannot read: the full path reports them
             return MISS
-        if cands is None:
-            return MISS
-        for guard, pick, entry in cands:
-            if guard.check(*pick(src)):
-                if entry is None:
-                    return UNPREPARED
-                r = entry(src, plan)
-                if r is not MISS:
-                    return r
-        return MISS
+        return self.cache.lookup(key, src, plan)
 
     def prepare(self, q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse,
                 out, backend, resolved_mask: Mask, num_decodes=None, plan=None):  # fmt: skip
