@@ -49,6 +49,11 @@ kernel's `run` with its launch metadata instead. Under Triton's interpreter (CPU
 prepared launch calls `kernel[grid](...)` with the call's tensors, so that CPU tests run the
 hit path end to end.
 
+`cached_launch(kernel, grid, *args, **kwargs)`: the same frozen launches for ops whose launch
+is their whole host path (the fused layer ops, `store_kv`), keyed by every value a launch
+inlines instead of an op's signature (the function's docstring; measured in
+docs/kernels/launch.md).
+
 `workspace(device, stream, numel)`: a float32 scratch tensor reused by the calls on one
 stream (split-K partials). Rule: a workspace belongs to one (device, stream); two calls
 in flight on that stream are ordered by it, so they may share it; calls on different streams
@@ -59,8 +64,8 @@ the caching allocator returns a dropped one to its stream's pool, so work still 
 that stream is safe).
 
 Bounds: `PreparedCache` keeps at most `capacity` keys (least recently used dropped) and
-`per_key` guarded entries under one key. No tuning state lives here: a prepared launch is
-the frozen result of the op's own plan.
+`per_key` guarded entries under one key; `cached_launch` at most `MAX_LAUNCHES` keys. No
+tuning state lives here: a prepared launch is the frozen result of the op's own plan.
 """
 
 from __future__ import annotations
