@@ -425,7 +425,8 @@ def test_compiled_form_passes_the_full_paths_arguments(monkeypatch, kw):
     _, base = PR.workspace(entry.device, stream, max(entry.ws_numel, 1))
     pointers = {}
     if ran2.po is not None:
-        pointers = {id(ran2.po): base, id(ran2.pl): base + 4 * entry.pl_off}
+        where = {i: base + 4 * off for i, _, _, off, _ in entry.parts}
+        pointers = {id(ran2.po): where[TM._PO], id(ran2.pl): where[TM._PL]}
     if ran2.lse is not None:
         pointers[id(ran2.lse)] = result[1].data_ptr()
     assert_launched_as(seen, want, stream, lambda t: pointers.get(id(t)))

@@ -246,7 +246,8 @@ def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
     stream = PR.current_stream(PR.current_device(q))
     _, base = PR.workspace(entry.device, stream, max(entry.ws_numel, 1))
     d = rans2[0]
-    pointers = {id(d.po): base, id(d.pl): base + 4 * entry.pl_off}
+    where = {i: base + 4 * off for i, _, _, off, _ in entry.parts}
+    pointers = {id(d.po): where[TM._PO], id(d.pl): where[TM._PL]}
 
     def pointer_of(t):  # (the LSE's views: the decode part's first rows, the prefill's whole)
         if t.data_ptr() == d.lse.data_ptr():

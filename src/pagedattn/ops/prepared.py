@@ -70,6 +70,7 @@ tuning state lives here: a prepared launch is the frozen result of the op's own 
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -702,6 +703,62 @@ class PreparedLaunch:
         name = getattr(ck, "name", "kernel")
         exec(compile(src, f"<prepared launch of {name}>", "exec"), ns)
         return cls(ns["run"], tuple(sorted(used)), True, kernel, grid, ns.get("fast"))
+
+
+# --------------------------------------------------------------------------------------------
+# What a prepared call's entry does each call (shared by the ops' entries)
+# --------------------------------------------------------------------------------------------
+WS_ALIGN = 64  # 4-byte elements (256 bytes) between a call's buffers in the workspace
+
+
+def pointer_residues(src: list, inputs: Sequence[int]) -> bool | tuple[int, ...]:
+    """What an entry keys its input pointers by: True where each is 16-byte aligned, else their
+    16-byte residues (Triton specializes on alignment; a view from a later element of a source,
+    at a fixed offset, then has the prepared alignment too)."""
+    r = tuple(src[i].data_ptr() & 15 for i in inputs)
+    return True if not any(r) else r
+
+
+def read_pointers(src: list, inputs: Sequence[int], residues: Any, n: int) -> list | None:
+    """P: the data pointers of `src`'s `inputs` (0 at the other of `n` places), or None where
+    they do not have the prepared call's `residues` (`pointer_residues`)."""
+    P = [0] * n
+    acc = 0
+    for i in inputs:
+        p = P[i] = src[i].data_ptr()
+        acc |= p
+    if residues is True:
+        return None if acc & 15 else P
+    return P if tuple(P[i] & 15 for i in inputs) == residues else None
+
+
+def workspace_layout(buffers: Sequence[tuple[int, tuple, torch.dtype]]) -> tuple[tuple, int]:
+    """(parts, numel): each (source index, shape, dtype) buffer of 4-byte elements placed in a
+    workspace, `WS_ALIGN` elements apart: parts (source index, shape, dtype, offset, numel)."""
+    parts, off = [], 0
+    for i, shape, dtype in buffers:
+        n = math.prod(shape)
+        parts.append((i, tuple(shape), dtype, off, n))
+        off = -(-(off + n) // WS_ALIGN) * WS_ALIGN
+    return tuple(parts), off
+
+
+def place_parts(parts: tuple, numel: int, src: list, P: list, device: torch.device, index: int,
+                stream: int, views: bool) -> None:  # fmt: skip
+    """Each split buffer of `parts` (`workspace_layout`) for this call: fresh tensors while the
+    stream captures a CUDA graph (the graph's private pool owns them), else its place in the
+    stream's workspace (`workspace`); P[i] its pointer, and src[i] the tensor itself where
+    `views` (interpreted launches read tensors) or fresh."""
+    if capturing(index):
+        for i, shape, dtype, _, _ in parts:
+            t = src[i] = torch.empty(shape, dtype=dtype, device=device)
+            P[i] = t.data_ptr()
+        return
+    w, base = workspace(device, stream, numel)
+    for i, shape, dtype, off, n in parts:
+        P[i] = base + 4 * off
+        if views:
+            src[i] = w[off : off + n].view(dtype).view(shape)
 
 
 # --------------------------------------------------------------------------------------------

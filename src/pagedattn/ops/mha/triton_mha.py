@@ -55,13 +55,15 @@ from ..prepared import (
     MISS,
     PreparedCache,
     PreparedLaunch,
-    capturing,
     current_device,
     current_stream,
     env_state,
     guard_call,
     hooks_idle,
-    workspace,
+    place_parts,
+    pointer_residues,
+    read_pointers,
+    workspace_layout,
 )
 from ..specialize import request_block
 from . import gluon_prefill, gluon_prefill_ws
@@ -564,7 +566,6 @@ SOURCES = (
     "out", "lse", "partial_out", "partial_lse", "step plan",
 )  # fmt: skip
 _OUT, _LSE, _PO, _PL, _PLAN = 14, 15, 16, 17, 18
-_PL_ALIGN = 64  # float32 elements (256 bytes) between the partial outputs and LSEs
 
 
 def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
@@ -622,15 +623,14 @@ class _PreparedCall:
 
     __slots__ = (
         "launches", "inputs", "aligned", "device", "index", "out_shape", "dtype", "lse_shape",
-        "return_lse", "po_shape", "pl_shape", "po_numel", "pl_numel", "pl_off", "ws_numel",
-        "grid_at", "plan_get", "plan_buf", "cap", "h_kv", "host_grid", "fast",
+        "return_lse", "parts", "ws_numel", "grid_at", "plan_get", "plan_buf", "cap", "h_kv",
+        "host_grid", "fast",
     )  # fmt: skip
 
     def __call__(self, src: list, plan: StepPlan | None = None):
         """The call's result, or MISS where a pointer's 16-byte residue differs from the
         prepared call's (Triton specialized on it) or the step plan's answer is of the other
         kind (a buffer, or the kernels' own list) than the prepared launch's."""
-        P = [0] * 19
         grid = None
         if self.plan_get is not None:
             rows, bn, target, min_blocks = self.plan_get
@@ -640,15 +640,8 @@ class _PreparedCall:
             if buf is not None:
                 src[_PLAN] = buf
                 grid = ((self.cap if n is None else n) * self.h_kv, 1, 1)
-        acc = 0
-        for i in self.inputs:
-            p = P[i] = src[i].data_ptr()
-            acc |= p
-        aligned = self.aligned
-        if aligned is True:
-            if acc & 15:
-                return MISS
-        elif tuple(P[i] & 15 for i in self.inputs) != aligned:
+        P = read_pointers(src, self.inputs, self.aligned, len(SOURCES))
+        if P is None:
             return MISS
         dev, index = self.device, self.index
         out = src[_OUT]
@@ -661,16 +654,7 @@ class _PreparedCall:
             P[_LSE] = lse.data_ptr()
         stream = current_stream(index)
         if self.ws_numel:
-            if capturing(index):  # fresh buffers: the graph's private pool owns them
-                po = src[_PO] = torch.empty(self.po_shape, dtype=torch.float32, device=dev)
-                pl = src[_PL] = torch.empty(self.pl_shape, dtype=torch.float32, device=dev)
-                P[_PO], P[_PL] = po.data_ptr(), pl.data_ptr()
-            else:
-                w, base = workspace(dev, stream, self.ws_numel)
-                P[_PO], P[_PL] = base, base + 4 * self.pl_off
-                if not self.fast:
-                    src[_PO] = w[: self.po_numel].view(self.po_shape)
-                    src[_PL] = w[self.pl_off : self.pl_off + self.pl_numel].view(self.pl_shape)
+            place_parts(self.parts, self.ws_numel, src, P, dev, index, stream, not self.fast)
         at = self.grid_at
         if self.fast and hooks_idle():
             for j, x in enumerate(self.launches):
@@ -782,29 +766,26 @@ def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mas
     e.fast = all(p.fast is not None for p in launches)
     fresh = {_LSE, _PO, _PL} | (set() if out_given else {_OUT})
     e.inputs = tuple(sorted(set().union(*(p.sources for p in launches)) - fresh))
-    e.aligned = tuple(src[i].data_ptr() & 15 for i in e.inputs)
-    if not any(e.aligned):
-        e.aligned = True
+    e.aligned = pointer_residues(src, e.inputs)
     q = src[0]
     e.device, e.index = q.device, current_device(q)
     e.out_shape, e.dtype = tuple(out.shape), out.dtype
     e.return_lse = lse is not None
     e.lse_shape = tuple(lse.shape) if lse is not None else None
-    e.po_shape = e.pl_shape = None
-    e.po_numel = e.pl_numel = e.pl_off = e.ws_numel = 0
+    e.parts, e.ws_numel = (), 0
     e.grid_at, e.plan_get, e.plan_buf, e.cap, e.host_grid = -1, None, False, 0, None
     e.h_kv = src[2].shape[1]
     if dec is None:
         return e
     how = dec.how
-    if dec.po is not None:
-        e.po_shape, e.pl_shape = tuple(dec.po.shape), tuple(dec.pl.shape)
-        if plan_buf:  # the plan's capacity: its item count varies with the lengths
-            e.cap = plan_capacity(dec.rows, how.target)
-            e.po_shape, e.pl_shape = (e.cap,) + e.po_shape[1:], (e.cap,) + e.pl_shape[1:]
-        e.po_numel, e.pl_numel = math.prod(e.po_shape), math.prod(e.pl_shape)
-        e.pl_off = -(-e.po_numel // _PL_ALIGN) * _PL_ALIGN
-        e.ws_numel = e.pl_off + e.pl_numel
+    if plan_buf:  # the plan's capacity: its item count varies with the lengths
+        e.cap = plan_capacity(dec.rows, how.target)
+    if dec.po is not None:  # (with a plan's buffer: room for its capacity of items)
+        rows = (e.cap,) if plan_buf else ()
+        e.parts, e.ws_numel = workspace_layout([
+            (i, rows + tuple(t.shape[len(rows):]), torch.float32)
+            for i, t in ((_PO, dec.po), (_PL, dec.pl))
+        ])  # fmt: skip
     if how.target > 0:
         e.grid_at = 0  # the decode part launches first
         e.plan_get, e.plan_buf = dec.plan_key, plan_buf

@@ -38,13 +38,15 @@ from ..prepared import (
     MISS,
     PreparedCache,
     PreparedLaunch,
-    capturing,
     current_device,
     current_stream,
     env_state,
     guard_call,
     hooks_idle,
-    workspace,
+    place_parts,
+    pointer_residues,
+    read_pointers,
+    workspace_layout,
 )
 from . import tuning
 from .triton_mla_args import DecodeArgs, OperandArgs, decode_args
@@ -205,7 +207,6 @@ SOURCES = (
 )  # fmt: skip
 _KR, _KS, _OUT, _LSE, _PO, _PL, _CUT = 2, 6, 17, 18, 19, 20, 21
 _N_SOURCES = len(SOURCES)
-_WS_ALIGN = 64  # 4-byte elements (256 bytes) between the workspace's buffers
 
 
 def _operand_key(op) -> tuple:
@@ -269,16 +270,8 @@ class _PreparedDecode:
     def __call__(self, src: list):
         """The call's (out, lse), or MISS where a pointer's low four bits differ from the
         prepared call's (Triton specialized on 16-byte alignment, the plan on 4-byte)."""
-        P = [0] * _N_SOURCES
-        acc = 0
-        for i in self.inputs:
-            p = P[i] = src[i].data_ptr()
-            acc |= p
-        aligned = self.aligned
-        if aligned is True:
-            if acc & 15:
-                return MISS
-        elif tuple(P[i] & 15 for i in self.inputs) != aligned:
+        P = read_pointers(src, self.inputs, self.aligned, _N_SOURCES)
+        if P is None:
             return MISS
         dev, index = self.device, self.index
         out = src[_OUT]
@@ -290,16 +283,7 @@ class _PreparedDecode:
         stream = current_stream(index)
         d, c = self.decode, self.combine
         if self.ws_numel:
-            if capturing(index):  # fresh buffers: the graph's private pool owns them
-                for i, shape, dtype, _, _ in self.parts:
-                    t = src[i] = torch.empty(shape, dtype=dtype, device=dev)
-                    P[i] = t.data_ptr()
-            else:
-                w, base = workspace(dev, stream, self.ws_numel)
-                for i, shape, dtype, off, n in self.parts:
-                    P[i] = base + 4 * off
-                    if not d.compiled:
-                        src[i] = w[off : off + n].view(dtype).view(shape)
+            place_parts(self.parts, self.ws_numel, src, P, dev, index, stream, not d.compiled)
         if d.fast is not None and (c is None or c.fast is not None) and hooks_idle():
             d.fast(stream, P)
             if c is not None:
@@ -386,22 +370,15 @@ def _prepare_decode(made, src: list, ran: _Ran, out_given: bool) -> _PreparedDec
     read = set().union(*(p.sources for p in launches))
     read |= {i for i in (_KR, _KS) if src[i] is not None}  # the plan reads their alignment
     e.inputs = tuple(sorted(read - fresh))
-    flags = tuple(src[i].data_ptr() & 15 for i in e.inputs)
-    e.aligned = True if not any(flags) else flags
+    e.aligned = pointer_residues(src, e.inputs)
     a = ran.a
     e.device, e.index = a.q.device, current_device(a.q)
     e.out_shape, e.dtype = tuple(a.out.shape), a.out.dtype
     e.lse_shape = tuple(a.lse.shape)
-    parts, off = [], 0
-    for i in (_PO, _PL, _CUT):
-        t = src[i]
-        if t is None:
-            continue
-        if t.element_size() != 4 or not t.is_contiguous():
-            return None
-        parts.append((i, tuple(t.shape), t.dtype, off, t.numel()))
-        off = -(-(off + t.numel()) // _WS_ALIGN) * _WS_ALIGN
-    e.parts, e.ws_numel = tuple(parts), off
+    split = [(i, src[i]) for i in (_PO, _PL, _CUT) if src[i] is not None]
+    if any(t.element_size() != 4 or not t.is_contiguous() for _, t in split):
+        return None
+    e.parts, e.ws_numel = workspace_layout([(i, tuple(t.shape), t.dtype) for i, t in split])
     plan = ran.plan
     e.host_grid = plan if plan.balanced is not None and not e.decode.compiled else None
     return e
