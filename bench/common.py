@@ -154,12 +154,18 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     same kernel: 0.495 ms for the process's first round, eager; 0.516-0.536 for every later
     one, either kind, graph 0.522 when it went first), so the eager time of a long
     compute-bound call is its cool-GPU time and the graph time its time under sustained load."""
-    fn()  # compiles and warms before the capture
+    # compiles and warms before the capture, on the capture's stream (PyTorch's practice; a
+    # stream's first balanced decode call makes its fused-merge counters there, so that the
+    # capture takes that path: `pagedattn.ops.prepared.semaphores`)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
     torch.cuda.synchronize()
     g = None
     try:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, stream=side):
             fn()
         g.replay()
         torch.cuda.synchronize()

@@ -187,13 +187,13 @@ def mla_cases(mode):
         )
 
 
-def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, **kw):
+def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, decode=None, **kw):
     """The launches of `mha_triton` over operands k, v (the split-K combine's too), with the
-    prefill tuning overrides `over` (`selection.MHATuning`) and the Gluon sm_90 prefill as on
-    an H100, or as on an H200 (h200 True; None: CHIP_H200)."""
+    prefill tuning overrides `over` and the decode ones `decode` (`selection.MHATuning`) and
+    the Gluon sm_90 prefill as on an H100, or as on an H200 (h200 True; None: CHIP_H200)."""
     offs = ragged_offsets(q_lens, DEVICE)
     q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
-    tuning = MHATuning(prefill=over or {})
+    tuning = MHATuning(decode=decode or {}, prefill=over or {})
     hbm3e = CHIP_H200 if h200 is None else h200
     made = []
 
@@ -232,11 +232,11 @@ PREFILL_CONFIGS = [
 ]  # fmt: skip
 
 
-def decode_launches(page, h_q, h_kv, d, quant, P, h200=None):
+def decode_launches(page, h_q, h_kv, d, quant, P, h200=None, decode=None):
     """A decode step of three requests (cache lengths 4096, 5, 700) at P partitions (None:
     the split the device's heuristic picks), as on an H100 or (h200) an H200."""
     k, v = paged(page, h_kv, d, [4096, 5, 700], [1, 1, 1], quant)
-    return mha_launches(k, v, [1, 1, 1], h_q, d, h200=h200, num_partitions=P)
+    return mha_launches(k, v, [1, 1, 1], h_q, d, h200=h200, decode=decode, num_partitions=P)
 
 
 def prefill_case(page, h_q, h_kv, d, mask_name, over, lse):
@@ -274,6 +274,11 @@ def mha_cases():
                         f"mha decode {qn} page {page} d {d} {h_q}/{h_kv} H200",
                         partial(decode_launches, page, h_q, h_kv, d, quant, None, True),
                     )
+    # the balanced decode with its combine launch (a capture on a stream without counters)
+    yield (
+        "mha decode bf16 page 16 d 128 32/8 H200 combine launch",
+        partial(decode_launches, 16, 32, 8, 128, None, None, True, {"fused_merge": False}),
+    )
     shapes = [(16, 8, 2, 64), (1, 4, 4, 128), (64, 8, 1, 128), (128, 8, 2, 64), (8, 4, 1, 64),
               (32, 8, 8, 128), (128, 4, 4, 128), (16, 8, 2, 128)]  # fmt: skip
     tl, ws = dict(gluon=False), PREFILL_CONFIGS[-2:]  # the tl kernel; warp-specialized ones

@@ -263,10 +263,13 @@ def test_gpu_graph_plans_each_replay():
         mha_triton(q, k, v, offs, out=out1, plan=plan)
         mha_triton(out1, k, v, offs, out=out2, plan=plan)
 
-    step()
+    side = torch.cuda.Stream()  # warmed on the capture's stream: its fused-merge counters
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         step()
     for lens in ([ctx] * b, [ctx - 1] + [0] * (b - 1), [min(x, ctx - 1) for x in _lognormal(b, 3)]):
         inp.cache_lengths.copy_(torch.tensor(lens, dtype=torch.int32))

@@ -35,12 +35,16 @@ from test_triton_mha import (  # noqa: E402
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.ops import masks  # noqa: E402
+from pagedattn.ops import prepared as PR  # noqa: E402
+from pagedattn.ops.launch import recording  # noqa: E402
+from pagedattn.ops.mha import StepPlan  # noqa: E402
 from pagedattn.ops.mha import selection as MS  # noqa: E402
 from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
 from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
 from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_  # noqa: E402
 
 LEGACY = MHATuning(decode=dict(balanced=False))
+COMBINE = MHATuning(decode=dict(fused_merge=False))
 
 
 def _plan(q, k, v, **kw):
@@ -100,6 +104,29 @@ def test_many_wave_list_against_oracle(lens, gen):
     one, lse1 = call(q, k, v, offsets_of([1] * b), sinks=sinks, num_partitions=1)
     assert_close(out, one, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
     assert_close(lse, lse1, **LSE_TOL)
+
+
+@pytest.mark.parametrize("plan", [None, "host"])
+def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan, gen):
+    """A skewed batch (rows split into several items, rows of 0 and 1 keys) with sinks and the
+    LSE: the decode launch's fused merge against the combine launch (`fused_merge` off) and the
+    oracle, over the kernels' own list and a host step plan; afterwards every counter of the
+    stream's semaphores is back at 0 (a second call then merges the same)."""
+    cache_lens = [0, 1500, 1, 700, 3, 2900, 40]
+    b = len(cache_lens)
+    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, 8, 64, gen)
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    offs = offsets_of([1] * b)
+    step = (lambda: StepPlan(cache_lens)) if plan else (lambda: None)
+    fused, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, plan=step())
+    sem = PR.semaphores(torch.device(DEV), PR.current_stream(PR.current_device(q)), 1)
+    assert sem is not None and int(sem.abs().sum()) == 0
+    again, lse2 = call(q, k, v, offs, sinks=sinks, plan=step())
+    assert torch.equal(again, fused) and torch.equal(lse2, lse)
+    comb, lse3 = call(q, k, v, offs, sinks=sinks, plan=step(), config=COMBINE)
+    assert_close(fused, comb, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
+    assert_close(lse, lse3, **LSE_TOL)
 
 
 def test_fp8_per_token_fast_loop(gen):
@@ -179,20 +206,28 @@ def test_gpu_one_request_split_over_every_sm():
 
 
 @pytest.mark.gpu
-def test_gpu_graph_replay_with_new_lengths():
-    """Capture the balanced launch once; change the lengths (skew included) and replay."""
+@pytest.mark.parametrize("warm_capture_stream", [True, False])
+def test_gpu_graph_replay_with_new_lengths(warm_capture_stream):
+    """Capture the balanced launch once; change the lengths (skew included) and replay. Warmed
+    on the capture stream, the graph holds the fused merge (its counters made before the
+    capture); otherwise the capture finds no counters and takes the combine launch."""
     b, ctx = 16, 8192
     params, inp = big_paged(b, ctx, 16, 8, 128)
     k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")
     q = torch.randn(b, 32, 128, device="cuda").to(BF16)
     offs = torch.arange(b + 1, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
-    for _ in range(2):
-        mha_triton(q, k, v, offs, out=out)
+    side = torch.cuda.Stream() if warm_capture_stream else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            mha_triton(q, k, v, offs, out=out)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side), recording() as made:
         mha_triton(q, k, v, offs, out=out)
+    assert len(made) == (1 if warm_capture_stream else 2)  # the decode (and its combine)
     for lens in ([ctx - 1] + [0] * (b - 1), [1] * b, None):
         if lens is None:
             lens = torch.randint(0, ctx, (b,)).tolist()
@@ -200,6 +235,7 @@ def test_gpu_graph_replay_with_new_lengths():
         q.copy_(torch.randn_like(q))
         out.fill_(math.nan)
         graph.replay()
-        eager = mha_triton(q, k, v, offs)
+        # (the same merge: bit for bit)
+        eager = mha_triton(q, k, v, offs, config=None if warm_capture_stream else COMBINE)
         assert torch.equal(out, eager)
         assert_close(out, gpu_reference(q, k, v, range(b), 128**-0.5), **BF16_TOL)

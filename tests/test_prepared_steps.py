@@ -230,7 +230,7 @@ def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
     key, src = TM._signature(q, k, v, offs, None, None, None, None, True, out, "triton", nd, plan)
     monkeypatch.setattr(PR.PreparedLaunch, "build", staticmethod(recording_build(seen)))
     recs = [Launched(m.kernel, m.grid, m.args, m.kwargs) for m in made]
-    assert len(recs) == 3  # decode, its combine, prefill
+    assert len(recs) == 2  # the decode part (its merge fused) and the prefill part
     entry = TM._prepare_call(recs, src, rans, (out, full_lse), True, masks.causal())
     assert entry is not None and entry.fast and entry.plan_buf and entry.grid_at == 0
 
@@ -241,7 +241,7 @@ def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
     result = entry(src2, plan)
     assert result[0] is out
     want, (_, rans2) = _captured(lambda: full(calls[1]))
-    assert len(seen) == len(want) == 3
+    assert len(seen) == len(want) == 2
     assert rans2[0].plan_buf is src2[TM._PLAN]
     stream = PR.current_stream(PR.current_device(q))
     _, base = PR.workspace(entry.device, stream, max(entry.ws_numel, 1))
@@ -297,7 +297,7 @@ def test_plan_kernel_launches_are_not_prepared(gen, monkeypatch):
         assert torch.equal(first, second)
     assert len(planner) == 2 and len(TM.PREPARED.cache) == 1
     ((_, _, entry),) = next(iter(TM.PREPARED.cache._d.values()))
-    assert entry.plan_buf and len(entry.launches) == 2  # the decode kernel and its combine
+    assert entry.plan_buf and len(entry.launches) == 1  # the decode kernel (its merge fused)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def test_gpu_engine_steps_hit():
             assert_close(got[0][:nd:5].float().cpu(), ref.cpu(), **BF16_TOL)
     entries = [e for c in TM.PREPARED.cache._d.values() for _, _, e in c]
     assert entries and all(e is not None for e in entries)
-    assert any(e.plan_buf for e in entries) and any(len(e.launches) == 3 for e in entries)
+    assert any(e.plan_buf for e in entries) and any(len(e.launches) == 2 for e in entries)
 
 
 @pytest.mark.gpu
@@ -385,7 +385,7 @@ def test_gpu_captured_step_replays_new_lengths():
     torch.cuda.current_stream().wait_stream(side)
     assert len(TM.PREPARED.cache) == 1
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):  # (the stream has its fused-merge counters)
         step()
     g = torch.Generator().manual_seed(11)
     for lens in ([most] * b, [most] + [0] * (b - 1), _lognormal(b, g, most)):

@@ -36,7 +36,7 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    if mode == "mha":  # decode, its combine, the tl prefill and both Gluon prefills
+    if mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
         served = {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
                   "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip
     elif mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
@@ -161,17 +161,16 @@ def test_serving_step_layouts_share_their_binaries():
     assert len(start) >= 10  # (it does cover the classes: 1..40 requests at 8 widths)
     graph = steps.pop("graph decode b16")
     planned = {k: steps.pop(k) for k in list(steps) if k.startswith("planned")}
-    with_plan = {"_mha_decode_kernel", "_worklist_combine_kernel", "_mha_prefill_ws",
-                 "_plan_kernel"}  # fmt: skip
+    # (the balanced decode merges its split rows itself: no combine launch)
+    with_plan = {"_mha_decode_kernel", "_mha_prefill_ws", "_plan_kernel"}
     for name in with_plan:  # served planned steps launch the warm-up's planned binaries
         assert len({step[name] for step in planned.values()}) == 1, (name, planned)
     assert all(set(step) == with_plan for step in planned.values()), planned
-    kernels = {"_mha_decode_kernel", "_worklist_combine_kernel", "_mha_prefill_ws"}
+    kernels = {"_mha_decode_kernel", "_mha_prefill_ws"}
     for name in kernels:
         hashes = {step[name] for step in steps.values()}
         assert len(hashes) == 1, (name, steps)
-    for name in ("_mha_decode_kernel", "_worklist_combine_kernel"):
-        assert graph[name] == next(iter(steps.values()))[name], name
+    assert graph["_mha_decode_kernel"] == next(iter(steps.values()))["_mha_decode_kernel"]
     assert all(set(step) == kernels for step in steps.values()), steps
     one = next(iter(planned.values()))
     assert one["_mha_decode_kernel"] != graph["_mha_decode_kernel"]  # (PLAN: its own binary)

@@ -211,13 +211,17 @@ class _EmulatedGraph:
         self.fn()
 
 
-def _capture(fn: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
-    """Warm `fn` up once (Triton compiles and cuBLAS initializes outside the capture), then
-    capture it into a graph that allocates from `pool`."""
-    fn()
+def _capture(fn: Callable[[], None], pool, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    """Warm `fn` up once on `stream` (Triton compiles, cuBLAS initializes, and the stream's
+    counters of the balanced decode's fused merge are made, `ops.prepared.semaphores`, all
+    outside the capture), then capture it on `stream` into a graph that allocates from
+    `pool`."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
         fn()
     torch.cuda.synchronize()
     return graph
@@ -266,9 +270,10 @@ class GraphRunner:
             return
         with torch.cuda.device(pad.cache_lengths.device):
             pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()  # every bucket's warm-up and capture
             for b in reversed(self.buckets):  # largest first: the others reuse its pool memory
                 try:
-                    self.graphs[b] = _capture(self._forward_fn(b), pool)
+                    self.graphs[b] = _capture(self._forward_fn(b), pool, stream)
                 except Exception as e:
                     if hasattr(e, "add_note"):  # Python >= 3.11
                         e.add_note(f"capturing decode graph {b}; enforce_eager=True skips graphs")

@@ -63,6 +63,10 @@ can overwrite memory a replay reads). At most `MAX_WORKSPACES` are kept (the old
 the caching allocator returns a dropped one to its stream's pool, so work still in flight on
 that stream is safe).
 
+`semaphores(device, stream, numel)`: int32 counters that are zero between launches, one tensor
+per (device, stream) (the balanced MHA decode's fused merge counts its split rows' items on
+them), made and zeroed outside CUDA graph capture only, never freed (the function's docstring).
+
 Bounds: `PreparedCache` keeps at most `capacity` keys (least recently used dropped) and
 `per_key` guarded entries under one key; `cached_launch` at most `MAX_LAUNCHES` keys. No
 tuning state lives here: a prepared launch is the frozen result of the op's own plan.
@@ -860,3 +864,35 @@ def workspace(device: torch.device, stream: int, numel: int) -> tuple[torch.Tens
 def release_workspaces() -> None:
     """Drop every cached workspace (memory returns to the caching allocator)."""
     _WORKSPACES.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Semaphores
+# --------------------------------------------------------------------------------------------
+_SEMAPHORES: dict = {}  # (device, stream) -> int32 tensor, zero between launches
+_RETIRED: list = []  # replaced semaphore tensors: kept, since a captured graph may read them
+SEMAPHORE_MIN = 1024 * 64  # counters a first tensor holds (256 KB): rows x KV heads
+
+
+def semaphores(device: torch.device, stream: int, numel: int) -> torch.Tensor | None:
+    """An int32 tensor of at least `numel` counters on `device`, every one 0 whenever no launch
+    that counts on it is in flight, shared by the calls on one (device, stream); None while
+    that stream captures a CUDA graph and has none yet (the caller then takes a path without
+    counters).
+
+    Rule: a kernel that counts on it (the balanced decode's fused merge) sets each counter it
+    raised back to 0 before it exits, so launches ordered on one stream may share it; launches
+    on two streams (two micro-batches overlapped) get two. A tensor is made, and zeroed, only
+    outside a capture: a graph captured on a stream that ran such a call eagerly first (PyTorch's
+    warm-up on the capture stream) captures the counting path. A tensor is never freed while
+    the process lives (a graph's replay may read it; a larger one replaces it for new calls)."""
+    key = (device, stream)
+    t = _SEMAPHORES.get(key)
+    if t is not None and t.numel() >= numel:
+        return t
+    if device.type == "cuda" and _cuda_capturing():
+        return None
+    if t is not None:
+        _RETIRED.append(t)
+    t = _SEMAPHORES[key] = torch.zeros(max(numel, SEMAPHORE_MIN), dtype=torch.int32, device=device)
+    return t

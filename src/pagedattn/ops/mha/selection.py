@@ -64,7 +64,12 @@ class DecodeConfig(_Fields):
     leaves num_partitions to the op, the balanced work list (`triton_worklist`) of `waves`
     waves of resident CTAs instead of one partition count per batch (one ships: more waves
     balance large skewed batches better but split the rows of uniform ones and over-split a
-    lone long request; docs/kernels/mha_decode.md has the measurements)."""
+    lone long request; docs/kernels/mha_decode.md has the measurements). fused_merge: a split
+    row's last item merges the row in the decode launch (counters on `ops.prepared.semaphores`)
+    instead of a combine launch after it (H200: the combine cost 3-15 us a call, most of it
+    where no row split; docs/kernels/mha_decode.md, "the fused merge"), merge_elems partial
+    elements a step (items x the KV head's query heads x all head dims), loads pipelined
+    merge_stages deep (H200: 4096 x 4 ran 0-13% faster than 2048 x 3 or 2048 x 2)."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -86,6 +91,9 @@ class DecodeConfig(_Fields):
     balanced: bool = True
     waves: int = 1
     min_chunk: int = 256
+    fused_merge: bool = True
+    merge_elems: int = 4096
+    merge_stages: int = 4
 
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V

@@ -38,7 +38,7 @@ from .triton_tiles import (
     scales_at,
     visible_range,
 )
-from .triton_worklist import find_item, work_list
+from .triton_worklist import find_item, merge_items, store_merged, work_list
 
 
 @triton.jit
@@ -398,6 +398,7 @@ def _mha_decode_kernel(
     num_partitions,
     sm_scale_log2,
     Plan,
+    Sem,
     H_KV: tl.constexpr,
     GROUP: tl.constexpr,
     GP: tl.constexpr,
@@ -445,6 +446,10 @@ def _mha_decode_kernel(
     TARGET: tl.constexpr = 1,
     MIN_BLOCKS: tl.constexpr = 1,
     PLAN: tl.constexpr = False,
+    FUSED: tl.constexpr = False,
+    MERGE_GP: tl.constexpr = 1,
+    MERGE_I: tl.constexpr = 1,
+    MERGE_STAGES: tl.constexpr = 1,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
@@ -455,6 +460,11 @@ def _mha_decode_kernel(
     PO [items, h_q, DV] / PL [items, h_q] at its items, a row of one the output. PLAN (with
     BALANCED): the items come from a step's plan (`work_plan`, int32 Plan: n_items, then
     (row, k_lo, k_hi, n_row) an item from word 8) instead of the kernel's own list.
+    FUSED (with BALANCED): a split row's items merge in this launch, no combine launch: each
+    item, after writing its partials, counts itself on the int32 Sem [rows, H_KV] (zero
+    before the launch, `ops.prepared.semaphores`); the row's last item to count merges every
+    item (`triton_worklist.merge_items`: MERGE_I items of MERGE_GP heads a step, MERGE_STAGES
+    deep), writes the output and LSE, and sets the count back to 0.
     """
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
@@ -471,7 +481,8 @@ def _mha_decode_kernel(
         row = tl.load(at)
         k_lo = tl.load(at + 1)
         k_hi = tl.load(at + 2)
-        split = tl.load(at + 3) > 1
+        n_row = tl.load(at + 3)
+        split = n_row > 1
     elif BALANCED:
         w_r, w_n, w_incl, w_lo, w_chunk = work_list(
             cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
@@ -598,6 +609,25 @@ def _mha_decode_kernel(
             mask=gmask[:, None] & (offs_dv[None, :] < DV),
         )
         tl.store(PL + pbase, lse, mask=gmask)
+        if FUSED:
+            if PLAN:  # (the plan's request table: first item, items)
+                first = tl.load(Plan + 8 + 4 * tl.load(Plan + 3) + 2 * row)
+            else:
+                first = rest - part
+            # every thread's partial stores precede the count (bar.sync, then one thread's
+            # acq_rel atomic at GPU scope: CUDA's grid-sync pattern); the last item's loads
+            # follow its count and bypass L1
+            tl.debug_barrier()
+            at_sem = Sem + row64 * H_KV + hkv
+            if tl.atomic_add(at_sem, 1, sem="acq_rel", scope="gpu") == n_row - 1:
+                tl.store(at_sem, 0)
+                offs_m = tl.arange(0, DVP)
+                mo, lse2, den, mhq, mg, md = merge_items(
+                    PO, PL, first, n_row, hkv, offs_m, H_KV * GROUP, GROUP, MERGE_GP, DV, DVP,
+                    MERGE_I, MERGE_STAGES,
+                )  # fmt: skip
+                store_merged(mo, lse2, den, row, mhq, mg, offs_m, md, Sinks, Out, stride_ot,
+                             stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, True)  # fmt: skip
     else:
         den = l_i
         if HAS_SINKS:

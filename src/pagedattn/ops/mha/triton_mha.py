@@ -63,11 +63,13 @@ from ..prepared import (
     place_parts,
     pointer_residues,
     read_pointers,
+    semaphores,
     workspace_layout,
 )
 from ..specialize import request_block
 from . import gluon_prefill, gluon_prefill_ws
 from .selection import (  # noqa: F401 - decode_config: kept importable here (test_dispatch_plan)
+    DecodeConfig,
     DecodePlan,
     Device,
     MHATuning,
@@ -314,6 +316,16 @@ class _Ran:
     rows: int = 0
     plan_key: tuple[int, int, int, int] | None = None
     plan_buf: torch.Tensor | None = None
+    sem: torch.Tensor | None = None
+
+
+def _merge_flags(cfg: DecodeConfig, group: int, dvp: int) -> dict:
+    """The decode kernel's fused-merge constexprs (`triton_decode`, FUSED): MERGE_I items of the
+    KV head's query heads (padded to MERGE_GP) x all dvp dims a step, `cfg.merge_elems`
+    partial elements, loads pipelined `cfg.merge_stages` deep."""
+    gp = triton.next_power_of_2(group)
+    return dict(FUSED=True, MERGE_GP=gp, MERGE_I=max(2, cfg.merge_elems // (gp * dvp)),
+                MERGE_STAGES=cfg.merge_stages)  # fmt: skip
 
 
 def _full_path(
@@ -432,6 +444,13 @@ def _full_path(
         balanced = how.target > 0
         split = parts > 1 or balanced
         mma = mma_flags(cfg, prec, kcx, vcx)
+        # the fused merge's counters (None while a capture finds its stream without any:
+        # the combine launch then merges)
+        sem = ran.sem = (
+            semaphores(q.device, current_stream(current_device(q)), total_q * h_kv)
+            if balanced and cfg.fused_merge
+            else None
+        )
         buf = None
         if balanced and plan is not None and mask.code in PLANNED_MASKS:
             ran.plan_key = (batch, bn, how.target, how.min_blocks)
@@ -464,6 +483,7 @@ def _full_path(
         launch(_mha_decode_kernel, (items * h_kv,),
             *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
             buf if buf is not None else q,  # the step's plan (read only where PLAN)
+            sem if sem is not None else q,  # the fused merge's counters (read only where FUSED)
             H_KV=h_kv, GROUP=group, GP=max(cfg.gp_min, triton.next_power_of_2(group)),
             **fast_flags(cfg, ka, va, dk, dv, kcx, vcx, k_tma or v_tma, mma["MMA_F16"]),
             DK=dk, DKP=dkp, DV=dv, DVP=dvp, BLOCK_N=bn,
@@ -474,18 +494,20 @@ def _full_path(
             SPLIT=split and not balanced,
             WRITE_LSE=lse is not None and (balanced or not split),
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
-            BLOCK_B=block_b, PDL=split and pdl_enabled(q),
+            BLOCK_B=block_b, PDL=split and sem is None and pdl_enabled(q),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
             **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
-                    **({"PLAN": True} if buf is not None else {}))
+                    **({"PLAN": True} if buf is not None else {}),
+                    **(_merge_flags(cfg, group, dvp) if sem is not None else {}))
                if balanced else {}),
         )  # fmt: skip
         if balanced:
-            worklist_combine_triton(
-                ka.cache_lengths, q_row_offsets, mask.code, mask.param, po, pl, out, lse, sinks,
-                group=group, block_n=bn, target=how.target, min_blocks=how.min_blocks,
-                block_b=block_b, plan=buf,
-            )  # fmt: skip
+            if sem is None:
+                worklist_combine_triton(
+                    ka.cache_lengths, q_row_offsets, mask.code, mask.param, po, pl, out, lse,
+                    sinks, group=group, block_n=bn, target=how.target,
+                    min_blocks=how.min_blocks, block_b=block_b, plan=buf,
+                )  # fmt: skip
         elif split:
             combine_triton(po, pl, out, lse, sinks)
     elif isinstance(how, Sm90PrefillPlan):
@@ -563,9 +585,9 @@ def _prefill_sm90(how: Sm90PrefillPlan, q, total_q, q_row_offsets, ka, va, dk, d
 SOURCES = (
     "q", "q_row_offsets", "k.rows", "k.cache_lengths", "k.lut", "k.row_offsets", "k.scales",
     "v.rows", "v.cache_lengths", "v.lut", "v.row_offsets", "v.scales", "sinks", "mask.tensor",
-    "out", "lse", "partial_out", "partial_lse", "step plan",
+    "out", "lse", "partial_out", "partial_lse", "step plan", "semaphores",
 )  # fmt: skip
-_OUT, _LSE, _PO, _PL, _PLAN = 14, 15, 16, 17, 18
+_OUT, _LSE, _PO, _PL, _PLAN, _SEM = 14, 15, 16, 17, 18, 19
 
 
 def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, return_lse, out,
@@ -583,7 +605,7 @@ def _signature(q, k, v, q_row_offsets, mask, scale, sinks, num_partitions, retur
         mt = mask.tensor
         mk = (type(mask), mask.kind, mask.window, mask.chunk)
     src = [q, q_row_offsets, kr, kc, kl, ko, ks, vr, vc, vl, vo, vs, sinks, mt, out,
-           None, None, None, None]  # fmt: skip
+           None, None, None, None, None]  # fmt: skip
     key = (
         q.shape, type(k), k.page_size, k.page_stride_rows, k.quant_format,
         k.quantization_granularity, k.quantization_enabled, k.head_dim, k.num_heads, k.dtype,
@@ -619,12 +641,13 @@ class _PreparedCall:
     fixed): with a step plan whose buffer the launch reads (`plan_get`: `StepPlan.get`'s
     arguments, `plan_buf`), the plan's item count (or its capacity, `cap`, where only the
     device knows it) times `h_kv`; in Triton's interpreter without one (`host_grid`), the item
-    count of the host's lengths."""
+    count of the host's lengths. `sem_numel`: the counters the decode launch's fused merge
+    takes from the call's stream (`ops.prepared.semaphores`; 0: none)."""
 
     __slots__ = (
         "launches", "inputs", "aligned", "device", "index", "out_shape", "dtype", "lse_shape",
         "return_lse", "parts", "ws_numel", "grid_at", "plan_get", "plan_buf", "cap", "h_kv",
-        "host_grid", "fast",
+        "host_grid", "fast", "sem_numel",
     )  # fmt: skip
 
     def __call__(self, src: list, plan: StepPlan | None = None):
@@ -644,6 +667,12 @@ class _PreparedCall:
         if P is None:
             return MISS
         dev, index = self.device, self.index
+        stream = current_stream(index)
+        if self.sem_numel:
+            sem = src[_SEM] = semaphores(dev, stream, self.sem_numel)
+            if sem is None:  # a capture on a stream without counters: the full path
+                return MISS
+            P[_SEM] = sem.data_ptr()
         out = src[_OUT]
         if out is None:
             out = src[_OUT] = torch.empty(self.out_shape, dtype=self.dtype, device=dev)
@@ -652,7 +681,6 @@ class _PreparedCall:
         if self.return_lse:
             lse = src[_LSE] = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
             P[_LSE] = lse.data_ptr()
-        stream = current_stream(index)
         if self.ws_numel:
             place_parts(self.parts, self.ws_numel, src, P, dev, index, stream, not self.fast)
         at = self.grid_at
@@ -727,7 +755,9 @@ class PreparedMHA:
         with recording() as made:
             res, rans = _mixed_path(q, k, v, q_row_offsets, nd, **kwargs)
         made = [m for m in made if m.kernel is not _plan_kernel]  # (the step plan's own)
-        expected = sum(_expected_launches(r.how) for r in rans)
+        expected = sum(_expected_launches(r) for r in rans)
+        if any(_unfused(r) for r in rans):  # (capturing without counters: not kept)
+            return res
         if expected == 0:  # nothing launched (an empty batch)
             self.cache.store(key, guard, pick, None)
         elif len(made) == expected:  # (fewer: an offline capture replaced `launch`)
@@ -737,13 +767,26 @@ class PreparedMHA:
         return res
 
 
-def _expected_launches(how) -> int:
-    """The launches a full-path part of plan `how` makes through `ops.launch.launch`."""
+def _expected_launches(ran: _Ran) -> int:
+    """The launches a full-path part makes through `ops.launch.launch`."""
+    how = ran.how
     if how is None:
         return 0
     if isinstance(how, DecodePlan):
-        return 2 if how.target > 0 or how.num_partitions > 1 else 1
+        if how.target > 0:
+            return 1 if ran.sem is not None else 2
+        return 2 if how.num_partitions > 1 else 1
     return 1
+
+
+def _unfused(ran: _Ran) -> bool:
+    """Whether a balanced decode part that fuses its merge ran the combine launch instead (no
+    counters while its stream captured a graph: `ops.prepared.semaphores`)."""
+    how = ran.how
+    return (
+        isinstance(how, DecodePlan) and how.target > 0 and how.config.fused_merge
+        and ran.sem is None
+    )  # fmt: skip
 
 
 def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mask: Mask):
@@ -755,6 +798,8 @@ def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mas
     dec = next((r for r in rans if isinstance(r.how, DecodePlan)), None)
     if dec is not None and dec.po is not None:
         src[_PO], src[_PL] = dec.po, dec.pl
+    if dec is not None and dec.sem is not None:
+        src[_SEM] = dec.sem
     plan_buf = dec is not None and dec.plan_buf is not None
     if plan_buf:  # the buffer the full path's launch read
         src[_PLAN] = dec.plan_buf
@@ -764,7 +809,7 @@ def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mas
     e = _PreparedCall()
     e.launches = tuple(launches)
     e.fast = all(p.fast is not None for p in launches)
-    fresh = {_LSE, _PO, _PL} | (set() if out_given else {_OUT})
+    fresh = {_LSE, _PO, _PL, _SEM} | (set() if out_given else {_OUT})
     e.inputs = tuple(sorted(set().union(*(p.sources for p in launches)) - fresh))
     e.aligned = pointer_residues(src, e.inputs)
     q = src[0]
@@ -775,6 +820,7 @@ def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mas
     e.parts, e.ws_numel = (), 0
     e.grid_at, e.plan_get, e.plan_buf, e.cap, e.host_grid = -1, None, False, 0, None
     e.h_kv = src[2].shape[1]
+    e.sem_numel = 0 if dec is None or dec.sem is None else dec.rows * e.h_kv
     if dec is None:
         return e
     how = dec.how

@@ -164,7 +164,7 @@ def _worklist_combine_kernel(
     decode kernel).
 
     Two passes, so that no load waits on the one before: the heads' largest LSE over the
-    items, then BLOCK_I items a step, each weighted by exp(lse - max), into a [BLOCK_I, GP, DB]
+    items (BLOCK_L items a step), then BLOCK_I items a step, each weighted by exp(lse - max), into a [BLOCK_I, GP, DB]
     accumulator summed once after the loop, the steps' loads pipelined STAGES deep
     (docs/kernels/mha_decode.md, "the combine's step")."""
     pdl_wait(PDL)
@@ -183,53 +183,117 @@ def _worklist_combine_kernel(
         n_row = tl.sum(tl.where(at, n, 0), 0)
         first = (tl.sum(tl.where(at, incl, 0), 0) - n_row).to(tl.int64)
     if n_row > 1:
-        offs_g = tl.arange(0, GP)
-        offs_i = tl.arange(0, BLOCK_I)
         offs_d = dc * DB + tl.arange(0, DB)
-        hq = hkv * GROUP + offs_g
-        gmask = offs_g < GROUP
-        dmask = offs_d < DV
-        m = tl.full([GP], float("-inf"), tl.float32)
-        for i0 in range(0, n_row, BLOCK_I):
-            it = first + i0 + offs_i
-            im = (i0 + offs_i) < n_row
-            lp = tl.load(PL + it[:, None] * H + hq[None, :], mask=im[:, None] & gmask[None, :],
-                         other=float("-inf"))  # fmt: skip
-            m = tl.maximum(m, tl.max(lp, 0) * LOG2E)
-        m_use = tl.where(m == float("-inf"), 0.0, m)
-        den = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([BLOCK_I, GP, DB], tl.float32)
-        for i0 in tl.range(0, n_row, BLOCK_I, num_stages=STAGES):
-            it = first + i0 + offs_i
-            im = (i0 + offs_i) < n_row
-            ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
-            ihm = im[:, None] & gmask[None, :]
-            lp = tl.load(PL + ih, mask=ihm, other=float("-inf")) * LOG2E
-            # an unseen partial (lse -inf) adds nothing; a NaN one makes the row NaN
-            seen = lp != float("-inf")
-            w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
-            o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
-                        mask=ihm[:, :, None] & dmask[None, None, :], other=0.0)  # fmt: skip
-            acc += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
-            den += tl.sum(w, 0)
-        o = tl.sum(acc, 0) / tl.where(den != 0, den, 1.0)[:, None]
-        lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
-        if HAS_SINKS:
-            sink = tl.load(Sinks + hq, mask=gmask, other=float("-inf")) * LOG2E
-            o = o * tl.where(den != 0, 1.0 / (1.0 + tl.math.exp2(sink - lse2)), 0.0)[:, None]
-        row64 = row.to(tl.int64)
-        hq64 = hq.to(tl.int64)
-        tl.store(
-            Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_d[None, :],
-            o.to(Out.dtype.element_ty),
-            mask=gmask[:, None] & dmask[None, :],
+        o, lse2, den, hq, gmask, dmask = merge_items(
+            PO, PL, first, n_row, hkv, offs_d, H, GROUP, GP, DV, DB, BLOCK_I, STAGES
         )
-        if WRITE_LSE and dc == 0:
-            tl.store(
-                Lse + row64 * stride_lt + hq64 * stride_lh,
-                tl.where(den != 0, lse2 * LN2, float("-inf")),
-                mask=gmask,
-            )
+        store_merged(o, lse2, den, row, hq, gmask, offs_d, dmask, Sinks, Out, stride_ot,
+                     stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, dc == 0)  # fmt: skip
+
+
+@triton.jit
+def merge_items(
+    PO,
+    PL,
+    first,
+    n_row,
+    hkv,
+    offs_d,
+    H: tl.constexpr,
+    GROUP: tl.constexpr,
+    GP: tl.constexpr,
+    DV: tl.constexpr,
+    DB: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    STAGES: tl.constexpr,
+    BLOCK_L: tl.constexpr = 64,
+):
+    """Merge the partials of items [first, first + n_row) of one row for KV head hkv's GROUP
+    query heads (GP: GROUP padded to a power of two) over output dims offs_d [DB]: PO [items, H,
+    DV] normalised partials, PL [items, H] natural-log LSEs. Returns (o [GP, DB] normalised,
+    lse2 [GP] in log2 units, den [GP] the weights' sum (0: no key seen), hq [GP] the heads,
+    gmask, dmask).
+
+    Two passes, so that no load waits on the one before: the heads' largest LSE over the
+    items (BLOCK_L items a step), then BLOCK_I items a step, each weighted by exp(lse - max), into a [BLOCK_I, GP, DB]
+    accumulator summed once after the loop, the steps' loads pipelined STAGES deep
+    (docs/kernels/mha_decode.md, "the combine's step"). The loads bypass L1 (`.cg`): the
+    decode kernel's fused merge reads partials other programs of its launch wrote. An unseen
+    partial (LSE -inf) adds nothing; a NaN one makes the row NaN (`ops.combine`)."""
+    offs_g = tl.arange(0, GP)
+    offs_i = tl.arange(0, BLOCK_I)
+    hq = hkv * GROUP + offs_g
+    gmask = offs_g < GROUP
+    dmask = offs_d < DV
+    first = first.to(tl.int64)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    offs_l = tl.arange(0, BLOCK_L)
+    for i0 in range(0, n_row, BLOCK_L):  # (one step for rows of up to BLOCK_L items)
+        it = first + i0 + offs_l
+        im = (i0 + offs_l) < n_row
+        lp = tl.load(PL + it[:, None] * H + hq[None, :], mask=im[:, None] & gmask[None, :],
+                     other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+        m = tl.maximum(m, tl.max(lp, 0) * LOG2E)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([BLOCK_I, GP, DB], tl.float32)
+    for i0 in tl.range(0, n_row, BLOCK_I, num_stages=STAGES):
+        it = first + i0 + offs_i
+        im = (i0 + offs_i) < n_row
+        ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
+        ihm = im[:, None] & gmask[None, :]
+        lp = tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
+        seen = lp != float("-inf")
+        w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
+        o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
+                    mask=ihm[:, :, None] & dmask[None, None, :], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        acc += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
+        den += tl.sum(w, 0)
+    o = tl.sum(acc, 0) / tl.where(den != 0, den, 1.0)[:, None]
+    lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
+    return o, lse2, den, hq, gmask, dmask
+
+
+@triton.jit
+def store_merged(
+    o,
+    lse2,
+    den,
+    row,
+    hq,
+    gmask,
+    offs_d,
+    dmask,
+    Sinks,
+    Out,
+    stride_ot,
+    stride_oh,
+    Lse,
+    stride_lt,
+    stride_lh,
+    HAS_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    lse_here,
+):
+    """Store a merged row (`merge_items`): the output (sinks folded in) and, with WRITE_LSE
+    where lse_here, its natural-log LSE (-inf for a row that saw no key)."""
+    if HAS_SINKS:
+        sink = tl.load(Sinks + hq, mask=gmask, other=float("-inf")) * LOG2E
+        o = o * tl.where(den != 0, 1.0 / (1.0 + tl.math.exp2(sink - lse2)), 0.0)[:, None]
+    row64 = row.to(tl.int64)
+    hq64 = hq.to(tl.int64)
+    tl.store(
+        Out + row64 * stride_ot + hq64[:, None] * stride_oh + offs_d[None, :],
+        o.to(Out.dtype.element_ty),
+        mask=gmask[:, None] & dmask[None, :],
+    )
+    if WRITE_LSE and lse_here:
+        tl.store(
+            Lse + row64 * stride_lt + hq64 * stride_lh,
+            tl.where(den != 0, lse2 * LN2, float("-inf")),
+            mask=gmask,
+        )
 
 
 def worklist_combine_triton(
