@@ -54,7 +54,13 @@ roofline, and the 1B shape against transformers' `generate` on the same weights.
   decode step's inputs; device kernels grouped by name, the top `TOP_KERNELS` with their share
   of the step's kernel time, and the replay's (model call's) time without a kernel (a graph
   whose kernels the profiler does not see is profiled as one eager model call on the same
-  static inputs, and the record says so).
+  static inputs, and the record says so). Then by component, each against its own roofline
+  (`component_profile`, the record's "components"): one eager model call on the same inputs
+  (the kernels a replay runs), the device time inside each linear (by name: qkv_proj, o_proj,
+  gate_up_proj, down_proj, lm_head, ...), the norms, each layer's attention block (RoPE, KV
+  store, decode attention) and MLP block (activation, routing, experts) beside their own
+  linears, and the rest; each kind's bytes (parameters, the step's KV for attention, the rows
+  in and out) over the copy ceiling.
 
 Usage:
   python bench/bench_model.py [--only 1b] [--seed 0] [--out PATH.json]   # GPU
@@ -601,16 +607,160 @@ def profile_step(ctx: Ctx, eng: LLMEngine, case: Case, inputs=None) -> dict:
     total, rows = _profile_calls(ctx, graph_of(eng, case.b).replay, acts)
     source = "graph replay" if not ctx.dry else "emulated graph replay (CPU leaf ops)"
     if not ctx.dry and not rows:  # the profiler saw no kernels inside the graph
-        bufs, b = eng.runner.graphs.buffers, case.b
-        model = eng.model
-
-        def eager() -> None:
-            model(bufs.input_ids[:b], bufs.positions[:b], bufs.kv_rows(b),
-                  bufs.q_row_offsets[: b + 1], bufs.logits_rows[:b])  # fmt: skip
-
         source = "eager model call on the graph's inputs (no kernel events from the replay)"
-        total, rows = _profile_calls(ctx, eager, acts)
+        total, rows = _profile_calls(ctx, static_call(eng, case.b), acts)
     return dict(source=source, replays=PROFILE_REPLAYS, kernel_us=round(total, 2), top=rows)
+
+
+def static_call(eng: LLMEngine, b: int):
+    """One eager model call on the decode graph of bucket b's static inputs (the kernels its
+    replay runs)."""
+    bufs, model = eng.runner.graphs.buffers, eng.model
+
+    def eager() -> None:
+        model(bufs.input_ids[:b], bufs.positions[:b], bufs.kv_rows(b),
+              bufs.q_row_offsets[: b + 1], bufs.logits_rows[:b])  # fmt: skip
+
+    return eager
+
+
+ATTENTION_KIND = "attention (rope, KV store, decode)"
+MLP_KIND = "mlp (activation; routing and experts)"
+REST_KIND = "rest (embedding, tied lm_head, final norm, glue)"
+
+
+def _component_kind(name: str, module: torch.nn.Module) -> str | None:
+    """The component a module's work counts as (`component_profile`): a linear by its name in
+    its parent (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head, ...), the norms, a layer's
+    attention block or MLP block (what they run besides their linears and norms); None: not a
+    component (its work goes to its enclosing one)."""
+    from pagedattn.models.layers import Fp8BlockLinear, Linear, RMSNorm  # noqa: PLC0415
+
+    leaf = name.rsplit(".", 1)[-1]
+    if isinstance(module, (Linear, Fp8BlockLinear)):
+        return leaf
+    if isinstance(module, RMSNorm):
+        return "norms"
+    if leaf == "self_attn":
+        return ATTENTION_KIND
+    if leaf == "mlp":
+        return MLP_KIND
+    return None
+
+
+def _own_bytes(module: torch.nn.Module, below: set) -> int:
+    """Bytes of the parameters a module holds outside its sub-components (`below`: their
+    modules)."""
+    seen = {id(p) for m in below for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in seen)
+
+
+def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
+    """Where a decode step's time goes, by component, each against its own roofline (issue
+    57's report by kernel): `call()` (one eager model call on a decode step's inputs: the
+    kernels a graph replay runs) under torch.profiler, every component module
+    (`_component_kind`) and the model wrapped in a `record_function` range by forward hooks;
+    a component's time is the device time of the kernels launched inside its range, less its
+    sub-components' (CPU time in a dry run), summed by kind over the layers.
+
+    Bytes a step of each kind: a linear's parameters (weight, bias, FP8 scales) and its b rows
+    in and out; the norms' weights and b rows of x and the residual in and out; an attention
+    block's own parameters and the step's KV bytes (`step_cost`), read once; an MLP block's
+    own parameters (routed experts: all of them, as `step_cost` counts) and its b rows of
+    gate / up in and activation out; the rest, the step's bytes no component covers. FLOPs:
+    2 x b x in x out for a linear. Roofline: max(bytes / copy, FLOPs / matmul) of the run's
+    ceilings. Returns {"source", "calls", "model_us", "rows": [{kind, calls, us, bytes,
+    roofline_us, frac}]} (us a step)."""
+    from torch.profiler import ProfilerActivity, profile, record_function  # noqa: PLC0415
+
+    kinds = {n: k for n, m in model.named_modules() if (k := _component_kind(n, m)) is not None}
+    mods = dict(model.named_modules())
+    act = 4 if ctx.dtype == torch.float32 else 2
+    hidden = model.config.hidden_size
+    open_ranges: list = []
+
+    def enter(label):
+        def pre(_m, _a):
+            r = record_function(label)
+            r.__enter__()
+            open_ranges.append(r)
+
+        return pre
+
+    def leave(_m, _a, _o):
+        open_ranges.pop().__exit__(None, None, None)
+
+    handles = []
+    for n in [*kinds, ""]:
+        m = mods[n]
+        handles.append(m.register_forward_pre_hook(enter(f"pa::{n or 'model'}")))
+        handles.append(m.register_forward_hook(leave))
+    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
+    try:
+        with torch.inference_mode():
+            call()
+            ctx.sync()
+            with profile(activities=acts) as prof:
+                for _ in range(PROFILE_REPLAYS):
+                    call()
+                ctx.sync()
+    finally:
+        for h in handles:
+            h.remove()
+    total: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.key.startswith("pa::"):
+            t = e.cpu_time_total if ctx.dry else e.device_time_total
+            total[e.key[4:]] = t / PROFILE_REPLAYS
+    model_us = total.pop("model", 0.0)
+    names = sorted(kinds, key=len)
+
+    def parent(n: str) -> str | None:  # the innermost enclosing component
+        ups = [m for m in names if m != n and n.startswith(m + ".")]
+        return max(ups, key=len) if ups else None
+
+    own = dict(total)
+    for n in kinds:
+        if n in total and (p := parent(n)) is not None and p in own:
+            own[p] -= total[n]
+    kv_layer = cost["kv_bytes"] / model.config.num_layers
+    rows: dict[str, dict] = {}
+    covered = 0.0
+    for n, k in kinds.items():
+        m = mods[n]
+        subs = {mods[c] for c in kinds if c.startswith(n + ".")}
+        nbytes, flops = _own_bytes(m, subs), 0.0
+        if k not in (ATTENTION_KIND, MLP_KIND, "norms"):  # a linear
+            out_f, in_f = m.weight.shape[0], m.weight.shape[-1]
+            nbytes += b * (in_f + out_f) * act
+            flops = 2.0 * b * in_f * out_f
+        elif k == "norms":
+            nbytes += 4 * b * m.weight.shape[-1] * act
+        elif k == ATTENTION_KIND:
+            nbytes += kv_layer
+        else:
+            inter = getattr(model.config, "intermediate_size", hidden) or hidden
+            nbytes += 3 * b * inter * act
+        covered += nbytes
+        r = rows.setdefault(k, dict(kind=k, calls=0, us=0.0, bytes=0.0, flops=0.0))
+        r["calls"] += 1
+        r["us"] += max(own.get(n, 0.0), 0.0)
+        r["bytes"] += nbytes
+        r["flops"] += flops
+    rest_us = model_us - sum(total.get(n, 0.0) for n in kinds if parent(n) is None)
+    rows[REST_KIND] = dict(kind=REST_KIND, calls=1, us=max(rest_us, 0.0),
+                           bytes=max(cost["bytes"] - covered, 0.0), flops=0.0)  # fmt: skip
+    out = []
+    for r in sorted(rows.values(), key=lambda r: -r["us"]):
+        roof, _ = ctx.roofline_ms(r["bytes"], r["flops"])
+        us = r["us"]
+        out.append(dict(kind=r["kind"], calls=r["calls"], us=round(us, 2),
+                        bytes=round(r["bytes"]), roofline_us=round(roof * 1e3, 2),
+                        frac=round(roof * 1e3 / us, 4) if us > 0 else None))  # fmt: skip
+    source = "eager model call on a decode step's inputs"
+    if ctx.dry:
+        source += " (CPU time)"
+    return dict(source=source, calls=PROFILE_REPLAYS, model_us=round(model_us, 2), rows=out)
 
 
 def hf_decode(ctx: Ctx, case: Case, model, cfg_dict: dict, toks: list[list[int]]) -> dict:
@@ -673,14 +823,24 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
     kv_params = eng.kv_params
     ms = sum(res["ms"]) / len(res["ms"])
     n_alone = max(3, case.steps // 2)
+    cost = step_cost(model, case.b, res["ctx_sum"], kv_params)
+    comps = None
     if graphs:
         rep = replay_ms(ctx, eng, case.b, n_alone)
         prof = profile_step(ctx, eng, case) if case.profile else None
+        call = static_call(eng, case.b)
     else:
         inputs = last_decode_inputs(ctx, eng, case)
         rep = model_call_ms(ctx, eng, inputs, n_alone)
         prof = profile_step(ctx, eng, case, inputs) if case.profile else None
+        call = lambda inputs=inputs, runner=eng.runner: runner.eager(inputs)  # noqa: E731
         del inputs
+    if case.profile:
+        try:
+            comps = component_profile(ctx, eng.model, call, case.b, cost)
+        except Exception as e:  # noqa: BLE001 - a failed breakdown is a record, not the end
+            ctx.error(case, f"component profile failed: {type(e).__name__}: {str(e)[:300]}")
+    del call
     fused_branch = bool(getattr(model.model.layers[0].self_attn, "takes_branch", False))
     del eng
     _free(ctx)
@@ -695,7 +855,6 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
         _free(ctx)
         ms_sync = sum(sync["ms"]) / len(sync["ms"])
 
-    cost = step_cost(model, case.b, res["ctx_sum"], kv_params)
     roof, bound = ctx.roofline_ms(cost["bytes"], cost["flops"])
     med = sorted(res["ms"])[len(res["ms"]) // 2]
     base = dict(
@@ -752,6 +911,8 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
     if prof is not None:  # kernels run back to back on one stream: the rest is idle time
         prof["replay_idle_us"] = round(rep * 1e3 - prof["kernel_us"], 2)
         e["profile"] = prof
+    if comps is not None:
+        e["components"] = comps
     mine = Record(SUITE, case.name, "pagedattn", ms, cost["bytes"], cost["flops"], e)
     ctx.records.append(mine)
     if graphs:
@@ -915,6 +1076,14 @@ def profile_lines(records: list[Record]) -> str:
             lines.append(
                 f"  {k['share']:>6.1%} {k['us']:>9.1f} us x{k['calls']:<6g} {k['name'][:90]}"
             )
+        c = r.extra.get("components")
+        if c:
+            lines.append(f"  by component ({c['source']}; {c['model_us']:.1f} us a call), each "
+                         "against its own roofline:")  # fmt: skip
+            for k in c["rows"]:
+                frac = "-" if k["frac"] is None else f"{k['frac']:.2f}"
+                lines.append(f"  {k['us']:>9.1f} us x{k['calls']:<4d} roofline "
+                             f"{k['roofline_us']:>8.1f} us ({frac:>5})  {k['kind']}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import bench_real as br  # noqa: E402
 from common import copy_bandwidth, flashinfer, time_ms  # noqa: E402
+from profile_gqa_skew import kernel_times  # noqa: E402
 
 from pagedattn import KVCacheParams, PagedOperand  # noqa: E402
 from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
@@ -105,20 +106,6 @@ def _probe(knobs: dict, batch: int):
             TM.launch, TM.worklist_combine_triton = launch0, comb0
 
     return ctx
-
-
-def kernel_times(fn, n=20) -> dict[str, float]:
-    """Mean device us a call of each kernel `fn` launches (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    return {e.key[:28]: round(e.device_time_total / n, 2) for e in prof.key_averages()
-            if e.device_type.name == "CUDA"}  # fmt: skip
 
 
 def resources(fn) -> dict:

@@ -339,8 +339,19 @@ def test_dry_run_record(tmp_path, capsys):
             shares = [k["share"] for k in p["top"]]
             assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-6
             assert p["source"].startswith("emulated graph replay" if graphs else "eager model")
+            # by component, each against its own roofline: they add up to the model call, and
+            # their bytes cover the step's (the rest takes what no component holds)
+            c = e["components"]
+            rows = {k["kind"]: k for k in c["rows"]}
+            assert {bench_model.ATTENTION_KIND, bench_model.REST_KIND, "norms"} <= rows.keys()
+            if "llama" in case.name:
+                assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"} <= rows.keys()
+                assert rows["qkv_proj"]["calls"] == cfg["num_hidden_layers"]
+            assert sum(k["us"] for k in c["rows"]) == pytest.approx(c["model_us"], rel=0.05)
+            assert sum(k["bytes"] for k in c["rows"]) >= r["bytes"] * (1 - 1e-6)
+            assert all(k["roofline_us"] > 0 for k in c["rows"] if k["bytes"])
         else:
-            assert "profile" not in e
+            assert "profile" not in e and "components" not in e
         if case.hf:
             t = recs[(case.name, "transformers")]["extra"]
             assert t["new_tokens"] == small.hf_tokens and t["tokens_per_s"] > 0
@@ -378,7 +389,8 @@ def test_v3_slice_dry_run_decodes_through_the_fused_fp8_branch(tmp_path, monkeyp
     assert list(data["case_seconds"]) == [bench_model.CASES[-1].name] and data["errors"] == []
     assert [(r["impl"], r["extra"]["graphs"]) for r in data["records"]] == [("pagedattn", False)]
     n_alone = max(3, case.steps // 2) + 1  # model_call_ms: a warm-up call, then the timed ones
-    decode_steps = case.warmup + case.steps + 1 + n_alone + 1 + bench_model.PROFILE_REPLAYS
+    # (the kernel profile and the component profile: a warm-up call, then the profiled ones)
+    decode_steps = case.warmup + case.steps + 1 + n_alone + 2 * (1 + bench_model.PROFILE_REPLAYS)
     # (+ decode steps launched while the prefill loop waits for first tokens; a step whose
     # prefill chunk is short enough to attend absorbed takes the branch too)
     assert len(calls) % 4 == 0 and 4 * decode_steps <= calls.count(case.b) <= 4 * decode_steps + 8
