@@ -156,7 +156,7 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     compute-bound call is its cool-GPU time and the graph time its time under sustained load."""
     # compiles and warms before the capture, on the capture's stream (PyTorch's practice; a
     # stream's first balanced decode call makes its fused-merge counters there, so that the
-    # capture takes that path: `pagedattn.ops.prepared.semaphores`)
+    # graph reads them instead of filling fresh zeros: `pagedattn.ops.prepared.semaphores`)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

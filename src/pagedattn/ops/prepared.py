@@ -65,7 +65,8 @@ that stream is safe).
 
 `semaphores(device, stream, numel)`: int32 counters that are zero between launches, one tensor
 per (device, stream) (the balanced MHA decode's fused merge counts its split rows' items on
-them), made and zeroed outside CUDA graph capture only, never freed (the function's docstring).
+them), never freed; a capture on a stream without one takes fresh zeros a call (the
+function's docstring).
 
 Bounds: `PreparedCache` keeps at most `capacity` keys (least recently used dropped) and
 `per_key` guarded entries under one key; `cached_launch` at most `MAX_LAUNCHES` keys. No
@@ -874,22 +875,29 @@ _RETIRED: list = []  # replaced semaphore tensors: kept, since a captured graph 
 SEMAPHORE_MIN = 1024 * 64  # counters a first tensor holds (256 KB): rows x KV heads
 
 
-def semaphores(device: torch.device, stream: int, numel: int) -> torch.Tensor | None:
+def semaphores(device: torch.device, stream: int, numel: int) -> torch.Tensor:
     """An int32 tensor of at least `numel` counters on `device`, every one 0 whenever no launch
-    that counts on it is in flight, shared by the calls on one (device, stream); None while
-    that stream captures a CUDA graph and has none yet (the caller then takes a path without
-    counters).
+    that counts on it is in flight.
 
     Rule: a kernel that counts on it (the balanced decode's fused merge) sets each counter it
-    raised back to 0 before it exits, so launches ordered on one stream may share it; launches
-    on two streams (two micro-batches overlapped) get two. A tensor is made, and zeroed, only
-    outside a capture: a graph captured on a stream that ran such a call eagerly first (PyTorch's
-    warm-up on the capture stream) captures the counting path. A tensor is never freed while
-    the process lives (a graph's replay may read it; a larger one replaces it for new calls)."""
+    raised back to 0 before it exits, so launches ordered on one stream may share one; the
+    calls on one (device, stream) share theirs, launches on two streams (two micro-batches
+    overlapped) get two. That tensor is made, and zeroed, outside CUDA graph capture, and never
+    freed while the process lives (a graph's replay may read it; a larger one replaces it for
+    new calls). While a stream without one captures a graph, each call gets a fresh tensor of
+    zeros from the graph's pool instead: its zero fill is captured with it (a memset node a
+    call), so every replay starts from zeros; warming the call up eagerly on the capture stream
+    first (PyTorch's practice) makes the stream's tensor and leaves that node out."""
     key = (device, stream)
     t = _SEMAPHORES.get(key)
     if t is not None and t.numel() >= numel:
         return t
+    if device.type == "cuda" and _cuda_capturing():
+        return torch.zeros(max(numel, 1), dtype=torch.int32, device=device)
+    if t is not None:
+        _RETIRED.append(t)
+    t = _SEMAPHORES[key] = torch.zeros(max(numel, SEMAPHORE_MIN), dtype=torch.int32, device=device)
+    return t
     if device.type == "cuda" and _cuda_capturing():
         return None
     if t is not None:

@@ -444,8 +444,7 @@ def _full_path(
         balanced = how.target > 0
         split = parts > 1 or balanced
         mma = mma_flags(cfg, prec, kcx, vcx)
-        # the fused merge's counters (None while a capture finds its stream without any:
-        # the combine launch then merges)
+        # the fused merge's counters (`ops.prepared.semaphores`)
         sem = ran.sem = (
             semaphores(q.device, current_stream(current_device(q)), total_q * h_kv)
             if balanced and cfg.fused_merge
@@ -670,8 +669,6 @@ class _PreparedCall:
         stream = current_stream(index)
         if self.sem_numel:
             sem = src[_SEM] = semaphores(dev, stream, self.sem_numel)
-            if sem is None:  # a capture on a stream without counters: the full path
-                return MISS
             P[_SEM] = sem.data_ptr()
         out = src[_OUT]
         if out is None:
@@ -756,8 +753,6 @@ class PreparedMHA:
             res, rans = _mixed_path(q, k, v, q_row_offsets, nd, **kwargs)
         made = [m for m in made if m.kernel is not _plan_kernel]  # (the step plan's own)
         expected = sum(_expected_launches(r) for r in rans)
-        if any(_unfused(r) for r in rans):  # (capturing without counters: not kept)
-            return res
         if expected == 0:  # nothing launched (an empty batch)
             self.cache.store(key, guard, pick, None)
         elif len(made) == expected:  # (fewer: an offline capture replaced `launch`)
@@ -777,16 +772,6 @@ def _expected_launches(ran: _Ran) -> int:
             return 1 if ran.sem is not None else 2
         return 2 if how.num_partitions > 1 else 1
     return 1
-
-
-def _unfused(ran: _Ran) -> bool:
-    """Whether a balanced decode part that fuses its merge ran the combine launch instead (no
-    counters while its stream captured a graph: `ops.prepared.semaphores`)."""
-    how = ran.how
-    return (
-        isinstance(how, DecodePlan) and how.target > 0 and how.config.fused_merge
-        and ran.sem is None
-    )  # fmt: skip
 
 
 def _prepare_call(made, src: list, rans: list, outs: tuple, out_given: bool, mask: Mask):
