@@ -129,6 +129,20 @@ def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan,
     assert_close(lse, lse3, **LSE_TOL)
 
 
+def test_semaphores_are_per_stream_zeroed_and_kept():
+    """One zeroed int32 tensor per (device, stream), the same for every call that fits; a call
+    that needs more counters gets a larger one, and the smaller stays alive (a captured graph
+    may still read it)."""
+    dev = torch.device("cpu")
+    a = PR.semaphores(dev, 12345, 10)
+    assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().sum()) == 0
+    assert PR.semaphores(dev, 12345, a.numel()) is a
+    assert PR.semaphores(dev, 54321, 10) is not a  # another stream
+    big = PR.semaphores(dev, 12345, a.numel() + 1)
+    assert big is not a and big.numel() > a.numel() and int(big.abs().sum()) == 0
+    assert any(t is a for t in PR._RETIRED) and PR.semaphores(dev, 12345, 10) is big
+
+
 def test_fp8_per_token_fast_loop(gen):
     """FP8 per-token K/V (the fast loop) through the work list."""
     quant = KVQuantConfig.per_token()
