@@ -627,7 +627,8 @@ def _mha_decode_kernel(
                     MERGE_I, MERGE_STAGES,
                 )  # fmt: skip
                 store_merged(mo, lse2, den, row, mhq, mg, offs_m, md, Sinks, Out, stride_ot,
-                             stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, True)  # fmt: skip
+                             stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE,
+                             True)  # fmt: skip
     else:
         den = l_i
         if HAS_SINKS:

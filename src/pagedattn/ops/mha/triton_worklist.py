@@ -163,10 +163,7 @@ def _worklist_combine_kernel(
     head's GROUP query heads when the row has several (a row of one item was written by the
     decode kernel).
 
-    Two passes, so that no load waits on the one before: the heads' largest LSE over the
-    items (BLOCK_L items a step), then BLOCK_I items a step, each weighted by exp(lse - max), into a [BLOCK_I, GP, DB]
-    accumulator summed once after the loop, the steps' loads pipelined STAGES deep
-    (docs/kernels/mha_decode.md, "the combine's step")."""
+    The merge: `merge_items` (two passes, the steps' loads pipelined STAGES deep)."""
     pdl_wait(PDL)
     row = tl.program_id(0)
     hkv = tl.program_id(1)
@@ -188,7 +185,8 @@ def _worklist_combine_kernel(
             PO, PL, first, n_row, hkv, offs_d, H, GROUP, GP, DV, DB, BLOCK_I, STAGES
         )
         store_merged(o, lse2, den, row, hq, gmask, offs_d, dmask, Sinks, Out, stride_ot,
-                     stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE, dc == 0)  # fmt: skip
+                     stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE,
+                     dc == 0)  # fmt: skip
 
 
 @triton.jit
@@ -215,11 +213,12 @@ def merge_items(
     gmask, dmask).
 
     Two passes, so that no load waits on the one before: the heads' largest LSE over the
-    items (BLOCK_L items a step), then BLOCK_I items a step, each weighted by exp(lse - max), into a [BLOCK_I, GP, DB]
-    accumulator summed once after the loop, the steps' loads pipelined STAGES deep
-    (docs/kernels/mha_decode.md, "the combine's step"). The loads bypass L1 (`.cg`): the
-    decode kernel's fused merge reads partials other programs of its launch wrote. An unseen
-    partial (LSE -inf) adds nothing; a NaN one makes the row NaN (`ops.combine`)."""
+    items (BLOCK_L items a step), then BLOCK_I items a step, each weighted by exp(lse - max),
+    into a [BLOCK_I, GP, DB] accumulator summed once after the loop, the steps' loads
+    pipelined STAGES deep (docs/kernels/mha_decode.md, "the combine's step"). The loads
+    bypass L1 (`.cg`): the decode kernel's fused merge reads partials other programs of its
+    launch wrote. An unseen partial (LSE -inf) adds nothing; a NaN one makes the row NaN
+    (`ops.combine`)."""
     offs_g = tl.arange(0, GP)
     offs_i = tl.arange(0, BLOCK_I)
     hq = hkv * GROUP + offs_g
