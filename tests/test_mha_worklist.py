@@ -130,17 +130,23 @@ def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan,
 
 
 def test_semaphores_are_per_stream_zeroed_and_kept():
-    """One zeroed int32 tensor per (device, stream), the same for every call that fits; a call
-    that needs more counters gets a larger one, and the smaller stays alive (a captured graph
-    may still read it)."""
+    """One zeroed int32 tensor per (device, stream) (on a CPU, per thread), the same for every
+    call that fits; a call that needs more counters gets a larger one, and the smaller stays
+    alive (a captured graph may still read it)."""
+    import threading
+
     dev = torch.device("cpu")
-    a = PR.semaphores(dev, 12345, 10)
+    a = PR.semaphores(dev, 0, 10)
     assert a.dtype == torch.int32 and a.numel() >= 10 and int(a.abs().sum()) == 0
-    assert PR.semaphores(dev, 12345, a.numel()) is a
-    assert PR.semaphores(dev, 54321, 10) is not a  # another stream
-    big = PR.semaphores(dev, 12345, a.numel() + 1)
+    assert PR.semaphores(dev, 0, a.numel()) is a
+    other = []
+    t = threading.Thread(target=lambda: other.append(PR.semaphores(dev, 0, 10)))
+    t.start()
+    t.join()
+    assert other[0] is not a  # another thread
+    big = PR.semaphores(dev, 0, a.numel() + 1)
     assert big is not a and big.numel() > a.numel() and int(big.abs().sum()) == 0
-    assert any(t is a for t in PR._RETIRED) and PR.semaphores(dev, 12345, 10) is big
+    assert any(t is a for t in PR._RETIRED) and PR.semaphores(dev, 0, 10) is big
 
 
 def test_fp8_per_token_fast_loop(gen):

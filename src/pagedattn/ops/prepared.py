@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from operator import itemgetter
@@ -882,13 +883,15 @@ def semaphores(device: torch.device, stream: int, numel: int) -> torch.Tensor:
     Rule: a kernel that counts on it (the balanced decode's fused merge) sets each counter it
     raised back to 0 before it exits, so launches ordered on one stream may share one; the
     calls on one (device, stream) share theirs, launches on two streams (two micro-batches
-    overlapped) get two. That tensor is made, and zeroed, outside CUDA graph capture, and never
-    freed while the process lives (a graph's replay may read it; a larger one replaces it for
-    new calls). While a stream without one captures a graph, each call gets a fresh tensor of
-    zeros from the graph's pool instead: its zero fill is captured with it (a memset node a
-    call), so every replay starts from zeros; warming the call up eagerly on the capture stream
-    first (PyTorch's practice) makes the stream's tensor and leaves that node out."""
-    key = (device, stream)
+    overlapped) get two (on a CPU, where Triton's interpreter runs a launch, one a thread).
+    That tensor is made, and zeroed, outside CUDA graph capture, and never freed while the
+    process lives (a graph's replay may read it; a larger one replaces it for new calls).
+    While a stream without one captures a graph, each call gets a fresh tensor of zeros from
+    the graph's pool instead: its zero fill is captured with it (a memset node a call), so
+    every replay starts from zeros; warming the call up eagerly on the capture stream first
+    (PyTorch's practice) makes the stream's tensor and leaves that node out."""
+    # (no stream orders a CPU launch under Triton's interpreter: one tensor a thread there)
+    key = (device, stream) if device.type == "cuda" else (device, threading.get_ident())
     t = _SEMAPHORES.get(key)
     if t is not None and t.numel() >= numel:
         return t
