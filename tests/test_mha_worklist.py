@@ -129,6 +129,19 @@ def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan,
     assert_close(lse, lse3, **LSE_TOL)
 
 
+@pytest.mark.parametrize("h_kv,group,d,page", [(3, 3, 96, 16), (1, 6, 48, 1), (2, 5, 80, 7)])
+def test_fused_merge_with_padded_heads_and_dims(h_kv, group, d, page, gen):
+    """Split rows merged in the launch where the query heads of a KV head (3, 5, 6) and the
+    head dim (96, 80, 48) are padded to powers of two, over odd page sizes, with sinks and
+    the LSE, against the oracle."""
+    cache_lens = [0, 1500, 1, 2300, 3]
+    b = len(cache_lens)
+    k, v, ks, vs = build_paged(page, h_kv, d, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, h_kv * group, d, gen)
+    sinks = torch.randn(h_kv * group, generator=gen).to(DEV)
+    check(q, k, v, ks, vs, cache_lens, offsets_of([1] * b), sinks=sinks)
+
+
 def test_semaphores_are_per_stream_zeroed_and_kept():
     """One zeroed int32 tensor per (device, stream) (on a CPU, per thread), the same for every
     call that fits; a call that needs more counters gets a larger one, and the smaller stays
