@@ -573,11 +573,12 @@ def model_call_ms(ctx: Ctx, eng: LLMEngine, inputs, n: int) -> float:
     return times[len(times) // 2]
 
 
-def _profile_calls(ctx: Ctx, fn, acts) -> tuple[float, list[dict]]:
-    """`kernel_table` of `PROFILE_REPLAYS` calls of fn under the profiler, after one call
-    outside it (warm-up)."""
-    from torch.profiler import profile  # noqa: PLC0415
+def _profiled(ctx: Ctx, fn):
+    """torch.profiler over `PROFILE_REPLAYS` calls of fn (CPU events, and CUDA's off the dry
+    run), after one call outside it (warm-up)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
+    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
     with torch.inference_mode():
         fn()
         ctx.sync()
@@ -585,30 +586,32 @@ def _profile_calls(ctx: Ctx, fn, acts) -> tuple[float, list[dict]]:
         for _ in range(PROFILE_REPLAYS):
             fn()
         ctx.sync()
-    return kernel_table(prof, PROFILE_REPLAYS, not ctx.dry)
+    return prof
+
+
+def _profile_calls(ctx: Ctx, fn) -> tuple[float, list[dict]]:
+    """`kernel_table` of `_profiled` calls of fn."""
+    return kernel_table(_profiled(ctx, fn), PROFILE_REPLAYS, not ctx.dry)
 
 
 def profile_step(ctx: Ctx, eng: LLMEngine, case: Case, inputs=None) -> dict:
     """Kernel times of `PROFILE_REPLAYS` replays of the decode graph, or for an engine
     without graphs of as many eager model calls on a decode step's inputs (`inputs`, else
     `last_decode_inputs`) (module docstring)."""
-    from torch.profiler import ProfilerActivity  # noqa: PLC0415
-
-    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
     if eng.runner.graphs is None:
         if inputs is None:
             inputs = last_decode_inputs(ctx, eng, case)
-        total, rows = _profile_calls(ctx, lambda: eng.runner.eager(inputs), acts)
+        total, rows = _profile_calls(ctx, lambda: eng.runner.eager(inputs))
         source = "eager model call on a decode step's inputs (the model captures no graphs)"
         if ctx.dry:
             source += " (CPU leaf ops)"
         return dict(source=source, replays=PROFILE_REPLAYS, kernel_us=round(total, 2), top=rows)
     # (under inference_mode: an emulated replay runs the model, dry run)
-    total, rows = _profile_calls(ctx, graph_of(eng, case.b).replay, acts)
+    total, rows = _profile_calls(ctx, graph_of(eng, case.b).replay)
     source = "graph replay" if not ctx.dry else "emulated graph replay (CPU leaf ops)"
     if not ctx.dry and not rows:  # the profiler saw no kernels inside the graph
         source = "eager model call on the graph's inputs (no kernel events from the replay)"
-        total, rows = _profile_calls(ctx, static_call(eng, case.b), acts)
+        total, rows = _profile_calls(ctx, static_call(eng, case.b))
     return dict(source=source, replays=PROFILE_REPLAYS, kernel_us=round(total, 2), top=rows)
 
 
@@ -671,7 +674,7 @@ def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
     2 x b x in x out for a linear. Roofline: max(bytes / copy, FLOPs / matmul) of the run's
     ceilings. Returns {"source", "calls", "model_us", "rows": [{kind, calls, us, bytes,
     roofline_us, frac}]} (us a step)."""
-    from torch.profiler import ProfilerActivity, profile, record_function  # noqa: PLC0415
+    from torch.profiler import record_function  # noqa: PLC0415
 
     kinds = {n: k for n, m in model.named_modules() if (k := _component_kind(n, m)) is not None}
     mods = dict(model.named_modules())
@@ -695,15 +698,8 @@ def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
         m = mods[n]
         handles.append(m.register_forward_pre_hook(enter(f"pa::{n or 'model'}")))
         handles.append(m.register_forward_hook(leave))
-    acts = [ProfilerActivity.CPU] + ([] if ctx.dry else [ProfilerActivity.CUDA])
     try:
-        with torch.inference_mode():
-            call()
-            ctx.sync()
-            with profile(activities=acts) as prof:
-                for _ in range(PROFILE_REPLAYS):
-                    call()
-                ctx.sync()
+        prof = _profiled(ctx, call)
     finally:
         for h in handles:
             h.remove()
