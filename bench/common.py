@@ -15,6 +15,7 @@ Never time on zeros: every input is fresh random data.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -137,6 +138,16 @@ def board_watts() -> float | None:
         return None
 
 
+@functools.cache
+def _stream_on(device: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
+
+
+def _capture_stream() -> torch.cuda.Stream:
+    """The current CUDA device's stream that `time_ms` warms up and captures on."""
+    return _stream_on(torch.cuda.current_device())
+
+
 def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     """Time of `fn` in ms: the faster of eager calls and replays of one call captured in a
     CUDA graph (a call that cannot be captured is timed eagerly only). Replays leave out the
@@ -156,8 +167,9 @@ def time_ms(fn, warmup: int = 25, rep: int = 100, repeats: int = 2) -> Ms:
     compute-bound call is its cool-GPU time and the graph time its time under sustained load."""
     # compiles and warms before the capture, on the capture's stream (PyTorch's practice; a
     # stream's first balanced decode call makes its fused-merge counters there, so that the
-    # graph reads them instead of filling fresh zeros: `pagedattn.ops.prepared.semaphores`)
-    side = torch.cuda.Stream()
+    # graph reads them instead of filling fresh zeros: `pagedattn.ops.prepared.semaphores`);
+    # one stream a device for every timing, so the counters are made once
+    side = _capture_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
