@@ -72,6 +72,7 @@ Output: JSON (`common.save`, suite "model") and a PNG beside it, then a short ta
 
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 import os
@@ -658,6 +659,35 @@ def _own_bytes(module: torch.nn.Module, below: set) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in seen)
 
 
+def _range_kernel_us(prof, dry: bool) -> dict[str, float]:
+    """us a call of each "pa::NAME" range of a `_profiled` run, by NAME: on the GPU the summed
+    durations of the kernels that ran inside the range's device span (the profiler's device
+    copy of a range spans from its first kernel to its last, idle time included: an eager
+    call's device waits for its host launches); in a dry run the range's CPU time."""
+    from torch.autograd import DeviceType  # noqa: PLC0415
+
+    total: dict[str, float] = defaultdict(float)
+    if dry:
+        for e in prof.events():
+            if e.name.startswith("pa::") and e.device_type == DeviceType.CPU:
+                total[e.name[4:]] += e.cpu_time_total / PROFILE_REPLAYS
+        return dict(total)
+    dev = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in dev
+                     if not e.name.startswith("pa::"))  # fmt: skip
+    starts = [k[0] for k in kernels]
+    for e in dev:
+        if e.name.startswith("pa::"):
+            s, t = e.time_range.start, e.time_range.end
+            i = bisect.bisect_left(starts, s)
+            busy = 0.0
+            while i < len(kernels) and kernels[i][0] < t:
+                busy += min(kernels[i][1], t) - kernels[i][0]
+                i += 1
+            total[e.name[4:]] += busy / PROFILE_REPLAYS
+    return dict(total)
+
+
 def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
     """Where a decode step's time goes, by component, each against its own roofline (issue
     57's report by kernel): `call()` (one eager model call on a decode step's inputs: the
@@ -703,11 +733,7 @@ def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
     finally:
         for h in handles:
             h.remove()
-    total: dict[str, float] = {}
-    for e in prof.key_averages():
-        if e.key.startswith("pa::"):
-            t = e.cpu_time_total if ctx.dry else e.device_time_total
-            total[e.key[4:]] = t / PROFILE_REPLAYS
+    total = _range_kernel_us(prof, ctx.dry)
     model_us = total.pop("model", 0.0)
     names = sorted(kinds, key=len)
 
