@@ -2,9 +2,9 @@
 
 The engine's timed step (`bench_model`'s "step") is longer than the captured graph's replay
 alone ("replay"). This probe serves bench_model's case (random weights, b requests of 512
-tokens, graphs, async scheduling), then profiles STEPS engine steps with torch.profiler and
-splits the device timeline of the steady steps: kernels and copies inside graph replays, the
-ones outside (by name), and the time no kernel ran.
+tokens, graphs, async scheduling), then times STEPS engine steps (wall, and the host's own
+time: the wall less the wait for the step's tokens), and profiles STEPS more with cProfile:
+the host's functions by own time (CUDA API calls show as torch's builtins).
 
 Usage (GPU): python dev/profile_engine_step.py [--shape llama3.2-1b] [--b 64] [--out F.json]
 """
@@ -12,18 +12,27 @@ Usage (GPU): python dev/profile_engine_step.py [--shape llama3.2-1b] [--b 64] [-
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import sys
-from collections import defaultdict
+import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
-from bench_model import CASES, Ctx, build_model, hf_config_dict, prompts, serve  # noqa: E402
+from bench_model import (  # noqa: E402
+    CASES,
+    Ctx,
+    build_model,
+    hf_config_dict,
+    prompts,
+    serve,
+)  # fmt: skip
 
-STEPS = 12
+STEPS = 40
 
 
 def main() -> None:
@@ -39,58 +48,50 @@ def main() -> None:
     toks = prompts(case, cfg["vocab_size"], 0)
     res = serve(ctx, case, model, toks, graphs=True)
     eng = res["engine"]
-    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            eng.step()
-        torch.cuda.synchronize()
-    dev = [
-        e
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() >= 0
-    ]
-    dev.sort(key=lambda e: e.time_range.start)
-    # A graph replay's kernels: the profiler gives them the replay's correlation (cudaGraphLaunch);
-    # here, kernels whose name is one the model's forward runs are counted by name instead.
-    t0, t1 = dev[len(dev) // 4].time_range.start, dev[-1].time_range.end  # the steady part
-    window = [e for e in dev if e.time_range.start >= t0]
-    busy, by_name, calls = 0.0, defaultdict(float), defaultdict(int)
-    last_end = t0
-    for e in window:
-        s, t = e.time_range.start, e.time_range.end
-        busy += max(0.0, t - max(s, last_end))
-        last_end = max(last_end, t)
-        by_name[e.name] += t - s
-        calls[e.name] += 1
-    span = t1 - t0
-    steps = STEPS * (len(window) / len(dev))
-    rows = sorted(by_name, key=by_name.get, reverse=True)
+    from pagedattn.engine import inflight  # noqa: PLC0415
+
+    # the host's own time a step: the step's wall time less its wait for the tokens
+    waits: list[float] = []
+    tokens = inflight.InFlightStep.tokens
+
+    def timed_tokens(self):
+        t = time.perf_counter()
+        out = tokens(self)
+        waits.append(time.perf_counter() - t)
+        return out
+
+    inflight.InFlightStep.tokens = timed_tokens
+    walls = []
+    for _ in range(STEPS):
+        t = time.perf_counter()
+        eng.step()
+        walls.append(time.perf_counter() - t)
+    inflight.InFlightStep.tokens = tokens
+    torch.cuda.synchronize()
+    wall = sum(walls) / STEPS * 1e6  # means: a step blocks somewhere now and then
+    wait = sum(waits) / STEPS * 1e6
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(STEPS):
+        eng.step()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:40]  # by own time
     out = dict(
-        shape=a.shape,
-        b=a.b,
+        shape=a.shape, b=a.b,
         step_ms_median=sorted(res["ms"])[len(res["ms"]) // 2],
-        span_us=span,
-        steps_in_span=steps,
-        busy_us_a_step=busy / steps,
-        idle_us_a_step=(span - busy) / steps,
-        kernels=[
-            dict(name=n[:140], us_a_step=by_name[n] / steps, calls_a_step=calls[n] / steps)
-            for n in rows[:60]
-        ],
-    )
-    cpu = defaultdict(float)
-    for e in prof.key_averages():
-        if e.key.startswith(("aten::", "cuda")) or "Graph" in e.key:
-            cpu[e.key] = e.cpu_time_total / STEPS
-    out["host_us_a_step"] = dict(sorted(cpu.items(), key=lambda kv: -kv[1])[:25])
-    print(f"step {out['step_ms_median']:.3f} ms; device busy {out['busy_us_a_step']:.1f} us, "
-          f"idle {out['idle_us_a_step']:.1f} us a step")  # fmt: skip
-    for r in out["kernels"][:40]:
-        print(f"  {r['us_a_step']:8.1f} us {r['calls_a_step']:6.1f}x  {r['name'][:100]}")
-    print("host (us a step):")
-    for k, v in list(out["host_us_a_step"].items())[:15]:
-        print(f"  {v:8.1f}  {k}")
+        wall_us_a_step=wall, token_wait_us=wait, host_us_a_step=wall - wait,
+        host_own_us=[dict(fn=f"{f[0].rsplit('/', 1)[-1]}:{f[1]}({f[2]})", calls=v[1] / STEPS,
+                          own_us=v[2] / STEPS * 1e6, cum_us=v[3] / STEPS * 1e6)
+                     for f, v in rows],
+    )  # fmt: skip
+    print(f"step {out['step_ms_median']:.3f} ms; an engine.step() call: wall {wall:.0f} us, "
+          f"of it waiting for tokens {wait:.0f} us (host {wall - wait:.0f} us)")  # fmt: skip
+    print("host, by own time (cProfile, us a step):")
+    for r in out["host_own_us"][:30]:
+        print(f"  {r['own_us']:8.1f} own {r['cum_us']:8.1f} cum {r['calls']:6.1f}x  {r['fn']}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pagedattn.errors import InvalidArgumentError
-from pagedattn.ops.fused import rms_norm, rope_qkv, silu_mul
+from pagedattn.ops.fused import argmax_rows, rms_norm, rope_qkv, silu_mul
 from pagedattn.testing import assert_close
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -116,6 +116,30 @@ def test_silu_mul(backend, dtype, T, inter):
     _close(out, want, dtype, "silu_mul")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,V", [(0, 5), (1, 1), (3, 7), (6, 5000), (2, 128256)])
+def test_argmax_rows(backend, dtype, n, V):
+    """torch.argmax's answer on fresh rows, with the first of equal maxima across the kernel's
+    4096-column blocks, a row of -inf, NaN rows (the first NaN), +inf, non-contiguous rows."""
+    g = torch.Generator().manual_seed(n * 7 + V)
+    x = torch.randn(n, V, generator=g).to(dtype).to(_dev())
+    if n >= 6:
+        x[0, 100] = x[0].max() + 1
+        x[0, 4600] = x[0, 100]  # a tie in a later block: the earlier index
+        x[1] = float("-inf")
+        x[2, 10] = float("nan")
+        x[2, V - 1] = float("nan")
+        x[3, V - 1] = float("inf")
+        x[4, 17] = float("-inf")
+        x[5, :] = x[5, 0]  # all equal: index 0
+    want = x.double().cpu().argmax(-1)
+    assert torch.equal(argmax_rows(x, backend=backend).cpu(), want)
+    if n:  # rows of a wider buffer (stride > V)
+        wide = torch.randn(n, V + 3, generator=g).to(dtype).to(_dev())[:, :V]
+        assert torch.equal(argmax_rows(wide, backend=backend).cpu(), wide.cpu().argmax(-1))
+
+
 def test_reference_is_transformers_ops_bitwise():
     import torch.nn.functional as F
 
@@ -131,6 +155,10 @@ def test_reference_is_transformers_ops_bitwise():
 
 def test_bad_arguments():
     x = torch.randn(3, 8)
+    with pytest.raises(InvalidArgumentError, match="x"):
+        argmax_rows(torch.randn(3, 0))
+    with pytest.raises(InvalidArgumentError, match="x"):
+        argmax_rows(torch.randint(0, 5, (3, 4)))
     with pytest.raises(InvalidArgumentError, match="weight"):
         rms_norm(x, torch.ones(7), 1e-6)
     with pytest.raises(InvalidArgumentError, match="weight"):

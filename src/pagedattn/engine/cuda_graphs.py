@@ -91,6 +91,11 @@ def takes_num_decodes(model: torch.nn.Module) -> bool:
     return "num_decodes" in inspect.signature(model.forward).parameters
 
 
+def takes_logits_out(model: torch.nn.Module) -> bool:
+    """Whether the model's step forward writes its logits into a given `logits_out`."""
+    return "logits_out" in inspect.signature(model.forward).parameters
+
+
 def takes_attention_plan(model: torch.nn.Module) -> bool:
     """Whether the model's step forward takes the step's `attention_plan` (a `StepPlan`)."""
     return "attention_plan" in inspect.signature(model.forward).parameters
@@ -286,9 +291,13 @@ class GraphRunner:
         offs, rows, out = s.q_row_offsets[: b + 1], s.logits_rows[:b], s.logits[:b]
         # every row one query: the models' `num_decodes` hint (DeepSeek plans from it)
         hint = {"num_decodes": b} if self._takes_hint else {}
+        if takes_logits_out(self.model):  # the logits converted straight into the output
+            hint["logits_out"] = out
 
         def forward() -> None:
-            out.copy_(self.model(ids, pos, kv, offs, rows, **hint))
+            y = self.model(ids, pos, kv, offs, rows, **hint)
+            if y is not out:
+                out.copy_(y)
 
         return forward
 

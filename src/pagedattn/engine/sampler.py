@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops.fused import argmax_rows
 from .sampling_params import SamplingParams
 
 _M32 = 0xFFFFFFFF
@@ -126,7 +127,7 @@ def apply_top_k_top_p(
 
 def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device."""
-    greedy = logits.argmax(dim=-1)
+    greedy = argmax_rows(logits)  # torch.argmax's rule; one pass over the rows on CUDA
     if st.all_greedy or logits.shape[0] == 0:
         return greedy
     t = st.temperature
@@ -136,7 +137,7 @@ def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     )
     u = uniform_noise(st.seeds, st.counters, logits.shape[-1])
     gumbel = -torch.log(-torch.log(u))
-    drawn = (scaled + gumbel).argmax(dim=-1)
+    drawn = argmax_rows(scaled + gumbel)
     return torch.where(t > 0, drawn, greedy)
 
 

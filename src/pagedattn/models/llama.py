@@ -295,6 +295,7 @@ class DecoderForCausalLM(nn.Module):
         logits_rows: torch.Tensor,
         num_decodes: int | None = None,
         attention_plan: StepPlan | None = None,
+        logits_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step of a ragged batch (docs/models.md).
 
@@ -312,9 +313,20 @@ class DecoderForCausalLM(nn.Module):
           decodes first, `StepInputs.num_decodes`): `mha`'s hint, None where not known.
         attention_plan: the step's `StepPlan` (made from its host cache lengths), which every
           layer's `mha` reads; None: the decode kernels derive their work lists.
+        logits_out: None, or a float32 [n, vocab] tensor on the model's device that receives
+          the logits (the lm_head's output converted in one copy: a decode graph's static
+          output, without the float32 temporary and a second copy); it is returned.
         Returns logits [n, vocab] float32.
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
+        if logits_out is not None:
+            n, V = logits_rows.shape[0], self.config.vocab_size
+            check(
+                isinstance(logits_out, torch.Tensor) and logits_out.shape == (n, V)
+                and logits_out.dtype == torch.float32 and logits_out.device == input_ids.device,
+                "logits_out", f"None or a float32 [{n}, {V}] tensor on {input_ids.device}",
+                _desc(logits_out),
+            )  # fmt: skip
         cos, sin = self.rotary_emb(positions, self.dtype)
         ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan)
         h = self.model.embed_tokens(input_ids)
@@ -323,7 +335,8 @@ class DecoderForCausalLM(nn.Module):
             h, residual = layer(h, residual, ctx)
         h = h[logits_rows] + residual[logits_rows]  # the final norm only on the rows needed
         h = self.model.norm(h)
-        return torch.nn.functional.linear(h, self.lm_head_weight).float()
+        logits = torch.nn.functional.linear(h, self.lm_head_weight)
+        return logits.float() if logits_out is None else logits_out.copy_(logits)
 
 
 def _desc(t: object) -> str:

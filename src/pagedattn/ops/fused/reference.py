@@ -59,3 +59,9 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of a fused gate|up projection [T, 2 I] (LlamaMLP's act_fn(gate) * up)."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def argmax_rows_reference(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)` of x [n, V]: [n] int64 (the first of equal maxima; a row with a NaN
+    gives its first NaN)."""
+    return x.argmax(dim=-1)

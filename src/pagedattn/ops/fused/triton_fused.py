@@ -9,7 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .._triton_interpreter import install_interpreter_shim
 from ..prepared import cached_launch
+
+install_interpreter_shim()
 
 
 @triton.jit
@@ -131,5 +134,39 @@ def silu_mul_triton(gate_up):
         _silu_mul_kernel, (T, triton.cdiv(inter, block)),
         gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=block,
         num_warps=max(1, min(8, block // 256)),
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _argmax_rows_kernel(X, OUT, V, sx, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = X + row * sx
+    best_v = float("-inf")
+    best_i = 0  # a row of -inf only: index 0, as torch.argmax
+    nan_i = V
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        m = cols < V
+        x = tl.load(base + cols, mask=m, other=float("-inf")).to(tl.float32)
+        isn = x != x
+        nan_i = tl.minimum(nan_i, tl.min(tl.where(isn, cols, V), axis=0))
+        x = tl.where(isn, float("-inf"), x)
+        bmax = tl.max(x, axis=0)
+        bidx = tl.min(tl.where((x == bmax) & m, cols, V), axis=0)  # the block's first maximum
+        take = bmax > best_v  # strictly: an earlier block keeps a tie
+        best_i = tl.where(take, bidx, best_i)
+        best_v = tl.where(take, bmax, best_v)
+    tl.store(OUT + row, tl.where(nan_i < V, nan_i, best_i).to(tl.int64))
+
+
+def argmax_rows_triton(x):
+    n, V = x.shape
+    out = torch.empty(n, dtype=torch.int64, device=x.device)
+    if n == 0:
+        return out
+    cached_launch(
+        _argmax_rows_kernel, (n,), x, out, V, x.stride(0),
+        BLOCK=min(4096, triton.next_power_of_2(V)), STAGES=3, num_warps=8,
     )  # fmt: skip
     return out
