@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
+import bench_model  # noqa: E402
 from bench_model import (  # noqa: E402
     CASES,
     Ctx,
@@ -46,6 +47,8 @@ def main() -> None:
     cfg = hf_config_dict(a.shape)
     model = build_model(cfg, ctx.dev, ctx.dtype, 0)
     toks = prompts(case, cfg["vocab_size"], 0)
+    budget = bench_model.max_new_tokens  # tokens enough for the probe's steps too
+    bench_model.max_new_tokens = lambda c: budget(c) + 3 * STEPS
     res = serve(ctx, case, model, toks, graphs=True)
     eng = res["engine"]
 

@@ -188,3 +188,63 @@ def test_gpu_store_serving_size():
     store_kv(k, v, a, params, LAYER, offs, backend="triton")
     reference_write(k, v, b, params, offs)
     assert_cache_matches(a, b, params)
+
+
+# rope_store_kv: RoPE and the cache write in one launch ----------------------------------------
+def _rope_case(params, h_q, cache_lens, q_lens, gen, norm):
+    h, d = params.n_kv_heads_per_device, params.head_dim
+    T = sum(q_lens)
+    qkv = (torch.randn(T, (h_q + 2 * h) * d, generator=gen) * 2).to(torch.bfloat16).to(DEV)
+    ang = torch.rand(T, d // 2, generator=gen) * 6.3
+    cos, sin = ang.cos().to(torch.bfloat16).to(DEV), ang.sin().to(torch.bfloat16).to(DEV)
+    kw = {}
+    if norm:
+        kw = dict(
+            q_norm=(1 + 0.2 * torch.randn(d, generator=gen)).to(torch.bfloat16).to(DEV),
+            k_norm=(1 + 0.2 * torch.randn(d, generator=gen)).to(torch.bfloat16).to(DEV),
+            eps=1e-6,
+        )
+    return qkv, cos, sin, kw
+
+
+@pytest.mark.parametrize("quant", [None, KVQuantConfig.per_token()], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("norm", [False, True], ids=["rope", "qk_norm"])
+@pytest.mark.parametrize("page_size,h_q,h,d", [(16, 8, 2, 64), (5, 4, 4, 32), (1, 3, 1, 16)])
+@pytest.mark.parametrize("steps", ["decode", "mixed"])
+def test_rope_store_kv_equals_two_ops(quant, norm, page_size, h_q, h, d, steps, gen):
+    """One launch (a plain cache on the Triton backend; FP8 takes the two ops) gives q and
+    every byte of the NaN-poisoned pool exactly as `rope_qkv` then `store_kv` on a twin."""
+    from pagedattn.ops.fused import rope_qkv  # noqa: PLC0415
+    from pagedattn.ops.store_kv import rope_store_kv  # noqa: PLC0415
+
+    params = KVCacheParams(torch.bfloat16, 2, h, d, page_size, quantization=quant)
+    cache_lens, q_lens = ([5, 0, 17, 9], [1, 1, 1, 1]) if steps == "decode" else (
+        [5, 0, 17, 9], [3, 8, 1, 0])  # fmt: skip
+    a, b = twin_caches(params, cache_lens, q_lens, gen)
+    offs = ragged_offsets(q_lens, DEV)
+    qkv, cos, sin, kw = _rope_case(params, h_q, cache_lens, q_lens, gen, norm)
+    q = rope_store_kv(qkv, cos, sin, h_q, h, a, params, LAYER, offs, backend="triton", **kw)
+    q2, k2, v2 = rope_qkv(qkv, cos, sin, h_q, h, backend="triton", **kw)
+    store_kv(k2, v2, b, params, LAYER, offs, backend="triton")
+    assert torch.equal(q, q2)
+    assert_same_bytes(a, b)
+
+
+def test_rope_store_kv_bad_arguments_write_nothing(gen):
+    from pagedattn.errors import InvalidArgumentError  # noqa: PLC0415
+    from pagedattn.ops.store_kv import rope_store_kv  # noqa: PLC0415
+
+    params = KVCacheParams(torch.bfloat16, 2, 2, 32, 4)
+    a, _ = twin_caches(params, [3, 6], [1, 1], gen)
+    before = a.kv_blocks.clone()
+    offs = ragged_offsets([1, 1], DEV)
+    qkv, cos, sin, _ = _rope_case(params, 4, [3, 6], [1, 1], gen, False)
+    with pytest.raises(InvalidArgumentError, match="k_new"):  # 3 KV heads for a 2-head cache
+        rope_store_kv(qkv[:, : 8 * 32], cos, sin, 2, 3, a, params, LAYER, offs)
+    with pytest.raises(InvalidArgumentError, match="cos"):
+        rope_store_kv(qkv, cos[:, :8], sin, 4, 2, a, params, LAYER, offs)
+    with pytest.raises(InvalidArgumentError, match="q_row_offsets"):
+        rope_store_kv(qkv, cos, sin, 4, 2, a, params, LAYER, offs[:2])
+    with pytest.raises(InvalidArgumentError, match="layer_idx"):
+        rope_store_kv(qkv, cos, sin, 4, 2, a, params, 7, offs)
+    assert torch.equal(a.kv_blocks.view(torch.uint8), before.view(torch.uint8))

@@ -8,9 +8,10 @@ call every model makes.
   separate tensors.
 - `rope_inv_freq`: RoPE inverse frequencies and the cos/sin scale for the rope types of
   `config.SUPPORTED_ROPE_TYPES`, computed as transformers' rope init functions do (float32).
-- `StepContext` + `paged_attention`: one layer's attention over the paged cache: `store_kv` of
-  the step's new K/V at `cache_length(b) + i`, then `mha` of the ragged queries over
-  `cache_length(b) + q_len(b)` keys through `PagedOperand`s.
+- `StepContext` + `attend_cached`: one layer's attention over the paged cache, once the
+  step's new K/V are at `cache_length(b) + i` (the decoders write them with their RoPE in one
+  op, `ops.store_kv.rope_store_kv`): `mha` of the ragged queries over `cache_length(b) +
+  q_len(b)` keys through `PagedOperand`s.
 
 Parameters are created uninitialised (`torch.empty`, usually on the meta device) and filled by
 `models.loader`. Nothing here syncs with the host except `GptOssExperts.forward_loop` (it
@@ -35,7 +36,6 @@ from ..ops.fused.reference import rms_norm_reference
 from ..ops.linear import fp8_bmm
 from ..ops.masks import Mask
 from ..ops.mha import StepPlan, mha
-from ..ops.store_kv import store_kv
 from . import parallel
 from .config import ModelConfig, RopeConfig
 
@@ -439,10 +439,8 @@ class StepContext:
     plan: StepPlan | None = None
 
 
-def paged_attention(
+def attend_cached(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
     layer_idx: int,
     ctx: StepContext,
     *,
@@ -450,16 +448,14 @@ def paged_attention(
     scale: float,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One layer's attention for a ragged step: q [T, h_q, d], k/v [T, h_kv, d] of the step's
-    tokens. Writes k/v into the cache at `cache_length(b) + i` (`store_kv`), then `mha` over
-    each request's `cache_length(b) + q_len(b)` keys. Returns [T, h_q, d]."""
-    inputs, params, offs = ctx.kv_inputs, ctx.kv_params, ctx.q_row_offsets
-    store_kv(k, v, inputs, params, layer_idx, offs)
+    """`mha` of the step's queries q [T, h_q, d] over each request's `cache_length(b) +
+    q_len(b)` keys of layer `layer_idx` (the step's K/V already in the cache). [T, h_q, d]."""
+    inputs, params = ctx.kv_inputs, ctx.kv_params
     return mha(
         q,
         PagedOperand(inputs, params, layer_idx, "k"),
         PagedOperand(inputs, params, layer_idx, "v"),
-        offs,
+        ctx.q_row_offsets,
         mask=mask,
         scale=scale,
         sinks=sinks,
@@ -483,6 +479,6 @@ __all__ = [
     "StepContext",
     "SwiGLUMLP",
     "apply_rope",
-    "paged_attention",
+    "attend_cached",
     "rope_inv_freq",
 ]

@@ -25,8 +25,8 @@ from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check, check_int
 from ..ops import masks
-from ..ops.fused import rope_qkv
 from ..ops.mha import StepPlan
+from ..ops.store_kv import rope_store_kv
 from . import parallel
 from .config import ModelConfig
 from .layers import (
@@ -37,7 +37,7 @@ from .layers import (
     RowParallelLinear,
     StepContext,
     SwiGLUMLP,
-    paged_attention,
+    attend_cached,
 )
 
 
@@ -79,14 +79,15 @@ class DecoderAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         T = x.shape[0]
         qn, kn = self.q_norm, self.k_norm
-        q, k, v = rope_qkv(
-            self.qkv_proj(x), ctx.cos, ctx.sin, self.h_q, self.h_kv,
+        # RoPE of q and k, and the step's k / v into the cache (one launch on CUDA)
+        q = rope_store_kv(
+            self.qkv_proj(x), ctx.cos, ctx.sin, self.h_q, self.h_kv, ctx.kv_inputs,
+            ctx.kv_params, self.layer_idx, ctx.q_row_offsets,
             q_norm=None if qn is None else qn.weight, k_norm=None if kn is None else kn.weight,
             eps=0.0 if qn is None else qn.eps,
         )  # fmt: skip
-        o = paged_attention(
-            q, k, v, self.layer_idx, ctx, mask=self.mask, scale=self.scale, sinks=self.sinks
-        )
+        o = attend_cached(q, self.layer_idx, ctx, mask=self.mask, scale=self.scale,
+                          sinks=self.sinks)  # fmt: skip
         return self.o_proj(o.reshape(T, self.q_size))
 
 

@@ -85,9 +85,8 @@ def rms_norm(x, weight, eps: float, residual=None, *, weight_first: bool = False
     return rms_norm_reference(x, weight, eps, residual, weight_first)
 
 
-def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
-             eps: float = 0.0, backend: str | None = None):  # fmt: skip
-    """q, k (RoPE, optional per-head RMSNorm) and v of a fused q|k|v row block."""
+def check_rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm, k_norm) -> int:
+    """`rope_qkv`'s argument checks (metadata only); returns the head dim d."""
     qkv = _float_matrix("qkv", qkv)
     check(isinstance(h_q, int) and h_q >= 1, "h_q", "an int >= 1", h_q)
     check(isinstance(h_kv, int) and h_kv >= 1, "h_kv", "an int >= 1", h_kv)
@@ -110,8 +109,20 @@ def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
     if q_norm is not None:
         _vector("q_norm", q_norm, d, (qkv.dtype,), qkv.device)
         _vector("k_norm", k_norm, d, (qkv.dtype,), qkv.device)
+    return d
+
+
+def rope_triton_ok(backend, qkv, cos, sin, d: int) -> bool:
+    """Whether the Triton RoPE kernels take these (checked) arguments."""
     rows_ok = qkv.stride(1) == 1 and cos.stride(1) == 1 and sin.stride(1) == 1
-    if _triton(backend, qkv) and rows_ok and d & (d - 1) == 0:
+    return _triton(backend, qkv) and rows_ok and d & (d - 1) == 0
+
+
+def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
+             eps: float = 0.0, backend: str | None = None):  # fmt: skip
+    """q, k (RoPE, optional per-head RMSNorm) and v of a fused q|k|v row block."""
+    d = check_rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm, k_norm)
+    if rope_triton_ok(backend, qkv, cos, sin, d):
         from .triton_fused import rope_qkv_triton  # noqa: PLC0415
 
         return rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps)

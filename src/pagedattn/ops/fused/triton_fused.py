@@ -55,6 +55,25 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_first=False):
 
 
 @triton.jit
+def rope_pair(x1, x2, COS, SIN, NW, t, scos, ssin, i, eps, D: tl.constexpr, NORM: tl.constexpr,
+              OUT):  # fmt: skip
+    """A q or k head's halves (x1, x2 float32, columns i and HALF + i) after Qwen3's RMSNorm of
+    the head (NORM; weight NW, `weight * normed.to(dtype)`, OUT's element type) and neox RoPE
+    at token t: float32 (o1, o2)."""
+    HALF: tl.constexpr = D // 2
+    if NORM:
+        rs = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+        w1 = tl.load(NW + i).to(tl.float32)
+        w2 = tl.load(NW + HALF + i).to(tl.float32)
+        x1 = (w1 * (x1 * rs).to(OUT.dtype.element_ty).to(tl.float32)).to(OUT.dtype.element_ty)
+        x2 = (w2 * (x2 * rs).to(OUT.dtype.element_ty).to(tl.float32)).to(OUT.dtype.element_ty)
+        x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    c = tl.load(COS + t * scos + i).to(tl.float32)
+    s = tl.load(SIN + t * ssin + i).to(tl.float32)
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@triton.jit
 def _rope_qkv_kernel(QKV, COS, SIN, QN, KN, Q, K, V, sqkv, scos, ssin, H_Q, H_KV, eps,
                      D: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
@@ -69,25 +88,11 @@ def _rope_qkv_kernel(QKV, COS, SIN, QN, KN, Q, K, V, sqkv, scos, ssin, H_Q, H_KV
         tl.store(dst + i, x1.to(V.dtype.element_ty))
         tl.store(dst + HALF + i, x2.to(V.dtype.element_ty))
     else:
-        is_q = j < H_Q
-        if NORM:  # Qwen3's RMSNorm of the head: weight * normed.to(dtype)
-            rs = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
-            if is_q:
-                w = QN
-            else:
-                w = KN
-            w1 = tl.load(w + i).to(tl.float32)
-            w2 = tl.load(w + HALF + i).to(tl.float32)
-            x1 = (w1 * (x1 * rs).to(Q.dtype.element_ty).to(tl.float32)).to(Q.dtype.element_ty)
-            x2 = (w2 * (x2 * rs).to(Q.dtype.element_ty).to(tl.float32)).to(Q.dtype.element_ty)
-            x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
-        c = tl.load(COS + t * scos + i).to(tl.float32)
-        s = tl.load(SIN + t * ssin + i).to(tl.float32)
-        o1 = x1 * c - x2 * s
-        o2 = x2 * c + x1 * s
-        if is_q:
+        if j < H_Q:
+            o1, o2 = rope_pair(x1, x2, COS, SIN, QN, t, scos, ssin, i, eps, D, NORM, Q)
             dst = Q + (t * H_Q + j) * D
         else:
+            o1, o2 = rope_pair(x1, x2, COS, SIN, KN, t, scos, ssin, i, eps, D, NORM, Q)
             dst = K + (t * H_KV + (j - H_Q)) * D
         tl.store(dst + i, o1.to(Q.dtype.element_ty))
         tl.store(dst + HALF + i, o2.to(Q.dtype.element_ty))

@@ -1,4 +1,5 @@
-"""store_kv: write new tokens' K/V into a paged cache; gather_kv: read a request back."""
+"""store_kv: write new tokens' K/V into a paged cache; rope_store_kv: a layer's RoPE and that
+write in one launch; gather_kv: read a request back."""
 
 from __future__ import annotations
 
@@ -140,41 +141,9 @@ def _check_host_values(
         )
 
 
-def store_kv(
-    k_new: torch.Tensor,
-    v_new: torch.Tensor | None,
-    inputs: KVCacheInputsPerDevice,
-    params: KVCacheParams,
-    layer_idx: int,
-    q_row_offsets: torch.Tensor,
-    *,
-    backend: str | None = None,
-) -> None:
-    """Write new ragged K/V into the cache at `cache_lengths[b] + i`, quantizing to the
-    cache's FP8 format when it has one (every format, packed MLA ones included).
-
-    k_new, v_new: [total_new_tokens, n_kv_heads_per_device, head_dim] (MHA) in params.dtype,
-      on the cache's device; MLA: k_new [total, 1, head_dim] (latent then rope), v_new None.
-    inputs: the cache (kv_blocks / kv_scales in params' layout; cache_lengths [batch] and
-      lookup_table [batch, cols] int32 on the cache's device).
-    layer_idx: an int in [0, params.num_layers).
-    q_row_offsets: [batch + 1] int32 prefix sums of new tokens per request, on the cache's
-      device. The pages must be allocated (PagedKVCacheManager.alloc) before.
-    backend: None (Triton on CUDA, the reference elsewhere), "triton" or "reference".
-
-    Checks, all before any byte is written (InvalidArgumentError naming the argument):
-    - always (metadata only, no host sync): the types, shapes, dtypes and devices above,
-      layer_idx, backend, and inputs consistent with params;
-    - when the index tensors are on the CPU (their values are on the host: a CPU cache, the
-      manager's CPU path), their values too: q_row_offsets[0] == 0, non-decreasing,
-      q_row_offsets[-1] == k_new.shape[0]; cache_lengths >= 0; cache_length + new tokens
-      <= lookup_table.shape[1] * page_size (the table's reach); every page id the new
-      tokens land on in [0, total_num_pages) (not the sentinel, not negative).
-    On a GPU the values stay on the device (no sync): both backends then skip each token
-    outside its request's q_row_offsets range, at a negative position, past the table's
-    reach, or on a page id outside [0, total_num_pages), so nothing outside the pages the
-    lookup table gives is written, scales included (rules: `reference.py`).
-    """
+def _check_store(k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend):
+    """`store_kv`'s checks (its docstring), all before a byte is written: (layer index, whether
+    Triton runs it, whether the index values were checked on the host)."""
     layer, _ = _check_cache(inputs, params, layer_idx)
     H, D = params.n_kv_heads_per_device, params.head_dim
     dev = inputs.kv_blocks.device
@@ -215,6 +184,47 @@ def store_kv(
     checked = dev.type == "cpu"
     if checked:
         _check_host_values(q_row_offsets, inputs, params.page_size, k_new.shape[0])
+    return layer, use_triton, checked
+
+
+def store_kv(
+    k_new: torch.Tensor,
+    v_new: torch.Tensor | None,
+    inputs: KVCacheInputsPerDevice,
+    params: KVCacheParams,
+    layer_idx: int,
+    q_row_offsets: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    """Write new ragged K/V into the cache at `cache_lengths[b] + i`, quantizing to the
+    cache's FP8 format when it has one (every format, packed MLA ones included).
+
+    k_new, v_new: [total_new_tokens, n_kv_heads_per_device, head_dim] (MHA) in params.dtype,
+      on the cache's device; MLA: k_new [total, 1, head_dim] (latent then rope), v_new None.
+    inputs: the cache (kv_blocks / kv_scales in params' layout; cache_lengths [batch] and
+      lookup_table [batch, cols] int32 on the cache's device).
+    layer_idx: an int in [0, params.num_layers).
+    q_row_offsets: [batch + 1] int32 prefix sums of new tokens per request, on the cache's
+      device. The pages must be allocated (PagedKVCacheManager.alloc) before.
+    backend: None (Triton on CUDA, the reference elsewhere), "triton" or "reference".
+
+    Checks, all before any byte is written (InvalidArgumentError naming the argument):
+    - always (metadata only, no host sync): the types, shapes, dtypes and devices above,
+      layer_idx, backend, and inputs consistent with params;
+    - when the index tensors are on the CPU (their values are on the host: a CPU cache, the
+      manager's CPU path), their values too: q_row_offsets[0] == 0, non-decreasing,
+      q_row_offsets[-1] == k_new.shape[0]; cache_lengths >= 0; cache_length + new tokens
+      <= lookup_table.shape[1] * page_size (the table's reach); every page id the new
+      tokens land on in [0, total_num_pages) (not the sentinel, not negative).
+    On a GPU the values stay on the device (no sync): both backends then skip each token
+    outside its request's q_row_offsets range, at a negative position, past the table's
+    reach, or on a page id outside [0, total_num_pages), so nothing outside the pages the
+    lookup table gives is written, scales included (rules: `reference.py`).
+    """
+    layer, use_triton, checked = _check_store(
+        k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend
+    )
     k_op = PagedOperand(inputs, params, layer, "k")
     v_op = None if params.is_mla else PagedOperand(inputs, params, layer, "v")
     if use_triton:
@@ -223,6 +233,64 @@ def store_kv(
         store_kv_triton(k_new, v_new, k_op, v_op, q_row_offsets)
     else:
         store_kv_reference(k_new, v_new, k_op, v_op, q_row_offsets, checked=checked)
+
+
+def rope_store_kv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    h_q: int,
+    h_kv: int,
+    inputs: KVCacheInputsPerDevice,
+    params: KVCacheParams,
+    layer_idx: int,
+    q_row_offsets: torch.Tensor,
+    *,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """`ops.fused.rope_qkv` of a fused q|k|v row block, then `store_kv` of its k and v: returns
+    q [T, h_q, d]; the cache holds k (RoPE'd) and v at `cache_lengths[b] + i` of layer_idx.
+
+    The arguments and their checks are those two ops' (all before any byte is written; k/v
+    are qkv's column blocks from h_q * d and from (h_q + h_kv) * d, which must match the
+    cache's heads and head dim: a mismatch names them k_new / v_new, as store_kv does).
+    On CUDA (backend "triton") a cache of qkv's dtype without quantization, d a power of
+    two, takes one launch (`triton_rope_store`: the decode step's RoPE and cache write were
+    two launches of ~2.5 us each a layer on the H200, Llama-3.2-1B b64); every other case
+    runs the two ops, so the results are theirs."""
+    from ..fused import check_rope_qkv, rope_qkv, rope_triton_ok  # noqa: PLC0415
+
+    d = check_rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm, k_norm)
+    T = qkv.shape[0]
+    k_view = qkv[:, h_q * d : (h_q + h_kv) * d].unflatten(1, (h_kv, d))
+    v_view = qkv[:, (h_q + h_kv) * d :].unflatten(1, (h_kv, d))
+    if params.is_mla:
+        raise InvalidArgumentError("params: rope_store_kv writes an MHA cache (is_mla False)")
+    layer, use_triton, _ = _check_store(
+        k_view, v_view, inputs, params, layer_idx, q_row_offsets, backend
+    )
+    fused = (
+        use_triton
+        and params.quantization is None
+        and params.storage_dtype == qkv.dtype
+        and params.page_size > 0
+        and rope_triton_ok(backend, qkv, cos, sin, d)
+        and T <= INT32_MAX
+    )
+    if not fused:
+        q, k, v = rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm=q_norm, k_norm=k_norm, eps=eps,
+                           backend=backend)  # fmt: skip
+        store_kv(k, v, inputs, params, layer, q_row_offsets, backend=backend)
+        return q
+    from .triton_rope_store import rope_store_kv_triton  # noqa: PLC0415
+
+    k_op = PagedOperand(inputs, params, layer, "k")
+    v_op = PagedOperand(inputs, params, layer, "v")
+    return rope_store_kv_triton(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps, k_op, v_op,
+                                q_row_offsets)  # fmt: skip
 
 
 def gather_kv(

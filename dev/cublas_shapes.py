@@ -1,0 +1,64 @@
+"""cuBLAS (torch's F.linear) at a decode step's projection shapes, weights streamed from HBM (R
+copies in turn inside one CUDA graph), us a call and its fraction of the copy roofline; run
+under different cuBLAS settings (e.g. CUBLASLT_WORKSPACE_SIZE in KiB, set before the process
+starts) to see whether the library's choice changes.
+    python dev/cublas_shapes.py [M ...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+from common import copy_bandwidth  # noqa: E402
+
+SHAPES = {  # (N, K): Llama-3.2-1B and Llama-3-8B projections
+    "1b_qkv": (3072, 2048), "1b_o": (2048, 2048), "1b_gate_up": (16384, 2048),
+    "1b_down": (2048, 8192), "8b_qkv": (6144, 4096), "8b_o": (4096, 4096),
+    "8b_gate_up": (28672, 4096), "8b_down": (4096, 14336),
+}  # fmt: skip
+
+
+def main() -> None:
+    ms = [int(m) for m in sys.argv[1:]] or [64]
+    dev = torch.device("cuda")
+    bw = copy_bandwidth()
+    tag = os.environ.get("CUBLASLT_WORKSPACE_SIZE", "default")
+    for name, (N, K) in SHAPES.items():
+        R = max(2, -(-512 * 2**20 // (N * K * 2)))
+        ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(R)]
+        for M in ms:
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for w in ws:
+                    F.linear(x, w)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for w in ws:
+                    F.linear(x, w)
+            g.replay()
+            torch.cuda.synchronize()
+            t = []
+            for _ in range(11):
+                a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+                a.record()
+                g.replay()
+                b.record()
+                b.synchronize()
+                t.append(a.elapsed_time(b) * 1e3 / R)
+            us = sorted(t)[5]
+            floor = (N * K + M * K + M * N) * 2 / bw / 1e3
+            print(f"workspace {tag:>8} {name:11s} M{M:<4d} {us:7.2f} us  {floor / us:.2f} of copy")
+        del ws
+
+
+if __name__ == "__main__":
+    main()
