@@ -71,6 +71,35 @@ def test_pages_handed_out_lowest_first_and_table_padding():
     assert inp.lookup_table.dtype == torch.int32 and inp.cache_lengths.dtype == torch.int32
 
 
+def test_runtime_inputs_staged_equals_runtime_inputs_plus_arrays():
+    """The staged form gives runtime_inputs' tensors, and the caller's arrays back (dtypes and
+    shapes kept); packed as on CUDA (one uint8 buffer, 16-byte aligned views), equal again."""
+    from pagedattn.cache.buffers import packed_copy  # noqa: PLC0415
+
+    m = mgr(pages=8, page_size=4, enable_dispatch_metadata=True)
+    m.claim("a", list(range(6)))
+    m.alloc("a", 6)
+    m.claim("b", list(range(50, 59)))
+    m.alloc("b", 9)
+    arrays = [np.arange(5, dtype=np.int64), np.array([0, 6, 15], np.int32),
+              np.zeros((0,), np.int64), np.arange(6, dtype=np.int32).reshape(2, 3)]  # fmt: skip
+    (want,) = m.runtime_inputs(["a", "b"])
+    (got,), staged = m.runtime_inputs_staged(["a", "b"], arrays)
+    for name in FIELD_ORDER:
+        a, b = getattr(want, name), getattr(got, name)
+        assert (a is None) == (b is None) and (a is b or torch.equal(a, b)), name
+    for t, a in zip(staged, arrays):
+        assert t.dtype == torch.from_numpy(a).dtype and np.array_equal(t.numpy(), a)
+    host = [want.cache_lengths.numpy(), want.lookup_table.numpy(), *arrays]
+    views = packed_copy(host, lambda p: torch.from_numpy(p.copy()))
+    base = views[0].data_ptr()
+    for t, a in zip(views, host):
+        assert (t.data_ptr() - base) % 16 == 0
+        assert t.dtype == torch.from_numpy(a).dtype and np.array_equal(t.numpy(), a)
+    with pytest.raises(UnknownRequestError):
+        m.runtime_inputs_staged(["a", "zz"], arrays)
+
+
 def test_hash_chain_matches_hand_computation():
     m = mgr(pages=8, page_size=3)
     toks = [5, 9, 2, 7, 7, 1, 3, 8]

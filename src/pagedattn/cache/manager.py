@@ -52,7 +52,7 @@ from ..errors import (
     check_int,
 )
 from .block_pool import BlockPool, _page_hash
-from .buffers import DeviceBuffers, allocate_buffers, host_to_device
+from .buffers import DeviceBuffers, allocate_buffers, hosts_to_device
 from .dispatch import fast_hbm, mha_num_partitions, mla_num_partitions, mla_tile, num_sms
 from .inputs import KVCacheInputsPerDevice
 from .params import KVCacheParams
@@ -529,6 +529,28 @@ class PagedKVCacheManager:
         for r in reqs:
             r.pending, r.num_steps, r.num_draft = 1, 1, 0
 
+    def _runtime_requests(self, steps: int, request_ids) -> list[_Request]:
+        """runtime_inputs' requests: claimed, distinct, each allocated for `steps` steps."""
+        reqs = self._get_all(request_ids)
+        for i, r in enumerate(reqs):
+            if r.pending == 0:
+                raise InvalidArgumentError(
+                    f"request_ids[{i}]: {r.rid!r} has no allocation; "
+                    "call alloc(request_id, num_new_tokens, num_steps) first"
+                )
+            if steps > r.num_steps:
+                raise InvalidArgumentError(
+                    f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
+                    f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
+                )
+        return reqs
+
+    def _check_padded_cols(self, reqs: list[_Request], padded_cols: int | None) -> int | None:
+        if padded_cols is not None:
+            need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
+            padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
+        return padded_cols
+
     def runtime_inputs(
         self,
         request_ids: Sequence[Hashable],
@@ -548,30 +570,41 @@ class PagedKVCacheManager:
         Raises UnknownRequestError or InvalidArgumentError naming the argument; reads only.
         """
         steps = check_int("num_steps", num_steps, 1)
-        reqs = self._get_all(request_ids)
-        for i, r in enumerate(reqs):
-            if r.pending == 0:
-                raise InvalidArgumentError(
-                    f"request_ids[{i}]: {r.rid!r} has no allocation; "
-                    "call alloc(request_id, num_new_tokens, num_steps) first"
-                )
-            if steps > r.num_steps:
-                raise InvalidArgumentError(
-                    f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
-                    f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
-                )
-        if padded_cols is not None:
-            need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
-            padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
+        reqs = self._runtime_requests(steps, request_ids)
+        padded_cols = self._check_padded_cols(reqs, padded_cols)
+        return self._runtime_inputs(reqs, steps, padded_cols, [])[0]
+
+    def runtime_inputs_staged(
+        self,
+        request_ids: Sequence[Hashable],
+        arrays: Sequence[np.ndarray],
+        num_steps: int = 1,
+        *,
+        padded_cols: int | None = None,
+    ) -> tuple[list[KVCacheInputsPerDevice], list[torch.Tensor]]:
+        """`runtime_inputs`, and the caller's host `arrays` (int32 / int64 / float32 numpy) on
+        the first device, copied in the same host-to-device copy as that device's inputs
+        (`buffers.hosts_to_device`: an engine step's index arrays and the cache inputs in one
+        copy). Returns (the inputs, the arrays as tensors in order). Same checks as
+        runtime_inputs."""
+        steps = check_int("num_steps", num_steps, 1)
+        reqs = self._runtime_requests(steps, request_ids)
+        padded_cols = self._check_padded_cols(reqs, padded_cols)
+        return self._runtime_inputs(reqs, steps, padded_cols, list(arrays))
+
+    def _runtime_inputs(self, reqs, steps, padded_cols, arrays):
         p = self.params
         out: list[KVCacheInputsPerDevice] = []
+        staged: list[torch.Tensor] = []
         for replica in range(len(self.pools)):
             mine = [r for r in reqs if r.replica == replica]
             host = self._host_inputs(mine, steps, padded_cols)
             for dev_i, dev in enumerate(p.replica_devices(replica)):
                 buf = self._buffers[replica * p.tp_degree + dev_i]
-                out.append(self._to_device(host, buf, dev))
-        return out
+                inputs, staged_here = self._to_device(host, buf, dev, arrays if not out else [])
+                out.append(inputs)
+                staged = staged or staged_here
+        return out, staged
 
     def _host_inputs(self, reqs: list[_Request], steps: int, padded_cols: int | None) -> dict:
         p = self.params
@@ -632,26 +665,32 @@ class PagedKVCacheManager:
         return host
 
     @staticmethod
-    def _to_device(host: dict, buf: DeviceBuffers, dev: torch.device) -> KVCacheInputsPerDevice:
-        def dv(a: np.ndarray) -> torch.Tensor:
-            return host_to_device(a, dev)
+    def _to_device(
+        host: dict, buf: DeviceBuffers, dev: torch.device, arrays: list[np.ndarray]
+    ) -> tuple[KVCacheInputsPerDevice, list[torch.Tensor]]:
+        """The inputs of one device, their device arrays and `arrays` in one copy."""
 
         def hs(a: np.ndarray | None) -> torch.Tensor | None:
             return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
-        meta = host.get("attention_dispatch_metadata")
-        dmeta = host.get("draft_attention_dispatch_metadata")
-        return KVCacheInputsPerDevice(
+        names = ["cache_lengths", "lookup_table"] + [
+            n for n in ("attention_dispatch_metadata", "draft_attention_dispatch_metadata")
+            if host.get(n) is not None
+        ]  # fmt: skip
+        moved = hosts_to_device([host[n] for n in names] + arrays, dev)
+        on_dev = dict(zip(names, moved))
+        inputs = KVCacheInputsPerDevice(
             kv_blocks=buf.kv_blocks,
-            cache_lengths=dv(host["cache_lengths"]),
-            lookup_table=dv(host["lookup_table"]),
+            cache_lengths=on_dev["cache_lengths"],
+            lookup_table=on_dev["lookup_table"],
             max_lengths=hs(host["max_lengths"]),
             kv_scales=buf.kv_scales,
-            attention_dispatch_metadata=None if meta is None else dv(meta),
-            draft_attention_dispatch_metadata=None if dmeta is None else dv(dmeta),
+            attention_dispatch_metadata=on_dev.get("attention_dispatch_metadata"),
+            draft_attention_dispatch_metadata=on_dev.get("draft_attention_dispatch_metadata"),
             mla_num_partitions=hs(host.get("mla_num_partitions")),
             draft_mla_num_partitions=hs(host.get("draft_mla_num_partitions")),
         )
+        return inputs, moved[len(names) :]
 
     def step(
         self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int]] | None = None

@@ -8,18 +8,16 @@ object holds what links the two:
 - at construction, on CUDA, a non-blocking copy of `sampled` into pinned host memory and an
   event after it, so reading the tokens (`tokens()`) waits for this step's work only, not for a
   step queued after it;
-- `feed(inputs, seqs, device)`: the next step's input tokens that are deferred (a decode whose
-  input is this step's sample, `Sequence.has_deferred`) are written into its device
-  `input_ids` from `sampled` (one index copy on the stream, after this step's sampling), so the
-  next step never waits for the host.
+- `deferred_rows(seqs)` / `feed(inputs)`: the next step's input tokens that are deferred (a
+  decode whose input is this step's sample, `Sequence.has_deferred`) are written into its
+  device `input_ids` from `sampled` (one index copy on the stream, after this step's sampling;
+  the rows travel with the step's other arrays), so the next step never waits for the host.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ..cache.buffers import host_to_device
 from .sequence import Sequence
 from .step_inputs import StepInputs
 
@@ -42,18 +40,21 @@ class InFlightStep:
             self._event.synchronize()
         return self._host.tolist()
 
-    def feed(self, inputs: StepInputs, seqs: list[Sequence], device: torch.device) -> None:
-        """Fill `inputs.input_ids` at the rows of `seqs` (the next step's batch, in order)
-        whose input token is deferred: each one is the last (and only) new token of a decode,
-        at its row offset, and takes this step's sample of the same request."""
+    def deferred_rows(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        """The next step's deferred inputs (its batch `seqs`, in order): (batch index in
+        `seqs`, row of `sampled`) for each request whose input token is this step's sample
+        (`Sequence.has_deferred`: a decode's last and only new token)."""
         row = {s.request_id: k for k, s in enumerate(self.seqs)}
-        offsets = inputs.host.q_row_offsets
-        dst = [int(offsets[i]) for i, s in enumerate(seqs) if s.has_deferred]
-        if not dst:
+        return [(i, row[s.request_id]) for i, s in enumerate(seqs) if s.has_deferred]
+
+    def feed(self, inputs: StepInputs) -> None:
+        """Fill the next step's device `input_ids` at its deferred rows (`inputs.deferred`,
+        staged with its other arrays by `build_step_inputs` from `deferred_rows`) with this
+        step's samples: one index copy on the stream, after this step's sampling."""
+        idx = inputs.deferred
+        if idx is None or idx.shape[0] == 0:
             return
-        src = [row[s.request_id] for s in seqs if s.has_deferred]
-        idx = host_to_device(np.asarray(dst + src, np.int64), device)
-        n = len(dst)
+        n = idx.shape[0] // 2
         inputs.input_ids.index_copy_(0, idx[:n], self.sampled[idx[n:]])
 
 

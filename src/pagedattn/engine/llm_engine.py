@@ -463,9 +463,10 @@ class LLMEngine:
             self.manager,
             [(s.request_id, s.tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
             self.device,
+            prev.deferred_rows(batch.seqs) if prev is not None else (),
         )
         if prev is not None:
-            prev.feed(inputs, batch.seqs, self.device)
+            prev.feed(inputs)
         logits = self.runner.execute(inputs)
         rows = [batch.seqs[i] for i in inputs.sample_index]
         st = SamplingTensors.build(

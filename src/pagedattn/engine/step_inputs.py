@@ -22,10 +22,11 @@ reserved them. It returns a `StepInputs`:
 - plan: None (`ModelRunner` makes the step's attention `StepPlan` from `host.cache_lengths`
   for an eager step; docs/ops.md, "The step's plan").
 
-The host arrays are packed into one int64 buffer and copied to the device once (staged in
-pinned memory on CUDA, `cache.buffers.host_to_device`: the host does not wait for the
-stream). A decode step that a CUDA graph replays then has these device arrays (and kv_inputs)
-copied into the graph's static buffers (`cuda_graphs.DecodeBuffers`).
+The host arrays and the manager's cache inputs are packed into one buffer and copied to the
+device once (`manager.runtime_inputs_staged`, staged in pinned memory on CUDA,
+`cache.buffers.hosts_to_device`: the host does not wait for the stream). A decode step that a
+CUDA graph replays then has these device arrays (and kv_inputs) copied into the graph's static
+buffers (`cuda_graphs.DecodeBuffers`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..cache.buffers import host_to_device
+from ..cache.buffers import hosts_to_device
 from ..cache.inputs import KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import InvalidArgumentError
@@ -69,6 +70,9 @@ class StepInputs:
     kv_inputs: list[KVCacheInputsPerDevice]
     host: HostStepInputs
     plan: object | None = None
+    # [2 n] int64 on the device: the rows of input_ids whose token is the previous step's
+    # sample, then those samples' rows (`InFlightStep.feed`); None: no deferred input
+    deferred: torch.Tensor | None = None
     # requests leading the batch with one new token each (the scheduler puts decodes first):
     # `mha`'s num_decodes hint
     num_decodes: int = 0
@@ -131,32 +135,43 @@ def build_step_inputs(
     manager: PagedKVCacheManager,
     requests: Sequence[tuple[Hashable, Sequence[int], int]],
     device: str | torch.device,
+    deferred: Sequence[tuple[int, int]] = (),
 ) -> StepInputs:
-    """Everything a model step needs for `requests` (module docstring). Raises
+    """Everything a model step needs for `requests` (module docstring); `deferred`: (batch
+    index, source row) of the inputs the previous step's samples fill on the device
+    (`InFlightStep.deferred_rows`; staged with the rest as `StepInputs.deferred`). Raises
     InvalidArgumentError for a request without a fitting allocation, UnknownRequestError for
     one the manager does not hold."""
     host = host_step_inputs(manager, requests)
     rids = [r[0] for r in requests]
-    kv_inputs = manager.runtime_inputs(rids)
-    T, b, n = len(host.input_ids), len(rids), len(host.logits_rows)
-    packed = np.concatenate(
-        [host.input_ids, host.positions, host.slots, host.q_row_offsets, host.logits_rows]
-    )
-    dev = host_to_device(packed, torch.device(device))
-    input_ids, positions, slots, offsets, rows = dev.split([T, T, T, b + 1, n])
+    arrays = [host.input_ids, host.positions, host.slots, host.q_row_offsets.astype(np.int32),
+              host.logits_rows]  # fmt: skip
+    if deferred:  # each deferred input's token row (its request's offset), then its source
+        rows = [int(host.q_row_offsets[i]) for i, _ in deferred]
+        arrays.append(np.asarray(rows + [src for _, src in deferred], np.int64))
+    kv_inputs, staged = manager.runtime_inputs_staged(rids, arrays)
+    dev = torch.device(device)
+    if not _same_device(staged[0].device, dev):  # the cache lives elsewhere (unusual)
+        staged = hosts_to_device(arrays, dev)
+    input_ids, positions, slots, offsets, rows = staged[:5]
     return StepInputs(
         request_ids=rids,
         num_new_tokens=[r[2] for r in requests],
         input_ids=input_ids,
         positions=positions,
-        q_row_offsets=offsets.to(torch.int32),
+        q_row_offsets=offsets,
         slots=slots,
         logits_rows=rows,
         sample_index=host.sample_index,
         kv_inputs=kv_inputs,
         host=host,
         num_decodes=_leading_decodes(requests),
+        deferred=staged[5] if deferred else None,
     )
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (b.index is None or a.index == b.index)
 
 
 def _leading_decodes(requests: Sequence[tuple[Hashable, Sequence[int], int]]) -> int:
