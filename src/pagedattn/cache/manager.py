@@ -45,6 +45,7 @@ from ..errors import (
     CapacityError,
     DuplicateRequestError,
     InvalidArgumentError,
+    Lazy,
     MaxLengthExceededError,
     OutOfPagesError,
     UnknownRequestError,
@@ -340,7 +341,8 @@ class PagedKVCacheManager:
             for i, rid in enumerate(ids):
                 self._get(rid, f"request_ids[{i}]")
             raise
-        check(len({id(r) for r in reqs}) == len(reqs), "request_ids", "no duplicates", list(ids))
+        if len(set(map(id, reqs))) != len(reqs):
+            check(False, "request_ids", "no duplicates", list(ids))
         return reqs
 
     def _prefix_hashes(self, tokens: list[int], salt: bytes | None) -> list[bytes]:
@@ -725,7 +727,7 @@ class PagedKVCacheManager:
             and all(type(x) is bool for x in sampling),
             "sampling",
             f"a list of {len(ids)} bools",
-            repr(sampling)[:80],
+            Lazy(lambda: repr(sampling)[:80]),
         )
         self._commit(request_ids, [[DEFERRED] if x else [] for x in sampling], deferred=True)
 
@@ -747,7 +749,7 @@ class PagedKVCacheManager:
             and len(new_tokens) == len(reqs),
             "new_tokens",
             f"a sequence of {len(reqs)} token lists",
-            repr(new_tokens)[:80],
+            Lazy(lambda: repr(new_tokens)[:80]),
         )
         plan = []
         cache_len = self._cache_len
