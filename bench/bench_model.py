@@ -72,7 +72,6 @@ Output: JSON (`common.save`, suite "model") and a PNG beside it, then a short ta
 
 from __future__ import annotations
 
-import bisect
 import gc
 import math
 import os
@@ -659,42 +658,68 @@ def _own_bytes(module: torch.nn.Module, below: set) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in seen)
 
 
-def _range_kernel_us(prof, dry: bool) -> dict[str, float]:
-    """us a call of each "pa::NAME" range of a `_profiled` run, by NAME: on the GPU the summed
-    durations of the kernels that ran inside the range's device span (the profiler's device
-    copy of a range spans from its first kernel to its last, idle time included: an eager
-    call's device waits for its host launches); in a dry run the range's CPU time."""
-    from torch.autograd import DeviceType  # noqa: PLC0415
+SLEEP_CYCLES = 400_000_000  # ~0.2 s of GPU clock: the device waits while a call is queued
 
-    total: dict[str, float] = defaultdict(float)
-    if dry:
-        for e in prof.events():
-            if e.name.startswith("pa::") and e.device_type == DeviceType.CPU:
-                total[e.name[4:]] += e.cpu_time_total / PROFILE_REPLAYS
-        return dict(total)
-    dev = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    kernels = sorted((e.time_range.start, e.time_range.end) for e in dev
-                     if not e.name.startswith("pa::"))  # fmt: skip
-    starts = [k[0] for k in kernels]
-    for e in dev:
-        if e.name.startswith("pa::"):
-            s, t = e.time_range.start, e.time_range.end
-            i = bisect.bisect_left(starts, s)
-            busy = 0.0
-            while i < len(kernels) and kernels[i][0] < t:
-                busy += min(kernels[i][1], t) - kernels[i][0]
-                i += 1
-            total[e.name[4:]] += busy / PROFILE_REPLAYS
-    return dict(total)
+
+def _module_times_us(ctx: Ctx, mods: dict, names: list[str], call) -> dict[str, float]:
+    """us a call of each named module's forwards (summed over its calls in one `call()`),
+    averaged over `PROFILE_REPLAYS` calls after one warm-up. GPU: a CUDA event recorded before
+    and after each forward (hooks); the device first sleeps (`torch.cuda._sleep`) while the
+    host queues the whole call, so its kernels then run back to back and an event pair spans
+    the module's kernels without the idle time of an eager call waiting for its host. Dry run:
+    the host's time (perf_counter)."""
+    times: dict[str, float] = defaultdict(float)
+    marks: list = []
+
+    def stamp():
+        if ctx.dry:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def pre(name):
+        return lambda _m, _a: marks.append((name, True, stamp()))
+
+    def post(name):
+        return lambda _m, _a, _o: marks.append((name, False, stamp()))
+
+    handles = []
+    for n in names:
+        handles.append(mods[n].register_forward_pre_hook(pre(n)))
+        handles.append(mods[n].register_forward_hook(post(n)))
+    try:
+        with torch.inference_mode():
+            call()
+            ctx.sync()
+            for _ in range(PROFILE_REPLAYS):
+                marks.clear()
+                if not ctx.dry:
+                    torch.cuda._sleep(SLEEP_CYCLES)
+                call()
+                ctx.sync()
+                started: dict[str, object] = {}  # a module's forward is not re-entered
+                for name, is_pre, t in marks:
+                    if is_pre:
+                        started[name] = t
+                        continue
+                    t0 = started.pop(name)
+                    dt = (t - t0) * 1e6 if ctx.dry else t0.elapsed_time(t) * 1e3
+                    times[name] += dt / PROFILE_REPLAYS
+    finally:
+        for h in handles:
+            h.remove()
+    return dict(times)
 
 
 def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
     """Where a decode step's time goes, by component, each against its own roofline (issue
     57's report by kernel): `call()` (one eager model call on a decode step's inputs: the
-    kernels a graph replay runs) under torch.profiler, every component module
-    (`_component_kind`) and the model wrapped in a `record_function` range by forward hooks;
-    a component's time is the device time of the kernels launched inside its range, less its
-    sub-components' (CPU time in a dry run), summed by kind over the layers.
+    kernels a graph replay runs), the device time of every component module's forwards
+    (`_component_kind`) and of the model's (`_module_times_us`: CUDA events around each forward,
+    the call queued behind a device sleep so that no host gap falls inside), less its
+    sub-components' (host time in a dry run), summed by kind over the layers. A linear the
+    forward calls as a function (an untied lm_head) counts in the rest.
 
     Bytes a step of each kind: a linear's parameters (weight, bias, FP8 scales) and its b rows
     in and out; the norms' weights and b rows of x and the residual in and out; an attention
@@ -704,37 +729,12 @@ def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
     2 x b x in x out for a linear. Roofline: max(bytes / copy, FLOPs / matmul) of the run's
     ceilings. Returns {"source", "calls", "model_us", "rows": [{kind, calls, us, bytes,
     roofline_us, frac}]} (us a step)."""
-    from torch.profiler import record_function  # noqa: PLC0415
-
     kinds = {n: k for n, m in model.named_modules() if (k := _component_kind(n, m)) is not None}
     mods = dict(model.named_modules())
     act = 4 if ctx.dtype == torch.float32 else 2
     hidden = model.config.hidden_size
-    open_ranges: list = []
-
-    def enter(label):
-        def pre(_m, _a):
-            r = record_function(label)
-            r.__enter__()
-            open_ranges.append(r)
-
-        return pre
-
-    def leave(_m, _a, _o):
-        open_ranges.pop().__exit__(None, None, None)
-
-    handles = []
-    for n in [*kinds, ""]:
-        m = mods[n]
-        handles.append(m.register_forward_pre_hook(enter(f"pa::{n or 'model'}")))
-        handles.append(m.register_forward_hook(leave))
-    try:
-        prof = _profiled(ctx, call)
-    finally:
-        for h in handles:
-            h.remove()
-    total = _range_kernel_us(prof, ctx.dry)
-    model_us = total.pop("model", 0.0)
+    total = _module_times_us(ctx, mods, [*kinds, ""], call)
+    model_us = total.pop("", 0.0)
     names = sorted(kinds, key=len)
 
     def parent(n: str) -> str | None:  # the innermost enclosing component
@@ -779,7 +779,7 @@ def component_profile(ctx: Ctx, model, call, b: int, cost: dict) -> dict:
         out.append(dict(kind=r["kind"], calls=r["calls"], us=round(us, 2),
                         bytes=round(r["bytes"]), roofline_us=round(roof * 1e3, 2),
                         frac=round(roof * 1e3 / us, 4) if us > 0 else None))  # fmt: skip
-    source = "eager model call on a decode step's inputs"
+    source = "eager model call on a decode step's inputs, queued behind a device sleep"
     if ctx.dry:
         source += " (CPU time)"
     return dict(source=source, calls=PROFILE_REPLAYS, model_us=round(model_us, 2), rows=out)
