@@ -13,11 +13,14 @@
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too; also with an H200's stages and
   split), and the Gluon sm_90 prefills' over paged caches, row offsets and ragged K/V, every
-  range mask, sinks and the LSE, with the launch configurations the tests force.
+  range mask, sinks and the LSE, with the launch configurations the tests force;
+- layers: the decoder layers' ops as the models launch them (`ops.fused`: RMSNorm, RoPE,
+  silu * up, the greedy argmax; `ops.store_kv`: store_kv for each K/V format and the fused
+  RoPE + store), Llama-3.2-1B and Llama-3-8B head shapes, Qwen3's head norm.
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
-this file in a subprocess): `python tests/sm90_compile.py [dense|sparse|persistent|pages|mha]
-[--full]`. Each
+this file in a subprocess): `python tests/sm90_compile.py
+[dense|sparse|persistent|pages|mha|layers] [--full]`. Each
 launch is captured as an H100 would make it (`ops.offline.capture`, with
 `triton_mla_plan.sm90_serves` for the device check); each distinct specialization goes through
 the front end (`ops.offline.front_end`), or with --full through ptxas too. Prints one JSON
@@ -26,6 +29,7 @@ line: {"cases", "kernels": {name: specializations}, "errors": [{case, kernel, er
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import traceback
@@ -321,10 +325,72 @@ def mha_cases():
             )  # fmt: skip
 
 
+def layer_launches(call):
+    """The launches of `call()` (ops through `cached_launch`: its fast path off, so each call
+    goes through `ops.launch.launch`, which `offline.capture` records)."""
+    from pagedattn.ops import prepared  # noqa: PLC0415
+
+    return offline.capture(prepared, call, _fast_path=lambda kernel, grid: False)
+
+
+def layer_cases():
+    """(name, launches thunk) of the decoder layers' ops (module docstring): their Triton entry
+    points, as the public ops call them on CUDA."""
+    from pagedattn.ops.fused import triton_fused as F  # noqa: PLC0415
+    from pagedattn.ops.store_kv.triton_rope_store import rope_store_kv_triton  # noqa: PLC0415
+    from pagedattn.ops.store_kv.triton_store import store_kv_triton  # noqa: PLC0415
+
+    bf = torch.bfloat16
+    for T, H in ((64, 2048), (5, 4096)):
+        x, w = torch.randn(T, H).to(bf), torch.ones(H).to(bf)
+        yield (
+            f"rms_norm {T} x {H}",
+            partial(layer_launches, lambda x=x, w=w: F.rms_norm_triton(x, w, 1e-5, x)),
+        )
+        gu = torch.randn(T, 2 * H).to(bf)
+        yield f"silu_mul {T} x {H}", partial(layer_launches, lambda gu=gu: F.silu_mul_triton(gu))
+    for n, V in ((64, 128256), (3, 1000)):
+        lg = torch.randn(n, V)
+        yield (
+            f"argmax_rows {n} x {V}",
+            partial(layer_launches, lambda lg=lg: F.argmax_rows_triton(lg)),
+        )
+    quants = {"bf16": None, "token": KVQuantConfig.per_token(), "g32": KVQuantConfig.blockwise(32)}
+    for (h_q, h, d), page, norm in itertools.product(
+        ((32, 8, 64), (32, 8, 128), (4, 1, 32)), (16, 5), (False, True)
+    ):
+        for qn, quant in quants.items():
+            params = KVCacheParams(bf, 2, h, d, page, quantization=quant)
+            inp = make_paged_cache(params, [40, 0, 17], [1, 1, 3]).inputs
+            ops = (PagedOperand(inp, params, 1, "k"), PagedOperand(inp, params, 1, "v"))
+            offs = ragged_offsets([1, 1, 3])
+            qkv = torch.randn(5, (h_q + 2 * h) * d).to(bf)
+            cs = torch.randn(5, d // 2).to(bf)
+            nw = (torch.ones(d).to(bf), torch.ones(d).to(bf)) if norm else (None, None)
+            tag = f"{h_q}/{h} d {d} page {page} {qn}{' qk_norm' if norm else ''}"
+
+            def two(ops=ops, offs=offs, qkv=qkv, cs=cs, nw=nw, h_q=h_q, h=h):
+                _, k, v = F.rope_qkv_triton(qkv, cs, cs, h_q, h, *nw, 1e-6)
+                store_kv_triton(k, v, *ops, offs)
+
+            yield f"rope_qkv + store_kv {tag}", partial(layer_launches, two)
+            if quant is None:  # the fused launch serves plain caches
+                yield (
+                    f"rope_store_kv {tag}",
+                    partial(
+                        layer_launches,
+                        lambda ops=ops, offs=offs, qkv=qkv, cs=cs, nw=nw, h_q=h_q, h=h: (
+                            rope_store_kv_triton(qkv, cs, cs, h_q, h, *nw, 1e-6, *ops, offs)
+                        ),
+                    ),
+                )
+
+
 def main(suites: list[str], full: bool) -> None:
     seen, kernels, errors, cases = set(), {}, [], 0
     for suite in suites:
-        for case, launches in mha_cases() if suite == "mha" else mla_cases(suite):
+        cases_of = {"mha": mha_cases, "layers": layer_cases}.get(suite)
+        for case, launches in cases_of() if cases_of else mla_cases(suite):
             cases += 1
             for launch in launches():
                 src, opts = offline.specialize(launch)
@@ -349,5 +415,6 @@ def main(suites: list[str], full: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    suites = [m for m in ("dense", "sparse", "persistent", "pages", "mha") if m in args]
-    main(suites or ["dense", "sparse", "persistent", "pages", "mha"], "--full" in args)
+    names = ("dense", "sparse", "persistent", "pages", "mha", "layers")
+    suites = [m for m in names if m in args]
+    main(suites or list(names), "--full" in args)

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("mode", ["dense", "sparse", "persistent", "pages", "mha"])
+@pytest.mark.parametrize("mode", ["dense", "sparse", "persistent", "pages", "mha", "layers"])
 def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -36,7 +36,10 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    if mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
+    if mode == "layers":  # the decoder layers' ops
+        served = {"_rms_norm_kernel", "_silu_mul_kernel", "_argmax_rows_kernel",
+                  "_rope_qkv_kernel", "_store_kv_kernel", "_rope_store_kernel"}  # fmt: skip
+    elif mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
         served = {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
                   "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip
     elif mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
