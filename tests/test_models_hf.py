@@ -31,7 +31,7 @@ import pytest
 import torch
 from tiny_llama import randomize_, tiny_common, tiny_gpt_oss_config
 
-from pagedattn import PagedKVCacheManager
+from pagedattn import InvalidArgumentError, PagedKVCacheManager
 from pagedattn.models import (
     SUPPORTED_ARCHITECTURES,
     CheckpointError,
@@ -331,6 +331,15 @@ def test_first_step_logits_match_hf_forward(ckpt):
     scale = float(ref.abs().max())
     print(f"{ckpt.arch}: first-step logits max abs err {err:.2e} (logit scale {scale:.1f})")
     assert err <= 2e-5 * max(scale, 1.0), f"{ckpt.arch}: max abs err {err:.3g}"
+    # the same step with the logits written into a given (poisoned) buffer, as a decode graph
+    # does: equal bit for bit, and that buffer returned (the step rewrites the same K/V)
+    out = torch.full((len(ids), model.config.vocab_size), float("nan"))
+    got = model(ids, pos, inputs, offs, torch.arange(len(ids)), logits_out=out)
+    assert got is out and torch.equal(out, logits)
+    with pytest.raises(InvalidArgumentError, match="logits_out"):
+        model(ids, pos, inputs, offs, torch.arange(len(ids)), logits_out=out[:, :-1])
+    with pytest.raises(InvalidArgumentError, match="logits_out"):
+        model(ids, pos, inputs, offs, torch.arange(len(ids)), logits_out=out.double())
 
 
 def test_ragged_batch_greedy_matches_hf_generate(ckpt):
