@@ -321,6 +321,20 @@ def test_stream_closed_early_aborts_its_requests():
     assert not llm.has_unfinished_requests() and llm.manager.stats().used_pages == 0
 
 
+def test_outputs_share_the_requests_token_list():
+    """A request's outputs of successive steps hold one list (no copy of the generation a
+    step), which equals the concatenated deltas whenever it is read."""
+    llm = make_llm()
+    seen: dict[int, list] = {}
+    deltas: dict[int, list[int]] = {}
+    for o in llm.stream([{"prompt_token_ids": prompt_of(5, 1)}], GREEDY):
+        toks = o.outputs[0].token_ids
+        assert seen.setdefault(o.request_id, toks) is toks
+        deltas.setdefault(o.request_id, []).extend(o.outputs[0].new_token_ids)
+        assert toks == deltas[o.request_id]
+    assert len(next(iter(seen.values()))) == GREEDY.max_tokens
+
+
 def test_stream_yields_each_token_once():
     llm = make_llm(max_num_batched_tokens=5)
     prompts = [prompt_of(n, n) for n in (3, 8, 1)]

@@ -1,7 +1,9 @@
 """What `LLM.generate` returns and `LLM.stream` yields (vLLM's shapes).
 
 `RequestOutput.outputs[0]` is a `CompletionOutput`: the generated `token_ids` and their `text`
-so far (cumulative), `new_token_ids` / `new_text` (what this step added: the streaming delta),
+so far (cumulative; `token_ids` is the request's own list of known tokens, shared by all its
+outputs and growing as it generates, so a streaming step copies nothing: read it, copy it to
+keep a snapshot), `new_token_ids` / `new_text` (what this step added: the streaming delta),
 and `finish_reason` ("stop": a stop or end-of-sequence token, kept as the last token; "length":
 max_tokens, or max_model_len reached; None while running). `RequestMetrics` times a request
 with `time.perf_counter()` seconds.

@@ -40,6 +40,7 @@ class Sequence:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self._known: list[int] = []  # output_token_ids without a trailing DEFERRED
         self._tokens = list(prompt_token_ids)  # prompt + outputs, kept by `append_token`
         self.params = params
         self.seed = seed  # the sampler's per-request key (params.seed or one the engine drew)
@@ -70,11 +71,14 @@ class Sequence:
         is known)."""
         self.output_token_ids.append(tok)
         self._tokens.append(tok)
+        if tok != DEFERRED:
+            self._known.append(tok)
 
     def fill_deferred(self, tok: int) -> None:
         """The value of the deferred last token."""
         self.output_token_ids[-1] = tok
         self._tokens[-1] = tok
+        self._known.append(tok)
 
     @property
     def has_deferred(self) -> bool:
@@ -82,9 +86,10 @@ class Sequence:
 
     @property
     def known_output_token_ids(self) -> list[int]:
-        """The generated tokens whose values are known (a copy)."""
-        out = self.output_token_ids
-        return out[:-1] if out and out[-1] == DEFERRED else list(out)
+        """The generated tokens whose values are known: the sequence's own list, which only
+        grows (not a copy: an output of every step shares it, so a step costs no copy of a
+        long generation; read it, do not change it)."""
+        return self._known
 
     @property
     def num_pending(self) -> int:
