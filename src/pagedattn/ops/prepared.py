@@ -901,9 +901,3 @@ def semaphores(device: torch.device, stream: int, numel: int) -> torch.Tensor:
         _RETIRED.append(t)
     t = _SEMAPHORES[key] = torch.zeros(max(numel, SEMAPHORE_MIN), dtype=torch.int32, device=device)
     return t
-    if device.type == "cuda" and _cuda_capturing():
-        return None
-    if t is not None:
-        _RETIRED.append(t)
-    t = _SEMAPHORES[key] = torch.zeros(max(numel, SEMAPHORE_MIN), dtype=torch.int32, device=device)
-    return t

@@ -12,6 +12,7 @@ from ...errors import INT32_MAX, InvalidArgumentError, check, check_int
 from ...operands import PagedOperand
 from .._checks import describe
 from ..dispatch import BACKENDS, choose_backend
+from ..fused import check_rope_qkv, rope_qkv, rope_triton_ok
 from .reference import store_kv_reference, target_rows
 
 #: Output dtypes gather_kv dequantizes to.
@@ -261,8 +262,6 @@ def rope_store_kv(
     two, takes one launch (`triton_rope_store`: the decode step's RoPE and cache write were
     two launches of ~2.5 us each a layer on the H200, Llama-3.2-1B b64); every other case
     runs the two ops, so the results are theirs."""
-    from ..fused import check_rope_qkv, rope_qkv, rope_triton_ok  # noqa: PLC0415
-
     d = check_rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm, k_norm)
     T = qkv.shape[0]
     k_view = qkv[:, h_q * d : (h_q + h_kv) * d].unflatten(1, (h_kv, d))

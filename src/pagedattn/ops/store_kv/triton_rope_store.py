@@ -20,9 +20,9 @@ import triton.language as tl
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..fused.triton_fused import rope_pair
+from ..mha.triton_tiles import find_request
 from ..prepared import cached_launch
 from ..specialize import request_block
-from .triton_store import token_position
 
 install_interpreter_shim()
 
@@ -48,8 +48,17 @@ def _rope_store_kernel(
         tl.store(dst + HALF + i, o2.to(Q.dtype.element_ty))
     else:
         # the token's request, position and cache row (`_store_kv_kernel`'s addressing)
-        b, pos, ok = token_position(q_offsets, cache_lens, batch, t, BLOCK_B)
-        ok = ok & (pos < reach)
+        in_rng = t < batch
+        o_lo = tl.load(q_offsets + t, mask=in_rng, other=-1)
+        o_hi = tl.load(q_offsets + t + 1, mask=in_rng, other=-1)
+        b = t
+        if (o_lo != t) | (o_hi != t + 1):
+            b = find_request(q_offsets, batch, t, BLOCK_B)
+            o_lo = tl.load(q_offsets + b)
+            o_hi = tl.load(q_offsets + b + 1, mask=b < batch, other=-1)
+        ok = (o_lo <= t) & (t < o_hi)
+        pos = tl.load(cache_lens + b, mask=ok, other=-1) + (t - o_lo)
+        ok = ok & (pos >= 0) & (pos < reach)
         page = tl.load(Lut + b * slut + pos // PAGE, mask=ok, other=-1)
         ok = ok & (page >= 0) & (page < limit)
         row = page.to(tl.int64) * page_stride + pos % PAGE
