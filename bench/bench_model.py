@@ -26,9 +26,9 @@ roofline, and the 1B shape against transformers' `generate` on the same weights.
     `enforce_eager=True` (record "pagedattn-eager"), and graphs with `async_scheduling=False`
     (host and device in series: `sync_ms`). Also timed: the captured graph's replay alone
     (`replay_ms`, the model's device time).
-  * A model without graphs (FP8 DeepSeek: its experts read their token counts on the host, so
-    its steps run eagerly, through the fused FP8 MLA branch `mla_decode_branch_fp8` in every
-    layer): one engine, eager with async scheduling (the record says `graphs: false`; no
+  * A model without graphs (none of the shapes on CUDA since the routed experts run through
+    `ops.moe`; FP8 DeepSeek on the CPU, whose experts read their token counts on the host):
+    one engine, eager with async scheduling (the record says `graphs: false`; no
     replay, synchronous or second eager numbers, no "pagedattn-eager" record), and, in place
     of the replay, one eager model call alone on the inputs of a further decode step
     (`model_call_ms`: host launches and device work of the model, without the engine's
@@ -208,7 +208,8 @@ CASES = [
     Case("llama3.2-1b b64 p512", "llama3.2-1b", 64, 512, 0.6, hf=True, profile=True),
     Case("deepseek-v2-lite b64 p512", "deepseek-v2-lite", 64, 512, 0.6, profile=True),
     # issue 58: FP8 block weights (the shape's quantization_config), FP8 rope-aware MLA cache;
-    # eager steps (FP8 DeepSeek captures no graphs); no goal given
+    # CUDA graphs (its experts through ops.moe, its attention through the fused FP8 branch);
+    # no goal given
     Case("deepseek-v3-slice b64 p512", "deepseek-v3-slice", 64, 512, None, profile=True,
          kv_quantization=KVQuantConfig.mla_rope_aware()),
 ]  # fmt: skip

@@ -8,7 +8,8 @@ directives and their labels, comments and debug sections dropped, so a moved sou
 inlined helper changes nothing) and hashed. Output: one JSON object
 {case: [[kernel name, sha256], ...]} written to OUT.
 
-    python dev/ptx_digest.py OUT.json [dense|sparse|persistent|pages|mha ...] [-j N] [-k TEXT]
+    python dev/ptx_digest.py OUT.json [dense|sparse|persistent|pages|mha|layers ...]
+        [-j N] [-k TEXT]
     python dev/ptx_digest.py --compare BASE.json NEW.json [--subset]
 
 -k TEXT keeps the cases whose name contains TEXT (repeat -k: all of them). --subset compares
@@ -80,7 +81,8 @@ def _cases(modes, keep):
     import sm90_compile as S
 
     for mode in modes:
-        for case, launches in S.mha_cases() if mode == "mha" else S.mla_cases(mode):
+        cases_of = {"mha": S.mha_cases, "layers": S.layer_cases}.get(mode)
+        for case, launches in cases_of() if cases_of else S.mla_cases(mode):
             if all(k in case for k in keep):
                 yield case, launches
 

@@ -337,6 +337,8 @@ def layer_cases():
     """(name, launches thunk) of the decoder layers' ops (module docstring): their Triton entry
     points, as the public ops call them on CUDA."""
     from pagedattn.ops.fused import triton_fused as F  # noqa: PLC0415
+    from pagedattn.ops.moe import moe_block_m  # noqa: PLC0415
+    from pagedattn.ops.moe import triton_moe as MOE  # noqa: PLC0415
     from pagedattn.ops.store_kv.triton_rope_store import rope_store_kv_triton  # noqa: PLC0415
     from pagedattn.ops.store_kv.triton_store import store_kv_triton  # noqa: PLC0415
 
@@ -354,6 +356,29 @@ def layer_cases():
         yield (
             f"argmax_rows {n} x {V}",
             partial(layer_launches, lambda lg=lg: F.argmax_rows_triton(lg)),
+        )
+    # routed experts (`ops.moe`): V2-Lite / V3 / gpt-oss decode and a prefill chunk's blocks
+    for T, k, E, H, inter, fp8 in ((64, 6, 64, 2048, 1408, False), (64, 8, 256, 7168, 2048, True),
+                                   (512, 4, 32, 2880, 2880, False)):  # fmt: skip
+        ids = torch.randint(0, E, (T, k))
+        x = torch.randn(T, H).to(bf)
+        wdt = torch.float8_e4m3fn if fp8 else bf
+        wgu = torch.empty(1, 2 * inter, H, dtype=wdt).expand(E, -1, -1)  # one expert's memory
+        wd = torch.empty(1, H, inter, dtype=wdt).expand(E, -1, -1)
+        sgu = torch.ones(E, -(-2 * inter // 128), -(-H // 128)) if fp8 else None
+        sd = torch.ones(E, -(-H // 128), -(-inter // 128)) if fp8 else None
+        rw = torch.rand(T, k)
+
+        def moe(ids=ids, x=x, wgu=wgu, wd=wd, sgu=sgu, sd=sd, rw=rw, E=E, k=k):
+            plan = MOE.moe_plan_triton(ids, E, moe_block_m(ids.numel(), E))
+            h = MOE.expert_matmul_triton(x, wgu, plan, w_scale=sgu, activation="silu_mul")
+            y = MOE.expert_matmul_triton(h, wd, plan, w_scale=sd, row_weights=rw,
+                                         out_dtype=torch.float32)  # fmt: skip
+            MOE.moe_sum_triton(y, k, bf)
+
+        yield (
+            f"moe {T} x top-{k} of {E}, {H} / {inter}{' fp8' if fp8 else ''}",
+            partial(layer_launches, moe),
         )
     quants = {"bf16": None, "token": KVQuantConfig.per_token(), "g32": KVQuantConfig.blockwise(32)}
     for (h_q, h, d), page, norm in itertools.product(

@@ -164,7 +164,7 @@ def test_v3_slice_shape_full_size():
     assert c.fp8_block == (128, 128) and c.rope.rope_type == "yarn" and c.rope.factor == 40
     with torch.device("meta"):
         m = model_class(c)(c, dtype=torch.bfloat16)
-    assert not m.supports_cuda_graphs  # FP8 DeepSeek: eager steps
+    assert not m.supports_cuda_graphs  # on the CPU FP8 experts loop (host counts): eager
     assert type(m.model.layers[0].mlp).__name__ == "SwiGLUMLP"
     assert all(type(m.model.layers[i].mlp).__name__ == "DeepseekMoE" for i in (1, 2, 3))
     b = 64

@@ -1,6 +1,6 @@
 """CUDA graphs for decode steps (engine/cuda_graphs.py), on a tiny random Llama, gpt-oss and
-DeepSeek-V3 (the MoE models' experts as grouped matmuls, `layers.grouped_experts_ok`; DeepSeek's
-step plan from `num_decodes`).
+DeepSeek-V3 (the MoE models' experts as grouped matmuls on the CPU, `layers.grouped_experts_ok`,
+and through `ops.moe` on CUDA, FP8 DeepSeek included; DeepSeek's step plan from `num_decodes`).
 
 CPU: the graph path emulated (`GraphRunner(emulate=True)`: the static buffers, the padding to a
 bucket and the fixed-width lookup table of a replay, with the captured function run eagerly)
@@ -358,15 +358,23 @@ def test_which_models_and_settings_get_graphs(ckpt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", sorted(SAVERS))
+@pytest.mark.parametrize("family", [*sorted(SAVERS), "deepseek_fp8"])
 def test_cuda_graphs_match_eager_on_cuda(family, tmp_path):
-    SAVERS[family](tmp_path, 1357, VOCAB)
+    """deepseek_fp8: DeepSeek's FP8 block weights (experts through `ops.moe`, attention
+    through the fused FP8 MLA branch), captured like the others."""
+    if family == "deepseek_fp8":
+        from test_models_deepseek import _fp8_checkpoints
+
+        path = _fp8_checkpoints(tmp_path)[0]
+    else:
+        path = tmp_path
+        SAVERS[family](tmp_path, 1357, VOCAB)
     kw = dict(device="cuda", dtype=torch.bfloat16, **KW)
-    graph = LLM(str(tmp_path), **kw)
+    graph = LLM(str(path), **kw)
     g = graph.runner.graphs
     assert g is not None and not g.emulate and sorted(g.graphs) == [1, 2, 4, 8]
     assert all(isinstance(x, torch.cuda.CUDAGraph) for x in g.graphs.values())
-    eager = LLM(str(tmp_path), enforce_eager=True, **kw)
+    eager = LLM(str(path), enforce_eager=True, **kw)
     assert eager.runner.graphs is None
 
     args = workload()

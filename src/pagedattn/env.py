@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-VARIABLES = ("BACKEND", "PDL", "MLA_TUNING", "MHA_TUNING")
+VARIABLES = ("BACKEND", "PDL", "MLA_TUNING", "MHA_TUNING", "MOE_TUNING")
 PREFIX = "PAGEDATTN_"
 
 

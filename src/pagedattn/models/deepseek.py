@@ -45,9 +45,10 @@ other geometries than DeepSeek's 512 + 64 need a BF16 / FP16 / FP32 cache); no t
 parallelism; the multi-token-prediction layers of real checkpoints
 (`model.layers.{num_layers}...`) are ignored on load. A mixed step reads the queries-per-request
 and cache lengths on the host; a pure decode step (`num_decodes` = the batch) does not, and
-with plain (not FP8) weights in bf16 on CUDA the routed experts run as grouped matmuls, so
-its decode steps replay CUDA graphs (`supports_cuda_graphs`); FP8 models stay eager (their
-experts loop over fp8_bmm with the counts read on the host).
+in bf16 / fp16 on CUDA the routed experts run through `ops.moe` (plan, products and sums on
+the device, plain or FP8 weights), so decode steps replay CUDA graphs (`supports_cuda_graphs`).
+On the CPU plain weights run as grouped matmuls, FP8 ones loop over the experts with tokens
+(their counts read on the host).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ from .layers import (
     SwiGLUMLP,
     apply_rope,
     expert_groups,
+    fused_experts,
+    fused_experts_ok,
     grouped_experts_ok,
     make_linear,
     sort_by_expert,
@@ -495,11 +498,27 @@ class DeepseekExperts(nn.Module):
         return fp8_bmm(x[None], w[None], s[None], k_gran=k, n_gran=n, out_dtype=x.dtype)[0]
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """x [T, H], weights [T, k] float32, experts [T, k]: `forward_grouped` for plain
-        weights where `grouped_experts_ok` (no host sync), else `forward_loop`."""
+        """x [T, H], weights [T, k] float32, experts [T, k]: `forward_fused` where
+        `fused_experts_ok` (plain or FP8 weights), else `forward_grouped` for plain weights
+        where `grouped_experts_ok` (both without a host sync), else `forward_loop`."""
+        if fused_experts_ok(x.device, x.dtype):
+            return self.forward_fused(x, weights, experts)
         if self.fp8 is None and grouped_experts_ok(x.device, x.dtype):
             return self.forward_grouped(x, weights, experts)
         return self.forward_loop(x, weights, experts)
+
+    def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
+        """The loop's math through `ops.moe` (`layers.fused_experts`): silu * up in the gate_up
+        product's epilogue, the routing weight and the token's sum in float32; FP8 weights
+        dequantized in registers (the activations stay in x's dtype, where the loop's
+        `fp8_bmm` quantizes them to e4m3 in 1 x 128 groups)."""
+        fp8 = self.fp8 is not None
+        return fused_experts(
+            x, experts, self.gate_up_proj, self.down_proj, weights=weights,
+            gate_up_scale=self.gate_up_proj_scale_inv if fp8 else None,
+            down_scale=self.down_proj_scale_inv if fp8 else None,
+            w_block=self.fp8 if fp8 else (128, 128),
+        )  # fmt: skip
 
     def forward_grouped(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
         """The loop's math as two grouped matmuls (`layers.sort_by_expert`,
@@ -580,13 +599,15 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     @property
     def supports_cuda_graphs(self) -> bool:
         """Decode steps can be captured where nothing syncs the host: the step plan comes from
-        `num_decodes` (a pure decode step), the routed experts are grouped matmuls (plain
-        weights, bf16 on CUDA: `layers.grouped_experts_ok`), and decode runs the absorbed
-        mla_decode (not the FP8 branch, whose capture is not tested)."""
+        `num_decodes` (a pure decode step) and the routed experts run without reading their
+        token counts: `ops.moe` on CUDA in bf16 / fp16 (`layers.fused_experts_ok`, plain or
+        FP8 weights), or grouped matmuls for plain weights (`layers.grouped_experts_ok`). FP8
+        checkpoints decode through the fused branch, captured like the absorbed mla_decode."""
         cfg = self.config
-        return cfg.fp8_block is None and (
-            not cfg.is_moe or grouped_experts_ok(self.model.embed_tokens.weight.device, self.dtype)
-        )
+        dev = self.model.embed_tokens.weight.device
+        if not cfg.is_moe or fused_experts_ok(dev, self.dtype):
+            return True
+        return cfg.fp8_block is None and grouped_experts_ok(dev, self.dtype)
 
     def __init__(
         self,

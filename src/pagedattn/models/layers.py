@@ -15,7 +15,8 @@ call every model makes.
 
 Parameters are created uninitialised (`torch.empty`, usually on the meta device) and filled by
 `models.loader`. Nothing here syncs with the host except `GptOssExperts.forward_loop` (it
-reads each expert's token count), which runs only where `grouped_experts_ok` is false.
+reads each expert's token count), which runs only where `grouped_experts_ok` is false. On
+CUDA the routed experts run through `ops.moe` (`fused_experts_ok`, `fused_experts`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..ops.fused.reference import rms_norm_reference
 from ..ops.linear import fp8_bmm
 from ..ops.masks import Mask
 from ..ops.mha import StepPlan, mha
+from ..ops.moe import expert_matmul, moe_block_m, moe_plan, moe_sum
 from . import parallel
 from .config import ModelConfig, RopeConfig
 
@@ -291,6 +293,37 @@ def grouped_experts_ok(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+def fused_experts_ok(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the routed experts run through `ops.moe`'s kernels (`fused_experts`): on CUDA
+    in bf16 / fp16. Elsewhere the models keep transformers' op order (the CPU equals it bit
+    for bit)."""
+    return torch.device(device).type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+
+
+def fused_experts(
+    x, experts, gate_up, down, *, weights=None, gate=None, gate_up_bias=None, down_bias=None,
+    gate_up_scale=None, down_scale=None, w_block=(128, 128),
+):  # fmt: skip
+    """A top-k MoE's routed experts through `ops.moe`: x [T, H], experts [T, k] -> [T, H] in
+    x's dtype. gate_up [E, 2I, H] and down [E, H, I] (any strides: an [E, in, out] layout passes
+    its transpose), optionally FP8 with their block scales (`w_block`); biases [E, 2I] / [E, H];
+    weights [T, k] (the routing weights, applied to each expert's output). `gate`: the
+    activation of the gate|up product (a callable [rows, 2I] -> [rows, I]); None is
+    silu(gate) * up, fused into the gate_up product's epilogue."""
+    E, k = gate_up.shape[0], experts.shape[1]
+    plan = moe_plan(experts, E, block_m=moe_block_m(experts.numel(), E))
+    kw = dict(w_block=w_block)
+    if gate is None:  # silu(gate) * up in the gate_up product's epilogue
+        h = expert_matmul(x, gate_up, plan, w_scale=gate_up_scale, bias=gate_up_bias,
+                          activation="silu_mul", **kw)  # fmt: skip
+    else:
+        h = gate(expert_matmul(x, gate_up, plan, w_scale=gate_up_scale, bias=gate_up_bias, **kw))
+    y = expert_matmul(h, down, plan, w_scale=down_scale, bias=down_bias,
+                      row_weights=None if weights is None else weights.float(),
+                      out_dtype=torch.float32, **kw)  # fmt: skip
+    return moe_sum(y, k, out_dtype=x.dtype)
+
+
 def sort_by_expert(
     experts: torch.Tensor, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -375,8 +408,11 @@ class GptOssExperts(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
     def forward(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
-        """x [T, hidden], scores / experts [T, k] (the router's). `forward_grouped` where
-        `grouped_experts_ok` (no host sync: CUDA-graph safe), else `forward_loop`."""
+        """x [T, hidden], scores / experts [T, k] (the router's). `forward_fused` where
+        `fused_experts_ok`, else `forward_grouped` where `grouped_experts_ok` (both without a
+        host sync: CUDA-graph safe), else `forward_loop`."""
+        if fused_experts_ok(x.device, x.dtype):
+            return self.forward_fused(x, scores, experts)
         if grouped_experts_ok(x.device, x.dtype):
             return self.forward_grouped(x, scores, experts)
         return self.forward_loop(x, scores, experts)
@@ -391,6 +427,15 @@ class GptOssExperts(nn.Module):
                 h = h + self.down_proj_bias[e]
             out.index_add_(0, t, (h * scores[t, s, None]).to(x.dtype))
         return out
+
+    def forward_fused(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
+        """The same math through `ops.moe` (`fused_experts`): biases, the routing score and the
+        token's sum in float32, one rounding each product and at the end."""
+        return fused_experts(
+            x, experts, self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2),
+            weights=scores, gate=self._gate, gate_up_bias=self.gate_up_proj_bias,
+            down_bias=self.down_proj_bias if self.with_bias else None,
+        )  # fmt: skip
 
     def forward_grouped(self, x: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor):
         """The same math with two grouped matmuls (`sort_by_expert`, `torch._grouped_mm`): no

@@ -1,0 +1,68 @@
+"""Launch shapes of the routed-experts kernels, as frozen configuration (`MoETuning`).
+
+The numbers' sources: docs/kernels/moe.md. `PAGEDATTN_MOE_TUNING` (a JSON object,
+`pagedattn.env.tuning_overrides`) overrides fields for development runs, a shape as a list
+[block_n, block_k, stages, num_warps, evict], e.g. '{"gated": [32, 128, 4, 4]}'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ... import env
+
+
+@dataclass(frozen=True)
+class MatmulShape:
+    """block_n / block_k / stages / num_warps of `_expert_mm_kernel`; evict: the weight loads'
+    eviction policy ("" or "evict_first")."""
+
+    block_n: int
+    block_k: int
+    stages: int
+    num_warps: int
+    evict: str = ""
+
+
+@dataclass(frozen=True)
+class MoETuning:
+    """rows_16 / rows_32: the largest mean rows an expert (T * top_k / E) that takes blocks of
+    16 / 32 rows (64 above). decode: the launch shape at 16 rows a block (the memory-bound
+    case: a narrow BLOCK_N so that the weight slabs spread over every SM); gated: the same
+    for a silu_mul product (two weight tiles a step); wide: at 32 and 64 rows (compute grows
+    with the rows)."""
+
+    rows_16: float = 16.0
+    rows_32: float = 48.0
+    decode: MatmulShape = MatmulShape(block_n=64, block_k=128, stages=3, num_warps=2)
+    gated: MatmulShape = MatmulShape(block_n=32, block_k=128, stages=4, num_warps=4)
+    wide: MatmulShape = MatmulShape(block_n=128, block_k=64, stages=3, num_warps=4)
+
+    @staticmethod
+    def current() -> MoETuning:
+        """The shipped tuning with $PAGEDATTN_MOE_TUNING's overrides (module docstring)."""
+        over = env.tuning_overrides("MOE")
+        if not over:
+            return SHIPPED
+        shapes = {k: MatmulShape(*v) for k, v in over.items() if isinstance(v, tuple)}
+        return replace(SHIPPED, **{**over, **shapes})
+
+    def block_m(self, num_rows: int, num_experts: int) -> int:
+        mean = num_rows / max(1, num_experts)
+        return 16 if mean <= self.rows_16 else 32 if mean <= self.rows_32 else 64
+
+    def matmul(self, block_m: int, n: int, k: int, w_block: tuple[int, int] | None,
+               gated: bool = False) -> MatmulShape:  # fmt: skip
+        """The shape for blocks of `block_m` rows over a [n, k] weight (gated: a silu_mul
+        product); with FP8 blocks (n_gran, k_gran) BLOCK_K divides k_gran (one scale a chunk
+        and column)."""
+        s = (self.gated if gated else self.decode) if block_m <= 16 else self.wide
+        bk = s.block_k
+        if w_block is not None:
+            k_gran = w_block[1]
+            while bk > 16 and k_gran % bk:
+                bk //= 2
+        return MatmulShape(s.block_n, bk, s.stages, s.num_warps, s.evict)
+
+
+SHIPPED = MoETuning()
