@@ -4,7 +4,8 @@ before (`torch._grouped_mm` with the sort and the expert-order sum) and the memo
 routed experts' weights read once at the copy bandwidth measured in the same run). CUDA-graph
 replays, fresh random weights and routings, outputs checked against the float32 reference.
 
-    python dev/sweep_moe.py OUT.json [--only TEXT]    # every shape and variant
+    python dev/sweep_moe.py OUT.json [--only TEXT] [--variants A,B]  # shapes / variants whose
+                                                                     # names contain TEXT / A..
     python dev/sweep_moe.py --ncu VARIANT [SHAPE [down]]   # 6 eager layers (or 6 down
                                                            # products), for ncu
 
@@ -41,6 +42,14 @@ def _v(n, k, s, w=4, **kw):
     return MoETuning(decode=shape, gated=shape)
 
 
+def _w(bm, n, k, s, w):
+    """Blocks of at most `bm` rows (64 or 128), all of them at one launch shape."""
+    shape = MatmulShape(n, k, s, w)
+    if bm == 64:
+        return MoETuning(rows_64=float("inf"), wide=shape)
+    return MoETuning(wide=shape, wide128=shape)
+
+
 VARIANTS = {
     "shipped": MoETuning(),
     "n32 k128 s4": _v(32, 128, 4),
@@ -52,6 +61,13 @@ VARIANTS = {
     "n64 k64 s4 w2": _v(64, 64, 4, 2),
     "n128 k128 s3": _v(128, 128, 3),
     "n128 k64 s3": _v(128, 64, 3),
+    # blocks of 32 / 64 rows (`MoETuning.wide`; no 128-row blocks) and of 128 (rows_64, wide128)
+    "wide n128 k64 s3 w8": _w(64, 128, 64, 3, 8),
+    "wide n256 k64 s3 w8": _w(64, 256, 64, 3, 8),
+    "wide n128 k64 s4 w4": _w(64, 128, 64, 4, 4),
+    "wide bm128 n128 k64 s3 w8": _w(128, 128, 64, 3, 8),
+    "wide bm128 n256 k64 s2 w8": _w(128, 256, 64, 2, 8),
+    "wide bm128 n128 k64 s4 w8 (shipped)": _w(128, 128, 64, 4, 8),
 }
 
 
@@ -104,6 +120,7 @@ def main() -> None:
         return ncu(a[0], a[1] or "v2lite b64", a[2] == "down")
     out_path = sys.argv[1]
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+    pick = sys.argv[sys.argv.index("--variants") + 1].split(",") if "--variants" in sys.argv else []
     gbps = copy_gbps()
     rows = []
     print(f"copy {gbps:.0f} GB/s")
@@ -120,9 +137,9 @@ def main() -> None:
         wbytes = hit * (wgu[0].numel() * wgu.element_size() + wd[0].numel() * wd.element_size())
         floor_us = wbytes / gbps / 1e3
 
-        bm = moe_block_m(T * k, E)
         parts = {
-            "plan": lambda tun, be: moe_plan(ids, E, block_m=bm, backend=be),
+            "plan": lambda tun, be: moe_plan(
+                ids, E, block_m=(tun or MoETuning()).block_m(T * k, E), backend=be),
             "gate_up": lambda tun, be: expert_matmul(x, wgu, ctx["plan"], w_scale=sgu,
                                                      activation="silu_mul", backend=be,
                                                      tuning=tun),
@@ -143,6 +160,8 @@ def main() -> None:
         res = dict(shape=name, T=T, k=k, E=E, H=H, I=inter, fp8=fp8, experts_hit=hit,
                    weight_bytes=wbytes, floor_us=round(floor_us, 2), variants={})  # fmt: skip
         for vname, tun in VARIANTS.items():
+            if pick and not any(p in vname for p in pick):
+                continue
             try:
                 o = fused(tun).float()
                 cd = cos_diff(o, ref)

@@ -357,9 +357,10 @@ def layer_cases():
             f"argmax_rows {n} x {V}",
             partial(layer_launches, lambda lg=lg: F.argmax_rows_triton(lg)),
         )
-    # routed experts (`ops.moe`): V2-Lite / V3 / gpt-oss decode and a prefill chunk's blocks
+    # routed experts (`ops.moe`): V2-Lite / V3 / gpt-oss decode, prefill chunks (64 / 128 rows)
     for T, k, E, H, inter, fp8 in ((64, 6, 64, 2048, 1408, False), (64, 8, 256, 7168, 2048, True),
-                                   (512, 4, 32, 2880, 2880, False)):  # fmt: skip
+                                   (512, 4, 32, 2880, 2880, False),
+                                   (2048, 6, 64, 2048, 1408, False)):  # fmt: skip
         ids = torch.randint(0, E, (T, k))
         x = torch.randn(T, H).to(bf)
         wdt = torch.float8_e4m3fn if fp8 else bf

@@ -68,7 +68,8 @@ def _check_plan_invariants(plan: MoEPlan, ids: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("T,k,E,bm", [(0, 2, 4, 16), (1, 1, 1, 16), (7, 3, 5, 16),
-                                      (40, 6, 16, 32), (700, 2, 3, 64)])  # fmt: skip
+                                      (40, 6, 16, 32), (700, 2, 3, 64),
+                                      (300, 2, 3, 128)])  # fmt: skip
 def test_plan_backends_equal_and_valid(T, k, E, bm):
     g = torch.Generator().manual_seed(T * 7 + k)
     for name, ids in _routings(T, k, E, g):
@@ -161,6 +162,22 @@ def test_expert_matmul_against_oracle(backend, dtype, T, k, E, N, K):
         n_out = N // 2 if "activation" in kw else N
         assert y.shape == (T * k, n_out) and y.dtype == kw.get("out_dtype", dtype)
         _close(y, _oracle(xo, w, ids, k, **okw), dtype, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bm", [32, 64, 128])
+def test_expert_matmul_wide_blocks(backend, bm):
+    """Blocks of 32 to 128 rows (prefill chunks: the `wide` / `wide128` launch shapes), with
+    the SwiGLU."""
+    g = torch.Generator().manual_seed(bm)
+    dev = _dev()
+    T, k, E, N, K = 90, 2, 3, 48, 80
+    ids = torch.randint(0, E, (T, k), generator=g)
+    x = torch.randn(T, K, generator=g)
+    w = torch.randn(E, N, K, generator=g) / K**0.5
+    plan = moe_plan(ids.to(dev), E, block_m=bm, backend=backend)
+    y = expert_matmul(x.to(dev), w.to(dev), plan, activation="silu_mul", backend=backend)
+    _close(y, _oracle(x, w, ids, k, act="silu_mul"), torch.float32, f"block {bm}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

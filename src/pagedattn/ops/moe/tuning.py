@@ -26,17 +26,21 @@ class MatmulShape:
 
 @dataclass(frozen=True)
 class MoETuning:
-    """rows_16 / rows_32: the largest mean rows an expert (T * top_k / E) that takes blocks of
-    16 / 32 rows (64 above). decode: the launch shape at 16 rows a block (the memory-bound
-    case: a narrow BLOCK_N so that the weight slabs spread over every SM); gated: the same
-    for a silu_mul product (two weight tiles a step); wide: at 32 and 64 rows (compute grows
-    with the rows)."""
+    """rows_16 / rows_32 / rows_64: the largest mean rows an expert (T * top_k / E) that takes
+    blocks of 16 / 32 / 64 rows (128 above). decode: the launch shape at 16 rows a block (the
+    memory-bound case: a narrow BLOCK_N so that the weight slabs spread over every SM); gated:
+    the same for a silu_mul product (two weight tiles a step); wide: at 32 and 64 rows; wide128:
+    at 128 rows (compute grows with the rows). Measurements: docs/kernels/moe.md (prefill:
+    blocks of 128 rows at 128 x 64, 4 stages, 8 warps took a V2-Lite 2048-token chunk's expert
+    layer from 804 to 705 us)."""
 
     rows_16: float = 16.0
     rows_32: float = 48.0
+    rows_64: float = 96.0
     decode: MatmulShape = MatmulShape(block_n=64, block_k=128, stages=3, num_warps=2)
     gated: MatmulShape = MatmulShape(block_n=32, block_k=128, stages=4, num_warps=4)
     wide: MatmulShape = MatmulShape(block_n=128, block_k=64, stages=3, num_warps=4)
+    wide128: MatmulShape = MatmulShape(block_n=128, block_k=64, stages=4, num_warps=8)
 
     @staticmethod
     def current() -> MoETuning:
@@ -49,14 +53,19 @@ class MoETuning:
 
     def block_m(self, num_rows: int, num_experts: int) -> int:
         mean = num_rows / max(1, num_experts)
-        return 16 if mean <= self.rows_16 else 32 if mean <= self.rows_32 else 64
+        if mean <= self.rows_16:
+            return 16
+        return 32 if mean <= self.rows_32 else 64 if mean <= self.rows_64 else 128
 
     def matmul(self, block_m: int, n: int, k: int, w_block: tuple[int, int] | None,
                gated: bool = False) -> MatmulShape:  # fmt: skip
         """The shape for blocks of `block_m` rows over a [n, k] weight (gated: a silu_mul
         product); with FP8 blocks (n_gran, k_gran) BLOCK_K divides k_gran (one scale a chunk
         and column)."""
-        s = (self.gated if gated else self.decode) if block_m <= 16 else self.wide
+        if block_m <= 16:
+            s = self.gated if gated else self.decode
+        else:
+            s = self.wide if block_m < 128 else self.wide128
         bk = s.block_k
         if w_block is not None:
             k_gran = w_block[1]

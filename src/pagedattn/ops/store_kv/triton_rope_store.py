@@ -4,7 +4,7 @@ One program per (token, head) of a fused q|k|v row block [T, (h_q + 2 h_kv) d], 
 `ops.fused`'s `_rope_qkv_kernel`: a query head gets its (Qwen3 head norm and) RoPE and is stored
 into q; a key head the same, stored into its cache row; a value head is copied into its cache
 row. A K/V program finds its token's request, position and paged row as `_store_kv_kernel`
-does (`find_request`, the lookup table), and skips its store by the same rules (a token outside
+does (`triton_store.token_position`, the lookup table), and skips its store by the same rules (a token outside
 every request, at a negative position, past the table's reach or on a page id outside
 [0, num_pages)). float32 math, one rounding at the end: q and the cache rows equal bit for bit
 what `rope_qkv_triton` then `store_kv_triton` write (a plain cache of the model's dtype; the
@@ -20,9 +20,9 @@ import triton.language as tl
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..fused.triton_fused import rope_pair
-from ..mha.triton_tiles import find_request
 from ..prepared import cached_launch
 from ..specialize import request_block
+from .triton_store import token_position
 
 install_interpreter_shim()
 
@@ -48,17 +48,8 @@ def _rope_store_kernel(
         tl.store(dst + HALF + i, o2.to(Q.dtype.element_ty))
     else:
         # the token's request, position and cache row (`_store_kv_kernel`'s addressing)
-        in_rng = t < batch
-        o_lo = tl.load(q_offsets + t, mask=in_rng, other=-1)
-        o_hi = tl.load(q_offsets + t + 1, mask=in_rng, other=-1)
-        b = t
-        if (o_lo != t) | (o_hi != t + 1):
-            b = find_request(q_offsets, batch, t, BLOCK_B)
-            o_lo = tl.load(q_offsets + b)
-            o_hi = tl.load(q_offsets + b + 1, mask=b < batch, other=-1)
-        ok = (o_lo <= t) & (t < o_hi)
-        pos = tl.load(cache_lens + b, mask=ok, other=-1) + (t - o_lo)
-        ok = ok & (pos >= 0) & (pos < reach)
+        b, pos, ok = token_position(q_offsets, cache_lens, batch, t, BLOCK_B)
+        ok = ok & (pos < reach)
         page = tl.load(Lut + b * slut + pos // PAGE, mask=ok, other=-1)
         ok = ok & (page >= 0) & (page < limit)
         row = page.to(tl.int64) * page_stride + pos % PAGE

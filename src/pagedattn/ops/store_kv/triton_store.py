@@ -80,6 +80,24 @@ def _quantize_store(
         tl.store(S + s_off, stored, mask=sm & keep)
 
 
+@triton.jit
+def token_position(q_offsets, cache_lens, batch, t, BLOCK_B: tl.constexpr):
+    """(request b, absolute position cache_lens[b] + t - q_offsets[b], ok) of ragged token t;
+    ok: t lies in a request and its position is >= 0 (a token outside every request is
+    skipped by the stores). One token per request is the fast path (no search)."""
+    in_rng = t < batch
+    o_lo = tl.load(q_offsets + t, mask=in_rng, other=-1)
+    o_hi = tl.load(q_offsets + t + 1, mask=in_rng, other=-1)
+    b = t
+    if (o_lo != t) | (o_hi != t + 1):
+        b = find_request(q_offsets, batch, t, BLOCK_B)
+        o_lo = tl.load(q_offsets + b)
+        o_hi = tl.load(q_offsets + b + 1, mask=b < batch, other=-1)
+    ok = (o_lo <= t) & (t < o_hi)
+    pos = tl.load(cache_lens + b, mask=ok, other=-1) + (t - o_lo)
+    return b, pos, ok & (pos >= 0)
+
+
 @triton.jit(do_not_specialize=("reach", "limit", "reach2", "limit2") + STORE_INTS)  # one binary
 def _store_kv_kernel(
     X,
@@ -134,17 +152,7 @@ def _store_kv_kernel(
     request, at a negative position, past the table's reach (`reach`) or on a page id outside
     [0, limit) (non-paged: a row outside [0, limit)) is skipped (see reference.py)."""
     t = tl.program_id(0)
-    in_rng = t < batch
-    o_lo = tl.load(q_offsets + t, mask=in_rng, other=-1)
-    o_hi = tl.load(q_offsets + t + 1, mask=in_rng, other=-1)
-    b = t
-    if (o_lo != t) | (o_hi != t + 1):
-        b = find_request(q_offsets, batch, t, BLOCK_B)
-        o_lo = tl.load(q_offsets + b)
-        o_hi = tl.load(q_offsets + b + 1, mask=b < batch, other=-1)
-    ok = (o_lo <= t) & (t < o_hi)
-    pos = tl.load(cache_lens + b, mask=ok, other=-1) + (t - o_lo)
-    ok = ok & (pos >= 0)
+    b, pos, ok = token_position(q_offsets, cache_lens, batch, t, BLOCK_B)
 
     offs_h = tl.arange(0, HP)[:, None, None]
     offs_g = tl.arange(0, NGP)[None, :, None]
