@@ -27,7 +27,7 @@ from tiny_llama import save_tiny_deepseek, save_tiny_gpt_oss, save_tiny_llama
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.engine.cuda_graphs import PAD_REQUEST, decode_buckets, graph_mode, warm_up_steps
 from pagedattn.errors import InvalidArgumentError
-from pagedattn.models.layers import grouped_experts_ok
+from pagedattn.models.layers import fused_experts_ok, grouped_experts_ok
 from pagedattn.models.llama import LlamaForCausalLM
 
 pytest.importorskip("transformers")
@@ -342,6 +342,11 @@ def test_which_models_and_settings_get_graphs(ckpt):
     assert grouped_experts_ok(torch.device("cuda"), torch.bfloat16)
     assert not grouped_experts_ok(torch.device("cuda"), torch.float32)  # a host-synced loop
     assert grouped_experts_ok(torch.device("cpu"), torch.float32)
+    # on CUDA in bf16 / fp16 the MoE models' experts run through ops.moe (plain or FP8 weights)
+    assert fused_experts_ok(torch.device("cuda"), torch.bfloat16)
+    assert fused_experts_ok(torch.device("cuda"), torch.float16)
+    assert not fused_experts_ok(torch.device("cuda"), torch.float32)
+    assert not fused_experts_ok(torch.device("cpu"), torch.bfloat16)
     llm = LLM(ckpt, device="cpu", dtype=torch.float32, **KW)
     model, cuda = llm.model, torch.device("cuda")
     assert graph_mode(model, cuda, enforce_eager=False, tp_size=1) == "cuda"

@@ -31,7 +31,8 @@ function eagerly instead of a `torch.cuda.CUDAGraph`: the padding and static-buf
 runs on the CPU.
 
 Models: a model says it can be captured with `supports_cuda_graphs` (True for the Llama
-family; gpt-oss where its experts run as grouped matmuls: bf16 on CUDA); others stay eager.
+family; gpt-oss and DeepSeek where their experts run without a host sync: `ops.moe` in bf16 /
+fp16 on CUDA); others stay eager.
 """
 
 from __future__ import annotations

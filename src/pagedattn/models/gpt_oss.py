@@ -9,9 +9,9 @@ What differs from the Llama family (`llama.DecoderForCausalLM`, whose step it sh
 - q/k/v/o biases (`attention_bias`, default True), YaRN RoPE (default factor 32) whose
   attention scaling multiplies cos and sin;
 - a top-k MoE MLP (`layers.GptOssMoE`): router with bias, softmax over the top-k logits,
-  experts with biases and the clamped SwiGLU (alpha 1.702, limit 7.0), run as two grouped
-  matmuls with no host sync where `torch._grouped_mm` allows it (the CPU; bf16 on CUDA),
-  so decode steps can replay CUDA graphs there;
+  experts with biases and the clamped SwiGLU (alpha 1.702, limit 7.0), run without a host
+  sync through `ops.moe` on CUDA in bf16 / fp16 and as two grouped matmuls on the CPU, so
+  decode steps can replay CUDA graphs;
 - RMSNorm as GptOssRMSNorm, `(weight * x_normed).to(dtype)` with its weight kept float32
   (transformers' `_keep_in_fp32_modules`).
 MXFP4 checkpoints (`quantization_config.quant_method == "mxfp4"`: `*_blocks` / `*_scales`
@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch import nn
 
 from .config import ModelConfig
-from .layers import GptOssMoE, grouped_experts_ok
+from .layers import GptOssMoE, fused_experts_ok, grouped_experts_ok
 from .llama import DecoderForCausalLM
 
 
@@ -35,9 +35,11 @@ class GptOssForCausalLM(DecoderForCausalLM):
 
     @property
     def supports_cuda_graphs(self) -> bool:
-        """Capturable where the experts run as grouped matmuls without a host sync (bf16 on
-        CUDA, `layers.grouped_experts_ok`); otherwise their loop reads counts on the host."""
-        return grouped_experts_ok(self.model.embed_tokens.weight.device, self.dtype)
+        """Capturable where the experts run without a host sync: through `ops.moe` (bf16 /
+        fp16 on CUDA, `layers.fused_experts_ok`) or as grouped matmuls
+        (`layers.grouped_experts_ok`); otherwise their loop reads counts on the host."""
+        dev = self.model.embed_tokens.weight.device
+        return fused_experts_ok(dev, self.dtype) or grouped_experts_ok(dev, self.dtype)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, dtype) -> nn.Module:
         return GptOssMoE(cfg, dtype, self.tp_size, self.tp_rank)
