@@ -1,6 +1,6 @@
 """The benchmark suite: ceilings, peers and pagedattn in one process, on the same data.
 
-Usage: python bench/run_all.py [--suites mha,mla,real,model] [--rounds 2] [--seed 0]
+Usage: python bench/run_all.py [--suites mha,mla,real,moe,model] [--rounds 2] [--seed 0]
                                [--out bench/results/x.json]
        python bench/run_all.py --suite real        # the real-workload suite alone (~5 min)
 Writes JSON and a PNG plot beside it (default name bench/results/<device>_<date>_<commit>.json),
@@ -12,6 +12,9 @@ the H100 some configs ran 1.1-1.5x slow for a whole round (a different one each 
 The real-workload suite (`bench/bench_real.py`: skewed and mixed batches, sparse MLA, host
 cost) runs once, after the others, with the same ceilings, into its own `<out>_real.json` and
 `<out>_real.png`, and prints issue 56's targets and its short table last.
+
+The routed-experts suite (`bench/bench_moe.py`: `ops.moe` against torch's grouped matmuls at
+the MoE models' decode and prefill shapes) runs next, into `<out>_moe.json` and `.png`.
 
 The model suite (`bench/bench_model.py`: the engine's decode step on Llama-3-8B / 3.2-1B shapes
 with random weights, against the roofline and transformers) is not in the default list; with
@@ -41,7 +44,7 @@ from common import (  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suites", "--suite", dest="suites", default="mha,mla,real")
+    ap.add_argument("--suites", "--suite", dest="suites", default="mha,mla,real,moe")
     ap.add_argument("--out", default=None, help="default bench/results/<device>_<date>_<commit>")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the mha and mla suites")
     ap.add_argument("--seed", type=int, default=0, help="the real suite's length generator")
@@ -60,7 +63,7 @@ def main() -> None:
     )
     suites = args.suites.split(",")
     out = args.out or default_out(env)
-    kernel_suites = [s for s in suites if s not in ("real", "model")]
+    kernel_suites = [s for s in suites if s not in ("real", "model", "moe")]
     if kernel_suites:
         run_rounds(args, kernel_suites, out, env, ceilings)
     if "real" in suites:
@@ -68,6 +71,10 @@ def main() -> None:
 
         real_out = out.rsplit(".", 1)[0] + "_real.json"
         bench_real.run_and_save(real_out, env, ceilings, seed=args.seed)
+    if "moe" in suites:
+        import bench_moe
+
+        bench_moe.run_and_save(out.rsplit(".", 1)[0] + "_moe.json", env, ceilings, args.seed)
     if "model" in suites:
         import bench_model
 
