@@ -112,7 +112,8 @@ def expert_matmul(
     backend: str | None = None,
     tuning: MoETuning | None = None,
 ) -> torch.Tensor:
-    """Each slot row's expert product (module docstring). Returns [T * k, N]."""
+    """Each slot row's expert product (module docstring). Returns [T * k, N], or [T * k, N / 2]
+    with silu_mul."""
     plan = _check_plan(plan)
     check(isinstance(x, torch.Tensor) and x.ndim == 2 and x.dtype in FLOATS, "x",
           "a [rows, K] float16 / bfloat16 / float32 tensor", Described(x))  # fmt: skip
