@@ -16,7 +16,7 @@ difference in the record; a case whose output is off is not timed). Times: `comm
 Usage:
   python bench/bench_moe.py [--only v2-lite,...] [--out PATH.json]   # GPU
   python bench/bench_moe.py --dry-run                                # CPU: toy sizes
-Output: JSON (`common.save`, suite "moe"), its plot, and a table (of roofline, x the peer).
+Output: JSON (`common.save`, suite "moe"), its plot, and `common.ratio_table`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import Record, roofline_ms, save_and_report, selected, suite_main, time_ms
+from common import Record, ratio_table, save_and_report, selected, suite_main, time_ms
 
 from pagedattn.models.layers import sort_by_expert, sum_in_expert_order
 from pagedattn.ops.fused import silu_mul
-from pagedattn.ops.moe import expert_matmul, moe_block_m, moe_plan, moe_sum
+from pagedattn.ops.moe import MoETuning, expert_matmul, moe_block_m, moe_plan, moe_sum
 from pagedattn.testing import cos_diff
 
 SUITE = "moe"
@@ -78,6 +78,29 @@ def weights(E: int, n: int, k: int, fp8: bool, dev, g: torch.Generator):
     return w, s + 1e-4
 
 
+def ops_moe_layer(x, ids, rw, wgu, sgu, wd, sd, *, tuning=None, backend=None):
+    """The routed experts through `ops.moe`: [T, H] bf16 (the models' CUDA path)."""
+    T, k = ids.shape
+    E = wgu.shape[0]
+    plan = moe_plan(ids, E, block_m=(tuning or MoETuning.current()).block_m(T * k, E),
+                    backend=backend)  # fmt: skip
+    h = expert_matmul(x, wgu, plan, w_scale=sgu, activation="silu_mul", backend=backend,
+                      tuning=tuning)  # fmt: skip
+    y = expert_matmul(h, wd, plan, w_scale=sd, row_weights=rw, out_dtype=torch.float32,
+                      backend=backend, tuning=tuning)  # fmt: skip
+    return moe_sum(y, k, out_dtype=torch.bfloat16, backend=backend)
+
+
+def grouped_mm_layer(x, ids, rw, wgu, wd):
+    """The same layer as torch's grouped matmuls around a sort (the models' path before
+    `ops.moe`): `layers.sort_by_expert`, `torch._grouped_mm`, `layers.sum_in_expert_order`."""
+    k = ids.shape[1]
+    order, _, offs = sort_by_expert(ids, wgu.shape[0])
+    gu = torch._grouped_mm(x[order // k], wgu.transpose(1, 2), offs=offs)
+    h = torch._grouped_mm(silu_mul(gu), wd.transpose(1, 2), offs=offs)
+    return sum_in_expert_order(h * rw.flatten()[order, None], order, ids, x.dtype)
+
+
 def run_case(c: Case, dev, dry: bool, seed: int) -> tuple[list[Record], dict]:
     g = torch.Generator(device=dev).manual_seed(seed)
     wgu, sgu = weights(c.E, 2 * c.inter, c.H, c.fp8, dev, g)
@@ -87,17 +110,10 @@ def run_case(c: Case, dev, dry: bool, seed: int) -> tuple[list[Record], dict]:
     rw = torch.rand(c.T, c.k, device=dev, generator=g)
 
     def ours(backend=None):
-        plan = moe_plan(ids, c.E, block_m=moe_block_m(c.T * c.k, c.E), backend=backend)
-        h = expert_matmul(x, wgu, plan, w_scale=sgu, activation="silu_mul", backend=backend)
-        y = expert_matmul(h, wd, plan, w_scale=sd, row_weights=rw, out_dtype=torch.float32,
-                          backend=backend)  # fmt: skip
-        return moe_sum(y, c.k, out_dtype=torch.bfloat16, backend=backend)
+        return ops_moe_layer(x, ids, rw, wgu, sgu, wd, sd, backend=backend)
 
     def grouped():
-        order, _, offs = sort_by_expert(ids, c.E)
-        gu = torch._grouped_mm(x[order // c.k], wgu.transpose(1, 2), offs=offs)
-        h = torch._grouped_mm(silu_mul(gu), wd.transpose(1, 2), offs=offs)
-        return sum_in_expert_order(h * rw.flatten()[order, None], order, ids, x.dtype)
+        return grouped_mm_layer(x, ids, rw, wgu, wd)
 
     impls = {"pagedattn": ours}
     if not c.fp8 and hasattr(torch, "_grouped_mm"):
@@ -128,23 +144,6 @@ def run_case(c: Case, dev, dry: bool, seed: int) -> tuple[list[Record], dict]:
     return records, dict(errors=errors)
 
 
-def table(records: list[Record], ceilings: dict) -> str:
-    """One line a case: ours ms, of roofline, the peer's ms and its time over ours."""
-    lines = [f"{'case':<44} {'ours ms':>9} {'/roof':>6} {'peer ms':>9} {'x peer':>7}"]
-    for name in dict.fromkeys(r.config for r in records):
-        rs = {r.impl: r for r in records if r.config == name}
-        ours = rs.get("pagedattn")
-        if ours is None:
-            continue
-        roof, _ = roofline_ms(ceilings, ours.bytes, ours.flops)
-        peer = rs.get("torch-grouped_mm")
-        p = f"{'-':>17}"
-        if peer:
-            p = f"{float(peer.ms):9.3f} {float(peer.ms) / float(ours.ms):7.2f}"
-        lines.append(f"{name:<44} {float(ours.ms):9.3f} {roof / float(ours.ms):6.2f} {p}")
-    return "\n".join(lines)
-
-
 def run_and_save(out: str, env: dict, ceilings: dict, seed: int = 0, dry: bool = False,
                  only: str | None = None) -> list[Record]:  # fmt: skip
     dev = "cpu" if dry else "cuda"
@@ -173,7 +172,7 @@ def run_and_save(out: str, env: dict, ceilings: dict, seed: int = 0, dry: bool =
         return plot(out)
 
     save_and_report(SUITE, out, env, ceilings, records, meta, draw)
-    print(table(records, ceilings))
+    print(ratio_table(records, ceilings))
     return records
 
 

@@ -2,7 +2,8 @@
 + token sum) under launch-shape variants, against the grouped-matmul path the models took
 before (`torch._grouped_mm` with the sort and the expert-order sum) and the memory floor (the
 routed experts' weights read once at the copy bandwidth measured in the same run). CUDA-graph
-replays, fresh random weights and routings, outputs checked against the float32 reference.
+replays, fresh random weights and routings (`bench_moe.weights`; the records' calls drew them
+with the global generator), outputs checked against the float32 reference.
 
     python dev/sweep_moe.py OUT.json [--only TEXT] [--variants A,B]  # shapes / variants whose
                                                                      # names contain TEXT / A..
@@ -16,15 +17,26 @@ product, the down product with silu fused, the token sum) in a graph of its own.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 import torch
 
-from pagedattn.models.layers import sort_by_expert, sum_in_expert_order
-from pagedattn.ops.fused import silu_mul
-from pagedattn.ops.moe import MatmulShape, MoETuning, expert_matmul, moe_block_m, moe_plan, moe_sum
-from pagedattn.testing import cos_diff
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+from bench_moe import grouped_mm_layer, weights  # noqa: E402
+from common import copy_bandwidth  # noqa: E402
+
+from pagedattn.ops.moe import (  # noqa: E402
+    MatmulShape,
+    MoETuning,
+    expert_matmul,
+    moe_block_m,
+    moe_plan,
+    moe_sum,
+)
+from pagedattn.testing import cos_diff  # noqa: E402
 
 SHAPES = {  # name: (T, k, E, H, I, fp8)
     "v2lite b64": (64, 6, 64, 2048, 1408, False),
@@ -71,19 +83,6 @@ VARIANTS = {
 }
 
 
-def copy_gbps() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(20):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 20 / (time.perf_counter() - t) / 1e9
-
-
 def replay_us(fn, reps: int = 30) -> float:
     fn()
     torch.cuda.synchronize()
@@ -104,14 +103,15 @@ def replay_us(fn, reps: int = 30) -> float:
     return ts[len(ts) // 2]
 
 
-def weights(E, n, k, fp8):
-    if not fp8:
-        return (torch.randn(E, n, k, device="cuda") / k**0.5).bfloat16(), None
-    w = torch.empty(E, n, k, device="cuda", dtype=torch.float8_e4m3fn)
-    for e in range(E):
-        w[e] = (torch.randn(n, k, device="cuda") * 4).to(torch.float8_e4m3fn)
-    s = torch.rand(E, -(-n // 128), -(-k // 128), device="cuda") / (32 * k**0.5) + 1e-4
-    return w, s
+def layer_data(T, k, E, H, inter, fp8):
+    """x, the routing (ids, weights) and the (weights, scales) of gate_up and down, seed 0
+    (`bench_moe.weights`)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    wgu = weights(E, 2 * inter, H, fp8, "cuda", g)
+    wd = weights(E, H, inter, fp8, "cuda", g)
+    x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)])
+    return x, ids, torch.rand(T, k, device="cuda", generator=g), wgu, wd
 
 
 def main() -> None:
@@ -121,18 +121,13 @@ def main() -> None:
     out_path = sys.argv[1]
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     pick = sys.argv[sys.argv.index("--variants") + 1].split(",") if "--variants" in sys.argv else []
-    gbps = copy_gbps()
+    gbps = copy_bandwidth()
     rows = []
     print(f"copy {gbps:.0f} GB/s")
     for name, (T, k, E, H, inter, fp8) in SHAPES.items():
         if only and only not in name:
             continue
-        torch.manual_seed(0)
-        wgu, sgu = weights(E, 2 * inter, H, fp8)
-        wd, sd = weights(E, H, inter, fp8)
-        x = torch.randn(T, H, device="cuda").bfloat16()
-        ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
-        rw = torch.rand(T, k, device="cuda")
+        x, ids, rw, (wgu, sgu), (wd, sd) = layer_data(T, k, E, H, inter, fp8)
         hit = int(torch.unique(ids).numel())
         wbytes = hit * (wgu[0].numel() * wgu.element_size() + wd[0].numel() * wd.element_size())
         floor_us = wbytes / gbps / 1e3
@@ -181,10 +176,7 @@ def main() -> None:
         if not fp8:
 
             def grouped():
-                order, _, offs = sort_by_expert(ids, E)
-                gu = torch._grouped_mm(x[order // k], wgu.transpose(1, 2), offs=offs)
-                h = torch._grouped_mm(silu_mul(gu), wd.transpose(1, 2), offs=offs)
-                return sum_in_expert_order(h * rw.flatten()[order, None], order, ids, x.dtype)
+                return grouped_mm_layer(x, ids, rw, wgu, wd)
 
             cd = cos_diff(grouped().float(), ref)
             us = replay_us(grouped)
@@ -208,11 +200,7 @@ def ncu(variant: str, shape: str, down_only: bool = False) -> None:
     one gate_up product and six down products."""
     T, k, E, H, inter, fp8 = SHAPES[shape]
     tun = VARIANTS[variant]
-    wgu, sgu = weights(E, 2 * inter, H, fp8)
-    wd, sd = weights(E, H, inter, fp8)
-    x = torch.randn(T, H, device="cuda").bfloat16()
-    ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
-    rw = torch.rand(T, k, device="cuda")
+    x, ids, rw, (wgu, sgu), (wd, sd) = layer_data(T, k, E, H, inter, fp8)
     plan = moe_plan(ids, E, block_m=moe_block_m(T * k, E))
     h = expert_matmul(x, wgu, plan, w_scale=sgu, activation="silu_mul", tuning=tun)
     for _ in range(6):

@@ -531,28 +531,6 @@ class PagedKVCacheManager:
         for r in reqs:
             r.pending, r.num_steps, r.num_draft = 1, 1, 0
 
-    def _runtime_requests(self, steps: int, request_ids) -> list[_Request]:
-        """runtime_inputs' requests: claimed, distinct, each allocated for `steps` steps."""
-        reqs = self._get_all(request_ids)
-        for i, r in enumerate(reqs):
-            if r.pending == 0:
-                raise InvalidArgumentError(
-                    f"request_ids[{i}]: {r.rid!r} has no allocation; "
-                    "call alloc(request_id, num_new_tokens, num_steps) first"
-                )
-            if steps > r.num_steps:
-                raise InvalidArgumentError(
-                    f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
-                    f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
-                )
-        return reqs
-
-    def _check_padded_cols(self, reqs: list[_Request], padded_cols: int | None) -> int | None:
-        if padded_cols is not None:
-            need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
-            padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
-        return padded_cols
-
     def runtime_inputs(
         self,
         request_ids: Sequence[Hashable],
@@ -571,10 +549,7 @@ class PagedKVCacheManager:
         padded_cols: None or an int in [widest request's pages, max pages per request].
         Raises UnknownRequestError or InvalidArgumentError naming the argument; reads only.
         """
-        steps = check_int("num_steps", num_steps, 1)
-        reqs = self._runtime_requests(steps, request_ids)
-        padded_cols = self._check_padded_cols(reqs, padded_cols)
-        return self._runtime_inputs(reqs, steps, padded_cols, [])[0]
+        return self.runtime_inputs_staged(request_ids, (), num_steps, padded_cols=padded_cols)[0]
 
     def runtime_inputs_staged(
         self,
@@ -590,11 +565,22 @@ class PagedKVCacheManager:
         copy). Returns (the inputs, the arrays as tensors in order). Same checks as
         runtime_inputs."""
         steps = check_int("num_steps", num_steps, 1)
-        reqs = self._runtime_requests(steps, request_ids)
-        padded_cols = self._check_padded_cols(reqs, padded_cols)
-        return self._runtime_inputs(reqs, steps, padded_cols, list(arrays))
-
-    def _runtime_inputs(self, reqs, steps, padded_cols, arrays):
+        reqs = self._get_all(request_ids)
+        for i, r in enumerate(reqs):
+            if r.pending == 0:
+                raise InvalidArgumentError(
+                    f"request_ids[{i}]: {r.rid!r} has no allocation; "
+                    "call alloc(request_id, num_new_tokens, num_steps) first"
+                )
+            if steps > r.num_steps:
+                raise InvalidArgumentError(
+                    f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
+                    f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
+                )
+        if padded_cols is not None:
+            need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
+            padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
+        arrays = list(arrays)
         p = self.params
         out: list[KVCacheInputsPerDevice] = []
         staged: list[torch.Tensor] = []

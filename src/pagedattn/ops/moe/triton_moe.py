@@ -100,9 +100,9 @@ def moe_plan_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> M
 
 
 @triton.jit
-def _w_tile(w_ptrs, mk, mn, EVICT: tl.constexpr):
+def _w_tile(w_ptrs, mk, mn):
     """A [BK, BN] weight tile (rows past N or columns past K: 0)."""
-    return tl.load(w_ptrs, mask=mk[:, None] & mn[None, :], other=0.0, eviction_policy=EVICT)
+    return tl.load(w_ptrs, mask=mk[:, None] & mn[None, :], other=0.0)
 
 
 @triton.jit
@@ -132,7 +132,6 @@ def _expert_mm_kernel(
     TOKEN_ROWS: tl.constexpr, SILU_MUL: tl.constexpr, HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RW: tl.constexpr, IEEE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-    EVICT: tl.constexpr = "",
 ):  # fmt: skip
     """N output columns of the expert's N weight rows, or of 2 N with SILU_MUL (the gate rows n
     and the up rows N + n of each output column n, combined as silu(gate) * up)."""
@@ -161,11 +160,11 @@ def _expert_mm_kernel(
         mk = offs_k < K
         a = tl.load(x_rows + offs_k[None, :] * sxk, mask=valid[:, None] & mk[None, :], other=0.0)
         w_ptrs = w_base + offs_k[:, None] * swk
-        b = _w_tile(w_ptrs, mk, mn, EVICT)
+        b = _w_tile(w_ptrs, mk, mn)
         acc = _tile_dot(acc, a, b, WS, e, sse, ssn, ssk, offs_n, k0, mn, N_GRAN, K_GRAN,
                         HAS_SCALE, IEEE)  # fmt: skip
         if SILU_MUL:  # the up rows, N further
-            b = _w_tile(w_ptrs + N * swn, mk, mn, EVICT)
+            b = _w_tile(w_ptrs + N * swn, mk, mn)
             acc_u = _tile_dot(acc_u, a, b, WS, e, sse, ssn, ssk, N + offs_n, k0, mn, N_GRAN,
                               K_GRAN, HAS_SCALE, IEEE)  # fmt: skip
     if HAS_BIAS:
@@ -190,7 +189,7 @@ def expert_matmul_triton(x, w, plan: MoEPlan, *, w_scale=None, w_block=(128, 128
     if plan.num_rows == 0 or n_out == 0:
         return out
     blocks = w_block if w_scale is not None else None
-    cfg = (tuning or MoETuning.current()).matmul(plan.block_m, n_out, kdim, blocks, silu)
+    cfg = (tuning or MoETuning.current()).matmul(plan.block_m, blocks, silu)
     dummy = out
     ws = w_scale if w_scale is not None else dummy
     b = bias if bias is not None else dummy
@@ -207,7 +206,7 @@ def expert_matmul_triton(x, w, plan: MoEPlan, *, w_scale=None, w_block=(128, 128
         HAS_SCALE=w_scale is not None, HAS_BIAS=bias is not None,
         HAS_RW=row_weights is not None, IEEE=x.dtype == torch.float32,
         BM=plan.block_m, BN=cfg.block_n, BK=cfg.block_k, STAGES=cfg.stages,
-        EVICT=cfg.evict, num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
     return out
 

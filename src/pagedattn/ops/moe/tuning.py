@@ -2,7 +2,7 @@
 
 The numbers' sources: docs/kernels/moe.md. `PAGEDATTN_MOE_TUNING` (a JSON object,
 `pagedattn.env.tuning_overrides`) overrides fields for development runs, a shape as a list
-[block_n, block_k, stages, num_warps, evict], e.g. '{"gated": [32, 128, 4, 4]}'.
+[block_n, block_k, stages, num_warps], e.g. '{"gated": [32, 128, 4, 4]}'.
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ from ... import env
 
 @dataclass(frozen=True)
 class MatmulShape:
-    """block_n / block_k / stages / num_warps of `_expert_mm_kernel`; evict: the weight loads'
-    eviction policy ("" or "evict_first")."""
+    """block_n / block_k / stages / num_warps of `_expert_mm_kernel`."""
 
     block_n: int
     block_k: int
     stages: int
     num_warps: int
-    evict: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,11 +55,10 @@ class MoETuning:
             return 16
         return 32 if mean <= self.rows_32 else 64 if mean <= self.rows_64 else 128
 
-    def matmul(self, block_m: int, n: int, k: int, w_block: tuple[int, int] | None,
-               gated: bool = False) -> MatmulShape:  # fmt: skip
-        """The shape for blocks of `block_m` rows over a [n, k] weight (gated: a silu_mul
-        product); with FP8 blocks (n_gran, k_gran) BLOCK_K divides k_gran (one scale a chunk
-        and column)."""
+    def matmul(self, block_m: int, w_block: tuple[int, int] | None, gated: bool = False
+               ) -> MatmulShape:  # fmt: skip
+        """The shape for blocks of `block_m` rows (gated: a silu_mul product); with FP8 blocks
+        (n_gran, k_gran) BLOCK_K divides k_gran (one scale a chunk and column)."""
         if block_m <= 16:
             s = self.gated if gated else self.decode
         else:
@@ -71,7 +68,7 @@ class MoETuning:
             k_gran = w_block[1]
             while bk > 16 and k_gran % bk:
                 bk //= 2
-        return MatmulShape(s.block_n, bk, s.stages, s.num_warps, s.evict)
+        return MatmulShape(s.block_n, bk, s.stages, s.num_warps)
 
 
 SHIPPED = MoETuning()
