@@ -92,6 +92,20 @@ def test_balanced_list_matches_the_oracle(
     _case(gen, fmt, cache_lens, q_lens, h_q, causal, sink)
 
 
+def test_one_request_over_every_program(gen, monkeypatch):
+    """One request cut over every program of the runs (pieces of two units: ~140 pieces, the
+    runs' combine merging them all), beside requests of 0 and 1 cached keys, with sinks."""
+    set_tuning(monkeypatch, {"wl_one_wave": False, "wl_run_min_blocks": 1})
+    cache_lens, q_lens = [4500, 0, 1], [1, 1, 1]
+    q, cache, _, _ = _case(gen, "bf16", cache_lens, q_lens, sink=True)
+    launch, _ = _plan(q, cache.operand(), q_lens)
+    kw = launch.kwargs
+    runs = mla_host_runs(ragged_offsets(q_lens), torch.tensor(cache_lens), tpt=1, bn=kw["BN"],
+                         ovh=kw["RUN_OVH"], run_p=kw["RUN_P"], run_min=1)  # fmt: skip
+    pieces = max(s[4] for r in runs for s in r if s[0] == 0)
+    assert pieces >= launch.grid[0] - 4 and pieces > 100  # every program shares it
+
+
 def test_runs_give_orphan_tokens_zero(gen):
     """Tokens past q_row_offsets[batch] (no request) get output 0 and LSE -inf on the runs,
     whatever the buffers held before (poisoned output)."""
@@ -224,13 +238,13 @@ def test_host_item_count_bounds_the_grid():
 def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, runs, shape):
     """The sm_90 kernels on the balanced paths (keys-as-M BF16: one wave of items or runs, and
     forced onto the contiguous runs; rope-aware FP8 at 16 heads and the TMA-fed seesaw at 128
-    on the list): one 20k request among 0/1-token ones (every SM shares it), lognormal
+    on the list): one 64k request among 0/1-token ones (every SM shares it), lognormal
     lengths, and 2-token queries; against the oracle."""
     if runs:
         set_tuning(monkeypatch, {"wl_one_wave": False})
     g = torch.Generator().manual_seed(11)
     if shape == "one_long":
-        cache_lens, q_lens = [20000] + [0, 1, 37] * 7, [1] * 22
+        cache_lens, q_lens = [65536] + [0, 1, 37] * 7, [1] * 22
     elif shape == "lognormal":
         cache_lens = (torch.exp(torch.randn(40, generator=g)) * 600).long().clamp(1, 9000)
         cache_lens, q_lens = cache_lens.tolist(), [1] * 40

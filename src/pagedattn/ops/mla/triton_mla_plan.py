@@ -286,15 +286,16 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
     list: TARGET = `wl_waves` waves of `ctas_per_sm` resident CTAs a SM over the head blocks,
     the grid (TARGET + tokens) x NHB, the kernel's BALANCED constexprs and PDL (the combine
     follows). On the kernels that walk contiguous runs (`RUN_KERNELS`, `wl_runs`): RUN_P =
-    TARGET programs a head block, grid RUN_P x NHB, the RUNS constexprs."""
+    TARGET programs a head block, grid RUN_P x NHB, the RUNS constexprs, pieces of at least
+    `wl_run_min_blocks` blocks."""
     nhb, wl = plan.kwargs["NHB"], config.wl
     target = max(1, num_sms(a.q.device) * ctas_per_sm * wl.wl_waves // nhb)
     if wl.wl_runs and plan.kernel in RUN_KERNELS and plan.kwargs.get("NR", 16) == 16:
         kwargs = dict(plan.kwargs, RUNS=True, RUN_P=target, RUN_OVH=wl.wl_overhead,
-                      ONE_WAVE=wl.wl_one_wave, MIN_BLOCKS=wl.wl_min_blocks, SPLIT=False,
+                      ONE_WAVE=wl.wl_one_wave, MIN_BLOCKS=wl.wl_run_min_blocks, SPLIT=False,
                       PDL=pdl_enabled(a.q))  # fmt: skip
         return plan._replace(grid=(target * nhb,), kwargs=kwargs, partitions=1,
-                             balanced=(target, wl.wl_min_blocks), runs=True)  # fmt: skip
+                             balanced=(target, wl.wl_run_min_blocks), runs=True)  # fmt: skip
     kwargs = dict(plan.kwargs, BALANCED=True, TARGET=target, MIN_BLOCKS=wl.wl_min_blocks,
                   SPLIT=False, PDL=pdl_enabled(a.q))  # fmt: skip
     grid = ((target + a.tokens) * nhb,)
