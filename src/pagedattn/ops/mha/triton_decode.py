@@ -496,7 +496,7 @@ def _mha_decode_kernel(
         row = rest // num_partitions
         split = SPLIT
 
-    b, o_lo, o_hi = row_request(q_offsets, batch, row, BLOCK_B)
+    b, o_lo, o_hi = row_request(q_offsets, batch, row, BLOCK_B, False)
     cache_len = tl.load(cache_lens + b)
     kv_len = cache_len + (o_hi - o_lo)
     pos = cache_len + (row - o_lo)

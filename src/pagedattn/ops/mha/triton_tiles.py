@@ -53,9 +53,11 @@ def find_request(offsets, batch, idx, BLOCK_B: tl.constexpr):
 
 
 @triton.jit
-def row_request(offsets, batch, row, BLOCK_B: tl.constexpr):
+def row_request(offsets, batch, row, BLOCK_B: tl.constexpr, PAST_END: tl.constexpr):
     """(request b, offsets[b], offsets[b + 1]) of ragged row `row`: one row per request is the
-    fast path (no search), else `find_request`."""
+    fast path (no search), else `find_request`. PAST_END: `row` may lie at or past
+    offsets[batch] (b == batch), whose offsets[b + 1] is then not read (-1: no request holds
+    the row); else every row lies in a request."""
     in_rng = row < batch
     o_lo = tl.load(offsets + row, mask=in_rng, other=-1)
     o_hi = tl.load(offsets + row + 1, mask=in_rng, other=-1)
@@ -63,7 +65,10 @@ def row_request(offsets, batch, row, BLOCK_B: tl.constexpr):
     if (o_lo != row) | (o_hi != row + 1):
         b = find_request(offsets, batch, row, BLOCK_B)
         o_lo = tl.load(offsets + b)
-        o_hi = tl.load(offsets + b + 1)
+        if PAST_END:
+            o_hi = tl.load(offsets + b + 1, mask=b < batch, other=-1)
+        else:
+            o_hi = tl.load(offsets + b + 1)
     return b, o_lo, o_hi
 
 

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
-from ..mha.triton_tiles import find_request
+from ..mha.triton_tiles import row_request
 from ..prepared import cached_launch
 from ..specialize import STORE_INTS, request_block
 
@@ -84,15 +84,8 @@ def _quantize_store(
 def token_position(q_offsets, cache_lens, batch, t, BLOCK_B: tl.constexpr):
     """(request b, absolute position cache_lens[b] + t - q_offsets[b], ok) of ragged token t;
     ok: t lies in a request and its position is >= 0 (a token outside every request is
-    skipped by the stores). One token per request is the fast path (no search)."""
-    in_rng = t < batch
-    o_lo = tl.load(q_offsets + t, mask=in_rng, other=-1)
-    o_hi = tl.load(q_offsets + t + 1, mask=in_rng, other=-1)
-    b = t
-    if (o_lo != t) | (o_hi != t + 1):
-        b = find_request(q_offsets, batch, t, BLOCK_B)
-        o_lo = tl.load(q_offsets + b)
-        o_hi = tl.load(q_offsets + b + 1, mask=b < batch, other=-1)
+    skipped by the stores). One token per request is the fast path (no search): `row_request`."""
+    b, o_lo, o_hi = row_request(q_offsets, batch, t, BLOCK_B, True)
     ok = (o_lo <= t) & (t < o_hi)
     pos = tl.load(cache_lens + b, mask=ok, other=-1) + (t - o_lo)
     return b, pos, ok & (pos >= 0)
