@@ -559,7 +559,9 @@ def run_host(ctx: Ctx, case: Case, lens: list[int]) -> None:
         scale = D_QK**-0.5
         ref = ref_mla(q, offs, indptr, indices, kv_len, rows, page, scale)
         impls["pagedattn"] = (
-            lambda: mla_decode(q, op, offs, scale=scale, out=out, backend=ctx.backend),
+            lambda: mla_decode(
+                q, op, offs, scale=scale, out=out, backend=ctx.backend, return_lse=False
+            ),  # (FlashInfer's run() returns no LSE)
             lambda: out,
         )
         setup = mla_peer_setup(q, offs, indptr, indices, kv_len, rows, page, h_q, scale)

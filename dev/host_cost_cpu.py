@@ -287,14 +287,14 @@ def mla_captured(call):
     return first + made
 
 
-def mla_prepare_stubbed(q, kv, offs, out) -> None:
+def mla_prepare_stubbed(q, kv, offs, out, return_lse=True) -> None:
     """Put the call's prepared entry (compiled form, stub launcher) into `mla_decode`'s cache,
     from the launches its full path makes as on an H200 (recorded, not run)."""
     ran = []
     args = (q, kv, offs, MLA_D_V, None, True, None, None, None, None, None, None, None, out)
     made = mla_captured(lambda: ran.append(TMLA._full_path(*args, None)[1]))
     recs = [Launched(m.kernel, m.grid, m.args, m.kwargs) for m in made]
-    key, src = TMLA._signature(*args, "triton")
+    key, src = TMLA._signature(*args, "triton", return_lse)
     pick = itemgetter(*TMLA._guarded(src))
     r = ran[-1]
     src[TMLA._OUT], src[TMLA._LSE] = r.a.out, r.a.lse
@@ -302,7 +302,7 @@ def mla_prepare_stubbed(q, kv, offs, out) -> None:
     saved = PR.PreparedLaunch.build
     PR.PreparedLaunch.build = staticmethod(mla_stub_build)
     try:
-        entry = TMLA._prepare_decode(recs, src, r, out is not None)
+        entry = TMLA._prepare_decode(recs, src, r, out is not None, return_lse)
     finally:
         PR.PreparedLaunch.build = saved
     assert entry is not None and entry.decode.compiled and entry.decode.fast, "not preparable"
@@ -325,6 +325,7 @@ def mla_rows(a) -> None:
         TMLA.PREPARED.cache.clear()
         mla_prepare_stubbed(q, kv, offs, out)
         mla_prepare_stubbed(q, kv, offs, None)
+        mla_prepare_stubbed(q, kv, offs, out, return_lse=False)
         sig = (q, kv, offs, MLA_D_V, None, True, None, None, None, None, None, None, None)
         key, src = TMLA._signature(*sig, out, "triton")
         guard, pick, entry = TMLA.PREPARED.cache.candidates(key)[0]
@@ -373,6 +374,9 @@ def mla_rows(a) -> None:
                 q, kv, offs, d_v=MLA_D_V, out=out, backend="triton"
             ),
             "prepared, out=None": lambda: mla_decode(q, kv, offs, d_v=MLA_D_V, backend="triton"),
+            "prepared, out given, no LSE": lambda: mla_decode(
+                q, kv, offs, d_v=MLA_D_V, out=out, backend="triton", return_lse=False
+            ),
             "  _signature (key, sources)": lambda: TMLA._signature(*sig, out, "triton"),
             "  cache.candidates": lambda: TMLA.PREPARED.cache.candidates(key),
             "  guard.check": lambda: guard.check(*pick(src)),

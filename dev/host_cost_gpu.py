@@ -479,6 +479,9 @@ def check_mla(tag: str, spec: tuple) -> list[str]:
                     want = TMLA.mla_decode_triton(q, c.kv, c.offs, **ckw)
                     if not bitwise_equal(got, want):
                         bad.append(f"{tag} step {step} {kw} out {out is not None}")
+                    alone = mla_decode(q, c.kv, c.offs, out=out, return_lse=False, **ckw)
+                    if not bitwise_equal((alone, want[1]), want):  # (its LSE in the workspace)
+                        bad.append(f"{tag} step {step} {kw} out {out is not None}, no LSE")
                     if step == 0:
                         entry = _entry(c, q, out, ckw)
                         if entry is None or entry is PR.MISS:
@@ -591,6 +594,9 @@ def mla_main(a, fi) -> list[str]:
             "mla_decode (prepared), out given": lambda: mla_decode(q, kv, offs, scale=scale,
                                                                    out=out),
             "mla_decode (prepared), out=None": lambda: mla_decode(q, kv, offs, scale=scale),
+            "mla_decode (prepared), out, no LSE": lambda: mla_decode(
+                q, kv, offs, scale=scale, out=out, return_lse=False
+            ),
             "mla_decode_triton (full path)": lambda: TMLA.mla_decode_triton(
                 q, kv, offs, scale=scale, out=out
             ),

@@ -208,6 +208,7 @@ def _variants():
     yield "sinks", dict(base, kw=dict(attn_sink=torch.zeros(H, device=DEV)))
     yield "sparse", dict(base, kw=dict(indices=torch.zeros(2, 4, dtype=torch.int32, device=DEV)))
     yield "batch", dict(base, lens=[6, 11, 2], q_lens=[1, 1, 1])
+    yield "no lse", dict(base, kw=dict(return_lse=False))
 
 
 def _variant_call(spec):
@@ -222,19 +223,56 @@ def _variant_call(spec):
     return q, kv, offsets(spec["q_lens"]), kw
 
 
+def _no_flag(kw):
+    """`mla_decode` keywords without return_lse (for `mla_decode_triton`)."""
+    return {k: v for k, v in kw.items() if k != "return_lse"}
+
+
+def _with_lse(res, want):
+    """A result as (out, lse): want's LSE where the call returned out alone."""
+    return res if isinstance(res, tuple) else (res, want[1])
+
+
+@pytest.mark.parametrize("case", ["balanced", "mtp tiles, sinks", "split-K", "one partition"])
+def test_hit_without_the_lse(case, full_paths):
+    """return_lse=False: out alone, the same bytes as the full path's out (miss and hits, new
+    q and lengths between them); the prepared entry takes the LSE from the workspace (no
+    allocation a call), and a call with the LSE is another entry."""
+    _, lens, q_lens, kw = next(c for c in CASES if c[0] == case)
+    kv, inputs = cache(lens, q_lens)
+    offs = offsets(q_lens)
+    for step in range(3):
+        q = make_q(sum(q_lens), seed=step)
+        if step == 2:
+            inputs.cache_lengths.copy_(torch.tensor([max(0, n - 3) for n in lens]))
+        ckw = _call_kwargs(kw, kv, q_lens, step)
+        want = TM.mla_decode_triton(q, kv, offs, d_v=DV, **ckw)
+        before = len(full_paths)
+        got = mla_decode(q, kv, offs, d_v=DV, backend="triton", return_lse=False, **ckw)
+        assert isinstance(got, torch.Tensor)
+        same((got, want[1]), want)
+        assert len(full_paths) - before == (1 if step == 0 else 0)
+    (entries,) = TM.PREPARED.cache._d.values()
+    entry = entries[0][2]
+    assert not entry.return_lse and TM._LSE in [p[0] for p in entry.parts]
+    with_lse = mla_decode(q, kv, offs, d_v=DV, backend="triton", **ckw)
+    same(with_lse, want)
+    assert len(TM.PREPARED.cache) == 2
+
+
 def test_key_separates_planned_properties():
     """Each variant gets its own entry (and the same bytes as the unprepared op), and repeating
     every variant adds none."""
     variants = list(_variants())
     for i, (name, spec) in enumerate(variants):
         q, kv, offs, kw = _variant_call(spec)
-        same(mla_decode(q, kv, offs, backend="triton", **kw),
-             TM.mla_decode_triton(q, kv, offs, **kw))  # fmt: skip
+        want = TM.mla_decode_triton(q, kv, offs, **_no_flag(kw))
+        same(_with_lse(mla_decode(q, kv, offs, backend="triton", **kw), want), want)
         assert len(TM.PREPARED.cache) == i + 1, name
     for _name, spec in variants:
         q, kv, offs, kw = _variant_call(spec)
-        same(mla_decode(q, kv, offs, backend="triton", **kw),
-             TM.mla_decode_triton(q, kv, offs, **kw))  # fmt: skip
+        want = TM.mla_decode_triton(q, kv, offs, **_no_flag(kw))
+        same(_with_lse(mla_decode(q, kv, offs, backend="triton", **kw), want), want)
     assert len(TM.PREPARED.cache) == len(variants)
 
 
@@ -372,6 +410,7 @@ def _bad_values(kw):
     out["causal"] = [1, "yes", None]
     out["num_partitions"] = [0, -1, 65536, 2.0, "2", True]
     out["backend"] = ["cuda", 0, ""]
+    out["return_lse"] = [1, 0, "yes", None]
     return out
 
 

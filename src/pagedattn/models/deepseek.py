@@ -380,12 +380,13 @@ class DeepseekMLA(nn.Module):
         w_uk, w_uv = split_kv_b_proj(self._kv_b_weight(q_nope.dtype), self.h, self.nope, self.v)
         q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, h, rank]
         q = torch.cat((q_lat, q_pe), dim=-1).to(params.dtype)
-        o_lat, _ = mla_decode(
+        o_lat = mla_decode(
             q,
             PagedOperand(inputs, params, self.layer_idx, "k"),
             offsets,
             d_v=self.rank,
             scale=self.scale,
+            return_lse=False,
         )
         o_lat = o_lat.to(q_nope.dtype)
         return torch.bmm(o_lat.transpose(0, 1), w_uv).transpose(0, 1)  # [n, h, v]

@@ -205,7 +205,8 @@ def mla_decode(
     num_partitions: int | None = None,
     out: torch.Tensor | None = None,
     backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
     """MLA decode (FlashMLA's `flash_mla_with_kvcache` semantics) over a latent cache.
 
     q: [tokens, h_q, d_qk] bf16 or fp16 (fp32 runs the reference on any device), d_qk 576
@@ -232,9 +233,11 @@ def mla_decode(
       None (the dispatcher's choice) or an int in [1, 65535].
     out: optional preallocated [tokens, h_q, d_v] buffer in q.dtype, returned filled.
     backend: "triton" or "reference" (default: by device, or $PAGEDATTN_BACKEND).
+    return_lse: a bool; False returns out alone (a prepared Triton call then writes the LSE
+      into the stream's workspace instead of allocating it: one `torch.empty` less a call).
 
     Returns (out [tokens, h_q, d_v] q.dtype, lse [tokens, h_q] float32, natural log over keys
-    only; a query that sees no key gets out 0 and lse -inf).
+    only; a query that sees no key gets out 0 and lse -inf), or out alone (return_lse False).
 
     Raises InvalidArgumentError naming the argument (a missing or unknown one included) for a
     bad type, dtype, shape, device or host value, before anything is written.
@@ -246,6 +249,7 @@ def mla_decode(
         hit = _prepared(
             q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, extra_kv,
             extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
+            return_lse,
         )  # fmt: skip
         if hit is not MISS and hit is not UNPREPARED:
             return hit
@@ -263,23 +267,28 @@ def mla_decode(
         out=out,
     )
     validate_args(q, kv, q_row_offsets, **kwargs)
+    check(isinstance(return_lse, bool), "return_lse", "a bool", Lazy(lambda: repr(return_lse)))
     kwargs["d_v"] = int(d_v)
     if compiling:
         from ..compiled import mla_decode_compiled
 
-        return mla_decode_compiled(q, kv, q_row_offsets, backend=backend, **kwargs)
+        res = mla_decode_compiled(q, kv, q_row_offsets, backend=backend, **kwargs)
     # float32 queries take the reference on every device (the kernels' MMAs are 16-bit)
-    if choose_backend(q.device, backend) == "triton" and q.dtype != torch.float32:
+    elif choose_backend(q.device, backend) == "triton" and q.dtype != torch.float32:
         from .triton_mla import PREPARED, mla_decode_triton
 
         if hit is UNPREPARED:
-            return mla_decode_triton(q, kv, q_row_offsets, **kwargs)
-        _prepared = PREPARED
-        return PREPARED.prepare(
-            q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths,
-            extra_kv, extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
-        )  # fmt: skip
-    return mla_decode_reference(q, kv, q_row_offsets, **kwargs)
+            res = mla_decode_triton(q, kv, q_row_offsets, **kwargs)
+        else:
+            _prepared = PREPARED
+            return PREPARED.prepare(
+                q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, extra_kv,
+                extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
+                return_lse,
+            )  # fmt: skip
+    else:
+        res = mla_decode_reference(q, kv, q_row_offsets, **kwargs)
+    return res if return_lse else res[0]
 
 
 __all__ = [

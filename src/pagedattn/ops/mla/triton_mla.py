@@ -219,8 +219,8 @@ def _operand_key(op) -> tuple:
 
 
 def _signature(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, extra_kv,
-               extra_indices, extra_topk_lengths, attn_sink, num_partitions, out,
-               backend) -> tuple[tuple, list]:  # fmt: skip
+               extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
+               return_lse=True) -> tuple[tuple, list]:  # fmt: skip
     """(key, sources) of a `pagedattn.mla_decode` call (`ops.prepared`): the key holds every
     non-tensor value the op's checks and plan read; `_guarded(sources)` are the tensors whose
     metadata the guard checks. Raises (AttributeError, TypeError, ...) for arguments it cannot
@@ -243,7 +243,8 @@ def _signature(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
         kv.dtype, kl is None, ko is None, ks is None, indices is None, topk_lengths is None,
         extra_indices is None, extra_topk_lengths is None, attn_sink is None, out is None,
         x_key, type(d_v), d_v, type(scale), scale, type(causal), causal,
-        type(num_partitions), num_partitions, backend, env_state(), current_device(q),
+        type(num_partitions), num_partitions, backend, type(return_lse), return_lse, env_state(),
+        current_device(q),
     )  # fmt: skip
     return key, src
 
@@ -260,16 +261,18 @@ def _guarded(src: list) -> tuple[int, ...]:
 class _PreparedDecode:
     """A decode call's frozen launches (the decode kernel and, where its keys were split, the
     combine) and what each call allocates (`PreparedMLA`). parts: (source index, shape, dtype,
-    offset, numel) of each split buffer in the workspace (4-byte elements)."""
+    offset, numel) of each split buffer in the workspace (4-byte elements), and of the LSE
+    where the call does not return it (`return_lse`)."""
 
     __slots__ = (
         "decode", "combine", "inputs", "aligned", "device", "index", "out_shape", "dtype",
-        "lse_shape", "parts", "ws_numel", "host_grid",
+        "lse_shape", "parts", "ws_numel", "host_grid", "return_lse",
     )  # fmt: skip
 
     def __call__(self, src: list):
-        """The call's (out, lse), or MISS where a pointer's low four bits differ from the
-        prepared call's (Triton specialized on 16-byte alignment, the plan on 4-byte)."""
+        """The call's (out, lse) (out alone where it does not return the LSE), or MISS where a
+        pointer's low four bits differ from the prepared call's (Triton specialized on 16-byte
+        alignment, the plan on 4-byte)."""
         P = read_pointers(src, self.inputs, self.aligned, _N_SOURCES)
         if P is None:
             return MISS
@@ -278,8 +281,9 @@ class _PreparedDecode:
         if out is None:
             out = src[_OUT] = torch.empty(self.out_shape, dtype=self.dtype, device=dev)
             P[_OUT] = out.data_ptr()
-        lse = src[_LSE] = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
-        P[_LSE] = lse.data_ptr()
+        if self.return_lse:
+            lse = src[_LSE] = torch.empty(self.lse_shape, dtype=torch.float32, device=dev)
+            P[_LSE] = lse.data_ptr()
         stream = current_stream(index)
         d, c = self.decode, self.combine
         if self.ws_numel:
@@ -295,7 +299,7 @@ class _PreparedDecode:
             d.run(stream, P, src, grid)
             if c is not None:
                 c.run(stream, P, src)
-        return out, lse
+        return (out, lse) if self.return_lse else out
 
 
 class PreparedMLA:
@@ -319,11 +323,12 @@ class PreparedMLA:
 
     def __call__(self, q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths,
                  extra_kv, extra_indices, extra_topk_lengths, attn_sink, num_partitions, out,
-                 backend):  # fmt: skip
+                 backend, return_lse=True):  # fmt: skip
         try:
             key, src = _signature(
                 q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, extra_kv,
                 extra_indices, extra_topk_lengths, attn_sink, num_partitions, out, backend,
+                return_lse,
             )  # fmt: skip
         except Exception:  # arguments the signature cannot read: the full path reports them
             return MISS
@@ -331,19 +336,21 @@ class PreparedMLA:
 
     def prepare(self, q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths,
                 extra_kv, extra_indices, extra_topk_lengths, attn_sink, num_partitions, out,
-                backend):  # fmt: skip
+                backend, return_lse=True):  # fmt: skip
         """`mla_decode_triton`'s full path for a call `mla_decode` validated (d_v as given: an
-        int-like), its launches prepared and stored."""
+        int-like), its launches prepared and stored; (out, lse), or out alone where not
+        `return_lse`."""
         rest = (scale, causal, indices, topk_lengths, extra_kv, extra_indices,
                 extra_topk_lengths, attn_sink, num_partitions, out)  # fmt: skip
         args = (q, kv, q_row_offsets, int(d_v), *rest)
         try:
-            key, src = _signature(q, kv, q_row_offsets, d_v, *rest, backend)
+            key, src = _signature(q, kv, q_row_offsets, d_v, *rest, backend, return_lse)
             guarded = guard_call(key, src, _guarded(src))
         except Exception:  # (not expected of a validated call) not prepared
             guarded = None
         if guarded is None:
-            return _full_path(*args, None)[0]
+            res = _full_path(*args, None)[0]
+            return res if return_lse else res[0]
         guard, pick = guarded
         with recording() as made:
             res, ran = _full_path(*args, None)
@@ -352,14 +359,16 @@ class PreparedMLA:
         elif len(made) == 1 + ran.combine:  # (fewer: an offline capture replaced `launch`)
             src[_OUT], src[_LSE] = ran.a.out, ran.a.lse
             src[_PO], src[_PL], src[_CUT] = ran.po, ran.pl, ran.cut_t
-            entry = _prepare_decode(made, src, ran, out is not None)
+            entry = _prepare_decode(made, src, ran, out is not None, return_lse)
             self.cache.store(key, guard, pick, entry)
-        return res
+        return res if return_lse else res[0]
 
 
-def _prepare_decode(made, src: list, ran: _Ran, out_given: bool) -> _PreparedDecode | None:
+def _prepare_decode(made, src: list, ran: _Ran, out_given: bool,
+                    return_lse: bool = True) -> _PreparedDecode | None:  # fmt: skip
     """The `_PreparedDecode` of a call's recorded launches `made` (src: the call's sources, its
-    outputs and split buffers included), or None where they cannot be prepared."""
+    outputs and split buffers included), or None where they cannot be prepared; an LSE the
+    call does not return goes into the workspace with the split buffers."""
     launches = [PreparedLaunch.build(m, src, descriptors=True) for m in made]
     if any(p is None for p in launches) or len({p.compiled for p in launches}) != 1:
         return None
@@ -376,6 +385,9 @@ def _prepare_decode(made, src: list, ran: _Ran, out_given: bool) -> _PreparedDec
     e.out_shape, e.dtype = tuple(a.out.shape), a.out.dtype
     e.lse_shape = tuple(a.lse.shape)
     split = [(i, src[i]) for i in (_PO, _PL, _CUT) if src[i] is not None]
+    e.return_lse = return_lse
+    if not return_lse:
+        split.append((_LSE, src[_LSE]))
     if any(t.element_size() != 4 or not t.is_contiguous() for _, t in split):
         return None
     e.parts, e.ws_numel = workspace_layout([(i, tuple(t.shape), t.dtype) for i, t in split])

@@ -431,13 +431,14 @@ def mla_decode_branch_fp8_triton(a: BranchArgs) -> torch.Tensor:
         interleaved=a.interleaved_rope,
     )
     # 3-4. MLA decode over the cache (now holding the new tokens).
-    raw, _ = mla_decode(
+    raw = mla_decode(
         q_full,
         kv,
         a.input_row_offsets,
         **a.decode_kwargs(),
         num_partitions=num_partitions,
         backend="triton",
+        return_lse=False,
     )
     # 5. raw @ w_uv -> out (as [h_q, tokens, v_head_dim] views).
     fp8_bmm_triton(raw.transpose(0, 1), a.w_uv, a.w_uv_scale, **gran, out=out.transpose(0, 1))
