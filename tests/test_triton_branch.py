@@ -310,8 +310,8 @@ def run_branch(case: Case, monkeypatch, **extra) -> torch.Tensor:
     def spy_decode(q_full, kv, offsets, **dkw):
         spy["q_full"] = q_full.clone()
         res = real(q_full, kv, offsets, **dkw)
-        spy["raw"] = res[0].clone()
-        assert dkw["backend"] == "triton"
+        assert dkw["backend"] == "triton" and dkw["return_lse"] is False  # (out alone)
+        spy["raw"] = res.clone()
         return res
 
     monkeypatch.setattr(triton_branch, "mla_decode", spy_decode)
