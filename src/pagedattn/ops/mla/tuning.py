@@ -148,8 +148,9 @@ class WorkListTuning:
     # blocks a piece of the runs holds at least (`wl_min_blocks` is the item list's): small
     # batches, whose steps hold fewer than RUN_P x this many blocks, cut finer: H200,
     # bench_real, h_q 16 b1 / b8 x 1024 keys, device us a call 20.9 / 21.6 (4 blocks), 16.8 /
-    # 18.3 (2), 16.2 / 18.3 (1), 29.3 / 29.6 (8); the skewed, one-long and uniform cases
-    # unchanged (their pieces hold 8-65 blocks); docs/kernels/triton_mla.md, "Small batches"
+    # 18.3 (2), 16.2 / 18.3 (1); 29.3 / 29.6 (8, another run); the skewed, one-long and uniform
+    # cases unchanged (their pieces hold 8-65 blocks); docs/kernels/triton_mla.md, "Small
+    # batches"
     wl_run_min_blocks: int = 2
     # a tile's prologue (q, its first pages, the ring fill) in blocks of the runs' stream: ~5 us
     # on sm_90 (docs/kernels/triton_mla.md) against ~2.3 us to stream a 64-key BF16 block at a
