@@ -4,11 +4,11 @@ One program per (token, head) of a fused q|k|v row block [T, (h_q + 2 h_kv) d], 
 `ops.fused`'s `_rope_qkv_kernel`: a query head gets its (Qwen3 head norm and) RoPE and is stored
 into q; a key head the same, stored into its cache row; a value head is copied into its cache
 row. A K/V program finds its token's request, position and paged row as `_store_kv_kernel`
-does (`triton_store.token_position`, the lookup table), and skips its store by the same rules (a token outside
-every request, at a negative position, past the table's reach or on a page id outside
-[0, num_pages)). float32 math, one rounding at the end: q and the cache rows equal bit for bit
-what `rope_qkv_triton` then `store_kv_triton` write (a plain cache of the model's dtype; the
-FP8 caches keep the two launches).
+does (`triton_store.token_position`, the lookup table), and skips its store by the same rules
+(a token outside every request, at a negative position, past the table's reach or on a page
+id outside [0, num_pages)). float32 math, one rounding at the end: q and the cache rows equal
+bit for bit what `rope_qkv_triton` then `store_kv_triton` write (a plain cache of the model's
+dtype; the FP8 caches keep the two launches).
 """
 
 from __future__ import annotations
