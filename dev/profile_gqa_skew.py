@@ -33,16 +33,40 @@ CASES = [
     ("onelong 32k+63x200", ("onelong", 32768, 200), 64),
     ("onelong 32k+255x200", ("onelong", 32768, 200), 256),
     ("uniform b64 x4096", ("uniform", 4096), 64),
+    ("uniform b1 x1024", ("uniform", 1024), 1),
+    ("uniform b8 x1024", ("uniform", 1024), 8),
+    # mixed steps: bench_real's decodes (lognormal) then prefill chunks (cached, new), one call
+    ("mixed 56+8x512", ("lognormal", 1536), 56, ((1024, 512),) * 8),
+    ("mixed 120+4x2048", ("lognormal", 1536), 120, ((4096, 2048),) * 4),
 ]
+# cases run only when CASES names them
+EXTRA = ("uniform b1 x1024", "uniform b8 x1024", "mixed 56+8x512", "mixed 120+4x2048")
 
 # list: the kernel derives one wave of items in every program; plan: the step's plan from the
 # host's lengths (made once, as FlashInfer's plan()); device-plan: made on the device once (the
 # grid: the plan's capacity); plan+planner: a device plan a call (the planner launch timed too);
-# P: one partition count a batch (no list), for reference
-VARIANTS = tuple(os.environ.get("VARIANTS", "list,plan,device-plan,plan+planner,P").split(","))
+# P: one partition count a batch (no list), for reference; "twopass": the kernels' own list
+# with the combine launch's short rows merged in two rounds of loads; "tune={json}": the
+# step's plan with those decode tuning fields (`MHATuning(decode=...)`), e.g.
+# tune={"min_chunk": 128}
+_V = os.environ.get("VARIANTS", "list,plan,device-plan,plan+planner,P")
+VARIANTS = tuple(_V.split(";" if ";" in _V else ","))
 
 
-def _call(variant, q, k_op, v_op, offs, out, lens):
+def _call(variant, q, k_op, v_op, offs, out, lens, num_decodes=None):
+    if num_decodes is not None and variant.startswith("streams="):
+        return _streams_call(json.loads(variant[8:]), q, k_op, v_op, offs, out, lens, num_decodes)
+    if num_decodes is not None:  # a mixed step: the decodes lead it (`mha`'s num_decodes)
+        from pagedattn.ops.mha import mha
+
+        cfg = MHATuning(decode=json.loads(variant[5:])) if variant.startswith("tune=") else None
+        plan = StepPlan(lens)
+        return lambda: mha(q, k_op, v_op, offs, out=out, num_decodes=num_decodes, plan=plan,
+                           config=cfg)  # fmt: skip
+    if variant.startswith("tune="):
+        cfg = MHATuning(decode=json.loads(variant[5:]))
+        plan = StepPlan(lens)
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan, config=cfg)
     if variant == "P":
         cfg = MHATuning(decode={"balanced": False})
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)
@@ -54,6 +78,21 @@ def _call(variant, q, k_op, v_op, offs, out, lens):
     if variant == "device-plan":
         plan = StepPlan()
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
+    if variant == "twopass":  # the combine launch's rows merged in two rounds of loads
+        import functools
+
+        import pagedattn.ops.mha.triton_mha as TM
+
+        base = TM.worklist_combine_triton
+
+        def run2():
+            TM.worklist_combine_triton = functools.partial(base, one_pass=False)
+            try:
+                mha_triton(q, k_op, v_op, offs, out=out)
+            finally:
+                TM.worklist_combine_triton = base
+
+        return run2
     if variant.startswith("combine"):
         # probe "combineE_W[_D_S]": E partial elements a step, W warps, D output dims a
         # program, loads pipelined S deep
@@ -77,6 +116,51 @@ def _call(variant, q, k_op, v_op, offs, out, lens):
 
         return run
     return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=StepPlan())
+
+
+_SIDE: dict = {}
+
+
+def _streams_call(opt, q, k_op, v_op, offs, out, lens, d):
+    """A mixed step's two parts on two streams (probe, not a shipped path): the decode part on
+    a side stream (priority opt["prio"], default 0) whose work list is planned for opt["sms"]
+    SMs (default all), the prefill part on the current one, launched first when opt["first"]
+    is "prefill"; joined before the call returns."""
+    import pagedattn.ops.mha.triton_mha as TM
+    from pagedattn.ops.masks import causal
+    from pagedattn.ops.mha.selection import Device
+
+    prio = int(opt.get("prio", 0))
+    side = _SIDE.setdefault(prio, torch.cuda.Stream(priority=prio))
+    facts = TM.device_facts(q.device)
+    sms = int(opt.get("sms", facts.sms))
+    plan = StepPlan(lens)
+    kd, vd = TM._select_pair(k_op, v_op, 0, d)
+    kp, vp = TM._select_pair(k_op, v_op, d, offs.shape[0] - 1)
+    total_q = q.shape[0]
+
+    def dec():
+        base = TM.device_facts
+        TM.device_facts = lambda device: Device(facts.sm90, sms, facts.hbm3e)
+        try:
+            with torch.cuda.stream(side):
+                TM._full_path(q[:d], kd, vd, offs[: d + 1], mask=causal(), out=out[:d],
+                              lse_out=None, max_q_len=1, plan=plan)  # fmt: skip
+        finally:
+            TM.device_facts = base
+
+    def pre():
+        TM._full_path(q, kp, vp, offs[d:], mask=causal(), out=out, lse_out=None,
+                      rows=total_q - d)  # fmt: skip
+
+    def run():
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        for part in (pre, dec) if opt.get("first") == "prefill" else (dec, pre):
+            part()
+        main.wait_stream(side)
+
+    return run
 
 
 def kernel_times(fn, n=20) -> dict[str, float]:
@@ -104,34 +188,56 @@ def main() -> None:
     bw = copy_bandwidth()
     rows = []
     only = os.environ.get("CASES")
-    for name, spec, b in CASES:
-        if only and name not in only.split(","):
+    for name, spec, b, *chunks in CASES:
+        if (only and name not in only.split(",")) or (not only and name in EXTRA):
             continue
+        chunks = chunks[0] if chunks else ()
         lens = br.draw_lengths(spec, b, 0)
-        pc = br.gqa_cache([s - 1 for s in lens], [1] * b, 16, 32, dev, 0)
+        seq = list(lens) + [c + n for c, n in chunks]
+        new = [1] * b + [n for _, n in chunks]
+        pc = br.gqa_cache([s - n for s, n in zip(seq, new)], new, 16, 32, dev, 0)
         inp = pc.inputs
         k_op, v_op = PagedOperand(inp, pc.params, 0, "k"), PagedOperand(inp, pc.params, 0, "v")
-        q = torch.randn(b, 32, 128, device=dev, dtype=torch.bfloat16)
-        offs = ragged_offsets([1] * b, dev)
-        nbytes = sum(lens) * 8 * 2 * 128 * 2 + 2 * q.numel() * 2
-        floor_us = nbytes / (bw * 1e3)  # bw in GB/s
+        q = torch.randn(sum(new), 32, 128, device=dev, dtype=torch.bfloat16)
+        offs = ragged_offsets(new, dev)
+        nbytes = sum(seq) * 8 * 2 * 128 * 2 + 2 * q.numel() * 2
+        floor_us = nbytes / (bw * 1e3)  # bw in GB/s (the bytes' floor; a mixed step's FLOPs
+        # are in bench_real's roofline)
         ref = None
         for variant in VARIANTS:
             out = torch.full_like(q, float("nan"))
-            fn = _call(variant, q, k_op, v_op, offs, out, [x - 1 for x in lens])
-            fn()
-            torch.cuda.synchronize()
-            if ref is None:
-                ref = out.float().clone()
-            assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2), (name, variant)
-            ms = time_ms(fn)
-            us = float(ms.graph if getattr(ms, "graph", None) else ms) * 1e3
-            kt = kernel_times(fn)
-            row = dict(case=name, variant=variant, us=round(us, 1), floor_us=round(floor_us, 1),
-                       frac=round(floor_us / us, 3), kernels=kt)  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            row, ref = measure(
+                name, variant, out, ref, floor_us,
+                lambda: _call(variant, q, k_op, v_op, offs, out, [s - n for s, n in zip(seq, new)],
+                              b if chunks else None),
+            )  # fmt: skip
+            if row is not None:
+                rows.append(row)
     report(rows, bw, args.out)
+
+
+def measure(name, variant, out, ref, floor_us, make):
+    """(row, reference) of one variant: `make()` gives the call, which writes `out`; the first
+    variant's output is the reference the others are checked against (`ok`); graph-replay and
+    eager time, each kernel's device time. A variant that fails is printed, its row None."""
+    try:
+        fn = make()
+        fn()
+        torch.cuda.synchronize()
+        if ref is None:
+            ref = out.float().clone()
+        ok = bool(torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2))
+        ms = time_ms(fn)
+        kt = kernel_times(fn)
+    except Exception as e:  # noqa: BLE001 - a probe keeps the other variants
+        print(f"{name} {variant} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return None, ref
+    us = float(ms.graph if getattr(ms, "graph", None) else ms) * 1e3
+    row = dict(case=name, variant=variant, us=round(us, 1), floor_us=round(floor_us, 1),
+               frac=round(floor_us / us, 3), ok=ok, eager_us=round(ms.eager * 1e3, 1),
+               kernels=kt)  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row, ref
 
 
 def report(rows: list[dict], bw: float, out: str | None) -> None:

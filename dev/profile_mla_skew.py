@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -18,8 +17,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import bench_real as br  # noqa: E402
-from common import copy_bandwidth, time_ms  # noqa: E402
-from profile_gqa_skew import kernel_times, report  # noqa: E402
+from common import copy_bandwidth  # noqa: E402
+from profile_gqa_skew import measure, report  # noqa: E402
 
 import pagedattn.ops.mla.triton_mla as TM  # noqa: E402
 import pagedattn.ops.mla.worklist as WL  # noqa: E402
@@ -41,7 +40,8 @@ CASES = [
 
 # shipped: the default tuning; runs: the contiguous runs forced (no one-wave items); items: the
 # balanced item list (no runs); P: one partition count a batch. "merge=NS,DB,STAGES,WARPS":
-# the shipped tuning with the combines' `worklist.MergeShape(ns, db, stages, num_warps)`.
+# the shipped tuning with the combines' `worklist.MergeShape(ns, db, stages, num_warps)`;
+# "runs+merge=...": a variant's tuning with that combine shape.
 VARIANTS = {
     "shipped": {},
     "runs": {"wl_one_wave": False},
@@ -53,9 +53,9 @@ VARIANTS = {
 def _with_merge(variant: str, call):
     """`call` with the combines' shape of a "merge=NS,DB,STAGES,WARPS" variant (else as
     is)."""
-    if not variant.startswith("merge="):
+    if "merge=" not in variant:
         return call
-    ns, db, stages, warps = (int(x) for x in variant[len("merge=") :].split(","))
+    ns, db, stages, warps = (int(x) for x in variant.split("merge=")[1].split(","))
     shape = WL.MergeShape(ns=ns, db=db, stages=stages, num_warps=warps)
     names = ("mla_runs_combine_triton", "mla_worklist_combine_triton")
     base = {n: getattr(TM, n) for n in names}
@@ -94,25 +94,18 @@ def main() -> None:
         ref = None
         for variant in names:
             try:
-                cfg = MLATuning().replace(**VARIANTS.get(variant, {}))
+                cfg = MLATuning().replace(**VARIANTS.get(variant.split("+")[0], {}))
             except Exception as e:  # a knob this tree lacks
                 print(f"skip {variant}: {e}")
                 continue
             out = torch.full((b, h_q, 512), float("nan"), device=dev, dtype=torch.bfloat16)
-            fn = _with_merge(variant, lambda: mla_decode_triton(q, op, offs, scale=576**-0.5,
-                                                                out=out, config=cfg))  # fmt: skip
-            fn()
-            torch.cuda.synchronize()
-            if ref is None:
-                ref = out.float().clone()
-            ok = bool(torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2))
-            ms = time_ms(fn)
-            us = float(ms.graph if getattr(ms, "graph", None) else ms) * 1e3
-            kt = kernel_times(fn)
-            row = dict(case=name, variant=variant, us=round(us, 1), floor_us=round(floor_us, 1),
-                       frac=round(floor_us / us, 3), ok=ok, kernels=kt)  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            row, ref = measure(
+                name, variant, out, ref, floor_us,
+                lambda: _with_merge(variant, lambda: mla_decode_triton(
+                    q, op, offs, scale=576**-0.5, out=out, config=cfg)),
+            )  # fmt: skip
+            if row is not None:
+                rows.append(row)
     report(rows, bw, args.out)
 
 

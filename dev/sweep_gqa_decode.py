@@ -43,12 +43,29 @@ SHAPES = [
     ("8b b256", 128, 256, "model"),
     ("1b serve b256", 64, 256, "serve"),
     ("8b serve b128", 128, 128, "serve"),
+    # small batches (latency-bound: a few CTAs, each a short chain of dependent loads); run
+    # only when SHAPES names them
+    *(
+        (f"{m} b{b}", d, b, "model")
+        for m, d in (("1b", 64), ("8b", 128))
+        for b in (1, 4, 8, 16, 32)
+    ),  # fmt: skip
+    ("8b b1 x1k", 128, 1, "1k"),
+    ("8b b8 x1k", 128, 8, "1k"),
+    ("8b skew b32", 128, 32, "skew"),
 ]
+
+N_DEFAULT = 8  # the shapes run when SHAPES is not set
 
 VARIANTS = {
     "base": {},
     "bn32": {"BLOCK_N": 32},
     "bn128": {"BLOCK_N": 128},
+    "bn64": {"BLOCK_N": 64},
+    "st8": {"num_stages": 8},
+    "st6": {"num_stages": 6},
+    "bn64 st8": {"BLOCK_N": 64, "num_stages": 8},
+    "bn128 st8": {"BLOCK_N": 128, "num_stages": 8},
     "st3": {"num_stages": 3},
     "st4": {"num_stages": 4},
     "st2": {"num_stages": 2},
@@ -61,6 +78,15 @@ VARIANTS = {
     "bn16 tma": {"BLOCK_N": 16, "tma": True},
     "bn16 tma st8": {"BLOCK_N": 16, "tma": True, "num_stages": 8},
     "min128": {"min_chunk": 128},
+    "min64": {"min_chunk": 64},
+    "combine launch min128": {"fused_merge": False, "min_chunk": 128},
+    # one item a row (no row split): with the combine launch (below 48 rows it still runs,
+    # finding nothing to merge) or the fused path (no launch after the decode)
+    "fused min128": {"fused_min_rows": 1, "min_chunk": 128},
+    "fused min64": {"fused_min_rows": 1, "min_chunk": 64},
+    "nosplit": {"combine_min_chunk": 1 << 20},
+    "nosplit fused": {"fused_min_rows": 1, "min_chunk": 1 << 20},
+    "combine launch min64": {"fused_merge": False, "min_chunk": 64},
     "waves2": {"waves": 2},
     "waves2 min128": {"waves": 2, "min_chunk": 128},
     "one P": {"balanced": False},
@@ -127,6 +153,8 @@ def lengths(kind: str, b: int, rng: np.random.Generator) -> list[int]:
     if kind in ("skew", "onelong"):  # bench_real's cases (seed 0)
         spec = ("lognormal", 1536) if kind == "skew" else ("onelong", 32768, 200)
         return br.draw_lengths(spec, b, 0)
+    if kind == "1k":  # bench_real's host-cost cases
+        return [1024] * b
     x = np.exp(rng.normal(np.log(600), 0.6, b))
     return [int(v) for v in np.clip(x, 32, 4096)]
 
@@ -141,8 +169,8 @@ def main() -> None:
     want_s = os.environ.get("SHAPES")
     want_v = os.environ.get("VARIANTS")
     rows = []
-    for name, d, b, kind in SHAPES:
-        if want_s and name not in want_s.split(","):
+    for i, (name, d, b, kind) in enumerate(SHAPES):
+        if (want_s and name not in want_s.split(",")) or (not want_s and i >= N_DEFAULT):
             continue
         seq = lengths(kind, b, np.random.default_rng(0))
         p = KVCacheParams(torch.bfloat16, 1, H_KV, d, PAGE, num_q_heads=H_Q, devices=[dev])

@@ -45,6 +45,9 @@ from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_ 
 
 LEGACY = MHATuning(decode=dict(balanced=False))
 COMBINE = MHATuning(decode=dict(fused_merge=False))
+# the fused merge at any row count (it ships from `fused_min_rows` rows; these tests' batches
+# are smaller)
+FUSED = MHATuning(decode=dict(fused_min_rows=1))
 
 
 def _plan(q, k, v, **kw):
@@ -57,7 +60,15 @@ def test_plan_is_balanced_only_when_partitions_are_left_to_the_op(gen):
     k, v, _, _ = build_paged(16, 2, 64, [5, 9], [1, 1], gen=gen)
     q = rand_q(2, 8, 64, gen)
     plan = _plan(q, k, v)
-    assert plan.target == 2 * 132 // 2 and plan.min_blocks == math.ceil(256 / plan.config.BLOCK_N)
+    # two rows: the combine launch and its shorter items (`fused_min_rows`)
+    assert plan.target == 2 * 132 // 2 and plan.min_blocks == math.ceil(64 / plan.config.BLOCK_N)
+    assert not plan.fused
+    fused = MS.decode_plan(q, k.kernel_args(), v.kernel_args(), 64, 64, None, FUSED,
+                           MS.Device(sm90=False, sms=132, hbm3e=False))  # fmt: skip
+    assert fused.fused and fused.min_blocks == math.ceil(256 / fused.config.BLOCK_N)
+    # one row keeps one launch (`single_rows`), with 128-key items
+    one = _plan(q[:1], k.select_requests(0, 1), v.select_requests(0, 1))
+    assert one.fused and one.min_blocks == math.ceil(128 / one.config.BLOCK_N)
     ka, va = k.kernel_args(), v.kernel_args()
     dev = MS.Device(sm90=False, sms=132, hbm3e=False)
     fixed = MS.decode_plan(q, ka, va, 64, 64, 3, MS.NO_TUNING, dev)
@@ -119,14 +130,42 @@ def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan,
     sinks = torch.randn(8, generator=gen).to(DEV)
     offs = offsets_of([1] * b)
     step = (lambda: StepPlan(cache_lens)) if plan else (lambda: None)
-    fused, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, plan=step())
+    fused, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, plan=step(),
+                       config=FUSED)  # fmt: skip
     sem = PR.semaphores(torch.device(DEV), PR.current_stream(PR.current_device(q)), 1)
     assert sem is not None and int(sem.abs().sum()) == 0
-    again, lse2 = call(q, k, v, offs, sinks=sinks, plan=step())
+    again, lse2 = call(q, k, v, offs, sinks=sinks, plan=step(), config=FUSED)
     assert torch.equal(again, fused) and torch.equal(lse2, lse)
     comb, lse3 = call(q, k, v, offs, sinks=sinks, plan=step(), config=COMBINE)
     assert_close(fused, comb, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
     assert_close(lse, lse3, **LSE_TOL)
+
+
+@pytest.mark.parametrize("config", [None, FUSED], ids=["combine launch", "fused"])
+def test_one_pass_merge_equals_two_passes_bit_for_bit(config, monkeypatch, gen):
+    """Rows of at most one merge step of items merge in one round of loads (`merge_items`'
+    ONE_PASS): the same arithmetic as the two passes, so the combine launch's output and LSE
+    are equal bit for bit with ONE_PASS off, over rows of one, a few and many items (the many
+    take the two passes either way), sinks and rows of 0 and 1 keys; the fused merge (same
+    function) against the oracle."""
+    import functools
+
+    import pagedattn.ops.mha.triton_mha as TM
+
+    # (64-key tiles and 64-key items at 8 rows: rows of 130 and 300 keys are 3 and 5 items,
+    # one merge step; those of 700-9000 keys 11-141, two passes)
+    cache_lens = [0, 1500, 1, 300, 3, 2900, 130, 9000]
+    b = len(cache_lens)
+    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, 8, 64, gen)
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    offs = offsets_of([1] * b)
+    one, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, config=config)
+    if config is None:
+        two_pass = functools.partial(TM.worklist_combine_triton, one_pass=False)
+        monkeypatch.setattr(TM, "worklist_combine_triton", two_pass)
+        two, lse2 = call(q, k, v, offs, sinks=sinks)
+        assert torch.equal(one, two) and torch.equal(lse, lse2)
 
 
 @pytest.mark.parametrize("h_kv,group,d,page", [(3, 3, 96, 16), (1, 6, 48, 1), (2, 5, 80, 7)])
@@ -139,7 +178,7 @@ def test_fused_merge_with_padded_heads_and_dims(h_kv, group, d, page, gen):
     k, v, ks, vs = build_paged(page, h_kv, d, cache_lens, [1] * b, gen=gen)
     q = rand_q(b, h_kv * group, d, gen)
     sinks = torch.randn(h_kv * group, generator=gen).to(DEV)
-    check(q, k, v, ks, vs, cache_lens, offsets_of([1] * b), sinks=sinks)
+    check(q, k, v, ks, vs, cache_lens, offsets_of([1] * b), sinks=sinks, config=FUSED)
 
 
 def test_semaphores_are_per_stream_zeroed_and_kept():
@@ -239,11 +278,14 @@ def test_gpu_one_request_split_over_every_sm():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("warm_capture_stream", [True, False])
-def test_gpu_graph_replay_with_new_lengths(warm_capture_stream):
+def test_gpu_graph_replay_with_new_lengths(warm_capture_stream, fused):
     """Capture the balanced launch once; change the lengths (skew included) and replay: equal
     to an eager call bit for bit. Warmed on the capture stream, the graph's fused merge counts
-    on the stream's counters; otherwise on fresh zeros the graph fills each replay."""
+    on the stream's counters; otherwise on fresh zeros the graph fills each replay. Unfused
+    (16 rows, below `fused_min_rows`): the decode launch and its combine launch."""
+    cfg = FUSED if fused else None
     b, ctx = 16, 8192
     params, inp = big_paged(b, ctx, 16, 8, 128)
     k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")
@@ -255,12 +297,12 @@ def test_gpu_graph_replay_with_new_lengths(warm_capture_stream):
         side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(2):
-            mha_triton(q, k, v, offs, out=out)
+            mha_triton(q, k, v, offs, out=out, config=cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=side), recording() as made:
-        mha_triton(q, k, v, offs, out=out)
-    assert len(made) == 1  # the decode kernel, its merge fused
+        mha_triton(q, k, v, offs, out=out, config=cfg)
+    assert len(made) == (1 if fused else 2)  # the decode kernel (its merge fused), the combine
     for lens in ([ctx - 1] + [0] * (b - 1), [1] * b, None):
         if lens is None:
             lens = torch.randint(0, ctx, (b,)).tolist()
@@ -268,6 +310,6 @@ def test_gpu_graph_replay_with_new_lengths(warm_capture_stream):
         q.copy_(torch.randn_like(q))
         out.fill_(math.nan)
         graph.replay()
-        eager = mha_triton(q, k, v, offs)
+        eager = mha_triton(q, k, v, offs, config=cfg)
         assert torch.equal(out, eager)
         assert_close(out, gpu_reference(q, k, v, range(b), 128**-0.5), **BF16_TOL)

@@ -156,7 +156,15 @@ def test_prefill_and_tensor_mask_hit(gen, full_paths):
     assert len(TM.PREPARED.cache) == 2
 
 
-def test_step_plans_of_both_kinds_each_get_an_entry(gen, full_paths):
+@pytest.fixture
+def fused_merge(monkeypatch):
+    """The decode's fused merge at every row count (it ships from `fused_min_rows` rows; these
+    tests' batches are smaller, and their plans and launch counts are those of the fused
+    launch)."""
+    monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"fused_min_rows": 1}}')
+
+
+def test_step_plans_of_both_kinds_each_get_an_entry(gen, full_paths, fused_merge):
     """Decode steps with a host step plan: a skewed step's plan is a buffer (its item count
     the grid), a uniform step's keeps the kernels' own list (the other kernel): two entries
     under one key, and then every step hits, equal to the full path with the same plan."""
@@ -203,7 +211,7 @@ def _captured(call):
     "takes TMA descriptors, which the stub launcher does not encode): on CUDA the real "
     "compiled launches are checked by test_gpu_engine_steps_hit",
 )
-def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen):
+def test_compiled_form_of_a_planned_mixed_step(monkeypatch, gen, fused_merge):
     """The compiled form of a mixed step with a host step plan (the code a CUDA hit runs; its
     C launcher a recorder): for a second call with other tensors, lengths and plan, each
     launch gets the grid (the plan's item count), values and pointers (views from a later
@@ -274,10 +282,13 @@ def test_match_source_maps_views_to_offsets():
     assert PR._match_source(a[5:], [a, a]) == (0, 20)  # one object twice
 
 
-def test_plan_kernel_launches_are_not_prepared(gen, monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])
+def test_plan_kernel_launches_are_not_prepared(gen, monkeypatch, fused):
     """A device-made step plan launches its planner once a step (inside the first layer's
     call): the prepared call asks the step plan each call and launches only its own kernels,
-    which the plan's second layer reads."""
+    which the plan's second layer reads (the decode kernel, and its combine unless fused)."""
+    if fused:
+        monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"fused_min_rows": 1}}')
     lens = [0, 600, 1, 300, 3, 900]
     b = len(lens)
     k, v, _, _ = build_paged(16, 2, 64, lens, [1] * b, gen=gen)
@@ -297,7 +308,7 @@ def test_plan_kernel_launches_are_not_prepared(gen, monkeypatch):
         assert torch.equal(first, second)
     assert len(planner) == 2 and len(TM.PREPARED.cache) == 1
     ((_, _, entry),) = next(iter(TM.PREPARED.cache._d.values()))
-    assert entry.plan_buf and len(entry.launches) == 1  # the decode kernel (its merge fused)
+    assert entry.plan_buf and len(entry.launches) == (1 if fused else 2)
 
 
 # --------------------------------------------------------------------------------------------

@@ -69,7 +69,17 @@ class DecodeConfig(_Fields):
     instead of a combine launch after it (H200: the combine cost 3-15 us a call, most of it
     where no row split; docs/kernels/mha_decode.md, "the fused merge"), merge_elems partial
     elements a step (items x the KV head's query heads x all head dims), loads pipelined
-    merge_stages deep (H200: 4096 x 4 ran 0-13% faster than 2048 x 3 or 2048 x 2)."""
+    merge_stages deep (H200: 4096 x 4 ran 0-13% faster than 2048 x 3 or 2048 x 2), for
+    launches of at least fused_min_rows rows or at most single_rows. The rows between take the
+    combine launch and items of at least combine_min_chunk keys (min_chunk with the fused
+    merge, single_min_chunk at single_rows): a small batch is bound by each item's chain of
+    dependent loads, not by bytes, and shorter items and a two-launch merge end sooner (H200,
+    `dev/sweep_gqa_decode.py`, graph replays, Llama-3-8B heads, 512-560 keys a row: b1 / b8 /
+    b16 / b32 16.2 / 22.0 / 28.6 / 35.9 us fused with 256-key chunks, 11.6 / 18.2 / 23.0 / 33.7
+    with the combine launch and 64-key chunks; b64 43.7 against 48.0). One row keeps one
+    launch: an eager call of it is bound by the host, which the second launch costs ~5 us a
+    call (bench_real's host loop, b1 16.5 -> 21.6 us), and fused with 128-key items it replays
+    in 15.0 us (docs/kernels/mha_decode.md, "Small batches")."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -92,6 +102,10 @@ class DecodeConfig(_Fields):
     waves: int = 1
     min_chunk: int = 256
     fused_merge: bool = True
+    fused_min_rows: int = 48
+    single_rows: int = 1
+    combine_min_chunk: int = 64
+    single_min_chunk: int = 128
     merge_elems: int = 4096
     merge_stages: int = 4
 
@@ -230,6 +244,7 @@ class DecodePlan:
     v_tma: bool
     target: int = 0
     min_blocks: int = 1
+    fused: bool = False  # (balanced) split rows merged in the decode launch
 
 
 @dataclass(frozen=True)
@@ -400,6 +415,7 @@ def decode_plan(
         page_size=ka.page_size, hbm3e=device.hbm3e, tuning=tuning,
     )  # fmt: skip
     target = min_blocks = 0
+    fused = False
     # the work list holds every row in one [BLOCK_B <= 1024] vector
     if num_partitions is None and cfg.balanced and 0 < total_q < MAX_BALANCED_ROWS:
         ctas = mha_ctas_per_sm(kv_bytes, device.hbm3e)
@@ -408,12 +424,18 @@ def decode_plan(
             dk, dv, kv_bytes, kv_kind, ctas_per_sm=min(total_q, target) * h_kv / sms,
             page_size=ka.page_size, hbm3e=device.hbm3e, tuning=tuning,
         )  # fmt: skip
-        min_blocks = triton.cdiv(cfg.min_chunk, cfg.BLOCK_N)
+        few = total_q <= cfg.single_rows
+        fused = cfg.fused_merge and (total_q >= cfg.fused_min_rows or few)
+        chunk = cfg.single_min_chunk if few else cfg.min_chunk
+        if not fused:
+            chunk = cfg.combine_min_chunk
+        min_blocks = triton.cdiv(chunk, cfg.BLOCK_N)
         parts = 1
     bn = cfg.BLOCK_N
     return DecodePlan(
-        cfg, parts, cfg.tma and tma_ok(ka, bn), cfg.tma and tma_ok(va, bn), target, min_blocks
-    )
+        cfg, parts, cfg.tma and tma_ok(ka, bn), cfg.tma and tma_ok(va, bn), target, min_blocks,
+        fused,
+    )  # fmt: skip
 
 
 def prefill_plan(

@@ -447,7 +447,7 @@ def _full_path(
         # the fused merge's counters (`ops.prepared.semaphores`)
         sem = ran.sem = (
             semaphores(q.device, current_stream(current_device(q)), total_q * h_kv)
-            if balanced and cfg.fused_merge
+            if balanced and how.fused
             else None
         )
         buf = None

@@ -158,13 +158,15 @@ def _worklist_combine_kernel(
     STAGES: tl.constexpr,
     PDL: tl.constexpr = False,
     PLAN: tl.constexpr = False,
+    ONE_PASS: tl.constexpr = True,
 ):
     """One (row, KV head, DB output dims): merge the partials of the row's items for the KV
     head's GROUP query heads when the row has several (a row of one item was written by the
     decode kernel).
 
-    The merge: `merge_items` (two passes, the steps' loads pipelined STAGES deep)."""
-    pdl_wait(PDL)
+    The merge: `merge_items` (two passes, the steps' loads pipelined STAGES deep). The row's
+    items come from the launch's inputs (the lengths, offsets or the plan), which the decode
+    kernel does not write: they are read before the PDL wait, while the decode runs."""
     row = tl.program_id(0)
     hkv = tl.program_id(1)
     dc = tl.program_id(2)
@@ -179,11 +181,13 @@ def _worklist_combine_kernel(
         at = r == row
         n_row = tl.sum(tl.where(at, n, 0), 0)
         first = (tl.sum(tl.where(at, incl, 0), 0) - n_row).to(tl.int64)
+    pdl_wait(PDL)  # (the partials: the decode kernel's)
     if n_row > 1:
         offs_d = dc * DB + tl.arange(0, DB)
         o, lse2, den, hq, gmask, dmask = merge_items(
-            PO, PL, first, n_row, hkv, offs_d, H, GROUP, GP, DV, DB, BLOCK_I, STAGES
-        )
+            PO, PL, first, n_row, hkv, offs_d, H, GROUP, GP, DV, DB, BLOCK_I, STAGES,
+            ONE_PASS=ONE_PASS,
+        )  # fmt: skip
         store_merged(o, lse2, den, row, hq, gmask, offs_d, dmask, Sinks, Out, stride_ot,
                      stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE,
                      dc == 0)  # fmt: skip
@@ -205,6 +209,7 @@ def merge_items(
     BLOCK_I: tl.constexpr,
     STAGES: tl.constexpr,
     BLOCK_L: tl.constexpr = 64,
+    ONE_PASS: tl.constexpr = True,
 ):
     """Merge the partials of items [first, first + n_row) of one row for KV head hkv's GROUP
     query heads (GP: GROUP padded to a power of two) over output dims offs_d [DB]: PO [items, H,
@@ -215,41 +220,58 @@ def merge_items(
     Two passes, so that no load waits on the one before: the heads' largest LSE over the
     items (BLOCK_L items a step), then BLOCK_I items a step, each weighted by exp(lse - max),
     into a [BLOCK_I, GP, DB] accumulator summed once after the loop, the steps' loads
-    pipelined STAGES deep (docs/kernels/mha_decode.md, "the combine's step"). The loads
-    bypass L1 (`.cg`): the decode kernel's fused merge reads partials other programs of its
-    launch wrote. An unseen partial (LSE -inf) adds nothing; a NaN one makes the row NaN
-    (`ops.combine`)."""
+    pipelined STAGES deep (docs/kernels/mha_decode.md, "the combine's step"). A row of at
+    most BLOCK_I items (ONE_PASS) loads its LSEs and partials at once and takes the max from
+    them: one round of loads instead of two, the same arithmetic (bit for bit: one step of
+    the second pass, whose max is the same). The loads bypass L1 (`.cg`): the decode
+    kernel's fused merge reads partials other programs of its launch wrote. An unseen partial
+    (LSE -inf) adds nothing; a NaN one makes the row NaN (`ops.combine`)."""
     offs_g = tl.arange(0, GP)
     offs_i = tl.arange(0, BLOCK_I)
     hq = hkv * GROUP + offs_g
     gmask = offs_g < GROUP
     dmask = offs_d < DV
     first = first.to(tl.int64)
-    m = tl.full([GP], float("-inf"), tl.float32)
-    offs_l = tl.arange(0, BLOCK_L)
-    for i0 in range(0, n_row, BLOCK_L):  # (one step for rows of up to BLOCK_L items)
-        it = first + i0 + offs_l
-        im = (i0 + offs_l) < n_row
-        lp = tl.load(PL + it[:, None] * H + hq[None, :], mask=im[:, None] & gmask[None, :],
-                     other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-        m = tl.maximum(m, tl.max(lp, 0) * LOG2E)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    den = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([BLOCK_I, GP, DB], tl.float32)
-    for i0 in tl.range(0, n_row, BLOCK_I, num_stages=STAGES):
-        it = first + i0 + offs_i
-        im = (i0 + offs_i) < n_row
-        ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
-        ihm = im[:, None] & gmask[None, :]
+    if ONE_PASS and n_row <= BLOCK_I:
+        ihm = (offs_i < n_row)[:, None] & gmask[None, :]
+        ih = (first + offs_i)[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
         lp = tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
-        seen = lp != float("-inf")
-        w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
         o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
                     mask=ihm[:, :, None] & dmask[None, None, :], other=0.0,
                     cache_modifier=".cg")  # fmt: skip
-        acc += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
-        den += tl.sum(w, 0)
-    o = tl.sum(acc, 0) / tl.where(den != 0, den, 1.0)[:, None]
+        m = tl.max(lp, 0)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        seen = lp != float("-inf")
+        w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
+        acc = tl.sum(tl.where(seen[:, :, None], w[:, :, None] * o, 0.0), 0)
+        den = tl.sum(w, 0)
+    else:
+        m = tl.full([GP], float("-inf"), tl.float32)
+        offs_l = tl.arange(0, BLOCK_L)
+        for i0 in range(0, n_row, BLOCK_L):  # (one step for rows of up to BLOCK_L items)
+            it = first + i0 + offs_l
+            im = (i0 + offs_l) < n_row
+            lp = tl.load(PL + it[:, None] * H + hq[None, :], mask=im[:, None] & gmask[None, :],
+                         other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+            m = tl.maximum(m, tl.max(lp, 0) * LOG2E)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        den = tl.zeros([GP], tl.float32)
+        acc3 = tl.zeros([BLOCK_I, GP, DB], tl.float32)
+        for i0 in tl.range(0, n_row, BLOCK_I, num_stages=STAGES):
+            it = first + i0 + offs_i
+            im = (i0 + offs_i) < n_row
+            ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
+            ihm = im[:, None] & gmask[None, :]
+            lp = tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
+            seen = lp != float("-inf")
+            w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
+            o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
+                        mask=ihm[:, :, None] & dmask[None, None, :], other=0.0,
+                        cache_modifier=".cg")  # fmt: skip
+            acc3 += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
+            den += tl.sum(w, 0)
+        acc = tl.sum(acc3, 0)
+    o = acc / tl.where(den != 0, den, 1.0)[:, None]
     lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
     return o, lse2, den, hq, gmask, dmask
 
@@ -316,6 +338,7 @@ def worklist_combine_triton(
     dims_a_program: int = COMBINE_DIMS,
     stages: int = COMBINE_STAGES,
     num_warps: int = 4,
+    one_pass: bool = True,
 ) -> None:
     """Merge the split rows of a balanced decode launch (same list arguments as the launch;
     plan: the step's `work_plan` buffer the launch read its items from, or None).
@@ -323,7 +346,8 @@ def worklist_combine_triton(
     partial_out [items, H, DV] f32, partial_lse [items, H] f32; out [rows, H, DV] (last dim
     contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None; group: query heads a KV
     head (H % group == 0; a program a (row, KV head, dims_a_program output dims): elems_a_step
-    partial elements a step, pipelined `stages` deep). No host sync."""
+    partial elements a step, pipelined `stages` deep; one_pass: rows of one step merged in one
+    round of loads, `merge_items`' ONE_PASS). No host sync."""
     rows = q_offsets.shape[0] - 1
     _, H, DV = partial_out.shape
     if rows == 0:
@@ -363,6 +387,7 @@ def worklist_combine_triton(
         STAGES=stages,
         PDL=(pdl := pdl_enabled(out)),
         PLAN=plan is not None,
+        ONE_PASS=one_pass,
         num_warps=num_warps,
         **pdl_launch_kwargs(pdl),
     )

@@ -412,16 +412,16 @@ def _mla_runs_combine_kernel(
     the tile was cut into several pieces (a tile of one piece was written by the decode
     kernel), `mla_merge_rows`; a token of no request (outside [q_row_offsets[0],
     q_row_offsets[batch])) gets output 0 and LSE -inf. META's values are clamped to the partial
-    buffers (no access outside them whatever the offsets)."""
-    pdl_wait(PDL)
+    buffers (no access outside them whatever the offsets). The offsets are the launch's inputs,
+    read before the PDL wait; META is the decode kernel's, read after it."""
     t = tl.program_id(0)
     t64 = t.to(tl.int64)
-    # META's entries are loaded with the offsets (one latency, not two); a token outside the
-    # requests has whatever its entry holds, unused
+    covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
+    pdl_wait(PDL)
+    # a token outside the requests has whatever its META entry holds, unused
     s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
     n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
     i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
-    covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
     # piece k >= 1 is slot 2 (s0 // 2 + k) (its piece's first tile); n clamped so that the
     # last row is 2 RUN_P - 1 (n <= RUN_P - s0 // 2 for a list the decode wrote)
     mla_merge_token(t, covered, tl.minimum(n, RUN_P - s0 // 2), s0.to(tl.int64) * TPT + i,
@@ -484,8 +484,8 @@ def _mla_worklist_combine_kernel(
     """One (token, block of BH heads, DB output dims): merge the partials of its tile's items
     when the tile has several (a tile of one item was written by the decode kernel),
     `mla_merge_rows`; a token of no request (past q_row_offsets[batch]) gets output 0 and LSE
-    -inf."""
-    pdl_wait(PDL)
+    -inf. The list comes from the launch's inputs, which the decode kernel does not write: it
+    is derived before the PDL wait, while the decode runs."""
     t = tl.program_id(0)
     r, c, n, incl, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
@@ -496,6 +496,7 @@ def _mla_worklist_combine_kernel(
     covered = (b >= 0) & (i0 // TPT < n_b // c_b)  # (else no item has the token)
     first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
     r0 = first.to(tl.int64) * TPT + i0 % TPT
+    pdl_wait(PDL)  # (the partials: the decode kernel's)
     mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot, stride_oh, LSE,
                     H_Q, BH, D_V, DB, NS, STAGES, HAS_SINK)  # fmt: skip
 
