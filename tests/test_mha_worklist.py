@@ -141,6 +141,25 @@ def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan,
     assert_close(lse, lse3, **LSE_TOL)
 
 
+@pytest.mark.parametrize("b", [1, 2, 47, 48])
+def test_merge_by_row_count_at_the_rule_boundaries(b, gen):
+    """One row: the fused merge with 128-key items; 2-47 rows: the combine launch with 64-key
+    items; 48 and more: the fused merge with 256-key items (`DecodeConfig.fused_min_rows`,
+    `single_rows`). Each against the oracle, rows of 0 and 1 keys beside split ones, sinks,
+    the LSE; the launches each plan makes."""
+    cache_lens = ([300, 0, 1] * 16)[:b] if b > 1 else [300]
+    k, v, ks, vs = build_paged(16, 1, 32, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, 2, 32, gen)
+    plan = _plan(q, k, v)
+    fused = b == 1 or b >= 48
+    chunk = 128 if b == 1 else 256 if fused else 64
+    assert plan.fused == fused and plan.min_blocks == math.ceil(chunk / plan.config.BLOCK_N)
+    sinks = torch.randn(2, generator=gen).to(DEV)
+    with recording() as made:
+        check(q, k, v, ks, vs, cache_lens, offsets_of([1] * b), sinks=sinks)
+    assert len(made) == (1 if fused else 2), [m.kernel for m in made]
+
+
 @pytest.mark.parametrize("config", [None, FUSED], ids=["combine launch", "fused"])
 def test_one_pass_merge_equals_two_passes_bit_for_bit(config, monkeypatch, gen):
     """Rows of at most one merge step of items merge in one round of loads (`merge_items`'
