@@ -22,7 +22,7 @@ from common import copy_bandwidth, time_ms  # noqa: E402
 from pagedattn.operands import PagedOperand  # noqa: E402
 from pagedattn.ops.mha import StepPlan  # noqa: E402
 from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
-from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
+from pagedattn.ops.mha.triton_mha import mha_mixed_triton, mha_triton  # noqa: E402
 from pagedattn.testing import ragged_offsets  # noqa: E402
 
 CASES = [
@@ -57,12 +57,10 @@ def _call(variant, q, k_op, v_op, offs, out, lens, num_decodes=None):
     if num_decodes is not None and variant.startswith("streams="):
         return _streams_call(json.loads(variant[8:]), q, k_op, v_op, offs, out, lens, num_decodes)
     if num_decodes is not None:  # a mixed step: the decodes lead it (`mha`'s num_decodes)
-        from pagedattn.ops.mha import mha
-
         cfg = MHATuning(decode=json.loads(variant[5:])) if variant.startswith("tune=") else None
         plan = StepPlan(lens)
-        return lambda: mha(q, k_op, v_op, offs, out=out, num_decodes=num_decodes, plan=plan,
-                           config=cfg)  # fmt: skip
+        return lambda: mha_mixed_triton(q, k_op, v_op, offs, num_decodes, out=out, plan=plan,
+                                        config=cfg)  # fmt: skip
     if variant.startswith("tune="):
         cfg = MHATuning(decode=json.loads(variant[5:]))
         plan = StepPlan(lens)
@@ -79,43 +77,35 @@ def _call(variant, q, k_op, v_op, offs, out, lens, num_decodes=None):
         plan = StepPlan()
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
     if variant == "twopass":  # the combine launch's rows merged in two rounds of loads
-        import functools
-
-        import pagedattn.ops.mha.triton_mha as TM
-
-        base = TM.worklist_combine_triton
-
-        def run2():
-            TM.worklist_combine_triton = functools.partial(base, one_pass=False)
-            try:
-                mha_triton(q, k_op, v_op, offs, out=out)
-            finally:
-                TM.worklist_combine_triton = base
-
-        return run2
+        return _with_combine(lambda: mha_triton(q, k_op, v_op, offs, out=out), one_pass=False)
     if variant.startswith("combine"):
         # probe "combineE_W[_D_S]": E partial elements a step, W warps, D output dims a
         # program, loads pipelined S deep
-        import functools
-
-        import pagedattn.ops.mha.triton_mha as TM
-
         r, w, *ds = (int(x) for x in variant[len("combine") :].split("_"))
         more = dict(dims_a_program=ds[0], stages=ds[1]) if ds else {}
         plan = StepPlan(lens)
-        base = TM.worklist_combine_triton
-
-        def run():
-            TM.worklist_combine_triton = functools.partial(
-                base, elems_a_step=r, num_warps=w, **more
-            )
-            try:
-                mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
-            finally:
-                TM.worklist_combine_triton = base
-
-        return run
+        return _with_combine(lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan),
+                             elems_a_step=r, num_warps=w, **more)  # fmt: skip
     return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=StepPlan())
+
+
+def _with_combine(call, **kw):
+    """`call` with the work-list combine launched with the keyword arguments `kw`
+    (`triton_worklist.worklist_combine_triton`'s shape knobs), by patching `triton_mha`."""
+    import functools
+
+    import pagedattn.ops.mha.triton_mha as TM
+
+    base = TM.worklist_combine_triton
+
+    def run():
+        TM.worklist_combine_triton = functools.partial(base, **kw)
+        try:
+            call()
+        finally:
+            TM.worklist_combine_triton = base
+
+    return run
 
 
 _SIDE: dict = {}

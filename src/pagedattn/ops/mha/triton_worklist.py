@@ -235,14 +235,11 @@ def merge_items(
     if ONE_PASS and n_row <= BLOCK_I:
         ihm = (offs_i < n_row)[:, None] & gmask[None, :]
         ih = (first + offs_i)[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
-        lp = tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
-        o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
-                    mask=ihm[:, :, None] & dmask[None, None, :], other=0.0,
-                    cache_modifier=".cg")  # fmt: skip
+        lp = _item_lses(PL, ih, ihm)
+        o = _item_partials(PO, ih, ihm, offs_d, dmask, DV)
         m = tl.max(lp, 0)
         m_use = tl.where(m == float("-inf"), 0.0, m)
-        seen = lp != float("-inf")
-        w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
+        seen, w = _item_weights(lp, m_use)
         acc = tl.sum(tl.where(seen[:, :, None], w[:, :, None] * o, 0.0), 0)
         den = tl.sum(w, 0)
     else:
@@ -262,18 +259,37 @@ def merge_items(
             im = (i0 + offs_i) < n_row
             ih = it[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
             ihm = im[:, None] & gmask[None, :]
-            lp = tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
-            seen = lp != float("-inf")
-            w = tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
-            o = tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
-                        mask=ihm[:, :, None] & dmask[None, None, :], other=0.0,
-                        cache_modifier=".cg")  # fmt: skip
+            lp = _item_lses(PL, ih, ihm)
+            seen, w = _item_weights(lp, m_use)
+            o = _item_partials(PO, ih, ihm, offs_d, dmask, DV)
             acc3 += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
             den += tl.sum(w, 0)
         acc = tl.sum(acc3, 0)
     o = acc / tl.where(den != 0, den, 1.0)[:, None]
     lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
     return o, lse2, den, hq, gmask, dmask
+
+
+@triton.jit
+def _item_lses(PL, ih, ihm):
+    """The items' LSEs [I, GP] in log2 units at rows ih (mask ihm) of PL, bypassing L1."""
+    return tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
+
+
+@triton.jit
+def _item_partials(PO, ih, ihm, offs_d, dmask, DV: tl.constexpr):
+    """The items' partials [I, GP, DB] at rows ih (mask ihm) of PO, dims offs_d, bypassing L1."""
+    return tl.load(PO + ih[:, :, None] * DV + offs_d[None, None, :],
+                   mask=ihm[:, :, None] & dmask[None, None, :], other=0.0,
+                   cache_modifier=".cg")  # fmt: skip
+
+
+@triton.jit
+def _item_weights(lp, m_use):
+    """(seen, weights 2^(lse - m_use)) [I, GP]: an unseen item (LSE -inf) weighs 0, a NaN one
+    is kept (it makes the row NaN)."""
+    seen = lp != float("-inf")
+    return seen, tl.where(seen, tl.math.exp2(lp - m_use[None, :]), 0.0)
 
 
 @triton.jit
