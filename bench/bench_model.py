@@ -154,6 +154,17 @@ SHAPES: dict[str, dict] = {
         quantization_config=dict(activation_scheme="dynamic", fmt="e4m3", quant_method="fp8",
                                  weight_block_size=[128, 128]),
     ),
+    # Qwen3-30B-A3B (the Qwen3 family's MoE, Qwen3MoeForCausalLM): the release's config.json,
+    # 48 layers, 32 / 4 heads of 128 with q/k norm, 128 routed experts of 768 top-8
+    # (renormalised), no shared expert.
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], rms_norm_eps=1e-6, max_position_embeddings=40960,
+        rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False,
+    ),
 }  # fmt: skip
 # CPU dry run: the same families at toy sizes (GQA 4:1 kept, tying kept; MLA and MoE kept).
 DRY_SHAPE = dict(
@@ -172,6 +183,7 @@ DRY_MLA = dict(
 # size is one weight block (the FP8 experts need a multiple of it); 16 experts keep 8 groups of
 # 2 (noaux_tc scores a group by its top-2), top-4 of them from 4 groups.
 DRY_OVERRIDES: dict[str, dict] = {
+    "qwen3-30b-a3b": dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2),
     "deepseek-v3-slice": dict(
         num_hidden_layers=4, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64,
         moe_intermediate_size=128, n_routed_experts=16, num_experts_per_tok=4, n_group=8,
@@ -212,6 +224,8 @@ CASES = [
     # no goal given
     Case("deepseek-v3-slice b64 p512", "deepseek-v3-slice", 64, 512, None, profile=True,
          kv_quantization=KVQuantConfig.mla_rope_aware()),
+    # the Qwen3 family's MoE at its release shape (61 GB of bf16 weights); no goal given
+    Case("qwen3-30b-a3b b64 p512", "qwen3-30b-a3b", 64, 512, None, profile=True),
 ]  # fmt: skip
 
 

@@ -65,6 +65,13 @@ def test_full_shapes_configs():
     )  # fmt: skip
     assert (c1.intermediate_size, c1.vocab_size, c1.tie_word_embeddings) == (8192, 128256, True)
     assert c1.rope.rope_type == "llama3" and c8.rope.theta == 500000.0
+    q = ModelConfig.from_hf(bench_model.hf_config_dict("qwen3-30b-a3b"))
+    assert (q.architecture, q.num_layers, q.hidden_size, q.num_heads, q.num_kv_heads) == (
+        "Qwen3MoeForCausalLM", 48, 2048, 32, 4,
+    )  # fmt: skip
+    assert (q.head_dim, q.qk_norm, q.num_experts, q.num_experts_per_tok) == (128, True, 128, 8)
+    assert (q.moe_intermediate_size, q.norm_topk_prob, q.moe_weights_in_dtype) == (768, True, True)
+    assert all(q.layer_is_moe(i) for i in range(48)) and q.rope.theta == 1e6
 
 
 def test_step_cost_counts_weights_and_kv():
@@ -236,7 +243,7 @@ def test_max_new_tokens_outlast_the_timed_steps():
         for c in (case, bench_model.shrink(case)):
             prefill = math.ceil(c.b * c.prompt / c.prefill_budget)
             assert bench_model.max_new_tokens(c) > prefill + 1 + c.warmup + c.steps
-    assert [c.b for c in bench_model.CASES] == [64, 256, 64, 64, 64]
+    assert [c.b for c in bench_model.CASES] == [64, 256, 64, 64, 64, 64]
     assert all(c.prompt == 512 for c in bench_model.CASES)
 
 
@@ -385,8 +392,9 @@ def test_v3_slice_dry_run_decodes_through_the_fused_fp8_branch(tmp_path, monkeyp
     out = tmp_path / "v3.json"
     bench_model.main(["--dry-run", "--only", "v3-slice", "--out", str(out)])
     data = json.loads(out.read_text())
-    case = bench_model.shrink(bench_model.CASES[-1])
-    assert list(data["case_seconds"]) == [bench_model.CASES[-1].name] and data["errors"] == []
+    v3 = next(c for c in bench_model.CASES if c.shape == "deepseek-v3-slice")
+    case = bench_model.shrink(v3)
+    assert list(data["case_seconds"]) == [v3.name] and data["errors"] == []
     assert [(r["impl"], r["extra"]["graphs"]) for r in data["records"]] == [("pagedattn", False)]
     n_alone = max(3, case.steps // 2) + 1  # model_call_ms: a warm-up call, then the timed ones
     # (the kernel profile and the component profile: a warm-up call, then the profiled ones)

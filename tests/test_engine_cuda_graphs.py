@@ -22,7 +22,7 @@ import warnings
 
 import pytest
 import torch
-from tiny_llama import save_tiny_deepseek, save_tiny_gpt_oss, save_tiny_llama
+from tiny_llama import save_tiny_deepseek, save_tiny_gpt_oss, save_tiny_llama, save_tiny_qwen2_moe
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.engine.cuda_graphs import PAD_REQUEST, decode_buckets, graph_mode, warm_up_steps
@@ -44,7 +44,12 @@ class EmulatedLLM(LLM):
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-SAVERS = {"llama": save_tiny_llama, "gpt_oss": save_tiny_gpt_oss, "deepseek": save_tiny_deepseek}
+SAVERS = {
+    "llama": save_tiny_llama,
+    "gpt_oss": save_tiny_gpt_oss,
+    "deepseek": save_tiny_deepseek,
+    "qwen2_moe": save_tiny_qwen2_moe,
+}
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +248,8 @@ def exact_family(path: str) -> bool:
     """Whether a family's float32 CPU logits are independent of the batch's padding (the
     Llama family; not the MoE models, whose expert group sizes change with the pad rows), on
     a CPU whose float32 matmul is (`_matmul_batch_invariant`)."""
-    return "gpt_oss" not in path and "deepseek" not in path and _matmul_batch_invariant()
+    moe = ("gpt_oss", "deepseek", "qwen2_moe")
+    return not any(f in path for f in moe) and _matmul_batch_invariant()
 
 
 @functools.cache

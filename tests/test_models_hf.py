@@ -2,7 +2,9 @@
 
 For each architecture (Llama with llama3 RoPE and tied embeddings, Mistral with a sliding window
 shorter than the prompts, Qwen2 with q/k/v bias and linear RoPE, Qwen3 with q/k norm and a
-sliding layer, gpt-oss with sinks, alternating sliding/full layers, YaRN and a top-2 MoE) a
+sliding layer, gpt-oss with sinks, alternating sliding/full layers, YaRN and a top-2 MoE;
+Mixtral with a sliding window and a top-2 of 4 experts, Qwen2-MoE with a shared expert and a
+sliding layer, Qwen3-MoE with renormalised top-3 routing and a dense layer) a
 tiny random float32 model (2 layers, hidden 64, GQA or MQA, vocab 256) is written with
 `save_pretrained`, loaded with `models.load_model`, and:
 - its logits for a ragged batch of whole prompts (every row) match one HF forward per prompt;
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from tiny_llama import randomize_, tiny_common, tiny_gpt_oss_config
+from tiny_llama import randomize_, tiny_common, tiny_gpt_oss_config, tiny_qwen2_moe_config
 
 from pagedattn import InvalidArgumentError, PagedKVCacheManager
 from pagedattn.models import (
@@ -50,7 +52,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 VOCAB = 256
 TIE_GAP = 1e-4
 NEW_TOKENS = 8
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt_oss"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -102,6 +104,31 @@ def hf_config(arch: str):
             sliding_window=12,
             max_window_layers=1,  # layer 1 slides
         )
+    if arch == "mixtral":
+        return transformers.MixtralConfig(
+            **common,
+            intermediate_size=48,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=10,
+        )
+    if arch == "qwen2_moe":
+        return tiny_qwen2_moe_config(**common)
+    if arch == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(
+            **common,
+            intermediate_size=96,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=6,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],  # layer 0 dense, layer 1 routed
+        )
     assert arch == "gpt_oss"
     return tiny_gpt_oss_config(**common)
 
@@ -112,6 +139,9 @@ HF_CLASSES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 

@@ -15,7 +15,7 @@ import os
 
 import pytest
 import torch
-from tiny_llama import save_tiny_gpt_oss, save_tiny_llama, tiny_deepseek_config
+from tiny_llama import save_tiny_gpt_oss, save_tiny_llama, save_tiny_qwen2_moe, tiny_deepseek_config
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.errors import InvalidArgumentError
@@ -45,6 +45,15 @@ def ckpt(tmp_path_factory):
 def gpt_oss_ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("gpt_oss_tp")
     save_tiny_gpt_oss(path, 4321)  # the expert down_proj bias must be added once
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen2_moe_tp")
+    # each expert's slice of its features on each rank, the shared expert's partial sum and
+    # the routed one reduced together
+    save_tiny_qwen2_moe(path, 2468)
     return str(path)
 
 
@@ -95,11 +104,22 @@ def _worker(rank: int, world: int, path: str, out_dir: str, graphs: bool) -> Non
     os._exit(0)
 
 
-@pytest.mark.parametrize("model,graphs", [("llama", False), ("llama", True), ("gpt_oss", False)])
-def test_tp2_gloo_tokens_equal_single_process(model, graphs, ckpt, gpt_oss_ckpt, tmp_path):
+@pytest.mark.parametrize(
+    "model,graphs",
+    [
+        ("llama", False),
+        ("llama", True),
+        ("gpt_oss", False),
+        ("qwen2_moe", False),
+        ("qwen2_moe", True),
+    ],
+)
+def test_tp2_gloo_tokens_equal_single_process(
+    model, graphs, ckpt, gpt_oss_ckpt, qwen2_moe_ckpt, tmp_path
+):
     import torch.multiprocessing as mp
 
-    path = ckpt if model == "llama" else gpt_oss_ckpt
+    path = {"llama": ckpt, "gpt_oss": gpt_oss_ckpt, "qwen2_moe": qwen2_moe_ckpt}[model]
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,5 +1,5 @@
 """Tiny random checkpoints for the engine and model tests (written with `save_pretrained`):
-a Llama and a gpt-oss, and the weight randomizer they share with test_models_hf."""
+a Llama, a gpt-oss and a Qwen2-MoE, and the weight randomizer they share with test_models_hf."""
 
 from __future__ import annotations
 
@@ -81,6 +81,32 @@ def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssF
     cfg = tiny_gpt_oss_config(**tiny_common(vocab))
     return _save_randomized(path, seed, transformers.GptOssForCausalLM, cfg,
                             attn_implementation="eager")  # fmt: skip
+
+
+def tiny_qwen2_moe_config(**common) -> transformers.Qwen2MoeConfig:
+    """A Qwen2-MoE config at toy size: 4 q / 2 KV heads of 16 (q/k/v bias), 5 experts of 32
+    intermediate features, top-2, a shared expert of 48 behind its sigmoid gate, layer 0
+    sliding over 12 keys (`common`: vocab, hidden, layers...)."""
+    return transformers.Qwen2MoeConfig(
+        **common,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=5,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        use_sliding_window=True,
+        sliding_window=12,
+        max_window_layers=1,
+    )
+
+
+def save_tiny_qwen2_moe(path, seed: int, vocab: int = 256) -> transformers.Qwen2MoeForCausalLM:
+    """A float32 Qwen2-MoE (hidden 64, 2 layers, `tiny_qwen2_moe_config`) with `randomize_`'s
+    weights; saved in `path`, returned."""
+    cfg = tiny_qwen2_moe_config(**tiny_common(vocab))
+    return _save_randomized(path, seed, transformers.Qwen2MoeForCausalLM, cfg)
 
 
 def _save_randomized(path, seed: int, cls, cfg, **kw):

@@ -6,9 +6,10 @@
     model.attach_kv_cache(params)
     logits = model(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
 
-Supported: Llama 3.x, Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (q/k norm), gpt-oss
-(sinks, alternating sliding/full layers, top-k MoE). The step contract, what a step is and how to
-add an architecture: docs/models.md.
+Supported: Llama 3.x, Mistral (sliding window), Qwen2 (qkv bias), Qwen3 (q/k norm), their MoE
+variants Mixtral, Qwen2-MoE (shared expert) and Qwen3-MoE (softmax top-k routing), gpt-oss
+(sinks, alternating sliding/full layers, top-k MoE), DeepSeek-V2 / V3 (MLA). The step
+contract, what a step is and how to add an architecture: docs/models.md.
 """
 
 from .config import (
@@ -28,6 +29,7 @@ from .llama import (
     Qwen2ForCausalLM,
     Qwen3ForCausalLM,
 )
+from .llama_moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from .loader import CheckpointError, checkpoint_index, load_model, load_weights
 from .registry import MODEL_REGISTRY, model_class
 
@@ -41,9 +43,12 @@ __all__ = [
     "GptOssForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "MixtralForCausalLM",
     "ModelConfig",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "RopeConfig",
     "UnsupportedModelError",
     "checkpoint_index",

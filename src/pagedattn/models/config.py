@@ -37,6 +37,9 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "GptOssForCausalLM": "gpt_oss",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "DeepseekV2ForCausalLM": "deepseek_v2",
@@ -45,14 +48,17 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(dict.fromkeys(SUPPORTED_ARCHITECT
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 # transformers 5.24's defaults for fields a config.json may leave out (configuration_*.py).
-_DEFAULT_THETA = {"gpt_oss": 150000.0}
-_DEFAULT_EPS = {"gpt_oss": 1e-5}
+_DEFAULT_THETA = {"gpt_oss": 150000.0, "mixtral": 1000000.0}
+_DEFAULT_EPS = {"gpt_oss": 1e-5, "mixtral": 1e-5}
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "gpt_oss": 64}
 _DEFAULT_MAX_POS = {
     "llama": 2048,
     "mistral": 131072,
     "qwen2": 32768,
     "qwen3": 32768,
+    "mixtral": 131072,
+    "qwen2_moe": 32768,
+    "qwen3_moe": 32768,
     "gpt_oss": 131072,
     "deepseek_v3": 4096,
     "deepseek_v2": 2048,
@@ -114,7 +120,12 @@ class ModelConfig:
     layer_types: per layer "full_attention" or "sliding_attention"; `layer_window(i)` is the
     sliding window W of layer i (a query at position p sees keys in (p - W, p], as transformers'
     `sliding_window_causal_mask_function`) or None.
-    num_experts: 0 for a dense MLP; else a top-`num_experts_per_tok` MoE (gpt-oss).
+    num_experts: 0 for a dense MLP; else a top-`num_experts_per_tok` MoE (gpt-oss; Mixtral,
+    Qwen2-MoE and Qwen3-MoE: softmax routing over experts of moe_intermediate_size, their top-k
+    weights renormalised with norm_topk_prob and, with moe_weights_in_dtype, cast to the
+    activations' dtype (Qwen) instead of float32 (Mixtral); a Qwen2-MoE shared expert of
+    shared_expert_intermediate_size; `layer_is_moe(i)`: the MoE layers, every
+    decoder_sparse_step-th outside mlp_only_layers).
 
     DeepSeek-V3 (MLA, `is_mla`): kv_lora_rank (the latent, 512), q_lora_rank (None: one q_proj),
     qk_nope_head_dim / qk_rope_head_dim / v_head_dim per head (head_dim is the rope dim, as
@@ -162,6 +173,10 @@ class ModelConfig:
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = False
     first_k_dense_replace: int = 0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+    moe_weights_in_dtype: bool = False
     # DeepSeek routing: "noaux_tc" (V3: sigmoid, correction bias, groups by top-2 sums),
     # "greedy" / "group_limited_greedy" (V2: softmax, top-k / groups by their max)
     topk_method: str = "noaux_tc"
@@ -205,6 +220,12 @@ class ModelConfig:
                 "an int >= 1 or None",
                 self.sliding_window,
             )
+        check(
+            isinstance(self.decoder_sparse_step, int) and self.decoder_sparse_step >= 1,
+            "config.decoder_sparse_step",
+            "an int >= 1",
+            self.decoder_sparse_step,
+        )
         if self.num_experts:
             check(
                 1 <= self.num_experts_per_tok <= self.num_experts,
@@ -223,6 +244,16 @@ class ModelConfig:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    def layer_is_moe(self, layer_idx: int) -> bool:
+        """Whether layer `layer_idx` has the routed MLP (Qwen2MoeDecoderLayer's rule: experts,
+        not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0; every layer of gpt-oss
+        and Mixtral). DeepSeek's dense layers are its own `first_k_dense_replace`."""
+        return (
+            self.is_moe
+            and layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def is_mla(self) -> bool:
@@ -384,6 +415,34 @@ def _window_and_types(d: dict, model_type: str, num_layers: int) -> tuple[int | 
         # (MistralModel: create_sliding_window_causal_mask iff config.sliding_window).
         w = d.get("sliding_window")
         return (None, full) if w is None else (int(w), ("sliding_attention",) * num_layers)
+    if model_type == "mixtral":  # MixtralModel: as Mistral, every layer slides when set
+        w = d.get("sliding_window")
+        return (None, full) if w is None else (int(w), ("sliding_attention",) * num_layers)
+    if model_type == "qwen3_moe":
+        # Qwen3MoeConfig: the window only with use_sliding_window; Qwen3MoeModel then builds
+        # one sliding-window mask for every layer
+        w = d.get("sliding_window") if d.get("use_sliding_window", False) else None
+        return (None, full) if w is None else (int(w), ("sliding_attention",) * num_layers)
+    if model_type == "qwen2_moe":
+        # Qwen2MoeConfig.__post_init__: with use_sliding_window, layer i slides when i is even
+        # and i < max_window_layers, unless layer_types is given; each layer takes the mask of
+        # its type (Qwen2MoeModel)
+        w = d.get("sliding_window") if d.get("use_sliding_window", False) else None
+        types = d.get("layer_types")
+        if w is None:
+            if types is not None and "sliding_attention" in types:
+                raise UnsupportedModelError(
+                    "config.layer_types: sliding_attention layers without use_sliding_window "
+                    "are not supported (transformers gives them a window of 0)"
+                )
+            return None, full
+        if types is None:
+            mwl = int(d.get("max_window_layers", 28))
+            types = [
+                "sliding_attention" if (i + 1) % 2 and i < mwl else "full_attention"
+                for i in range(num_layers)
+            ]
+        return int(w), tuple(types)
     if model_type in ("qwen2", "qwen3"):
         # Qwen2Config/Qwen3Config.__post_init__: the window only with use_sliding_window; layer i
         # slides when i >= max_window_layers unless layer_types is given.
@@ -462,7 +521,37 @@ def _parse(d: dict) -> ModelConfig:
                     "config.quantization_config: fp8 needs weight_block_size [n, k] (ints >= 1) "
                     f"and activation_scheme 'dynamic', got {quant!r}"
                 )
-    moe = mt == "gpt_oss"
+    moe = mt in ("gpt_oss", "mixtral", "qwen2_moe", "qwen3_moe")
+    qwen_moe = mt in ("qwen2_moe", "qwen3_moe")
+    if mt == "gpt_oss":
+        E, k = int(d.get("num_local_experts", 128)), int(d.get("num_experts_per_tok", 4))
+    elif mt == "mixtral":
+        E, k = int(d.get("num_local_experts", 8)), int(d.get("num_experts_per_tok", 2))
+    elif qwen_moe:
+        # Qwen3MoeConfig saves num_experts as num_local_experts (its attribute_map); the
+        # released checkpoints' config.json say num_experts
+        E = d.get("num_experts", d.get("num_local_experts"))
+        E = int((60 if mt == "qwen2_moe" else 128) if E is None else E)
+        k = int(d.get("num_experts_per_tok", 4 if mt == "qwen2_moe" else 8)) if E else 0
+    else:
+        E = k = 0
+    if mt == "mixtral":  # MixtralExperts: intermediate_size a expert
+        moe_inter = int(_required(d, "intermediate_size"))
+    elif qwen_moe:
+        moe_inter = int(d.get("moe_intermediate_size", 1408 if mt == "qwen2_moe" else 768))
+    else:
+        moe_inter = 0
+    shared = int(d.get("shared_expert_intermediate_size", 5632) or 0) if mt == "qwen2_moe" else 0
+    # Qwen2Attention hard-codes bias=True on q/k/v and none on o_proj, Qwen2MoeAttention reads
+    # qkv_bias (default True) for them, Mistral / MixtralAttention have no bias at all; Llama /
+    # Qwen3 / Qwen3-MoE / gpt-oss read attention_bias for q, k, v and o.
+    qkv_bias = attn_bias
+    if mt == "qwen2":
+        qkv_bias = True
+    elif mt == "qwen2_moe":
+        qkv_bias = bool(d.get("qkv_bias", True))
+    elif mt in ("mistral", "mixtral"):
+        qkv_bias = False
     if mt in ("deepseek_v3", "deepseek_v2"):
         return dataclasses.replace(
             _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos),
@@ -482,17 +571,21 @@ def _parse(d: dict) -> ModelConfig:
         rope=_parse_rope(d, mt, max_pos),
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        # Qwen2Attention hard-codes bias=True on q/k/v and none on o_proj, MistralAttention no
-        # bias at all; Llama/Qwen3/gpt-oss read attention_bias for q, k, v and o.
-        qkv_bias=True if mt == "qwen2" else (attn_bias if mt != "mistral" else False),
-        o_bias=attn_bias if mt in ("llama", "qwen3", "gpt_oss") else False,
+        qkv_bias=qkv_bias,
+        o_bias=attn_bias if mt in ("llama", "qwen3", "qwen3_moe", "gpt_oss") else False,
         mlp_bias=bool(d.get("mlp_bias", False)) if mt == "llama" else False,
-        qk_norm=mt == "qwen3",
+        qk_norm=mt in ("qwen3", "qwen3_moe"),
         sliding_window=window,
         layer_types=types,
         attention_sinks=mt == "gpt_oss",
-        num_experts=int(d.get("num_local_experts", 128)) if moe else 0,
-        num_experts_per_tok=int(d.get("num_experts_per_tok", 4)) if moe else 0,
+        num_experts=E if moe else 0,
+        num_experts_per_tok=k if moe else 0,
+        moe_intermediate_size=moe_inter,
+        norm_topk_prob=True if mt == "mixtral" else bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=int(d.get("decoder_sparse_step", 1) or 1) if qwen_moe else 1,
+        mlp_only_layers=tuple(int(i) for i in d.get("mlp_only_layers") or ()) if qwen_moe else (),
+        shared_expert_intermediate_size=shared,
+        moe_weights_in_dtype=qwen_moe,
         swiglu_alpha=float(d.get("swiglu_alpha", 1.702)),
         swiglu_limit=float(d.get("swiglu_limit", 7.0)),
         hidden_act=act,

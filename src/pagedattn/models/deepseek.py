@@ -67,8 +67,6 @@ from ..cache.params import KVCacheParams
 from ..errors import InvalidArgumentError, check, check_int
 from ..operands import PagedOperand, RowOperand
 from ..ops import masks
-from ..ops.fused import silu_mul
-from ..ops.linear import fp8_bmm
 from ..ops.linear.reference import quantize_weight_blocks
 from ..ops.mha import mha
 from ..ops.mla import mla_decode
@@ -81,15 +79,12 @@ from .layers import (
     RMSNorm,
     SwiGLUMLP,
     apply_rope,
-    expert_groups,
-    fused_experts,
     fused_experts_ok,
     grouped_experts_ok,
     make_linear,
-    sort_by_expert,
-    sum_in_expert_order,
 )
 from .llama import DecoderForCausalLM
+from .moe import SwiGLUExperts, expert_weight_source
 from .weights import WeightSource
 
 # A request with at most this many queries in a step attends in the absorbed form (mla_decode
@@ -461,83 +456,13 @@ class DeepseekRouter(nn.Module):
         return w * self.scaling, idx
 
 
-class DeepseekExperts(nn.Module):
-    """DeepseekV3Experts: per expert e, `down_proj[e] @ (silu(g) * u)` with (g, u) the halves of
-    `gate_up_proj[e] @ x`, times the token's routing weight (float32), summed in expert order.
-    gate_up_proj [E, 2I, H], down_proj [E, H, I] (transformers 5's layout; the loader stacks the
-    checkpoint's experts.{e}.gate_proj / up_proj / down_proj). With FP8 blocks (n, k) they are
-    e4m3, beside gate_up_proj_scale_inv [E, 2I / n, H / k] and down_proj_scale_inv [E, H / n,
-    I / k] (the checkpoint's weight_scale_inv), and each expert's products run through
-    `fp8_bmm`."""
+class DeepseekExperts(SwiGLUExperts):
+    """DeepseekV3Experts: `moe.SwiGLUExperts` of the config's num_experts x
+    moe_intermediate_size, FP8 blocks where the checkpoint has them (one rank)."""
 
     def __init__(self, cfg: ModelConfig, dtype=None) -> None:
-        super().__init__()
-        E, H, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.E, self.inter = E, inter
-        self.fp8 = fp8 = cfg.fp8_block
-        wdt = dtype if fp8 is None else torch.float8_e4m3fn
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H, dtype=wdt), False)
-        self.down_proj = nn.Parameter(torch.empty(E, H, inter, dtype=wdt), False)
-        if fp8 is not None:
-            n, k = fp8
-            check(inter % n == 0, "config.moe_intermediate_size",
-                  f"a multiple of the FP8 weight block {n}", inter)  # fmt: skip
-            f32 = torch.float32
-            self.gate_up_proj_scale_inv = nn.Parameter(
-                torch.empty(E, 2 * inter // n, -(-H // k), dtype=f32), False
-            )
-            self.down_proj_scale_inv = nn.Parameter(
-                torch.empty(E, -(-H // n), -(-inter // k), dtype=f32), False
-            )
-
-    def _proj(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
-        w = getattr(self, name)[e]
-        if self.fp8 is None:
-            return F.linear(x, w)
-        n, k = self.fp8
-        s = getattr(self, name + "_scale_inv")[e]
-        return fp8_bmm(x[None], w[None], s[None], k_gran=k, n_gran=n, out_dtype=x.dtype)[0]
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """x [T, H], weights [T, k] float32, experts [T, k]: `forward_fused` where
-        `fused_experts_ok` (plain or FP8 weights), else `forward_grouped` for plain weights
-        where `grouped_experts_ok` (both without a host sync), else `forward_loop`."""
-        if fused_experts_ok(x.device, x.dtype):
-            return self.forward_fused(x, weights, experts)
-        if self.fp8 is None and grouped_experts_ok(x.device, x.dtype):
-            return self.forward_grouped(x, weights, experts)
-        return self.forward_loop(x, weights, experts)
-
-    def forward_fused(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """The loop's math through `ops.moe` (`layers.fused_experts`): silu * up in the gate_up
-        product's epilogue, the routing weight and the token's sum in float32; FP8 weights
-        dequantized in registers (the activations stay in x's dtype, where the loop's
-        `fp8_bmm` quantizes them to e4m3 in 1 x 128 groups)."""
-        fp8 = self.fp8 is not None
-        return fused_experts(
-            x, experts, self.gate_up_proj, self.down_proj, weights=weights,
-            gate_up_scale=self.gate_up_proj_scale_inv if fp8 else None,
-            down_scale=self.down_proj_scale_inv if fp8 else None,
-            w_block=self.fp8 if fp8 else (128, 128),
-        )  # fmt: skip
-
-    def forward_grouped(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """The loop's math as two grouped matmuls (`layers.sort_by_expert`,
-        `torch._grouped_mm`), each token's k outputs summed in expert order in x's dtype
-        (`layers.sum_in_expert_order`, as the loop's index_add_)."""
-        order, _, offs = sort_by_expert(experts, self.E)
-        k = experts.shape[1]
-        gu = torch._grouped_mm(x[order // k], self.gate_up_proj.transpose(1, 2), offs=offs)
-        h = torch._grouped_mm(silu_mul(gu), self.down_proj.transpose(1, 2), offs=offs)
-        return sum_in_expert_order(h * weights.flatten()[order, None], order, experts, x.dtype)
-
-    def forward_loop(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor):
-        """One matmul pair per expert with tokens (reads each expert's count on the host)."""
-        out = torch.zeros_like(x)
-        for e, t, s in expert_groups(experts, self.E):
-            h = self._proj(silu_mul(self._proj(x[t], "gate_up_proj", e)), "down_proj", e)
-            out.index_add_(0, t, (h * weights[t, s, None]).to(x.dtype))
-        return out
+        super().__init__(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, dtype,
+                         cfg.fp8_block)  # fmt: skip
 
 
 class DeepseekMoE(nn.Module):
@@ -637,19 +562,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
             return None
         base, which, scale = m.groups()
         suffix = "weight_scale_inv" if scale else "weight"
-        E = self.config.num_experts
-        if which == "gate_up_proj":
-            names = tuple(
-                f"{base}.{e}.{p}.{suffix}" for e in range(E) for p in ("gate_proj", "up_proj")
-            )
-            return WeightSource(
-                names,
-                lambda ts: torch.stack(
-                    [torch.cat(ts[2 * e : 2 * e + 2], dim=0) for e in range(len(ts) // 2)]
-                ),
-            )
-        names = tuple(f"{base}.{e}.down_proj.{suffix}" for e in range(E))
-        return WeightSource(names, torch.stack)
+        return expert_weight_source(base, which, self.config.num_experts, suffix=suffix)
 
     def ignores_checkpoint_tensor(self, name: str) -> bool:
         """The multi-token-prediction layers (`model.layers.{i}.` with i >= num_layers)."""

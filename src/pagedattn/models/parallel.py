@@ -76,11 +76,14 @@ def check_tp(tp_size: int, tp_rank: int | None = None) -> int:
 
 
 def check_divisible(cfg, tp_size: int) -> None:
-    """num_heads, num_kv_heads and intermediate_size must divide by tp_size."""
+    """num_heads, num_kv_heads and the MLPs' intermediate sizes (dense, routed experts',
+    shared expert's) must divide by tp_size."""
     for name, v in (
         ("num_attention_heads", cfg.num_heads),
         ("num_key_value_heads", cfg.num_kv_heads),
         ("intermediate_size", cfg.intermediate_size),
+        ("moe_intermediate_size", cfg.moe_intermediate_size),
+        ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size),
     ):
         if v % tp_size:
             raise InvalidArgumentError(

@@ -13,12 +13,16 @@ from .config import SUPPORTED_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from .deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .llama import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from .llama_moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
