@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -24,20 +25,16 @@ HASH_BYTES = 32  # sha256 digest size
 
 def _page_hash(parent: bytes | None, tokens: Sequence[int], salt: bytes | None) -> bytes:
     """`page_hash` without argument checks, for callers that validated (the manager)."""
-    h = hashlib.sha256()
-    if parent is None:
-        h.update(_NONE)
-    else:
-        h.update(_SOME)
-        h.update(parent)
-    h.update(len(tokens).to_bytes(8, "little"))
-    h.update(np.asarray(tokens, dtype="<i8").tobytes())
-    if salt is None:
-        h.update(_NONE)
-    else:
-        h.update(_SOME)
-        h.update(salt)
-    return h.digest()
+    n = len(tokens)
+    msg = b"".join(
+        (
+            _NONE if parent is None else _SOME + parent,
+            n.to_bytes(8, "little"),
+            struct.pack(f"<{n}q", *tokens),  # each token as int64 LE
+            _NONE if salt is None else _SOME + salt,
+        )
+    )
+    return hashlib.sha256(msg).digest()
 
 
 def page_hash(parent: bytes | None, tokens: Sequence[int], salt: bytes | None = None) -> bytes:
@@ -151,8 +148,8 @@ class BlockPool:
                 p, _ = self._evictable.popitem(last=False)
                 del self.hash_to_page[self.page_to_hash.pop(p)]
                 self.num_evictions += 1
-            self.ref_counts[p] = 1
             out.append(p)
+        self.ref_counts[out] = 1
         return out
 
     def acquire(self, pages: Sequence[int]) -> None:

@@ -90,10 +90,19 @@ def packed_copy(arrays: list[np.ndarray], copy) -> list[torch.Tensor]:
     for a, o in zip(arrays, offs):
         packed[o : o + a.nbytes] = a.reshape(-1).view(np.uint8)
     dev = copy(packed)
-    return [
-        dev[o : o + a.nbytes].view(_TORCH_DTYPE[a.dtype.str]).view(a.shape)
-        for a, o in zip(arrays, offs)
-    ]
+    # The buffer viewed once per dtype (every offset is a multiple of 16 bytes, so of each
+    # itemsize), each array a slice of its dtype's view: fewer tensor ops than a byte slice
+    # and two views per array.
+    typed: dict[str, torch.Tensor] = {}
+    out = []
+    for a, o in zip(arrays, offs):
+        t = typed.get(a.dtype.str)
+        if t is None:
+            t = typed[a.dtype.str] = dev.view(_TORCH_DTYPE[a.dtype.str])
+        start = o // a.itemsize
+        v = t[start : start + a.size]
+        out.append(v if a.ndim == 1 else v.view(a.shape))
+    return out
 
 
 _TORCH_DTYPE = {"<i8": torch.int64, "<i4": torch.int32, "<f4": torch.float32, "|u1": torch.uint8}

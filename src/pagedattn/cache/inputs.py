@@ -158,13 +158,11 @@ class KVCacheInputsPerDevice:
                 raise InvalidArgumentError(f"other.{name}: None on one side only")
             if dst is None or dst is src:
                 continue
-            check(isinstance(src, torch.Tensor), f"other.{name}", "a tensor", type(src).__name__)
-            check(
-                src.dtype == dst.dtype,
-                f"other.{name}",
-                f"dtype {dst.dtype}",
-                src.dtype,
-            )
+            # (each message formatted only on failure: this runs for every graph replay)
+            if not isinstance(src, torch.Tensor):
+                check(False, f"other.{name}", "a tensor", type(src).__name__)
+            if src.dtype != dst.dtype:
+                check(False, f"other.{name}", f"dtype {dst.dtype}", src.dtype)
             if (
                 name == "lookup_table"
                 and src.ndim == 2
@@ -174,12 +172,14 @@ class KVCacheInputsPerDevice:
             ):
                 todo.append((dst, src, True))
                 continue
-            check(
-                src.shape == dst.shape,
-                f"other.{name}",
-                f"shape {tuple(dst.shape)}" + (" (or narrower)" if name == "lookup_table" else ""),
-                tuple(src.shape),
-            )
+            if src.shape != dst.shape:
+                check(
+                    False,
+                    f"other.{name}",
+                    f"shape {tuple(dst.shape)}"
+                    + (" (or narrower)" if name == "lookup_table" else ""),
+                    tuple(src.shape),
+                )
             todo.append((dst, src, False))
         # -- checked; copy --
         for dst, src, narrower in todo:

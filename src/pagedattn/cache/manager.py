@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -59,6 +61,24 @@ from .inputs import KVCacheInputsPerDevice
 from .params import KVCacheParams
 
 
+class _Allocations:
+    """The manager's per-slot allocation state, in arrays (like its tables) so that a batch's
+    checks and commits are array ops: the tokens alloc'ed for this step (the step's prompt
+    length; 0: no allocation), its num_steps and num_draft, and the request's known tokens
+    (len(tokens))."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.pending = np.zeros(num_slots, np.int64)
+        self.num_steps = np.ones(num_slots, np.int64)
+        self.num_draft = np.zeros(num_slots, np.int64)
+        self.num_tokens = np.zeros(num_slots, np.int64)
+
+    def reset(self, slot: int, num_tokens: int = 0) -> None:
+        """No allocation in `slot`, whose request knows `num_tokens` tokens."""
+        self.pending[slot], self.num_steps[slot], self.num_draft[slot] = 0, 1, 0
+        self.num_tokens[slot] = num_tokens
+
+
 @dataclass
 class _Request:
     rid: Hashable
@@ -66,11 +86,37 @@ class _Request:
     slot: int
     tokens: list[int]
     salt: bytes | None
-    hashes: list[bytes] = field(default_factory=list)  # hash chain of committed full pages
-    pending: int = 0  # tokens alloc'ed for this step (the step's prompt length)
-    num_steps: int = 1
-    num_draft: int = 0
+    allocs: _Allocations = field(repr=False, compare=False)  # the manager's (read by slot)
+    # The hash chain of its full cached pages: len(hashes) == cache length // page_size with
+    # prefix caching (claim's hits, then `step` hashes each page it fills), else empty.
+    hashes: list[bytes] = field(default_factory=list)
     prefix_hit: int = 0
+
+    @property
+    def pending(self) -> int:
+        """Tokens alloc'ed for this step (the step's prompt length; 0: no allocation)."""
+        return int(self.allocs.pending[self.slot])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.allocs.num_steps[self.slot])
+
+    @property
+    def num_draft(self) -> int:
+        return int(self.allocs.num_draft[self.slot])
+
+
+_SLOT = attrgetter("slot")
+
+
+def _first_true(mask: np.ndarray) -> int | None:
+    """The index of the first True of a 1-D bool array, or None: a batch check's first bad
+    request (argmax: cheaper than nonzero or any for the small arrays of a step)."""
+    if mask.size:
+        i = int(mask.argmax())
+        if mask[i]:
+            return i
+    return None
 
 
 @dataclass
@@ -106,8 +152,9 @@ def _as_tokens(name: str, tokens: object) -> list[int]:
     a 1-D integer numpy array or a 1-D integer CPU tensor (a CUDA tensor syncs: avoid)."""
     tt = type(tokens)
     if tt is list or tt is tuple:
-        # Fast path: the hot decode loop passes short lists of Python ints.
-        if all(type(t) is int for t in tokens):
+        # Fast path: the hot decode loop passes lists of Python ints (the set of the elements'
+        # types: one pass at C speed).
+        if set(map(type, tokens)) <= {int}:
             if tokens and (min(tokens) < 0 or max(tokens) > INT64_MAX):
                 bad = next(t for t in tokens if not 0 <= t <= INT64_MAX)
                 raise InvalidArgumentError(f"{name}: expected {_TOKEN_RANGE}, got token {bad}")
@@ -212,6 +259,7 @@ class PagedKVCacheManager:
         )
         self._num_pages = np.zeros(self.max_batch_size, np.int32)
         self._cache_len = np.zeros(self.max_batch_size, np.int32)
+        self._allocs = _Allocations(self.max_batch_size)
         self._free_slots = list(range(self.max_batch_size - 1, -1, -1))
         self._requests: dict[Hashable, _Request] = {}
         self._prefix_query_tokens = 0
@@ -247,13 +295,16 @@ class PagedKVCacheManager:
         state changes). Raises UnknownRequestError for an unclaimed id and InvalidArgumentError
         (naming the request) where its pages do not cover cl + n (`alloc` first)."""
         ps = self.params.page_size
-        slots = np.fromiter((self._get(r).slot for r in request_ids), np.int64, len(request_ids))
+        try:
+            reqs = list(map(self._requests.__getitem__, request_ids))
+        except (KeyError, TypeError):
+            reqs = [self._get(r) for r in request_ids]  # raises, naming the id
+        slots = np.fromiter(map(_SLOT, reqs), np.int64, len(reqs))
         cl = self._cache_len[slots].astype(np.int64)
         n = np.asarray(num_new_tokens, dtype=np.int64).reshape(-1)
         have = self._num_pages[slots].astype(np.int64) * ps
-        short = np.nonzero(have < cl + n)[0]
-        if short.size:
-            b = int(short[0])
+        b = _first_true(have < cl + n)
+        if b is not None:
             raise InvalidArgumentError(
                 f"requests[{b}]: request {request_ids[b]!r} has pages for {int(have[b])} tokens, "
                 f"the step needs {int(cl[b] + n[b])}; call manager.alloc(request_id, {int(n[b])}) "
@@ -308,6 +359,7 @@ class PagedKVCacheManager:
                 r.pending,
                 r.num_steps,
                 r.num_draft,
+                int(self._allocs.num_tokens[r.slot]),
                 r.prefix_hit,
             )
             for r in self._requests.values()
@@ -331,19 +383,20 @@ class PagedKVCacheManager:
         except (KeyError, TypeError):
             raise UnknownRequestError(f"{name}: {rid!r} is not a claimed request id") from None
 
-    def _get_all(self, request_ids: object) -> list[_Request]:
-        """The distinct claimed requests of `request_ids` (a list/tuple, not a str)."""
+    def _get_all(self, request_ids: object) -> tuple[list[_Request], np.ndarray]:
+        """The distinct claimed requests of `request_ids` (a list/tuple, not a str), and
+        their slots ([b] int64)."""
         ids = _as_ids("request_ids", request_ids)
-        requests = self._requests
         try:
-            reqs = [requests[rid] for rid in ids]
+            reqs = list(map(self._requests.__getitem__, ids))
         except (KeyError, TypeError):
             for i, rid in enumerate(ids):
                 self._get(rid, f"request_ids[{i}]")
             raise
-        if len(set(map(id, reqs))) != len(reqs):
+        slots = np.fromiter(map(_SLOT, reqs), np.int64, len(reqs))
+        if len(slots) > 1 and np.bincount(slots).max() > 1:  # (each request has its own slot)
             check(False, "request_ids", "no duplicates", list(ids))
-        return reqs
+        return reqs, slots
 
     def _prefix_hashes(self, tokens: list[int], salt: bytes | None) -> list[bytes]:
         """Hash chain of the full pages of tokens[:-1] (the last prompt token never hits)."""
@@ -427,10 +480,11 @@ class PagedKVCacheManager:
         self._table[slot, :n] = hit_pages
         self._num_pages[slot] = n
         self._cache_len[slot] = n * self.params.page_size
+        self._allocs.reset(slot, len(tokens))
         hit = n * self.params.page_size
         self._prefix_hit_tokens += hit
         self._requests[request_id] = _Request(
-            request_id, replica, slot, tokens, salt, hashes[:n], prefix_hit=hit
+            request_id, replica, slot, tokens, salt, self._allocs, hashes[:n], prefix_hit=hit
         )
         return hit
 
@@ -479,7 +533,8 @@ class PagedKVCacheManager:
             new = self.pools[r.replica].take(need)  # raises before any change
             self._table[r.slot, have : have + need] = new
             self._num_pages[r.slot] = have + need
-        r.pending, r.num_steps, r.num_draft = n, steps, drafts
+        a = self._allocs
+        a.pending[r.slot], a.num_steps[r.slot], a.num_draft[r.slot] = n, steps, drafts
 
     def alloc_decodes(self, request_ids: Sequence[Hashable]) -> None:
         """`alloc(rid, 1)` for every request of `request_ids` (a list/tuple of distinct
@@ -488,48 +543,48 @@ class PagedKVCacheManager:
         replica's pool covers its requests' need. Raises UnknownRequestError,
         InvalidArgumentError, MaxLengthExceededError (naming the request) or OutOfPagesError
         with no state change; the same end state as the calls one by one otherwise."""
-        reqs = self._get_all(request_ids)
+        reqs, slots = self._get_all(request_ids)
         if not reqs:
             return
-        b = len(reqs)
-        slots = np.fromiter((r.slot for r in reqs), np.int64, b)
         cl = self._cache_len[slots].astype(np.int64)
-        known = np.fromiter((len(r.tokens) for r in reqs), np.int64, b) - cl
-        bad = np.nonzero(known < 1)[0]
-        if bad.size:
-            r = reqs[int(bad[0])]
+        known = self._allocs.num_tokens[slots] - cl
+        i = _first_true(known < 1)
+        if i is not None:
             raise InvalidArgumentError(
-                f"request_ids: {r.rid!r} has no token known but not cached (not a decode)"
+                f"request_ids: {reqs[i].rid!r} has no token known but not cached (not a decode)"
             )
-        long = np.nonzero(cl + 1 > self.max_seq_len)[0]
-        if long.size:
-            r = reqs[int(long[0])]
+        i = _first_true(cl + 1 > self.max_seq_len)
+        if i is not None:
             raise MaxLengthExceededError(
-                f"request_ids: request {r.rid!r} would hold {int(cl[long[0]]) + 1} tokens, more "
+                f"request_ids: request {reqs[i].rid!r} would hold {int(cl[i]) + 1} tokens, more "
                 f"than max_seq_len={self.max_seq_len}"
             )
         ps = self.params.page_size
         have = self._num_pages[slots].astype(np.int64)
         need = np.maximum(-(-(cl + 1) // ps) - have, 0)
-        grow = np.nonzero(need)[0]
-        by_pool: dict[int, int] = {}
+        grow = np.flatnonzero(need)
+        by_pool: dict[int, list[int]] = {}  # replica -> the requests (indices) that grow
         for i in grow.tolist():
-            rep = reqs[i].replica
-            by_pool[rep] = by_pool.get(rep, 0) + int(need[i])
-        for rep, n in by_pool.items():
-            pool = self.pools[rep]
+            by_pool.setdefault(reqs[i].replica, []).append(i)
+        for rep, mine in by_pool.items():
+            n, pool = int(need[mine].sum()), self.pools[rep]
             if n > pool.num_free:
                 raise OutOfPagesError(
                     f"alloc_decodes: need {n} pages, only {pool.num_free} free of "
                     f"{pool.total_num_pages}"
                 )
         # -- validated; mutate --
-        for i in grow.tolist():
-            r, n, h = reqs[i], int(need[i]), int(have[i])
-            self._table[r.slot, h : h + n] = self.pools[r.replica].take(n)
-            self._num_pages[r.slot] = h + n
-        for r in reqs:
-            r.pending, r.num_steps, r.num_draft = 1, 1, 0
+        for rep, mine in by_pool.items():
+            # One take for the replica: the pages that takes one request at a time would give
+            # (in order), placed with array ops.
+            k = need[mine]
+            new = self.pools[rep].take(int(k.sum()))
+            first = np.repeat(np.cumsum(k) - k, k)  # each new page's request's first index
+            cols = np.repeat(have[mine], k) + np.arange(len(new)) - first
+            self._table[np.repeat(slots[mine], k), cols] = new
+            self._num_pages[slots[mine]] = have[mine] + k
+        a = self._allocs
+        a.pending[slots], a.num_steps[slots], a.num_draft[slots] = 1, 1, 0
 
     def runtime_inputs(
         self,
@@ -565,27 +620,31 @@ class PagedKVCacheManager:
         copy). Returns (the inputs, the arrays as tensors in order). Same checks as
         runtime_inputs."""
         steps = check_int("num_steps", num_steps, 1)
-        reqs = self._get_all(request_ids)
-        for i, r in enumerate(reqs):
-            if r.pending == 0:
+        reqs, slots = self._get_all(request_ids)
+        idle = self._allocs.pending[slots] == 0
+        i = _first_true(idle | (steps > self._allocs.num_steps[slots]))
+        if i is not None:
+            r = reqs[i]
+            if idle[i]:
                 raise InvalidArgumentError(
                     f"request_ids[{i}]: {r.rid!r} has no allocation; "
                     "call alloc(request_id, num_new_tokens, num_steps) first"
                 )
-            if steps > r.num_steps:
-                raise InvalidArgumentError(
-                    f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
-                    f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
-                )
+            raise InvalidArgumentError(
+                f"num_steps: {steps} is more than request_ids[{i}]={r.rid!r} was allocated "
+                f"for ({r.num_steps}); call alloc(request_id, num_new_tokens, num_steps)"
+            )
         if padded_cols is not None:
-            need = max((int(self._num_pages[r.slot]) for r in reqs), default=0)
+            need = int(self._num_pages[slots].max()) if len(reqs) else 0
             padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
         arrays = list(arrays)
         p = self.params
         out: list[KVCacheInputsPerDevice] = []
         staged: list[torch.Tensor] = []
+        if len(self.pools) > 1:
+            replicas = np.fromiter((r.replica for r in reqs), np.int64, len(reqs))
         for replica in range(len(self.pools)):
-            mine = [r for r in reqs if r.replica == replica]
+            mine = slots if len(self.pools) == 1 else slots[replicas == replica]
             host = self._host_inputs(mine, steps, padded_cols)
             for dev_i, dev in enumerate(p.replica_devices(replica)):
                 buf = self._buffers[replica * p.tp_degree + dev_i]
@@ -594,20 +653,21 @@ class PagedKVCacheManager:
                 staged = staged or staged_here
         return out, staged
 
-    def _host_inputs(self, reqs: list[_Request], steps: int, padded_cols: int | None) -> dict:
+    def _host_inputs(self, slots: np.ndarray, steps: int, padded_cols: int | None) -> dict:
+        """The host arrays of the requests in `slots` ([b] int64, batch order)."""
         p = self.params
-        slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=len(reqs))
-        pending = np.fromiter((r.pending for r in reqs), dtype=np.int32, count=len(reqs))
-        drafts = np.fromiter((r.num_draft for r in reqs), dtype=np.int32, count=len(reqs))
+        b = len(slots)
+        pending = self._allocs.pending[slots]
+        drafts = self._allocs.num_draft[slots]
         cache_len = self._cache_len[slots]
         if padded_cols is None:
-            padded_cols = int(self._num_pages[slots].max()) if len(reqs) else 1
+            padded_cols = int(self._num_pages[slots].max()) if b else 1
         lut = self._table[slots, :padded_cols]
-        max_prompt = int(pending.max()) if len(reqs) else 0
-        max_cache = int(cache_len.max()) if len(reqs) else 0
+        max_prompt = int(pending.max()) if b else 0
+        max_cache = int(cache_len.max()) if b else 0
         # step 0: (max new tokens, max cached); step i > 0: one token over a cache grown by the
         # first step's tokens and i - 1 decode tokens.
-        grown = int((cache_len + pending).max()) if len(reqs) else 0
+        grown = int((cache_len + pending).max()) if b else 0
         max_lengths = np.empty((steps, 2), np.int32)
         max_lengths[0] = (max_prompt, max_cache)
         for i in range(1, steps):
@@ -618,7 +678,6 @@ class PagedKVCacheManager:
             "max_lengths": max_lengths,
         }
         if p.enable_dispatch_metadata:
-            b = len(reqs)
             valid = grown
             if p.is_mla:
                 parts = mla_num_partitions(
@@ -700,7 +759,7 @@ class PagedKVCacheManager:
         anything is committed, so a bad value for any request (UnknownRequestError or
         InvalidArgumentError naming it, e.g. "new_tokens['h']") leaves all requests as they were.
         """
-        self._commit(request_ids, new_tokens, deferred=False)
+        self._commit(request_ids, new_tokens)
 
     def step_deferred(self, request_ids: Sequence[Hashable], sampling: Sequence[bool]) -> None:
         """`step` with each sampled token deferred: sampling[i] says whether request i sampled
@@ -710,23 +769,98 @@ class PagedKVCacheManager:
         check(
             isinstance(sampling, (list, tuple))
             and len(sampling) == len(ids)
-            and all(type(x) is bool for x in sampling),
+            and set(map(type, sampling)) <= {bool},
             "sampling",
             f"a list of {len(ids)} bools",
             Lazy(lambda: repr(sampling)[:80]),
         )
-        self._commit(request_ids, [[DEFERRED] if x else [] for x in sampling], deferred=True)
+        reqs, slots = self._get_all(request_ids)
+        a = self._allocs
+        pending = a.pending[slots]
+        self._check_allocated(reqs, pending)
+        cl = self._cache_len[slots]
+        new_len = cl + pending
+        sampled = np.fromiter(sampling, bool, len(reqs))
+        # A sample comes only with a chunk that completes the known tokens.
+        first_bad = _first_true(sampled & (a.num_tokens[slots] > new_len))
+        filled: list[tuple[_Request, list[bytes]]] = []
+        if self.params.enable_prefix_caching:
+            ps = self.params.page_size
+            # The requests whose pages this step fills (len(hashes) == cache length // ps),
+            # checked and hashed in batch order, up to the first bad request.
+            fills = np.flatnonzero(new_len // ps > cl // ps)
+            for i, n in zip(fills.tolist(), new_len[fills].tolist()):
+                if first_bad is not None and i >= first_bad:
+                    break
+                r = reqs[i]
+                nt = [DEFERRED] if sampling[i] else []
+                filled.append((r, self._new_page_hashes(r, n, nt)))
+        if first_bad is not None:
+            r = reqs[first_bad]
+            raise InvalidArgumentError(
+                f"new_tokens[{r.rid!r}]: expected empty while the prompt is not fully "
+                f"cached, got {[DEFERRED]}"
+            )
+        # -- validated; mutate (nothing below can raise) --
+        for r in compress(reqs, sampling):
+            r.tokens.append(DEFERRED)
+        a.num_tokens[slots] += sampled
+        self._cache_len[slots] = new_len
+        a.pending[slots] = 0
+        for r, hashes in filled:
+            self._register_pages(r, hashes)
 
-    def _commit(
-        self, request_ids: Sequence[Hashable], new_tokens: object, *, deferred: bool
-    ) -> None:
-        reqs = self._get_all(request_ids)
-        for r in reqs:
-            if not r.pending:
-                i = reqs.index(r)
+    @staticmethod
+    def _check_allocated(reqs: list[_Request], pending: np.ndarray) -> None:
+        """Raise, naming the first, unless every request has an allocation (`pending`: the
+        requests' pending tokens)."""
+        i = _first_true(pending == 0)
+        if i is not None:
+            raise InvalidArgumentError(
+                f"request_ids[{i}]: {reqs[i].rid!r} has no allocation to commit; call alloc first"
+            )
+
+    def _new_page_hashes(self, r: _Request, new_len: int, nt: list[int]) -> list[bytes]:
+        """The hashes of the pages that committing `nt` (to a cache length of `new_len`)
+        fills; raises InvalidArgumentError for a page with a deferred token. No change."""
+        ps = self.params.page_size
+        hashes: list[bytes] = []
+        start = len(r.hashes) * ps
+        toks = r.tokens[start:] + nt
+        parent = r.hashes[-1] if r.hashes else None
+        for k in range(new_len // ps - len(r.hashes)):
+            page = toks[k * ps : (k + 1) * ps]
+            if DEFERRED in page:
                 raise InvalidArgumentError(
-                    f"request_ids[{i}]: {r.rid!r} has no allocation to commit; call alloc first"
+                    f"request_ids: {r.rid!r} fills page {len(r.hashes) + k} with a "
+                    "deferred token; call fill_deferred first"
                 )
+            parent = _page_hash(parent, page, r.salt)
+            hashes.append(parent)
+        return hashes
+
+    def _register_pages(self, r: _Request, hashes: list[bytes]) -> None:
+        """Enter the pages of `hashes` (from `_new_page_hashes`) into the prefix cache."""
+        pool = self.pools[r.replica]
+        k0 = len(r.hashes)
+        r.hashes.extend(hashes)
+        for k, h in enumerate(hashes, k0):
+            page = int(self._table[r.slot, k])
+            if pool.register(page, h):
+                continue
+            # The same prefix page is cached already (computed by another request
+            # meanwhile, or earlier in this loop): share it, free the duplicate.
+            cached = pool.hash_to_page.get(h)
+            if cached is not None and cached != page:
+                pool.acquire([cached])
+                pool.release([page])
+                self._table[r.slot, k] = cached
+                self._deduplicated_pages += 1
+
+    def _commit(self, request_ids: Sequence[Hashable], new_tokens: object) -> None:
+        reqs, slots = self._get_all(request_ids)
+        a = self._allocs
+        self._check_allocated(reqs, a.pending[slots])
         if new_tokens is None:
             new_tokens = [[]] * len(reqs)
         check(
@@ -738,80 +872,52 @@ class PagedKVCacheManager:
             Lazy(lambda: repr(new_tokens)[:80]),
         )
         plan = []
-        cache_len = self._cache_len
         ps = self.params.page_size
         caching = self.params.enable_prefix_caching
-        for r, nt in zip(reqs, new_tokens):
+        allocs = zip(
+            self._cache_len[slots].tolist(),
+            a.pending[slots].tolist(),
+            a.num_steps[slots].tolist(),
+            a.num_draft[slots].tolist(),
+        )
+        for r, nt, (cl, pending, steps, drafts) in zip(reqs, new_tokens, allocs):
             if not (
                 type(nt) is list
-                and (
-                    not nt
-                    or (
-                        len(nt) == 1
-                        and type(nt[0]) is int
-                        and (0 <= nt[0] <= INT64_MAX or (deferred and nt[0] == DEFERRED))
-                    )
-                )
-            ):  # (the decode loop's one sampled token, deferred or not, or none, skips the
-                # general check)
+                and (not nt or (len(nt) == 1 and type(nt[0]) is int and 0 <= nt[0] <= INT64_MAX))
+            ):  # (the decode loop's one sampled token, or none, skips the general check)
                 nt = _as_tokens(f"new_tokens[{r.rid!r}]", nt)
-            cl = int(cache_len[r.slot])
-            if nt and len(r.tokens) > cl + r.pending:
+            if nt and len(r.tokens) > cl + pending:
                 raise InvalidArgumentError(
                     f"new_tokens[{r.rid!r}]: expected empty while the prompt is not fully "
                     f"cached, got {nt}"
                 )
             extra = len(nt) - 1 if nt else 0
-            if extra > r.num_steps - 1 + r.num_draft:
+            if extra > steps - 1 + drafts:
                 raise InvalidArgumentError(
-                    f"new_tokens[{r.rid!r}]: expected at most {r.num_steps + r.num_draft} "
+                    f"new_tokens[{r.rid!r}]: expected at most {steps + drafts} "
                     f"tokens for this allocation, got {len(nt)}"
                 )
-            new_len = cl + r.pending + extra
+            new_len = cl + pending + extra
             # Hash the pages this step fills now, before any mutation.
             hashes: list[bytes] = []
             if caching and new_len // ps > len(r.hashes):
-                start = len(r.hashes) * ps
-                toks = r.tokens[start:] + nt
-                parent = r.hashes[-1] if r.hashes else None
-                for k in range(new_len // ps - len(r.hashes)):
-                    page = toks[k * ps : (k + 1) * ps]
-                    if DEFERRED in page:
-                        raise InvalidArgumentError(
-                            f"request_ids: {r.rid!r} fills page {len(r.hashes) + k} with a "
-                            "deferred token; call fill_deferred first"
-                        )
-                    parent = _page_hash(parent, page, r.salt)
-                    hashes.append(parent)
+                hashes = self._new_page_hashes(r, new_len, nt)
             plan.append((r, nt, new_len, hashes))
         # -- validated; mutate (nothing below can raise) --
         for r, nt, new_len, hashes in plan:
             r.tokens.extend(nt)
-            cache_len[r.slot] = new_len
-            r.pending = 0
+            a.num_tokens[r.slot] += len(nt)
+            self._cache_len[r.slot] = new_len
             if hashes:
-                pool = self.pools[r.replica]
-                k0 = len(r.hashes)
-                r.hashes.extend(hashes)
-                for k, h in enumerate(hashes, k0):
-                    page = int(self._table[r.slot, k])
-                    if pool.register(page, h):
-                        continue
-                    # The same prefix page is cached already (computed by another request
-                    # meanwhile, or earlier in this loop): share it, free the duplicate.
-                    cached = pool.hash_to_page.get(h)
-                    if cached is not None and cached != page:
-                        pool.acquire([cached])
-                        pool.release([page])
-                        self._table[r.slot, k] = cached
-                        self._deduplicated_pages += 1
+                self._register_pages(r, hashes)
+        a.pending[slots] = 0
 
     def fill_deferred(self, request_ids: Sequence[Hashable], tokens: Sequence[int]) -> None:
         """Give the value of each request's deferred token (the last one it committed with
         `step_deferred`). request_ids: a list/tuple of claimed ids, each ending in a
         deferred token; tokens: one int in [0, 2**63) each. Raises UnknownRequestError or
         InvalidArgumentError naming the request, with no change."""
-        reqs = self._get_all(request_ids)
+        reqs, _ = self._get_all(request_ids)
         tokens = _as_tokens("tokens", tokens)
         check(len(tokens) == len(reqs), "tokens", f"{len(reqs)} token ids", len(tokens))
         for r in reqs:
@@ -829,6 +935,7 @@ class PagedKVCacheManager:
         self._table[r.slot, :n] = self.total_num_pages
         self._num_pages[r.slot] = 0
         self._cache_len[r.slot] = 0
+        self._allocs.reset(r.slot)
         self._free_slots.append(r.slot)
         del self._requests[r.rid]
 

@@ -173,6 +173,7 @@ class DecodeBuffers:
             else:
                 fields[name] = v.clone()
         self.kv = KVCacheInputsPerDevice(**fields)
+        self._kv_rows: dict[int, KVCacheInputsPerDevice] = {}  # `load`'s kv_rows(n)
         self._dirty = 0  # rows [0, _dirty) may hold a real step's values
 
     def kv_rows(self, n: int) -> KVCacheInputsPerDevice:
@@ -189,13 +190,17 @@ class DecodeBuffers:
         """Copy a decode step of n <= max_batch requests into rows [0, n) and make rows
         [n, max_batch) pad rows again. Device-to-device copies only (no host sync)."""
         n = inputs.batch_size
-        check(
-            1 <= n <= self.max_batch and inputs.num_tokens == n,
-            "inputs",
-            f"a decode step of 1 to {self.max_batch} requests, one token each",
-            f"{n} requests, {inputs.num_tokens} tokens",
-        )
-        self.kv_rows(n).copy_(inputs.kv_inputs[0])  # checks every field first
+        if not (1 <= n <= self.max_batch and inputs.num_tokens == n):
+            check(
+                False,
+                "inputs",
+                f"a decode step of 1 to {self.max_batch} requests, one token each",
+                f"{n} requests, {inputs.num_tokens} tokens",
+            )
+        rows = self._kv_rows.get(n)
+        if rows is None:  # (the views of rows [0, n) are the same every step: made once)
+            rows = self._kv_rows[n] = self.kv_rows(n)
+        rows.copy_(inputs.kv_inputs[0])  # checks every field first
         self.input_ids[:n].copy_(inputs.input_ids)
         self.positions[:n].copy_(inputs.positions)
         if self._dirty > n:

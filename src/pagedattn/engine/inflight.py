@@ -16,6 +16,9 @@ object holds what links the two:
 
 from __future__ import annotations
 
+from itertools import repeat
+
+import numpy as np
 import torch
 
 from .sequence import Sequence
@@ -40,12 +43,19 @@ class InFlightStep:
             self._event.synchronize()
         return self._host.tolist()
 
-    def deferred_rows(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
-        """The next step's deferred inputs (its batch `seqs`, in order): (batch index in
-        `seqs`, row of `sampled`) for each request whose input token is this step's sample
-        (`Sequence.has_deferred`: a decode's last and only new token)."""
-        row = {s.request_id: k for k, s in enumerate(self.seqs)}
-        return [(i, row[s.request_id]) for i, s in enumerate(seqs) if s.has_deferred]
+    def deferred_rows(self, seqs: list[Sequence]) -> np.ndarray:
+        """The next step's deferred inputs (its batch `seqs`, in order), [k, 2] int64: (batch
+        index in `seqs`, row of `sampled`) for each request whose input token is this step's
+        sample (`Sequence.has_deferred`: a decode's last and only new token). Those are the
+        requests of `seqs` that sampled in this step (`self.seqs`): until this step is
+        resolved, its samples are the only deferred tokens, and each is its request's input
+        in the next step (the one token it has not cached)."""
+        row = dict(zip(self.seqs, range(len(self.seqs))))
+        src = np.fromiter(map(row.get, seqs, repeat(-1)), np.int64, len(seqs))
+        idx = np.flatnonzero(src >= 0)
+        pairs = np.empty((len(idx), 2), np.int64)
+        pairs[:, 0], pairs[:, 1] = idx, src[idx]
+        return pairs
 
     def feed(self, inputs: StepInputs) -> None:
         """Fill the next step's device `input_ids` at its deferred rows (`inputs.deferred`,

@@ -468,11 +468,12 @@ class LLMEngine:
         if prev is not None:
             prev.feed(inputs)
         logits = self.runner.execute(inputs)
-        rows = [batch.seqs[i] for i in inputs.sample_index]
+        index = inputs.sample_index  # ascending batch indices
+        rows = batch.seqs if len(index) == len(batch) else [batch.seqs[i] for i in index]
         st = SamplingTensors.build(
             [s.params for s in rows],
-            [s.seed for s in rows],
-            [len(s.output_token_ids) for s in rows],
+            (s.seed for s in rows),  # (read only when some row samples at random)
+            (len(s.output_token_ids) for s in rows),
             logits.shape[-1],
             self.device,
         )
@@ -529,22 +530,24 @@ class LLMEngine:
                     sent = seq.text_sent
                     new_text = text[len(sent) :] if text.startswith(sent) else text
                     seq.text_sent = sent + new_text
+        # (positional arguments, in the fields' order: a dataclass's keyword call costs about
+        # twice as much, and this runs for every request every step)
         completion = CompletionOutput(
-            index=0,
-            token_ids=toks,
-            text=text,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            new_token_ids=toks[-1:] if delta else toks,
-            new_text=new_text if delta else text,
+            0,  # index
+            toks,  # token_ids
+            text,
+            seq.finish_reason,
+            seq.stop_reason,
+            toks[-1:] if delta else toks,  # new_token_ids
+            new_text if delta else text,  # new_text
         )
         return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,  # the sequence's own list (never changed)
-            outputs=[completion],
-            finished=seq.finished,
-            metrics=seq.metrics,
+            seq.request_id,
+            seq.prompt,
+            seq.prompt_token_ids,  # the sequence's own list (never changed)
+            [completion],  # outputs
+            seq.finished,
+            seq.metrics,
         )
 
     def _text_delta(self, seq: Sequence, toks: list[int]) -> str:

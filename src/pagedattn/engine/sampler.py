@@ -20,7 +20,7 @@ top-k or top-p); all-greedy batches are a single argmax. No host sync, no data-d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,13 +80,14 @@ class SamplingTensors:
     def build(
         cls,
         params: Sequence[SamplingParams],
-        seeds: Sequence[int],
-        counters: Sequence[int],
+        seeds: Iterable[int],
+        counters: Iterable[int],
         vocab: int,
         device: str | torch.device,
     ) -> SamplingTensors:
         """From each row's SamplingParams, its request's seed (an int in [0, 2**63)) and the
-        number of tokens the request generated so far."""
+        number of tokens the request generated so far (`seeds` and `counters` may be lazy
+        iterables: an all-greedy batch never reads them)."""
         temp = [p.temperature for p in params]
         if not any(t > 0 for t in temp):  # all greedy: `sample` takes the argmax alone
             return cls(None, None, None, None, None, True, False, False)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
+from itertools import compress
 
 from ..cache.manager import DEFERRED, PagedKVCacheManager
 from ..errors import OutOfPagesError, check_int
@@ -61,6 +62,10 @@ class ScheduledBatch:
         """Whether request i's chunk completes its known tokens (so it samples a token)."""
         s = self.seqs[i]
         return s.num_computed + self.num_new_tokens[i] == s.num_tokens
+
+    def sampling(self) -> list[bool]:
+        """`samples(i)` of every request, in order."""
+        return [s.num_computed + n == s.num_tokens for s, n in zip(self.seqs, self.num_new_tokens)]
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -123,20 +128,27 @@ class Scheduler:
         preempted: list[Sequence] = []
         mgr = self.manager
         decodes, prefills = [], []
+        max_len = self.max_model_len
+        # (has_deferred, _length_done and is_decode inlined: every request, every step)
         for s in self.running:
-            if s.has_deferred and self._length_done(s):
+            tokens, out = s.tokens, s.output_token_ids
+            done = len(out) >= s.params.max_tokens or len(tokens) >= max_len
+            if done and tokens[-1] == DEFERRED:
                 continue  # at its length limit: waits for its deferred token, then finishes
-            (decodes if s.is_decode else prefills).append(s)
+            if len(tokens) - s.num_computed == 1 and out:
+                decodes.append(s)
+            else:
+                prefills.append(s)
         rest = decodes + prefills
         fast = decodes[:budget]
         if fast:  # the decodes' pages in one call; the loop below when the pool runs short
+            rids = [s.request_id for s in fast]
             try:
-                mgr.alloc_decodes([s.request_id for s in fast])
+                mgr.alloc_decodes(rids)
             except OutOfPagesError:
                 pass
             else:
-                for seq in fast:
-                    plan[seq.request_id] = (seq, 1)
+                plan.update(zip(rids, [(seq, 1) for seq in fast]))
                 budget -= len(fast)
                 rest = decodes[len(fast) :] + prefills
         for seq in rest:
@@ -162,11 +174,8 @@ class Scheduler:
                 budget -= n
         if not preempted:
             self._admit(plan, budget)
-        batch = ScheduledBatch(preempted=preempted)
-        for seq, n in plan.values():
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
-        return batch
+        work = list(plan.values())
+        return ScheduledBatch([s for s, _ in work], [n for _, n in work], preempted)
 
     def _admit(self, plan: dict[int, tuple[Sequence, int]], budget: int) -> None:
         mgr = self.manager
@@ -205,15 +214,13 @@ class Scheduler:
     def commit(self, batch: ScheduledBatch) -> list[Sequence]:
         """Commit the step's K/V with each request's sample deferred; returns the requests
         that sample, in batch order (the order of the step's sampled tokens)."""
-        sampling = [batch.samples(i) for i in range(len(batch))]
+        sampling = batch.sampling()
         self.manager.step_deferred([s.request_id for s in batch.seqs], sampling)
-        out = []
         for seq, n, x in zip(batch.seqs, batch.num_new_tokens, sampling):
             seq.num_computed += n
             if x:
                 seq.append_token(DEFERRED)
-                out.append(seq)
-        return out
+        return list(compress(batch.seqs, sampling))
 
     def resolve(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
         """The values of the deferred samples of `seqs` (from `commit`; one token each).
@@ -222,9 +229,9 @@ class Scheduler:
         live = [(s, t) for s, t in zip(seqs, tokens) if s.status is not SequenceStatus.FINISHED]
         held = [(s.request_id, t) for s, t in live if s.status is SequenceStatus.RUNNING]
         if held:
-            self.manager.fill_deferred([r for r, _ in held], [t for _, t in held])
+            rids, toks = zip(*held)
+            self.manager.fill_deferred(rids, toks)
         now = time.perf_counter()
-        out = []
         for seq, tok in live:
             seq.fill_deferred(tok)
             m = seq.metrics
@@ -241,8 +248,7 @@ class Scheduler:
                     self.waiting.remove(seq)
                 seq.status = SequenceStatus.FINISHED
                 m.finish_time = now
-            out.append(seq)
-        return out
+        return [seq for seq, _ in live]
 
     def _length_done(self, seq: Sequence) -> bool:
         return (

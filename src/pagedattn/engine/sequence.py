@@ -94,11 +94,11 @@ class Sequence:
     @property
     def num_pending(self) -> int:
         """Known tokens not cached yet: a prompt's rest, or 1 (the last sample) when decoding."""
-        return self.num_tokens - self.num_computed
+        return len(self._tokens) - self.num_computed
 
     @property
     def is_decode(self) -> bool:
-        return self.num_pending == 1 and bool(self.output_token_ids)
+        return len(self._tokens) - self.num_computed == 1 and bool(self.output_token_ids)
 
     @property
     def finished(self) -> bool:

@@ -32,6 +32,7 @@ buffers (`cuda_graphs.DecodeBuffers`).
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -92,9 +93,9 @@ def host_step_inputs(
     """The host half of `build_step_inputs` (no device, no runtime_inputs); array work, one
     pass over the requests in Python (the tokens' slices)."""
     b = len(requests)
-    rids = [r[0] for r in requests]
-    n = np.fromiter((r[2] for r in requests), np.int64, b)
-    known = np.fromiter((len(r[1]) for r in requests), np.int64, b)
+    rids = list(map(_RID, requests))
+    n = np.fromiter(map(_NUM_NEW, requests), np.int64, b)
+    known = np.fromiter(map(len, map(_TOKENS, requests)), np.int64, b)
     low = np.nonzero(n < 1)[0]
     cls = np.zeros(b, np.int64)
     if not low.size:
@@ -112,13 +113,16 @@ def host_step_inputs(
     total = int(offsets[-1])
     positions = np.arange(total, dtype=np.int64) + np.repeat(cls - offsets[:-1], n)
     cl_list = cls.tolist()
-    ids = np.fromiter(
-        itertools.chain.from_iterable(
-            r[1][c : c + k] for r, c, k in zip(requests, cl_list, n.tolist())
-        ),
-        np.int64,
-        total,
-    )
+    if total == b:  # one token each (n >= 1 was checked): tokens[cl]
+        ids = np.fromiter(map(operator.getitem, map(_TOKENS, requests), cl_list), np.int64, b)
+    else:
+        ids = np.fromiter(
+            itertools.chain.from_iterable(
+                r[1][c : c + k] for r, c, k in zip(requests, cl_list, n.tolist())
+            ),
+            np.int64,
+            total,
+        )
     done = np.nonzero(cls + n == known)[0]
     return HostStepInputs(
         input_ids=ids,
@@ -135,7 +139,7 @@ def build_step_inputs(
     manager: PagedKVCacheManager,
     requests: Sequence[tuple[Hashable, Sequence[int], int]],
     device: str | torch.device,
-    deferred: Sequence[tuple[int, int]] = (),
+    deferred: np.ndarray | Sequence[tuple[int, int]] = (),
 ) -> StepInputs:
     """Everything a model step needs for `requests` (module docstring); `deferred`: (batch
     index, source row) of the inputs the previous step's samples fill on the device
@@ -143,12 +147,12 @@ def build_step_inputs(
     InvalidArgumentError for a request without a fitting allocation, UnknownRequestError for
     one the manager does not hold."""
     host = host_step_inputs(manager, requests)
-    rids = [r[0] for r in requests]
+    rids = list(map(_RID, requests))
     arrays = [host.input_ids, host.positions, host.slots, host.q_row_offsets.astype(np.int32),
               host.logits_rows]  # fmt: skip
-    if deferred:  # each deferred input's token row (its request's offset), then its source
-        rows = [int(host.q_row_offsets[i]) for i, _ in deferred]
-        arrays.append(np.asarray(rows + [src for _, src in deferred], np.int64))
+    if len(deferred):  # each deferred input's token row (its request's offset), then its source
+        pairs = np.asarray(deferred, np.int64).reshape(-1, 2)
+        arrays.append(np.concatenate([host.q_row_offsets[pairs[:, 0]], pairs[:, 1]]))
     kv_inputs, staged = manager.runtime_inputs_staged(rids, arrays)
     dev = torch.device(device)
     if not _same_device(staged[0].device, dev):  # the cache lives elsewhere (unusual)
@@ -156,7 +160,7 @@ def build_step_inputs(
     input_ids, positions, slots, offsets, rows = staged[:5]
     return StepInputs(
         request_ids=rids,
-        num_new_tokens=[r[2] for r in requests],
+        num_new_tokens=list(map(_NUM_NEW, requests)),
         input_ids=input_ids,
         positions=positions,
         q_row_offsets=offsets,
@@ -165,8 +169,8 @@ def build_step_inputs(
         sample_index=host.sample_index,
         kv_inputs=kv_inputs,
         host=host,
-        num_decodes=_leading_decodes(requests),
-        deferred=staged[5] if deferred else None,
+        num_decodes=_leading_decodes(host.q_row_offsets),
+        deferred=staged[5] if len(deferred) else None,
     )
 
 
@@ -174,14 +178,14 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (b.index is None or a.index == b.index)
 
 
-def _leading_decodes(requests: Sequence[tuple[Hashable, Sequence[int], int]]) -> int:
-    """How many requests lead the batch with one new token each."""
-    n = 0
-    for _rid, _tokens, new in requests:
-        if new != 1:
-            break
-        n += 1
-    return n
+def _leading_decodes(q_row_offsets: np.ndarray) -> int:
+    """How many requests lead the batch with one new token each (from its [b + 1] offsets)."""
+    other = np.flatnonzero(np.diff(q_row_offsets) != 1)
+    return int(other[0]) if other.size else len(q_row_offsets) - 1
+
+
+# The fields of a request (request_id, tokens, num_new_tokens).
+_RID, _TOKENS, _NUM_NEW = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 
 __all__ = ["HostStepInputs", "StepInputs", "build_step_inputs", "host_step_inputs"]
