@@ -45,9 +45,7 @@ from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_ 
 
 LEGACY = MHATuning(decode=dict(balanced=False))
 COMBINE = MHATuning(decode=dict(fused_merge=False))
-# the fused merge at any row count (it ships from `fused_min_rows` rows; these tests' batches
-# are smaller)
-FUSED = MHATuning(decode=dict(fused_min_rows=1))
+FUSED = MHATuning()  # the fused merge (the shipped form, at every row count)
 
 
 def _plan(q, k, v, **kw):
@@ -60,15 +58,14 @@ def test_plan_is_balanced_only_when_partitions_are_left_to_the_op(gen):
     k, v, _, _ = build_paged(16, 2, 64, [5, 9], [1, 1], gen=gen)
     q = rand_q(2, 8, 64, gen)
     plan = _plan(q, k, v)
-    # two rows: the combine launch and its shorter items (`fused_min_rows`)
+    # two rows: the fused merge and the small batches' shorter items (`small_rows`)
     assert plan.target == 2 * 132 // 2 and plan.min_blocks == math.ceil(64 / plan.config.BLOCK_N)
-    assert not plan.fused
-    fused = MS.decode_plan(q, k.kernel_args(), v.kernel_args(), 64, 64, None, FUSED,
-                           MS.Device(sm90=False, sms=132, hbm3e=False))  # fmt: skip
-    assert fused.fused and fused.min_blocks == math.ceil(256 / fused.config.BLOCK_N)
-    # one row keeps one launch (`single_rows`), with 128-key items
+    assert plan.fused and plan.config.max_ctas_per_sm == 2  # the list's wave (an H100's)
+    unfused = MS.decode_plan(q, k.kernel_args(), v.kernel_args(), 64, 64, None, COMBINE,
+                             MS.Device(sm90=False, sms=132, hbm3e=False))  # fmt: skip
+    assert not unfused.fused and unfused.min_blocks == plan.min_blocks
     one = _plan(q[:1], k.select_requests(0, 1), v.select_requests(0, 1))
-    assert one.fused and one.min_blocks == math.ceil(128 / one.config.BLOCK_N)
+    assert one.fused and one.min_blocks == plan.min_blocks
     ka, va = k.kernel_args(), v.kernel_args()
     dev = MS.Device(sm90=False, sms=132, hbm3e=False)
     fixed = MS.decode_plan(q, ka, va, 64, 64, 3, MS.NO_TUNING, dev)
@@ -143,21 +140,19 @@ def test_fused_merge_equals_the_combine_launch_and_leaves_counters_at_zero(plan,
 
 @pytest.mark.parametrize("b", [1, 2, 47, 48])
 def test_merge_by_row_count_at_the_rule_boundaries(b, gen):
-    """One row: the fused merge with 128-key items; 2-47 rows: the combine launch with 64-key
-    items; 48 and more: the fused merge with 256-key items (`DecodeConfig.fused_min_rows`,
-    `single_rows`). Each against the oracle, rows of 0 and 1 keys beside split ones, sinks,
-    the LSE; the launches each plan makes."""
+    """Every row count takes the fused merge (one launch): items of at least 64 keys below 48
+    rows, 256 from 48 (`DecodeConfig.small_rows`). Each against the oracle, rows of 0 and 1
+    keys beside split ones, sinks, the LSE."""
     cache_lens = ([300, 0, 1] * 16)[:b] if b > 1 else [300]
     k, v, ks, vs = build_paged(16, 1, 32, cache_lens, [1] * b, gen=gen)
     q = rand_q(b, 2, 32, gen)
     plan = _plan(q, k, v)
-    fused = b == 1 or b >= 48
-    chunk = 128 if b == 1 else 256 if fused else 64
-    assert plan.fused == fused and plan.min_blocks == math.ceil(chunk / plan.config.BLOCK_N)
+    chunk = 64 if b < 48 else 256
+    assert plan.fused and plan.min_blocks == math.ceil(chunk / plan.config.BLOCK_N)
     sinks = torch.randn(2, generator=gen).to(DEV)
     with recording() as made:
         check(q, k, v, ks, vs, cache_lens, offsets_of([1] * b), sinks=sinks)
-    assert len(made) == (1 if fused else 2), [m.kernel for m in made]
+    assert len(made) == 1, [m.kernel for m in made]
 
 
 @pytest.mark.parametrize("config", [None, FUSED], ids=["combine launch", "fused"])
@@ -303,8 +298,8 @@ def test_gpu_graph_replay_with_new_lengths(warm_capture_stream, fused):
     """Capture the balanced launch once; change the lengths (skew included) and replay: equal
     to an eager call bit for bit. Warmed on the capture stream, the graph's fused merge counts
     on the stream's counters; otherwise on fresh zeros the graph fills each replay. Unfused
-    (16 rows, below `fused_min_rows`): the decode launch and its combine launch."""
-    cfg = FUSED if fused else None
+    (`fused_merge` off): the decode launch and its combine launch."""
+    cfg = FUSED if fused else COMBINE
     b, ctx = 16, 8192
     params, inp = big_paged(b, ctx, 16, 8, 128)
     k, v = PagedOperand(inp, params, 0, "k"), PagedOperand(inp, params, 0, "v")

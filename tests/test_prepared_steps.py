@@ -158,10 +158,10 @@ def test_prefill_and_tensor_mask_hit(gen, full_paths):
 
 @pytest.fixture
 def fused_merge(monkeypatch):
-    """The decode's fused merge at every row count (it ships from `fused_min_rows` rows; these
-    tests' batches are smaller, and their plans and launch counts are those of the fused
-    launch)."""
-    monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"fused_min_rows": 1}}')
+    """The decode's fused merge (shipped at every row count) with the 256-key items of 48 rows
+    and more: these tests' batches are smaller, and their plans (waves, item counts) assume
+    that item size."""
+    monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"small_min_chunk": 256}}')
 
 
 def test_step_plans_of_both_kinds_each_get_an_entry(gen, full_paths, fused_merge):
@@ -287,8 +287,8 @@ def test_plan_kernel_launches_are_not_prepared(gen, monkeypatch, fused):
     """A device-made step plan launches its planner once a step (inside the first layer's
     call): the prepared call asks the step plan each call and launches only its own kernels,
     which the plan's second layer reads (the decode kernel, and its combine unless fused)."""
-    if fused:
-        monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"fused_min_rows": 1}}')
+    if not fused:
+        monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"fused_merge": false}}')
     lens = [0, 600, 1, 300, 3, 900]
     b = len(lens)
     k, v, _, _ = build_paged(16, 2, 64, lens, [1] * b, gen=gen)

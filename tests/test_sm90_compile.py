@@ -166,19 +166,17 @@ def test_serving_step_layouts_share_their_binaries():
     assert len(start) >= 10  # (it does cover the classes: 1..40 requests at 8 widths)
     graph = steps.pop("graph decode b16")
     planned = {k: steps.pop(k) for k in list(steps) if k.startswith("planned")}
-    # (16..31 decodes: fewer than `fused_min_rows`, so the balanced decode's split rows are
-    # merged by the combine launch)
-    combine = "_worklist_combine_kernel"
-    with_plan = {"_mha_decode_kernel", "_mha_prefill_ws", "_plan_kernel", combine}
+    # (the balanced decode merges its split rows in its own launch: no combine launch)
+    with_plan = {"_mha_decode_kernel", "_mha_prefill_ws", "_plan_kernel"}
     for name in with_plan:  # served planned steps launch the warm-up's planned binaries
         assert len({step[name] for step in planned.values()}) == 1, (name, planned)
     assert all(set(step) == with_plan for step in planned.values()), planned
-    kernels = {"_mha_decode_kernel", "_mha_prefill_ws", combine}
+    kernels = {"_mha_decode_kernel", "_mha_prefill_ws"}
     for name in kernels:
         hashes = {step[name] for step in steps.values()}
         assert len(hashes) == 1, (name, steps)
     first = next(iter(steps.values()))
-    assert all(graph[n] == first[n] for n in ("_mha_decode_kernel", combine)), (graph, first)
+    assert graph["_mha_decode_kernel"] == first["_mha_decode_kernel"], (graph, first)
     assert all(set(step) == kernels for step in steps.values()), steps
     one = next(iter(planned.values()))
     assert one["_mha_decode_kernel"] != graph["_mha_decode_kernel"]  # (PLAN: its own binary)

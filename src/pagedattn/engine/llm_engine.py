@@ -92,8 +92,9 @@ class LLMEngine:
     tensor_parallel_size: N > 1 shards the model over torch.distributed's N ranks (one process
       each, the default group initialized with world size N; gloo on the CPU, nccl on CUDA,
       `device` this rank's GPU): every rank builds the same engine on the same calls and gets
-      the same tokens (docs/engine.md). The Llama family and gpt-oss (DeepSeek raises
-      NotSupportedYetError); num_heads, num_kv_heads and intermediate_size must divide by N.
+      the same tokens (docs/engine.md). The Llama family, its MoE variants and gpt-oss
+      (DeepSeek raises NotSupportedYetError); num_heads, num_kv_heads and the intermediate
+      sizes (dense, experts', shared expert's) must divide by N.
     tokenizer: a folder or tokenizer object (default: the checkpoint folder's, if any).
     enable_prefix_caching / kv_quantization: the cache's (`KVCacheParams`).
     seed: seeds the per-request seeds of requests without one.
@@ -267,8 +268,8 @@ class LLMEngine:
         if cfg.is_mla:
             raise NotSupportedYetError(
                 f"tensor_parallel_size={tp}: {cfg.architecture} (an MLA model) is not sharded "
-                "yet; tensor parallelism covers the Llama family (Llama, Mistral, Qwen2, Qwen3) "
-                "and gpt-oss"
+                "yet; tensor parallelism covers the Llama family (Llama, Mistral, Qwen2, Qwen3), "
+                "its MoE variants (Mixtral, Qwen2-MoE, Qwen3-MoE) and gpt-oss"
             )
         parallel.check_divisible(cfg, tp)
 

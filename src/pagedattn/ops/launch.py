@@ -54,9 +54,30 @@ class Launched:
     compiled: Any = None
     cluster: int = 1
     smem_args: dict | None = None
+    min_shared: int = 0
 
 
 _RECORD = threading.local()
+
+# sm_90's shared memory a SM (228 KB) and the driver's reservation a CTA (1 KB)
+SM90_SHARED_PER_SM = 233472
+SHARED_RESERVED_PER_CTA = 1024
+NO_OPT_IN_SHARED = 48 * 1024
+
+
+def occupancy_shared(ctas_per_sm: int, per_sm: int = SM90_SHARED_PER_SM) -> int:
+    """The fewest shared bytes a CTA that let at most `ctas_per_sm` CTAs share a SM (0 where
+    that needs more than 48 KB, which a launch takes only with the kernel's opt-in)."""
+    n = per_sm // (ctas_per_sm + 1) - SHARED_RESERVED_PER_CTA + 1
+    return n if 0 < n <= NO_OPT_IN_SHARED else 0
+
+
+def with_min_shared(meta: tuple, min_shared: int) -> tuple:
+    """Triton's packed launch metadata (num_warps, num_ctas, shared) with at least min_shared
+    bytes of shared memory."""
+    if min_shared > meta[2]:
+        return (meta[0], meta[1], min_shared) + tuple(meta[3:])
+    return meta
 
 
 @contextmanager
@@ -154,6 +175,7 @@ def launch(
     *args: Any,
     cluster: int = 1,
     smem_args: dict[str, str] | None = None,
+    min_shared: int = 0,
     **kwargs: Any,
 ) -> None:
     """`kernel[grid](*args, **kwargs)` on the current CUDA device and stream (grid: 1 to 3 ints).
@@ -164,10 +186,12 @@ def launch(
       compiled as one CTA;
     - smem_args {argument: allocation}: those runtime arguments (not specialized on, left at
       their defaults in `args`) get the compiled kernel's shared offsets of the named
-      allocations (`gluon_cluster.smem_offsets`, read once a compiled kernel)."""
+      allocations (`gluon_cluster.smem_offsets`, read once a compiled kernel).
+    - min_shared: launch with at least this many bytes of (dynamic) shared memory, at most
+      48 KB (no opt-in): an occupancy cap, `occupancy_shared` (interpreted launches: none)."""
     made = getattr(_RECORD, "launches", None)
     if made is not None:
-        rec = Launched(kernel, grid, args, dict(kwargs), None, cluster, smem_args)
+        rec = Launched(kernel, grid, args, dict(kwargs), None, cluster, smem_args, min_shared)
         made.append(rec)
     compiled = key = None
     special = cluster > 1 or bool(smem_args)
@@ -203,6 +227,7 @@ def launch(
     meta = compiled.packed_metadata
     if cluster > 1:  # (num_warps, num_ctas, shared): the launcher sets the cluster from num_ctas
         meta = (meta[0], cluster) + tuple(meta[2:])
+    meta = with_min_shared(meta, min_shared)
     compiled.run(
         g[0],
         g[1],

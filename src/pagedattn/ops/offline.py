@@ -46,7 +46,7 @@ def capture(module: Any, call: Callable[[], Any], **patches: Any) -> list[Launch
     replace `module`'s attributes of those names while it runs (all are restored after)."""
     made: list[Launch] = []
 
-    def record(kernel, grid, *args, cluster=1, smem_args=None, **kwargs):
+    def record(kernel, grid, *args, cluster=1, smem_args=None, min_shared=0, **kwargs):
         # smem_args' arguments keep their defaults in args: the compiled specialization's
         made.append(Launch(kernel, tuple(grid), args, dict(kwargs), cluster))
 

@@ -578,7 +578,7 @@ class PreparedLaunch:
         """The compiled form of `rec` from Triton's binding of its arguments (`bound`: parameter
         -> value, `types`: their specialized types), with the shared offsets and cluster size
         `ops.launch.launch` gives the compiled kernel `rec.compiled`."""
-        from .launch import _SMEM_OFFSETS
+        from .launch import _SMEM_OFFSETS, with_min_shared
 
         ck = rec.compiled
         meta = ck.packed_metadata
@@ -591,6 +591,7 @@ class PreparedLaunch:
                 bound[name] = offs[alloc]
         if rec.cluster != 1:  # (num_warps, num_ctas, ...): as `launch` passes it
             meta = (meta[0], rec.cluster) + tuple(meta[2:])
+        meta = with_min_shared(meta, rec.min_shared)
         launcher = ck.run  # loads the module and makes the launcher where not yet done
         direct = None
         if (

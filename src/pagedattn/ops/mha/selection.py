@@ -65,21 +65,21 @@ class DecodeConfig(_Fields):
     waves of resident CTAs instead of one partition count per batch (one ships: more waves
     balance large skewed batches better but split the rows of uniform ones and over-split a
     lone long request; docs/kernels/mha_decode.md has the measurements). fused_merge: a split
-    row's last item merges the row in the decode launch (counters on `ops.prepared.semaphores`)
-    instead of a combine launch after it (H200: the combine cost 3-15 us a call, most of it
-    where no row split; docs/kernels/mha_decode.md, "the fused merge"), merge_elems partial
-    elements a step (items x the KV head's query heads x all head dims), loads pipelined
-    merge_stages deep (H200: 4096 x 4 ran 0-13% faster than 2048 x 3 or 2048 x 2), for
-    launches of at least fused_min_rows rows or at most single_rows. The rows between take the
-    combine launch and items of at least combine_min_chunk keys (min_chunk with the fused
-    merge, single_min_chunk at single_rows): a small batch is bound by each item's chain of
-    dependent loads, not by bytes, and shorter items and a two-launch merge end sooner (H200,
-    `dev/sweep_gqa_decode.py`, graph replays, Llama-3-8B heads, 512-560 keys a row: b1 / b8 /
-    b16 / b32 16.2 / 22.0 / 28.6 / 35.9 us fused with 256-key chunks, 11.6 / 18.2 / 23.0 / 33.7
-    with the combine launch and 64-key chunks; b64 43.7 against 48.0). One row keeps one
-    launch: an eager call of it is bound by the host, which the second launch costs ~5 us a
-    call (bench_real's host loop, b1 16.5 -> 21.6 us), and fused with 128-key items it replays
-    in 15.0 us (docs/kernels/mha_decode.md, "Small batches")."""
+    row's last item merges the row in the decode launch (counters on `ops.prepared.semaphores`;
+    `triton_worklist.merge_items_online`, its loads merge_stages deep) instead of a combine
+    launch after it, at every row count (H200: the combine cost 3-15 us a call, most of it
+    where no row split; the fused merge's first, wider form cost ~11 us a launch where rows did
+    split, in instruction fetches: docs/kernels/mha_decode.md, "the fused merge" and "The fused
+    merge's code size"). Items hold at least min_chunk keys from small_rows rows up, else
+    small_min_chunk: a small batch is bound by each item's chain of dependent loads, not by
+    bytes, and shorter items end sooner (H200, `dev/sweep_gqa_decode.py`, graph replays,
+    Llama-3-8B heads, 512-560 keys a row: b8 / b16 with 64-key items 21.3 / 20.8 us against
+    22.3 / 21.6 with the combine launch; b64 43.7 against 48.0 with 256-key items).
+    max_ctas_per_sm: at most this many resident CTAs a SM (`ops.launch.occupancy_shared`: the
+    launch's shared memory raised to fit no more), -1 the list's (`cache.dispatch.
+    mha_ctas_per_sm`, whose wave the items are sized for), 0 none: Qwen3-30B-A3B heads
+    (32 / 4) b256, one item a row, ran 89.5 us at 5 CTAs a SM (1.55 waves) and 80.3 at 4
+    (two even waves)."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -102,12 +102,10 @@ class DecodeConfig(_Fields):
     waves: int = 1
     min_chunk: int = 256
     fused_merge: bool = True
-    fused_min_rows: int = 48
-    single_rows: int = 1
-    combine_min_chunk: int = 64
-    single_min_chunk: int = 128
-    merge_elems: int = 4096
+    small_rows: int = 48
+    small_min_chunk: int = 64
     merge_stages: int = 4
+    max_ctas_per_sm: int = -1
 
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V
@@ -424,12 +422,11 @@ def decode_plan(
             dk, dv, kv_bytes, kv_kind, ctas_per_sm=min(total_q, target) * h_kv / sms,
             page_size=ka.page_size, hbm3e=device.hbm3e, tuning=tuning,
         )  # fmt: skip
-        few = total_q <= cfg.single_rows
-        fused = cfg.fused_merge and (total_q >= cfg.fused_min_rows or few)
-        chunk = cfg.single_min_chunk if few else cfg.min_chunk
-        if not fused:
-            chunk = cfg.combine_min_chunk
+        fused = cfg.fused_merge
+        chunk = cfg.min_chunk if total_q >= cfg.small_rows else cfg.small_min_chunk
         min_blocks = triton.cdiv(chunk, cfg.BLOCK_N)
+        if cfg.max_ctas_per_sm < 0:
+            cfg = replace(cfg, max_ctas_per_sm=ctas)
         parts = 1
     bn = cfg.BLOCK_N
     return DecodePlan(

@@ -38,7 +38,7 @@ from .triton_tiles import (
     scales_at,
     visible_range,
 )
-from .triton_worklist import find_item, merge_items, store_merged, work_list
+from .triton_worklist import find_item, merge_items_online, store_merged, work_list
 
 
 @triton.jit
@@ -448,7 +448,6 @@ def _mha_decode_kernel(
     PLAN: tl.constexpr = False,
     FUSED: tl.constexpr = False,
     MERGE_GP: tl.constexpr = 1,
-    MERGE_I: tl.constexpr = 1,
     MERGE_STAGES: tl.constexpr = 1,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
@@ -463,8 +462,8 @@ def _mha_decode_kernel(
     FUSED (with BALANCED): a split row's items merge in this launch, no combine launch: each
     item, after writing its partials, counts itself on the int32 Sem [rows, H_KV] (zero
     before the launch, `ops.prepared.semaphores`); the row's last item to count merges every
-    item (`triton_worklist.merge_items`: MERGE_I items of MERGE_GP heads a step, MERGE_STAGES
-    deep), writes the output and LSE, and sets the count back to 0.
+    item (`triton_worklist.merge_items_online`: one item's MERGE_GP heads a step, loads
+    MERGE_STAGES deep), writes the output and LSE, and sets the count back to 0.
     """
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
@@ -622,9 +621,9 @@ def _mha_decode_kernel(
             if tl.atomic_add(at_sem, 1, sem="acq_rel", scope="gpu") == n_row - 1:
                 tl.store(at_sem, 0)
                 offs_m = tl.arange(0, DVP)
-                mo, lse2, den, mhq, mg, md = merge_items(
-                    PO, PL, first, n_row, hkv, offs_m, H_KV * GROUP, GROUP, MERGE_GP, DV, DVP,
-                    MERGE_I, MERGE_STAGES,
+                mo, lse2, den, mhq, mg, md = merge_items_online(
+                    PO, PL, first, n_row, hkv, offs_m, H_KV * GROUP, GROUP, MERGE_GP, DV,
+                    MERGE_STAGES,
                 )  # fmt: skip
                 store_merged(mo, lse2, den, row, mhq, mg, offs_m, md, Sinks, Out, stride_ot,
                              stride_oh, Lse, stride_lt, stride_lh, HAS_SINKS, WRITE_LSE,

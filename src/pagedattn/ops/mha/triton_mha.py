@@ -48,7 +48,7 @@ from ...errors import check
 from ...operands import KernelArgs, RowOperand
 from ..constants import LOG2E_F
 from ..gluon_imports import GluonTensorDescriptor, nvmma_16b_cols, nvmma_128b
-from ..launch import launch, recording
+from ..launch import launch, occupancy_shared, recording
 from ..masks import MASK_CODES, Mask, causal
 from ..pdl import pdl_enabled
 from ..prepared import (
@@ -319,12 +319,10 @@ class _Ran:
     sem: torch.Tensor | None = None
 
 
-def _merge_flags(cfg: DecodeConfig, group: int, dvp: int) -> dict:
-    """The decode kernel's fused-merge constexprs (`triton_decode`, FUSED): MERGE_I items of the
-    KV head's query heads (padded to MERGE_GP) x all dvp dims a step, `cfg.merge_elems`
-    partial elements, loads pipelined `cfg.merge_stages` deep."""
-    gp = triton.next_power_of_2(group)
-    return dict(FUSED=True, MERGE_GP=gp, MERGE_I=max(2, cfg.merge_elems // (gp * dvp)),
+def _merge_flags(cfg: DecodeConfig, group: int) -> dict:
+    """The decode kernel's fused-merge constexprs (`triton_decode`, FUSED): the KV head's query
+    heads padded to MERGE_GP, one item's partials a step, loads `cfg.merge_stages` deep."""
+    return dict(FUSED=True, MERGE_GP=triton.next_power_of_2(group),
                 MERGE_STAGES=cfg.merge_stages)  # fmt: skip
 
 
@@ -495,9 +493,10 @@ def _full_path(
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
             BLOCK_B=block_b, PDL=split and sem is None and pdl_enabled(q),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+            min_shared=occupancy_shared(cfg.max_ctas_per_sm) if cfg.max_ctas_per_sm > 0 else 0,
             **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
                     **({"PLAN": True} if buf is not None else {}),
-                    **(_merge_flags(cfg, group, dvp) if sem is not None else {}))
+                    **(_merge_flags(cfg, group) if sem is not None else {}))
                if balanced else {}),
         )  # fmt: skip
         if balanced:

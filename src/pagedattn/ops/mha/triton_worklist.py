@@ -223,9 +223,9 @@ def merge_items(
     pipelined STAGES deep (docs/kernels/mha_decode.md, "the combine's step"). A row of at
     most BLOCK_I items (ONE_PASS) loads its LSEs and partials at once and takes the max from
     them: one round of loads instead of two, the same arithmetic (bit for bit: one step of
-    the second pass, whose max is the same). The loads bypass L1 (`.cg`): the decode
-    kernel's fused merge reads partials other programs of its launch wrote. An unseen partial
-    (LSE -inf) adds nothing; a NaN one makes the row NaN (`ops.combine`)."""
+    the second pass, whose max is the same). The loads bypass L1 (`.cg`). An unseen partial
+    (LSE -inf) adds nothing; a NaN one makes the row NaN (`ops.combine`). The combine launch
+    merges with it; the decode kernel's fused merge with `merge_items_online`."""
     offs_g = tl.arange(0, GP)
     offs_i = tl.arange(0, BLOCK_I)
     hq = hkv * GROUP + offs_g
@@ -265,6 +265,58 @@ def merge_items(
             acc3 += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
             den += tl.sum(w, 0)
         acc = tl.sum(acc3, 0)
+    o = acc / tl.where(den != 0, den, 1.0)[:, None]
+    lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
+    return o, lse2, den, hq, gmask, dmask
+
+
+@triton.jit
+def merge_items_online(
+    PO,
+    PL,
+    first,
+    n_row,
+    hkv,
+    offs_d,
+    H: tl.constexpr,
+    GROUP: tl.constexpr,
+    GP: tl.constexpr,
+    DV: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """`merge_items`' contract (the same arguments less the step shape, the same results:
+    output dims offs_d [DB]) with the least code: one item's [GP, DB] partials a step, merged
+    online (a running max that rescales the sum), the steps' loads pipelined STAGES deep;
+    loads bypass L1 (`.cg`: other programs of the launch wrote the partials). The decode
+    kernel's fused merge runs it: a split row's last item, once, at the end of the launch, on
+    a SM whose instruction cache has not seen this code. merge_items' [items, GP, DB] form
+    there was ~1,800 SASS instructions of layout changes whose fetches cost ~11 us a launch,
+    this one ~290 (H200, Qwen3-30B-A3B heads 32 / 4 at b64, two items a row:
+    docs/kernels/mha_decode.md, "The fused merge's code size"). The same NaN and unseen-item
+    rules; its rounding differs from the two passes' by the rescaling only."""
+    offs_g = tl.arange(0, GP)
+    hq = hkv * GROUP + offs_g
+    gmask = offs_g < GROUP
+    dmask = offs_d < DV
+    first = first.to(tl.int64)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    den = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, offs_d.shape[0]], tl.float32)
+    for i in tl.range(0, n_row, num_stages=STAGES):
+        ih = (first + i) * H + hq
+        lp = tl.load(PL + ih, mask=gmask, other=float("-inf"), cache_modifier=".cg") * LOG2E
+        o = tl.load(PO + ih[:, None] * DV + offs_d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+        m_new = tl.maximum(m, lp)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)  # 0 while nothing was seen (m -inf)
+        seen = lp != float("-inf")
+        w = tl.where(seen, tl.math.exp2(lp - m_use), 0.0)
+        acc = acc * alpha[:, None] + tl.where(seen[:, None], w[:, None] * o, 0.0)
+        den = den * alpha + w
+        m = m_new
+    m_use = tl.where(m == float("-inf"), 0.0, m)
     o = acc / tl.where(den != 0, den, 1.0)[:, None]
     lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
     return o, lse2, den, hq, gmask, dmask
