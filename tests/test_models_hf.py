@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from tiny_llama import randomize_, tiny_common, tiny_gpt_oss_config, tiny_qwen2_moe_config
+from tiny_llama import (
+    randomize_,
+    tiny_common,
+    tiny_gpt_oss_config,
+    tiny_mixtral_config,
+    tiny_qwen2_moe_config,
+)
 
 from pagedattn import InvalidArgumentError, PagedKVCacheManager
 from pagedattn.models import (
@@ -105,15 +111,7 @@ def hf_config(arch: str):
             max_window_layers=1,  # layer 1 slides
         )
     if arch == "mixtral":
-        return transformers.MixtralConfig(
-            **common,
-            intermediate_size=48,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            sliding_window=10,
-        )
+        return tiny_mixtral_config(**common)
     if arch == "qwen2_moe":
         return tiny_qwen2_moe_config(**common)
     if arch == "qwen3_moe":

@@ -15,7 +15,13 @@ import os
 
 import pytest
 import torch
-from tiny_llama import save_tiny_gpt_oss, save_tiny_llama, save_tiny_qwen2_moe, tiny_deepseek_config
+from tiny_llama import (
+    save_tiny_gpt_oss,
+    save_tiny_llama,
+    save_tiny_mixtral,
+    save_tiny_qwen2_moe,
+    tiny_deepseek_config,
+)
 
 from pagedattn.engine import LLM, SamplingParams
 from pagedattn.errors import InvalidArgumentError
@@ -54,6 +60,13 @@ def qwen2_moe_ckpt(tmp_path_factory):
     # each expert's slice of its features on each rank, the shared expert's partial sum and
     # the routed one reduced together
     save_tiny_qwen2_moe(path, 2468)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def mixtral_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mixtral_tp")
+    save_tiny_mixtral(path, 1357)  # its block_sparse_moe names mapped onto each rank's shards
     return str(path)
 
 
@@ -115,11 +128,16 @@ def _worker(rank: int, world: int, path: str, out_dir: str, graphs: bool) -> Non
     ],
 )
 def test_tp2_gloo_tokens_equal_single_process(
-    model, graphs, ckpt, gpt_oss_ckpt, qwen2_moe_ckpt, tmp_path
+    model, graphs, ckpt, gpt_oss_ckpt, qwen2_moe_ckpt, mixtral_ckpt, tmp_path
 ):
     import torch.multiprocessing as mp
 
-    path = {"llama": ckpt, "gpt_oss": gpt_oss_ckpt, "qwen2_moe": qwen2_moe_ckpt}[model]
+    path = {
+        "llama": ckpt,
+        "gpt_oss": gpt_oss_ckpt,
+        "qwen2_moe": qwen2_moe_ckpt,
+        "mixtral": mixtral_ckpt,
+    }[model]
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,5 +1,6 @@
 """Tiny random checkpoints for the engine and model tests (written with `save_pretrained`):
-a Llama, a gpt-oss and a Qwen2-MoE, and the weight randomizer they share with test_models_hf."""
+a Llama, a gpt-oss, a Qwen2-MoE and a Mixtral, and the weight randomizer they share with
+test_models_hf."""
 
 from __future__ import annotations
 
@@ -107,6 +108,27 @@ def save_tiny_qwen2_moe(path, seed: int, vocab: int = 256) -> transformers.Qwen2
     weights; saved in `path`, returned."""
     cfg = tiny_qwen2_moe_config(**tiny_common(vocab))
     return _save_randomized(path, seed, transformers.Qwen2MoeForCausalLM, cfg)
+
+
+def tiny_mixtral_config(**common) -> transformers.MixtralConfig:
+    """A Mixtral config at toy size: 4 q / 2 KV heads of 16, every layer sliding over 10 keys,
+    4 experts of 48 intermediate features, top-2 (`common`: vocab, hidden, layers...)."""
+    return transformers.MixtralConfig(
+        **common,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=10,
+    )
+
+
+def save_tiny_mixtral(path, seed: int, vocab: int = 256) -> transformers.MixtralForCausalLM:
+    """A float32 Mixtral (hidden 64, 2 layers, `tiny_mixtral_config`) with `randomize_`'s
+    weights; saved in `path`, returned."""
+    cfg = tiny_mixtral_config(**tiny_common(vocab))
+    return _save_randomized(path, seed, transformers.MixtralForCausalLM, cfg)
 
 
 def _save_randomized(path, seed: int, cls, cfg, **kw):
