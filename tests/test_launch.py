@@ -133,3 +133,34 @@ def test_jit_compiles_lists_compiles_and_restores_the_hook():
         assert names == ["a", "b"] and seen == ["a", "b", "c"]
     finally:
         knobs.runtime.jit_post_compile_hook = outer
+
+
+@pytest.mark.parametrize("ctas", [1, 2, 3, 4, 5, 6, 8])
+def test_occupancy_shared_caps_the_ctas_a_sm(ctas):
+    """`occupancy_shared(n)`: with the driver's 1 KB a CTA, n CTAs of that many shared bytes
+    fit a sm_90 SM (228 KB) and n + 1 do not; 0 where that would take more than 48 KB (a
+    launch above it needs the kernel's opt-in)."""
+    s = L.occupancy_shared(ctas)
+    per_sm, reserved = L.SM90_SHARED_PER_SM, L.SHARED_RESERVED_PER_CTA
+    if s == 0:
+        assert per_sm // (ctas + 1) - reserved + 1 > L.NO_OPT_IN_SHARED
+        return
+    assert 0 < s <= L.NO_OPT_IN_SHARED
+    assert ctas * (s + reserved) <= per_sm < (ctas + 1) * (s + reserved)
+
+
+def test_with_min_shared_only_raises():
+    meta = (4, 1, 40000)
+    assert L.with_min_shared(meta, 0) == meta and L.with_min_shared(meta, 30000) == meta
+    assert L.with_min_shared(meta, 45671) == (4, 1, 45671)
+    assert L.with_min_shared((8, 2, 1000, 7), 2048) == (8, 2, 2048, 7)
+
+
+def test_min_shared_changes_no_result():
+    """A launch with min_shared computes what one without it does (interpreted: ignored)."""
+    x = torch.randn(300, device=DEV)
+    want = _run(x, 300, 2.0, 3, False)
+    y = torch.full_like(x, float("nan"))
+    L.launch(_axpb_kernel, (triton.cdiv(300, 64),), x, y, 300, 2.0, 3, BLOCK=64, SQUARE=False,
+             min_shared=L.occupancy_shared(4))  # fmt: skip
+    assert torch.equal(y, want)

@@ -61,6 +61,12 @@ def test_plan_is_balanced_only_when_partitions_are_left_to_the_op(gen):
     # two rows: the fused merge and the small batches' shorter items (`small_rows`)
     assert plan.target == 2 * 132 // 2 and plan.min_blocks == math.ceil(64 / plan.config.BLOCK_N)
     assert plan.fused and plan.config.max_ctas_per_sm == 2  # the list's wave (an H100's)
+    ka, va = k.kernel_args(), v.kernel_args()
+    h200 = MS.Device(sm90=True, sms=132, hbm3e=True)
+    on_h200 = MS.decode_plan(q, ka, va, 64, 64, None, MS.NO_TUNING, h200)
+    assert on_h200.config.max_ctas_per_sm == 4 and on_h200.target == 4 * 132 // 2
+    uncapped = MHATuning(decode=dict(max_ctas_per_sm=0))
+    assert MS.decode_plan(q, ka, va, 64, 64, None, uncapped, h200).config.max_ctas_per_sm == 0
     unfused = MS.decode_plan(q, k.kernel_args(), v.kernel_args(), 64, 64, None, COMBINE,
                              MS.Device(sm90=False, sms=132, hbm3e=False))  # fmt: skip
     assert not unfused.fused and unfused.min_blocks == plan.min_blocks
