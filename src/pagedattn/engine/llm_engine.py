@@ -51,6 +51,7 @@ from .metrics import EngineStats
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import SamplingTensors, sample
+from .sampler import warm_up as warm_up_sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
@@ -249,6 +250,8 @@ class LLMEngine:
         )
         if graphs is not None and mode == "cuda":
             graphs.warm_up_eager(max_num_batched_tokens)  # compiles now, not mid-stream
+        if dev.type == "cuda":
+            warm_up_sampler(cfg.vocab_size, dev)  # the sampler's argmax too
         self.runner = ModelRunner(model, dev, graphs)
         self._rng = random.Random(check_int("seed", seed, 0))
         self._ids = itertools.count()

@@ -126,6 +126,14 @@ def apply_top_k_top_p(
     return logits.masked_fill(~keep_vocab, float("-inf"))
 
 
+def warm_up(vocab: int, device: str | torch.device) -> None:
+    """Compile `sample`'s kernels for logits of `vocab` columns on `device` (the engine's
+    start-up on CUDA: its first served step compiled the argmax otherwise, a stall of seconds
+    in the middle of serving). Every float32 [n, vocab] logits of a step share this
+    specialization (contiguous rows; n is the grid)."""
+    argmax_rows(torch.randn(1, vocab, device=device))
+
+
 def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device."""
     greedy = argmax_rows(logits)  # torch.argmax's rule; one pass over the rows on CUDA
