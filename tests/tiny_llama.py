@@ -76,14 +76,6 @@ def tiny_gpt_oss_config(**common) -> transformers.GptOssConfig:
     )
 
 
-def save_tiny_gpt_oss(path, seed: int, vocab: int = 256) -> transformers.GptOssForCausalLM:
-    """A float32 gpt-oss (hidden 64, 2 layers, `tiny_gpt_oss_config`) with `randomize_`'s
-    weights; saved in `path`, returned."""
-    cfg = tiny_gpt_oss_config(**tiny_common(vocab))
-    return _save_randomized(path, seed, transformers.GptOssForCausalLM, cfg,
-                            attn_implementation="eager")  # fmt: skip
-
-
 def tiny_qwen2_moe_config(**common) -> transformers.Qwen2MoeConfig:
     """A Qwen2-MoE config at toy size: 4 q / 2 KV heads of 16 (q/k/v bias), 5 experts of 32
     intermediate features, top-2, a shared expert of 48 behind its sigmoid gate, layer 0
@@ -103,13 +95,6 @@ def tiny_qwen2_moe_config(**common) -> transformers.Qwen2MoeConfig:
     )
 
 
-def save_tiny_qwen2_moe(path, seed: int, vocab: int = 256) -> transformers.Qwen2MoeForCausalLM:
-    """A float32 Qwen2-MoE (hidden 64, 2 layers, `tiny_qwen2_moe_config`) with `randomize_`'s
-    weights; saved in `path`, returned."""
-    cfg = tiny_qwen2_moe_config(**tiny_common(vocab))
-    return _save_randomized(path, seed, transformers.Qwen2MoeForCausalLM, cfg)
-
-
 def tiny_mixtral_config(**common) -> transformers.MixtralConfig:
     """A Mixtral config at toy size: 4 q / 2 KV heads of 16, every layer sliding over 10 keys,
     4 experts of 48 intermediate features, top-2 (`common`: vocab, hidden, layers...)."""
@@ -124,11 +109,15 @@ def tiny_mixtral_config(**common) -> transformers.MixtralConfig:
     )
 
 
-def save_tiny_mixtral(path, seed: int, vocab: int = 256) -> transformers.MixtralForCausalLM:
-    """A float32 Mixtral (hidden 64, 2 layers, `tiny_mixtral_config`) with `randomize_`'s
-    weights; saved in `path`, returned."""
-    cfg = tiny_mixtral_config(**tiny_common(vocab))
-    return _save_randomized(path, seed, transformers.MixtralForCausalLM, cfg)
+def _saver(config, cls, **kw):
+    """`save(path, seed, vocab=256)`: a float32 `cls` of `config(**tiny_common(vocab))` (hidden
+    64, 2 layers) with `randomize_`'s weights, saved in `path` and returned; `kw` go to
+    `cls._from_config`."""
+
+    def save(path, seed: int, vocab: int = 256):
+        return _save_randomized(path, seed, cls, config(**tiny_common(vocab)), **kw)
+
+    return save
 
 
 def _save_randomized(path, seed: int, cls, cfg, **kw):
@@ -139,6 +128,13 @@ def _save_randomized(path, seed: int, cls, cfg, **kw):
     randomize_(hf)
     hf.save_pretrained(path)
     return hf
+
+
+save_tiny_gpt_oss = _saver(
+    tiny_gpt_oss_config, transformers.GptOssForCausalLM, attn_implementation="eager"
+)
+save_tiny_qwen2_moe = _saver(tiny_qwen2_moe_config, transformers.Qwen2MoeForCausalLM)
+save_tiny_mixtral = _saver(tiny_mixtral_config, transformers.MixtralForCausalLM)
 
 
 def tiny_deepseek_config(vocab: int = 256) -> transformers.DeepseekV3Config:

@@ -226,12 +226,8 @@ def merge_items(
     the second pass, whose max is the same). The loads bypass L1 (`.cg`). An unseen partial
     (LSE -inf) adds nothing; a NaN one makes the row NaN (`ops.combine`). The combine launch
     merges with it; the decode kernel's fused merge with `merge_items_online`."""
-    offs_g = tl.arange(0, GP)
+    hq, gmask, dmask, first = _row_heads(hkv, offs_d, first, GROUP, GP, DV)
     offs_i = tl.arange(0, BLOCK_I)
-    hq = hkv * GROUP + offs_g
-    gmask = offs_g < GROUP
-    dmask = offs_d < DV
-    first = first.to(tl.int64)
     if ONE_PASS and n_row <= BLOCK_I:
         ihm = (offs_i < n_row)[:, None] & gmask[None, :]
         ih = (first + offs_i)[:, None] * H + hq[None, :]  # [BLOCK_I, GP]
@@ -265,8 +261,7 @@ def merge_items(
             acc3 += tl.where(seen[:, :, None], w[:, :, None] * o, 0.0)
             den += tl.sum(w, 0)
         acc = tl.sum(acc3, 0)
-    o = acc / tl.where(den != 0, den, 1.0)[:, None]
-    lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
+    o, lse2 = _normalized(acc, den, m_use)
     return o, lse2, den, hq, gmask, dmask
 
 
@@ -294,17 +289,13 @@ def merge_items_online(
     this one ~290 (H200, Qwen3-30B-A3B heads 32 / 4 at b64, two items a row:
     docs/kernels/mha_decode.md, "The fused merge's code size"). The same NaN and unseen-item
     rules; its rounding differs from the two passes' by the rescaling only."""
-    offs_g = tl.arange(0, GP)
-    hq = hkv * GROUP + offs_g
-    gmask = offs_g < GROUP
-    dmask = offs_d < DV
-    first = first.to(tl.int64)
+    hq, gmask, dmask, first = _row_heads(hkv, offs_d, first, GROUP, GP, DV)
     m = tl.full([GP], float("-inf"), tl.float32)
     den = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, offs_d.shape[0]], tl.float32)
     for i in tl.range(0, n_row, num_stages=STAGES):
         ih = (first + i) * H + hq
-        lp = tl.load(PL + ih, mask=gmask, other=float("-inf"), cache_modifier=".cg") * LOG2E
+        lp = _item_lses(PL, ih, gmask)
         o = tl.load(PO + ih[:, None] * DV + offs_d[None, :],
                     mask=gmask[:, None] & dmask[None, :], other=0.0,
                     cache_modifier=".cg")  # fmt: skip
@@ -317,14 +308,30 @@ def merge_items_online(
         den = den * alpha + w
         m = m_new
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    o = acc / tl.where(den != 0, den, 1.0)[:, None]
-    lse2 = m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
+    o, lse2 = _normalized(acc, den, m_use)
     return o, lse2, den, hq, gmask, dmask
 
 
 @triton.jit
+def _row_heads(hkv, offs_d, first, GROUP: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr):
+    """A merge's (hq [GP]: KV head hkv's query heads, their mask, the dims' mask, first as
+    int64)."""
+    offs_g = tl.arange(0, GP)
+    return hkv * GROUP + offs_g, offs_g < GROUP, offs_d < DV, first.to(tl.int64)
+
+
+@triton.jit
+def _normalized(acc, den, m_use):
+    """A merged row's (o [GP, DB] = acc / den, lse2 [GP] in log2 units); a head that saw no
+    key (den 0) keeps o 0."""
+    o = acc / tl.where(den != 0, den, 1.0)[:, None]
+    return o, m_use + tl.math.log2(tl.where(den != 0, den, 1.0))
+
+
+@triton.jit
 def _item_lses(PL, ih, ihm):
-    """The items' LSEs [I, GP] in log2 units at rows ih (mask ihm) of PL, bypassing L1."""
+    """The items' LSEs (ih's shape: [I, GP] or [GP]) in log2 units at rows ih (mask ihm) of
+    PL, bypassing L1."""
     return tl.load(PL + ih, mask=ihm, other=float("-inf"), cache_modifier=".cg") * LOG2E
 
 
