@@ -8,7 +8,9 @@ With `--profile`, the top functions by own time.
 (2026-11-29, the 2-core CPU of the dev machine: b64 1.40 -> 0.83 ms and b256 5.7 -> 3.2 ms
 with `PagedKVCacheManager.alloc_decodes`; 2026-11-30, async scheduling: b64 0.43 -> 0.35 ms and
 b256 1.38 -> 1.00 ms with the manager's per-slot arrays and the engine's batched bookkeeping;
-single runs vary by ~+-30% under load.)
+2026-12-01, async scheduling: b64 0.38 -> 0.33 ms and b256 1.03 -> 0.83 ms with the scheduler's
+and outputs' per-request calls inlined (docs/performance.md); single runs vary by ~+-30% under
+load.)
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def main() -> None:
         for _ in range(a.steps // 2):
             eng.step()
         pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+        pstats.Stats(pr).sort_stats("tottime").print_stats(40)
 
 
 if __name__ == "__main__":

@@ -530,3 +530,97 @@ def test_deferred_token_errors_are_typed_and_change_nothing():
     m.fill_deferred(rids, [4, 5])
     m.step(["r1"], [[9]])
     assert m.cache_length("r1") == 4 and m.stats().cached_pages == 3
+
+
+# --------------------------------------------------------------------------------------------
+# StagingRing: the engine's persistent host-to-device staging
+# --------------------------------------------------------------------------------------------
+class _FakeEvent:
+    """A CUDA event stand-in: `done` says whether the recorded copy ran; every call logged."""
+
+    log: list = []
+
+    def __init__(self) -> None:
+        self.done = True
+        _FakeEvent.log.append(("new", id(self)))
+
+    def record(self) -> None:
+        self.done = False
+        _FakeEvent.log.append(("record", id(self)))
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+        _FakeEvent.log.append(("sync", id(self)))
+
+
+def test_packed_layout_offsets_are_16_byte_aligned_and_consecutive():
+    from pagedattn.cache.buffers import packed_layout  # noqa: PLC0415
+
+    assert packed_layout([]) == ([], 16)
+    assert packed_layout([0]) == ([0], 16)
+    assert packed_layout([8, 17, 0, 16, 4]) == ([0, 16, 48, 48, 64], 80)
+
+
+def test_staging_ring_round_trips_and_reuses_its_buffers():
+    """Each stage gives the arrays back (dtype, shape, values; 16-byte aligned views of one
+    buffer); slots are used in turn, so the views of a stage survive depth - 1 later stages
+    and the buffers are allocated once (grown only for a larger stage)."""
+    from pagedattn.cache.buffers import StagingRing  # noqa: PLC0415
+
+    ring = StagingRing("cpu", depth=2)
+    rng = np.random.default_rng(0)
+
+    def arrays(n):
+        return [rng.integers(0, 99, n).astype(np.int64),
+                rng.integers(0, 9, (2, 3)).astype(np.int32), np.zeros(0, np.int64),
+                rng.random(n).astype(np.float32)]  # fmt: skip
+
+    first_in = arrays(5)
+    first = ring.stage(first_in)
+    base = first[0].data_ptr()
+    for t, a in zip(first, first_in):
+        assert (t.data_ptr() - base) % 16 == 0
+        assert t.dtype == torch.from_numpy(a).dtype and np.array_equal(t.numpy(), a)
+    second_in = arrays(5)
+    second = ring.stage(second_in)
+    assert second[0].data_ptr() != base  # the other slot
+    for t, a in zip(first, first_in):  # still intact after one later stage (depth 2)
+        assert np.array_equal(t.numpy(), a)
+    third_in = arrays(5)
+    third = ring.stage(third_in)
+    assert third[0].data_ptr() == base  # slot 0 again: no new buffer
+    assert np.array_equal(first[0].numpy(), third_in[0])  # (its views now read the new stage)
+    for t, a in zip(second + third, second_in + third_in):
+        assert np.array_equal(t.numpy(), a)
+    big = [np.arange(3000, dtype=np.int64)]
+    (t,) = ring.stage(big)
+    assert np.array_equal(t.numpy(), big[0])  # grown past the 4 KiB first buffer
+    with pytest.raises(InvalidArgumentError):
+        StagingRing("cpu", depth=0)
+
+
+def test_staging_ring_waits_only_for_a_slot_whose_copy_has_not_run():
+    """The reuse guard: a slot's host buffer is rewritten only after its previous copy's event
+    (`synchronize` when `query` says it has not run; no wait when it has), one event per slot
+    recorded after each copy."""
+    from pagedattn.cache.buffers import StagingRing  # noqa: PLC0415
+
+    _FakeEvent.log = []
+    ring = StagingRing("cpu", depth=2, event=_FakeEvent)
+    a = [np.arange(4, dtype=np.int64)]
+    ring.stage(a)
+    ring.stage(a)
+    ev0, ev1 = ring._slots[0][3], ring._slots[1][3]
+    assert ev0 is not ev1 and not ev0.done and not ev1.done
+    assert ring.num_waits == 0
+    ring.stage(a)  # slot 0 again, its copy not run: waits for it
+    assert ring.num_waits == 1 and ("sync", id(ev0)) in _FakeEvent.log
+    assert ring._slots[0][3] is ev0 and not ev0.done  # recorded again, same event
+    ev1.done = True  # slot 1's copy ran: no wait
+    n_sync = sum(k == "sync" for k, _ in _FakeEvent.log)
+    ring.stage(a)
+    assert ring.num_waits == 1 and sum(k == "sync" for k, _ in _FakeEvent.log) == n_sync
+    assert sum(k == "new" for k, _ in _FakeEvent.log) == 2  # one event per slot, ever

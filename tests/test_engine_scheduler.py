@@ -451,3 +451,64 @@ def test_random_workloads_finish_each_request_exactly_once(
         assert o.outputs[0].token_ids == toks and o.outputs[0].finish_reason == reason
     assert len(finished) == len(requests)
     assert llm.manager.request_ids == [] and llm.manager.stats().used_pages == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler's per-request shortcuts (host time a step)
+# --------------------------------------------------------------------------------------------
+def test_schedule_marks_pure_decode_batches_and_counts_prompt_tokens():
+    """`ScheduledBatch.all_decodes` is True exactly for a step of decodes alone (the engine
+    then skips its per-request prompt-token count), with the general path's counts; an
+    admission in the same step makes it a mixed batch. The engine's prompt-token count over a
+    run with such steps stays exact."""
+    llm = make_llm(max_num_batched_tokens=16)
+    sched = llm.scheduler
+    ids = [llm.add_request(prompt_of(n, n), SamplingParams(max_tokens=4, temperature=0))
+           for n in (5, 7)]  # fmt: skip
+    first = sched.schedule()
+    assert not first.all_decodes and first.num_new_tokens == [5, 7]
+    sched.resolve(sched.commit(first), [3, 4])
+    pure = sched.schedule()
+    assert pure.all_decodes and pure.num_new_tokens == [1, 1]
+    assert all(s.is_decode for s in pure.seqs)
+    sched.resolve(sched.commit(pure), [5, 6])
+    ids.append(llm.add_request(prompt_of(3, 3), SamplingParams(max_tokens=2, temperature=0)))
+    mixed = sched.schedule()
+    assert not mixed.all_decodes and mixed.num_new_tokens == [1, 1, 3]
+    assert [s.is_decode for s in mixed.seqs] == [True, True, False]
+    sched.waiting.clear()  # (drop the scheduled step: abort all cleanly)
+    for rid in ids:
+        llm.abort_request(rid)
+    check_invariants(llm.manager)
+
+    llm = make_llm(max_num_batched_tokens=16)
+    seen = []
+    schedule = llm.scheduler.schedule
+    llm.scheduler.schedule = lambda: seen.append(schedule()) or seen[-1]
+    prompts = [prompt_of(n, n) for n in (5, 7, 3)]
+    params = SamplingParams(max_tokens=4, temperature=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert_reference(outs, prompts, [params] * 3)
+    assert any(b.all_decodes for b in seen) and not all(b.all_decodes for b in seen if b.seqs)
+    assert llm.stats().prompt_tokens == 5 + 7 + 3
+
+
+def test_finish_counter_and_inlined_stop_checks():
+    """`Scheduler.num_finished` counts every finish once (stop token, length, abort), and the
+    resolve's stop / length rules are `reference_greedy`'s."""
+    p = prompt_of(4, 7)
+    free, _ = reference_greedy(p, 6)
+    llm = make_llm(HistoryModel(eos=[free[1]]))
+    sched = llm.scheduler
+    outs = llm.generate([{"prompt_token_ids": p}] * 2,
+                        [SamplingParams(max_tokens=6, temperature=0),
+                         SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)])  # fmt: skip
+    assert [o.outputs[0].finish_reason for o in outs] == ["stop", "length"]
+    assert outs[0].outputs[0].token_ids == free[:2] and outs[0].outputs[0].stop_reason == free[1]
+    assert outs[1].outputs[0].token_ids == free[:3]
+    assert sched.num_finished == 2
+    rid = llm.add_request(p, SamplingParams(max_tokens=6, temperature=0))
+    llm.abort_request(rid)
+    assert sched.num_finished == 3
+    llm.abort_request(llm.add_request(p))  # (a second abort of nothing running)
+    assert sched.num_finished == 4

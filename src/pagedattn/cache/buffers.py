@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,18 +79,24 @@ def hosts_to_device(arrays: list[np.ndarray], device: torch.device) -> list[torc
     return packed_copy(arrays, lambda packed: host_to_device(packed, device))
 
 
-def packed_copy(arrays: list[np.ndarray], copy) -> list[torch.Tensor]:
-    """`hosts_to_device`'s packing: the arrays into one uint8 array (16-byte aligned offsets),
-    `copy(packed)` -> a uint8 tensor, then a view of it for each array (its dtype, shape)."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
+def packed_layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
+    """The packing of blocks of `nbytes` bytes (ints >= 0) into one buffer: each block's byte
+    offset (consecutive, each a multiple of 16: Triton specializes pointers on 16-byte
+    alignment, and every offset is then a multiple of any itemsize) and the buffer's size in
+    bytes (at least 16)."""
     offs, n = [], 0
-    for a in arrays:
+    for b in nbytes:
         offs.append(n)
-        n += -(-a.nbytes // 16) * 16
-    packed = np.zeros(max(n, 16), np.uint8)
+        n += -(-b // 16) * 16
+    return offs, max(n, 16)
+
+
+def _pack_into(packed: np.ndarray, arrays: list[np.ndarray], offs: list[int]) -> None:
     for a, o in zip(arrays, offs):
         packed[o : o + a.nbytes] = a.reshape(-1).view(np.uint8)
-    dev = copy(packed)
+
+
+def _typed_views(dev: torch.Tensor, arrays: list[np.ndarray], offs: list[int]) -> list:
     # The buffer viewed once per dtype (every offset is a multiple of 16 bytes, so of each
     # itemsize), each array a slice of its dtype's view: fewer tensor ops than a byte slice
     # and two views per array.
@@ -103,6 +110,86 @@ def packed_copy(arrays: list[np.ndarray], copy) -> list[torch.Tensor]:
         v = t[start : start + a.size]
         out.append(v if a.ndim == 1 else v.view(a.shape))
     return out
+
+
+def packed_copy(arrays: list[np.ndarray], copy) -> list[torch.Tensor]:
+    """`hosts_to_device`'s packing: the arrays into one uint8 array (`packed_layout`),
+    `copy(packed)` -> a uint8 tensor, then a view of it for each array (its dtype, shape)."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    offs, n = packed_layout([a.nbytes for a in arrays])
+    packed = np.zeros(n, np.uint8)
+    _pack_into(packed, arrays, offs)
+    return _typed_views(copy(packed), arrays, offs)
+
+
+class StagingRing:
+    """Persistent host-to-device staging of packed arrays (`stage`): `depth` slots used in
+    turn, each a host buffer (pinned on CUDA), a device buffer of the same size and an event
+    recorded after the slot's copy. A stage packs the arrays (`packed_layout`) into the next
+    slot's host buffer and copies them into its device buffer with one non_blocking copy:
+    no allocation, no pinning, no host sync in the steady state (`hosts_to_device` pins a fresh
+    buffer and allocates a device one every call).
+
+    Reuse guard: a slot's host buffer is written again only after its previous copy ran (its
+    event, waited for only when it has not completed: with depth 2 an engine that builds step
+    n + 1 while step n runs finds step n - 1's copy done). Its device buffer is overwritten by a
+    copy queued on the current stream, after whatever the stream already holds: the views a
+    stage returns stay valid for the work queued on the same stream before the stage `depth`
+    calls later (an engine step's inputs: read by that step's kernels only). Buffers grow to
+    the largest stage seen (powers of two from 4 KiB; the caching allocators keep a dropped
+    buffer until its queued use is done).
+
+    device: where the arrays go (any device; on the CPU the copy runs at once and there is no
+    event). depth: an int >= 1. event: a factory of objects with `record()`, `query()` and
+    `synchronize()` (default `torch.cuda.Event` on CUDA, none elsewhere; tests pass fakes)."""
+
+    def __init__(self, device: torch.device | str, depth: int = 2, *, event=None) -> None:
+        self.device = torch.device(device)
+        self.depth = check_int("depth", depth, 1)
+        cuda = self.device.type == "cuda"
+        self._event = event if event is not None else (torch.cuda.Event if cuda else None)
+        self._pin = cuda
+        # per slot: [host uint8 tensor, its numpy view, device uint8 tensor, event or None,
+        # whether the event was recorded after the slot's last copy]
+        self._slots: list[list] = [[None, None, None, None, False] for _ in range(self.depth)]
+        self._next = 0
+        self.num_waits = 0  # stages that waited for a slot's previous copy (tests, probes)
+
+    def _buffers(self, slot: list, nbytes: int) -> None:
+        if slot[0] is not None and slot[0].numel() >= nbytes:
+            return
+        size = max(4096, 1 << (nbytes - 1).bit_length())
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=self._pin)
+        slot[0], slot[1] = host, host.numpy()
+        slot[2] = torch.empty(size, dtype=torch.uint8, device=self.device)
+
+    def stage(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """The arrays (int32 / int64 / float32 / uint8 numpy) on the device, each a view of
+        the slot's device buffer with its dtype and shape (class docstring: how long they
+        stay valid)."""
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        offs, n = packed_layout([a.nbytes for a in arrays])
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % self.depth
+        ev = slot[3]
+        if slot[4]:  # the slot's previous copy must have read its host buffer
+            if not ev.query():
+                self.num_waits += 1
+                ev.synchronize()
+            slot[4] = False
+        self._buffers(slot, n)
+        _pack_into(slot[1], arrays, offs)
+        dev = slot[2][:n]
+        dev.copy_(slot[0][:n], non_blocking=True)
+        if self._event is not None:
+            if ev is None:
+                ev = slot[3] = self._event()
+            if self._pin:  # after the copy, on the stream it was queued on
+                ev.record(torch.cuda.current_stream(self.device))
+            else:
+                ev.record()
+            slot[4] = True
+        return _typed_views(dev, arrays, offs)
 
 
 _TORCH_DTYPE = {"<i8": torch.int64, "<i4": torch.int32, "<f4": torch.float32, "|u1": torch.uint8}

@@ -55,7 +55,7 @@ from ..errors import (
     check_int,
 )
 from .block_pool import BlockPool, _page_hash
-from .buffers import DeviceBuffers, allocate_buffers, hosts_to_device
+from .buffers import DeviceBuffers, StagingRing, allocate_buffers, hosts_to_device
 from .dispatch import fast_hbm, mha_num_partitions, mla_num_partitions, mla_tile, num_sms
 from .inputs import KVCacheInputsPerDevice
 from .params import KVCacheParams
@@ -268,6 +268,7 @@ class PagedKVCacheManager:
         self._sms = num_sms(params.devices[0])
         self._hbm3e = fast_hbm(params.devices[0])
         rope_fp8 = params.quant_format == "mla_rope_aware"
+        self._staging: dict[torch.device, StagingRing] = {}  # `runtime_inputs_staged`'s
         self._mla_tile = mla_tile(params.num_q_heads, params.head_dim, rope_fp8, params.devices[0])
 
     # Introspection ---------------------------------------------------------------------
@@ -604,7 +605,7 @@ class PagedKVCacheManager:
         padded_cols: None or an int in [widest request's pages, max pages per request].
         Raises UnknownRequestError or InvalidArgumentError naming the argument; reads only.
         """
-        return self.runtime_inputs_staged(request_ids, (), num_steps, padded_cols=padded_cols)[0]
+        return self._runtime_inputs(request_ids, (), num_steps, padded_cols, False)[0]
 
     def runtime_inputs_staged(
         self,
@@ -616,9 +617,24 @@ class PagedKVCacheManager:
     ) -> tuple[list[KVCacheInputsPerDevice], list[torch.Tensor]]:
         """`runtime_inputs`, and the caller's host `arrays` (int32 / int64 / float32 numpy) on
         the first device, copied in the same host-to-device copy as that device's inputs
-        (`buffers.hosts_to_device`: an engine step's index arrays and the cache inputs in one
-        copy). Returns (the inputs, the arrays as tensors in order). Same checks as
-        runtime_inputs."""
+        (an engine step's index arrays and the cache inputs in one copy). Returns (the inputs,
+        the arrays as tensors in order). Same checks as runtime_inputs.
+
+        On CUDA the copy goes through the manager's persistent staging (`buffers.StagingRing`,
+        two slots per device: no pinning or allocation a step): the device tensors returned
+        are views of a staging buffer that the second later call overwrites (in stream order),
+        so they are for the work queued before then (a step's kernels); `runtime_inputs`
+        returns tensors of their own. Elsewhere as `buffers.hosts_to_device`."""
+        return self._runtime_inputs(request_ids, arrays, num_steps, padded_cols, True)
+
+    def _runtime_inputs(
+        self,
+        request_ids: Sequence[Hashable],
+        arrays: Sequence[np.ndarray],
+        num_steps: int,
+        padded_cols: int | None,
+        ring: bool,
+    ) -> tuple[list[KVCacheInputsPerDevice], list[torch.Tensor]]:
         steps = check_int("num_steps", num_steps, 1)
         reqs, slots = self._get_all(request_ids)
         idle = self._allocs.pending[slots] == 0
@@ -648,7 +664,9 @@ class PagedKVCacheManager:
             host = self._host_inputs(mine, steps, padded_cols)
             for dev_i, dev in enumerate(p.replica_devices(replica)):
                 buf = self._buffers[replica * p.tp_degree + dev_i]
-                inputs, staged_here = self._to_device(host, buf, dev, arrays if not out else [])
+                inputs, staged_here = self._to_device(
+                    host, buf, dev, arrays if not out else [], ring
+                )
                 out.append(inputs)
                 staged = staged or staged_here
         return out, staged
@@ -711,11 +729,16 @@ class PagedKVCacheManager:
                     )
         return host
 
-    @staticmethod
     def _to_device(
-        host: dict, buf: DeviceBuffers, dev: torch.device, arrays: list[np.ndarray]
+        self,
+        host: dict,
+        buf: DeviceBuffers,
+        dev: torch.device,
+        arrays: list[np.ndarray],
+        ring: bool,
     ) -> tuple[KVCacheInputsPerDevice, list[torch.Tensor]]:
-        """The inputs of one device, their device arrays and `arrays` in one copy."""
+        """The inputs of one device, their device arrays and `arrays` in one copy (through the
+        device's `StagingRing` with `ring` on CUDA)."""
 
         def hs(a: np.ndarray | None) -> torch.Tensor | None:
             return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
@@ -724,7 +747,14 @@ class PagedKVCacheManager:
             n for n in ("attention_dispatch_metadata", "draft_attention_dispatch_metadata")
             if host.get(n) is not None
         ]  # fmt: skip
-        moved = hosts_to_device([host[n] for n in names] + arrays, dev)
+        packed = [host[n] for n in names] + arrays
+        if ring and dev.type == "cuda":
+            stager = self._staging.get(dev)
+            if stager is None:
+                stager = self._staging[dev] = StagingRing(dev)
+            moved = stager.stage(packed)
+        else:
+            moved = hosts_to_device(packed, dev)
         on_dev = dict(zip(names, moved))
         inputs = KVCacheInputsPerDevice(
             kv_blocks=buf.kv_blocks,

@@ -54,7 +54,7 @@ from .sampler import SamplingTensors, sample
 from .sampler import warm_up as warm_up_sampler
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 from .step_inputs import build_step_inputs
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -263,6 +263,7 @@ class LLMEngine:
             else check_bool("async_scheduling", async_scheduling)
         )
         self._inflight: InFlightStep | None = None
+        self._finished_at_launch = 0  # scheduler.num_finished when the last step was scheduled
         self._carried: list[Sequence] = []  # resolved by a step that then failed
 
     # Construction helpers ----------------------------------------------------------------
@@ -423,7 +424,24 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; the outputs of the requests that got a token (with text deltas). With
         `async_scheduling`, those of the step launched by the previous call."""
-        return [self._output(s, delta=True) for s in self._step()]
+        seqs = self._step()
+        if self.tokenizer is not None:
+            return [self._output(s, delta=True) for s in seqs]
+        # `_output(s, delta=True)` without a tokenizer, inlined (every request, every step)
+        FINISHED = SequenceStatus.FINISHED
+        out = []
+        for s in seqs:
+            toks = s._known
+            done = s.status is FINISHED
+            completion = CompletionOutput(
+                0, toks, None, s.finish_reason, s.stop_reason, toks[-1:], None
+            )
+            out.append(
+                RequestOutput(
+                    s.request_id, s.prompt, s.prompt_token_ids, [completion], done, s.metrics
+                )  # fmt: skip
+            )
+        return out
 
     def _step(self) -> list[Sequence]:
         """One step; the sequences that got a token (finished ones are dropped from _seqs).
@@ -460,12 +478,13 @@ class LLMEngine:
         """Schedule and run one step up to its sampled tokens (on the device); None when
         nothing is scheduled. Deferred input tokens are filled from `prev`'s samples."""
         batch = self.scheduler.schedule()
+        self._finished_at_launch = self.scheduler.num_finished
         self._note_pages()
         if not batch.seqs:
             return None
         inputs = build_step_inputs(
             self.manager,
-            [(s.request_id, s.tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
+            [(s.request_id, s._tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
             self.device,
             prev.deferred_rows(batch.seqs) if prev is not None else (),
         )
@@ -486,15 +505,19 @@ class LLMEngine:
         sampled = parallel.broadcast(sample(logits, st), self.tp_size)
         if not self.async_scheduling:  # read here: a device error raises before the commit
             sampled = sampled.cpu()
-        self._stats.prompt_tokens += sum(
-            n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
-        )
+        if not batch.all_decodes:
+            self._stats.prompt_tokens += sum(
+                n for s, n in zip(batch.seqs, batch.num_new_tokens) if not s.is_decode
+            )
         return batch, sampled
 
     def _commit(self, batch: ScheduledBatch, sampled: torch.Tensor) -> InFlightStep | None:
         """Commit a launched step (its samples deferred); requests that finished since it was
         scheduled (a stop token resolved meanwhile) are left out, their work dropped."""
-        if any(s.finished for s in batch.seqs):
+        FINISHED = SequenceStatus.FINISHED
+        if self.scheduler.num_finished != self._finished_at_launch and any(
+            s.status is FINISHED for s in batch.seqs
+        ):  # (a request of the batch can have finished only if some request did)
             keep = [i for i, s in enumerate(batch.seqs) if not s.finished]
             rows = [i for i in range(len(batch)) if batch.samples(i)]
             src = {i: k for k, i in enumerate(rows)}
@@ -507,13 +530,15 @@ class LLMEngine:
 
     def _resolve(self, flight: InFlightStep) -> list[Sequence]:
         """Read a committed step's tokens (waits for its device work) and resolve them."""
+        before = self.scheduler.num_finished
         updated = self.scheduler.resolve(flight.seqs, flight.tokens())
         s = self._stats
         s.generated_tokens += len(updated)
-        for seq in updated:
-            if seq.finished:
-                s.finished_requests += 1
-                self._seqs.pop(seq.request_id, None)
+        if self.scheduler.num_finished != before:  # (else none of them finished)
+            for seq in updated:
+                if seq.finished:
+                    s.finished_requests += 1
+                    self._seqs.pop(seq.request_id, None)
         return updated
 
     def _note_pages(self) -> None:

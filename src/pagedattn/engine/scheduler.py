@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
-from itertools import compress
 
 from ..cache.manager import DEFERRED, PagedKVCacheManager
 from ..errors import OutOfPagesError, check_int
@@ -53,6 +52,8 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # every request a decode (`Sequence.is_decode`): set by `Scheduler.schedule` when it knows
+    all_decodes: bool = False
 
     @property
     def num_batched_tokens(self) -> int:
@@ -65,7 +66,10 @@ class ScheduledBatch:
 
     def sampling(self) -> list[bool]:
         """`samples(i)` of every request, in order."""
-        return [s.num_computed + n == s.num_tokens for s, n in zip(self.seqs, self.num_new_tokens)]
+        # (`Sequence.num_tokens` inlined: every request, every step)
+        return [
+            s.num_computed + n == len(s._tokens) for s, n in zip(self.seqs, self.num_new_tokens)
+        ]
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -92,6 +96,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # oldest first
         # Counters for the engine's metrics.
         self.num_preemptions = 0
+        self.num_finished = 0  # requests finished (resolved or aborted), ever
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
 
@@ -110,6 +115,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.num_finished += 1
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or "abort"
 
@@ -131,7 +138,7 @@ class Scheduler:
         max_len = self.max_model_len
         # (has_deferred, _length_done and is_decode inlined: every request, every step)
         for s in self.running:
-            tokens, out = s.tokens, s.output_token_ids
+            tokens, out = s._tokens, s.output_token_ids
             done = len(out) >= s.params.max_tokens or len(tokens) >= max_len
             if done and tokens[-1] == DEFERRED:
                 continue  # at its length limit: waits for its deferred token, then finishes
@@ -141,6 +148,7 @@ class Scheduler:
                 prefills.append(s)
         rest = decodes + prefills
         fast = decodes[:budget]
+        fast_planned = False
         if fast:  # the decodes' pages in one call; the loop below when the pool runs short
             rids = [s.request_id for s in fast]
             try:
@@ -149,6 +157,7 @@ class Scheduler:
                 pass
             else:
                 plan.update(zip(rids, [(seq, 1) for seq in fast]))
+                fast_planned = True
                 budget -= len(fast)
                 rest = decodes[len(fast) :] + prefills
         for seq in rest:
@@ -174,6 +183,8 @@ class Scheduler:
                 budget -= n
         if not preempted:
             self._admit(plan, budget)
+        if fast_planned and not preempted and len(plan) == len(fast):  # the decodes alone
+            return ScheduledBatch(fast, [1] * len(fast), preempted, all_decodes=True)
         work = list(plan.values())
         return ScheduledBatch([s for s, _ in work], [n for _, n in work], preempted)
 
@@ -214,54 +225,56 @@ class Scheduler:
     def commit(self, batch: ScheduledBatch) -> list[Sequence]:
         """Commit the step's K/V with each request's sample deferred; returns the requests
         that sample, in batch order (the order of the step's sampled tokens)."""
+        seqs = batch.seqs
         sampling = batch.sampling()
-        self.manager.step_deferred([s.request_id for s in batch.seqs], sampling)
-        for seq, n, x in zip(batch.seqs, batch.num_new_tokens, sampling):
+        self.manager.step_deferred([s.request_id for s in seqs], sampling)
+        out = []
+        for seq, n, x in zip(seqs, batch.num_new_tokens, sampling):
             seq.num_computed += n
-            if x:
-                seq.append_token(DEFERRED)
-        return list(compress(batch.seqs, sampling))
+            if x:  # (`Sequence.append_token(DEFERRED)` inlined: every request, every step)
+                seq.output_token_ids.append(DEFERRED)
+                seq._tokens.append(DEFERRED)
+                out.append(seq)
+        return out
 
     def resolve(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
         """The values of the deferred samples of `seqs` (from `commit`; one token each).
         Requests finished meanwhile (aborted) are skipped; a preempted one (waiting) gets its
         value and may finish there. Returns the requests that got a token."""
-        live = [(s, t) for s, t in zip(seqs, tokens) if s.status is not SequenceStatus.FINISHED]
-        held = [(s.request_id, t) for s, t in live if s.status is SequenceStatus.RUNNING]
+        FINISHED, RUNNING = SequenceStatus.FINISHED, SequenceStatus.RUNNING
+        live = [(s, t) for s, t in zip(seqs, tokens) if s.status is not FINISHED]
+        held = [(s.request_id, t) for s, t in live if s.status is RUNNING]
         if held:
             rids, toks = zip(*held)
             self.manager.fill_deferred(rids, toks)
         now = time.perf_counter()
+        eos, max_len = self.eos_token_ids, self.max_model_len
         for seq, tok in live:
-            seq.fill_deferred(tok)
+            # (`Sequence.fill_deferred` and `_check_stop` inlined: every request, every step)
+            out = seq.output_token_ids
+            out[-1] = tok
+            seq._tokens[-1] = tok
+            seq._known.append(tok)
             m = seq.metrics
             m.num_generated_tokens += 1
             if m.first_token_time is None:
                 m.first_token_time = now
             m.last_token_time = now
-            self._check_stop(seq, tok)
+            p = seq.params
+            if tok in p.stop_token_ids or (not p.ignore_eos and tok in eos):
+                seq.finish_reason, seq.stop_reason = "stop", tok
+            elif len(out) >= p.max_tokens or len(seq._tokens) >= max_len:
+                seq.finish_reason = "length"
             if seq.finish_reason is not None:
-                if seq.status is SequenceStatus.RUNNING:
+                if seq.status is RUNNING:
                     self.manager.release(seq.request_id)
                     self.running.remove(seq)
                 else:
                     self.waiting.remove(seq)
-                seq.status = SequenceStatus.FINISHED
+                seq.status = FINISHED
+                self.num_finished += 1
                 m.finish_time = now
         return [seq for seq, _ in live]
-
-    def _length_done(self, seq: Sequence) -> bool:
-        return (
-            len(seq.output_token_ids) >= seq.params.max_tokens
-            or seq.num_tokens >= self.max_model_len
-        )
-
-    def _check_stop(self, seq: Sequence, tok: int) -> None:
-        p = seq.params
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
-            seq.finish_reason, seq.stop_reason = "stop", tok
-        elif self._length_done(seq):
-            seq.finish_reason = "length"
 
 
 __all__ = ["ScheduledBatch", "Scheduler"]
