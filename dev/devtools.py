@@ -3,6 +3,7 @@
 - `write_compiled`: a compiled Triton kernel's PTX, TTGIR, cubin and SASS written to files, with
   its shared memory, registers and stack.
 - `write_rows`, `print_rows`: a probe's record (JSON) and its rows as a plain table.
+- `best_us_per_call`: host wall time of a call, best of rounds (the CPU host-cost probes).
 """
 
 from __future__ import annotations
@@ -10,8 +11,23 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import torch
+
+
+def best_us_per_call(fn, calls: int, rounds: int = 5, warmup: int = 1) -> float:
+    """us of wall time a call of `fn` (no device sync: host-cost probes on the CPU), the best
+    of `rounds` rounds of `calls` calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
 
 
 def write_rows(path: str, rows: list[dict], **meta) -> None:

@@ -30,7 +30,6 @@ import argparse
 import inspect
 import os
 import sys
-import time
 from operator import itemgetter
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton backend on a CPU
@@ -38,6 +37,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "src"))
 
 import torch  # noqa: E402
+from devtools import best_us_per_call  # noqa: E402
 
 from pagedattn import KVCacheParams, PagedOperand  # noqa: E402
 from pagedattn.ops import offline  # noqa: E402
@@ -57,17 +57,6 @@ from pagedattn.testing import make_paged_cache  # noqa: E402
 
 H_Q, H_KV, D, PAGE, CTX = 32, 8, 128, 16, 1024
 MLA_H_Q, MLA_D_QK, MLA_D_V, MLA_PAGE = 16, 576, 512, 64
-
-
-def per_call_us(fn, calls: int, rounds: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
 
 
 def stub_launcher(*args) -> None:
@@ -185,7 +174,7 @@ def mha_rows(a) -> None:
                 q, ka, va, D, D, b, causal(), None, None, NO_TUNING, TM.device_facts(q.device)
             ),
         }
-        rows = _stubbed_full_path(lambda: {n: per_call_us(f, a.calls, a.rounds)
+        rows = _stubbed_full_path(lambda: {n: best_us_per_call(f, a.calls, a.rounds)
                                            for n, f in parts.items()})  # fmt: skip
         parts = {
             "prepared, out given": lambda: mha(q, k, v, offs, out=out, backend="triton"),
@@ -199,7 +188,7 @@ def mha_rows(a) -> None:
             "  entry run (pointers, launches)": lambda: entry(list(src)),
             "  stub launcher alone": lambda: stub_launcher(*fake_args),
         }
-        rows.update({n: per_call_us(f, a.calls, a.rounds) for n, f in parts.items()})
+        rows.update({n: best_us_per_call(f, a.calls, a.rounds) for n, f in parts.items()})
         for n, us in rows.items():
             print(f"b{b:<3d} {n:34s} {us:8.2f}")
 
@@ -227,8 +216,8 @@ def step_rows(a) -> None:
             choose_backend(q.device, "triton")
             return TM.mha_mixed_triton(q, k, v, offs, nd, plan=step)
 
-        rows = {"full path": _stubbed_full_path(lambda: per_call_us(full, a.calls, a.rounds))}
-        rows["prepared"] = per_call_us(lambda: mha(q, k, v, offs, **kw), a.calls, a.rounds)
+        rows = {"full path": _stubbed_full_path(lambda: best_us_per_call(full, a.calls, a.rounds))}
+        rows["prepared"] = best_us_per_call(lambda: mha(q, k, v, offs, **kw), a.calls, a.rounds)
         for n, us in rows.items():
             print(f"{name} step layer call ({nd} decodes, {chunks} chunks) {n:12s} {us:8.2f}")
 
@@ -364,7 +353,7 @@ def mla_rows(a) -> None:
                     out,
                 ),  # fmt: skip
             }
-            rows = {n: per_call_us(f, a.calls, a.rounds) for n, f in parts.items()}
+            rows = {n: best_us_per_call(f, a.calls, a.rounds) for n, f in parts.items()}
         finally:
             for n, v in saved.items():
                 setattr(TMLA, n, v)
@@ -383,7 +372,7 @@ def mla_rows(a) -> None:
             "  entry run (pointers, launches)": lambda: entry(list(src)),
             "  stub launcher alone": lambda: stub_launcher(*fake_args),
         }
-        rows.update({n: per_call_us(f, a.calls, a.rounds) for n, f in parts.items()})
+        rows.update({n: best_us_per_call(f, a.calls, a.rounds) for n, f in parts.items()})
         print(f"mla b{b}: {kernel} + {entry.combine.kernel.fn.__name__}" if entry.combine
               else f"mla b{b}: {kernel}")  # fmt: skip
         for n, us in rows.items():

@@ -301,13 +301,17 @@ def step_main(a) -> list[str]:
 # --------------------------------------------------------------------------------------------
 def fused_main(a) -> list[str]:
     """Wall time of the public small ops an engine layer calls (Llama-3.2-1B widths, 64
-    tokens: rms_norm with and without a residual, rope_qkv, silu_mul, store_kv), each through
-    `prepared.cached_launch` and through `ops.launch.launch` (the ops' module attribute
-    swapped), rows alternating within a round; first, the two give the same bytes. Returns
-    the failures."""
+    tokens: rms_norm with and without a residual, rope_qkv, silu_mul, store_kv,
+    rope_store_kv, argmax_rows), each as shipped (its prepared call, `ops.prepared.PreparedOp`),
+    with the prepared calls off (the full path, through `prepared.cached_launch`) and with
+    `ops.launch.launch` instead of that too (the ops' module attributes swapped), rows
+    alternating within a round; first, the three give the same bytes. Returns the failures."""
     from pagedattn.ops import launch as L
-    from pagedattn.ops.fused import rms_norm, rope_qkv, silu_mul
+    from pagedattn.ops import prepared as P
+    from pagedattn.ops.fused import argmax_rows, rms_norm, rope_qkv, silu_mul
     from pagedattn.ops.fused import triton_fused as TF
+    from pagedattn.ops.store_kv import rope_store_kv
+    from pagedattn.ops.store_kv import triton_rope_store as TR
     from pagedattn.ops.store_kv import triton_store as TS
 
     bf, T, Hd = torch.bfloat16, 64, 2048
@@ -318,43 +322,57 @@ def fused_main(a) -> list[str]:
     x, r = torch.randn(T, Hd, device="cuda").to(bf), torch.randn(T, Hd, device="cuda").to(bf)
     w = torch.randn(Hd, device="cuda").to(bf)
     qkv = torch.randn(T, 48 * 64, device="cuda").to(bf)
-    cs = torch.randn(T, 32, device="cuda").to(bf)
+    cs, sn = torch.randn(T, 32, device="cuda").to(bf), torch.randn(T, 32, device="cuda").to(bf)
     gu = torch.randn(T, 2 * 8192, device="cuda").to(bf)
     kn = torch.randn(T, 8, 64, device="cuda").to(bf)
+    vn = kn.clone()  # (k and v one tensor: aliasing arguments are never prepared)
+    logits = torch.randn(T, 128256, device="cuda")
     ops = {
         "rms_norm": lambda: rms_norm(x, w, 1e-5),
         "rms_norm + residual": lambda: rms_norm(x, w, 1e-5, r),
-        "rope_qkv": lambda: rope_qkv(qkv, cs, cs, 32, 8),
+        "rope_qkv": lambda: rope_qkv(qkv, cs, sn, 32, 8),
         "silu_mul": lambda: silu_mul(gu),
-        "store_kv": lambda: store_kv(kn, kn, pc.inputs, p, 1, offs),
+        "store_kv": lambda: store_kv(kn, vn, pc.inputs, p, 1, offs),
+        "rope_store_kv": lambda: rope_store_kv(qkv, cs, sn, 32, 8, pc.inputs, p, 1, offs),
+        "argmax_rows": lambda: argmax_rows(logits),
     }
-    cached = TF.cached_launch
+    cached, lookup, prepare = TF.cached_launch, P.PreparedOp.lookup, P.PreparedOp.prepare
 
-    def plain(on: bool) -> None:
-        TF.cached_launch = TS.cached_launch = L.launch if on else cached
+    def mode(m: str) -> None:
+        TF.cached_launch = TS.cached_launch = TR.cached_launch = (
+            L.launch if m == "launch" else cached
+        )
+        on = m == "prepared"
+        P.PreparedOp.lookup = lookup if on else (lambda self, key, src, before=None: P.MISS)
+        P.PreparedOp.prepare = prepare if on else (lambda self, k, s, g, run, *rest: run())
 
+    modes = ("prepared", "cached", "launch")
     failures = []
     for name, fn in ops.items():
-        if name == "store_kv":
+        if name in ("store_kv", "rope_store_kv"):
             continue
-        plain(True)
-        want = fn()
-        plain(False)
-        got = fn()
-        if not bitwise_equal(got, want):
-            failures.append(f"{name}: the cached launch differs from launch")
-    best = {(n, m): math.inf for n in ops for m in ("cached", "launch")}
-    for fn in ops.values():
-        for _ in range(20):
+        outs = {}
+        for m in modes:
+            mode(m)
             fn()
+            outs[m] = fn()  # (prepared: a hit)
+        for m in modes[1:]:
+            if not bitwise_equal(outs["prepared"], outs[m]):
+                failures.append(f"{name}: the prepared call differs from {m}")
+    best = {(n, m): math.inf for n in ops for m in modes}
+    for m in modes:
+        mode(m)
+        for fn in ops.values():
+            for _ in range(20):
+                fn()
     for _ in range(a.rounds):
         for n, fn in ops.items():
-            for m in ("cached", "launch"):
-                plain(m == "launch")
+            for m in modes:
+                mode(m)
                 best[n, m] = min(best[n, m], wall_us(fn, a.calls))
-    plain(False)
+    mode("prepared")
     for n in ops:
-        print(f"{n:22s} cached_launch {best[n, 'cached']:7.1f}  launch {best[n, 'launch']:7.1f}")
+        print(f"{n:22s} " + "  ".join(f"{m} {best[n, m]:7.1f}" for m in modes))
     return failures
 
 

@@ -5,7 +5,8 @@ On a CPU: the key holds every value a frozen launch inlines (the type and value 
 non-tensor argument, each tensor's dtype and 16-byte residue) and refuses other objects; the
 interpreter's launches take `launch`. On CUDA (`-m gpu`): each op's hits equal the same op
 through `ops.launch.launch`, bitwise, over new tensors, a misaligned view (its own key) and a
-CUDA-graph replay with new data; `store_kv` writes the same cache bytes.
+CUDA-graph replay with new data; `store_kv` writes the same cache bytes. (The ops' prepared
+calls, which skip `cached_launch` on a hit, are off here: `test_prepared_ops` tests them.)
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def test_interpreted_launches_take_launch(monkeypatch):
     assert not PR._LAUNCHES
 
 
+def _no_prepared_ops(monkeypatch):
+    """The ops' prepared calls (`PreparedOp`) off, so that every call reaches `cached_launch`
+    (what these tests are about; `test_prepared_ops` tests the prepared calls)."""
+    monkeypatch.setattr(PR.PreparedOp, "lookup", lambda self, key, src, before=None: PR.MISS)
+    monkeypatch.setattr(PR.PreparedOp, "prepare",
+                        lambda self, key, src, guarded, run, *rest: run())  # fmt: skip
+
+
 def _with_plain_launches(monkeypatch, fn, *args):
     """fn(*args) with the fused ops and store_kv launching through `ops.launch.launch`."""
     from pagedattn.ops.fused import triton_fused
@@ -81,6 +90,7 @@ def _same(a, b):
 def test_gpu_fused_ops_hit_and_equal_plain_launches(monkeypatch):
     from pagedattn.ops.fused import rms_norm, rope_qkv, silu_mul
 
+    _no_prepared_ops(monkeypatch)
     PR._LAUNCHES.clear()
     bf = torch.bfloat16
     T, H, h_q, h_kv, d = 37, 2048, 8, 2, 64
@@ -122,6 +132,7 @@ def test_gpu_store_kv_hits_write_the_same_bytes(monkeypatch):
     from pagedattn import KVCacheParams, store_kv
     from pagedattn.testing import make_paged_cache, ragged_offsets
 
+    _no_prepared_ops(monkeypatch)
     PR._LAUNCHES.clear()
     params = KVCacheParams(torch.bfloat16, 2, 4, 64, 16, devices=["cuda"])
     g = torch.Generator().manual_seed(3)

@@ -54,6 +54,13 @@ is their whole host path (the fused layer ops, `store_kv`), keyed by every value
 inlines instead of an op's signature (the function's docstring; measured in
 docs/kernels/launch.md).
 
+`PreparedOp`: the same prepared calls for the small ops (`ops.fused`' rms_norm, rope_qkv,
+silu_mul, argmax_rows; `ops.store_kv`'s store_kv, rope_store_kv): each op keys its call as
+above (its non-tensor arguments, the environment and device; a guard of its tensors; their
+pointers' residues), and a hit allocates the outputs as the validated call did and runs its
+one frozen launch (`fast` on CUDA), skipping the op's checks, dispatch and `cached_launch`
+(the class's docstring).
+
 `workspace(device, stream, numel)`: a float32 scratch tensor reused by the calls on one
 stream (split-K partials). Rule: a workspace belongs to one (device, stream); two calls
 in flight on that stream are ordered by it, so they may share it; calls on different streams
@@ -288,7 +295,13 @@ def guard_call(key: Any, src: list, guarded: Sequence[int]) -> tuple[Any, Any] |
     aliasing each other, e.g. out=q)."""
     try:
         hash(key)
-        pick = itemgetter(*guarded)
+        if len(guarded) == 1:  # (itemgetter of one index returns the item, not a tuple)
+            i = guarded[0]
+
+            def pick(s):
+                return (s[i],)
+        else:
+            pick = itemgetter(*guarded)
         tensors = pick(src)
         guard = tensor_guard(tensors)
         return (guard, pick) if guard.check(*tensors) else None
@@ -766,6 +779,107 @@ def place_parts(parts: tuple, numel: int, src: list, P: list, device: torch.devi
         P[i] = base + 4 * off
         if views:
             src[i] = w[off : off + n].view(dtype).view(shape)
+
+
+# --------------------------------------------------------------------------------------------
+# Prepared small ops (the fused layer ops, store_kv, rope_store_kv)
+# --------------------------------------------------------------------------------------------
+class _OpCall:
+    """A small op's prepared call (`PreparedOp`): its frozen launches, the sources they read
+    (`inputs`, with their 16-byte residues `aligned`), the outputs a call allocates (`fresh`:
+    source index, shape, strides, dtype, as the full path allocated them) and the sources it
+    returns (`ret`: an index, a tuple of indices, or None)."""
+
+    __slots__ = ("launches", "inputs", "aligned", "fresh", "device", "index", "ret", "fast", "n")
+
+    def __call__(self, src: list, before: Any = None) -> Any:
+        P = read_pointers(src, self.inputs, self.aligned, self.n)
+        if P is None:
+            return MISS
+        if before is not None:
+            before()
+        dev = self.device
+        for i, shape, stride, dtype in self.fresh:
+            t = src[i] = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+            P[i] = t.data_ptr()
+        stream = current_stream(self.index)
+        if self.fast and hooks_idle():
+            for x in self.launches:
+                x.fast(stream, P)
+        else:
+            for x in self.launches:
+                x.run(stream, P, src)
+        r = self.ret
+        if r is None or type(r) is int:
+            return None if r is None else src[r]
+        return tuple(src[i] for i in r)
+
+
+class PreparedOp:
+    """The prepared calls of one small op: an op whose Triton host path is its argument
+    checks, its outputs' allocation and one or a few launches (`ops.fused`' rms_norm,
+    rope_qkv, silu_mul, argmax_rows; `ops.store_kv`'s store_kv and rope_store_kv), keyed
+    like `mha`'s (the module docstring: a `PreparedCache` key of every non-tensor value the
+    op's checks and launch read, the environment and the CUDA device included, and a tensor
+    guard over its tensor arguments; the 16-byte residues of their pointers).
+
+    `lookup(key, src, before=None)`: the result of a hit (the call's outputs allocated as
+    the validated call's were, `before()` called where given, e.g. the host-value checks
+    of a CPU cache, and the frozen launches run on src's tensors), or MISS / UNPREPARED.
+    `prepare(key, src, guarded, run, outs, launches)`: runs `run()`, the op's full Triton
+    path of a call it validated, recording its launches; where exactly `launches` were made
+    and each maps onto src, stores them. `active`: whether anything was ever stored (an op
+    skips its lookup until then, so a process on the reference backend never builds a key).
+    """
+
+    def __init__(self, capacity: int = 256, per_key: int = 4) -> None:
+        self.cache = PreparedCache(capacity, per_key)
+        self.active = False
+
+    def lookup(self, key: Any, src: list, before: Any = None) -> Any:
+        return self.cache.lookup(key, src, before)
+
+    def prepare(self, key: Any, src: list, guarded: Sequence[int], run: Any,
+                outs: Sequence[int], launches: int = 1) -> Any:  # fmt: skip
+        """`run()`'s result. outs: the source index of each tensor of that result (a tensor,
+        a tuple of tensors, or None), each an output `run` allocated; `run` must compute
+        nothing but its `launches` launches through `ops.launch.launch` (`cached_launch`
+        records there): a path that computes otherwise (torch ops, a reference writer)
+        launches fewer and is not stored."""
+        g = guard_call(key, src, guarded)
+        if g is None:
+            return run()
+        with recording() as made:
+            res = run()
+        if len(made) != launches:  # (another path ran; an offline capture replaced `launch`)
+            return res
+        self.cache.store(key, g[0], g[1], _op_call(made, src, res, tuple(outs)))
+        self.active = True
+        return res
+
+
+def _op_call(made: list, src: list, res: Any, outs: tuple) -> _OpCall | None:
+    """The `_OpCall` of a validated call's recorded launches, or None where a launch does not
+    map onto the call's sources (an argument the path copied, two sources sharing memory)."""
+    got = () if res is None else (res,) if isinstance(res, torch.Tensor) else tuple(res)
+    if len(got) != len(outs):
+        return None
+    for i, t in zip(outs, got):
+        src[i] = t
+    launches = [PreparedLaunch.build(m, src) for m in made]
+    if any(p is None for p in launches) or len({p.compiled for p in launches}) != 1:
+        return None
+    e = _OpCall()
+    e.launches = tuple(launches)
+    e.fast = all(p.fast is not None for p in launches)
+    e.inputs = tuple(sorted(set().union(*(p.sources for p in launches)) - set(outs)))
+    e.aligned = pointer_residues(src, e.inputs)
+    e.fresh = tuple((i, tuple(t.shape), t.stride(), t.dtype) for i, t in zip(outs, got))
+    e.n = len(src)
+    first = src[e.inputs[0]] if e.inputs else got[0]
+    e.device, e.index = first.device, current_device(first)
+    e.ret = None if res is None else outs[0] if isinstance(res, torch.Tensor) else outs
+    return e
 
 
 # --------------------------------------------------------------------------------------------

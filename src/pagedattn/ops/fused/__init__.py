@@ -22,6 +22,14 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
 Backends (`ops.dispatch`): "reference" runs transformers' torch ops one by one (so a CPU
 model equals transformers bit for bit); "triton" computes in float32 and rounds once, so it
 agrees with the reference within a rounding or two of the dtype.
+
+Host path: a call that takes the Triton kernel is validated once per call signature
+(`ops.prepared.PreparedOp`, one per op): a later call of the same signature (the same
+dtypes, devices, shapes, strides of its tensors, the same 16-byte alignment of their
+pointers, the same non-tensor arguments, backend, environment and CUDA device; any tensors)
+skips the checks, the dispatch and Triton's binder, allocates its outputs as the first call
+did and launches the frozen kernel. A call whose signature never validated takes the full
+path, so bad arguments raise exactly as without the cache.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import torch
 from ...errors import InvalidArgumentError, Lazy, check
 from .._checks import Described, describe
 from ..dispatch import choose_backend
+from ..prepared import MISS, UNPREPARED, PreparedOp, current_device, env_state
 from .reference import (
     apply_rope_reference,
     argmax_rows_reference,
@@ -64,9 +73,39 @@ def _triton(backend: str, t: torch.Tensor) -> bool:
     return choose_backend(t.device, backend) == "triton" and t.dtype != torch.float64
 
 
+# The ops' prepared calls (per process, bounded: `ops.prepared.PreparedOp`).
+PREPARED_RMS_NORM = PreparedOp()
+PREPARED_ROPE_QKV = PreparedOp()
+PREPARED_SILU_MUL = PreparedOp()
+PREPARED_ARGMAX_ROWS = PreparedOp()
+
+
+def _hit(prep: PreparedOp, signature, *args):
+    """A prepared call's result, or MISS (no entry, arguments the signature cannot read,
+    torch.compile tracing) / UNPREPARED."""
+    if not prep.active or torch.compiler.is_compiling():
+        return MISS
+    try:
+        key, src, _ = signature(*args)
+    except Exception:  # arguments the signature cannot read: the full path reports them
+        return MISS
+    return prep.lookup(key, src)
+
+
+def _rms_signature(x, weight, eps, residual, weight_first, backend):
+    """(key, sources, guarded) of an rms_norm call: every non-tensor value its checks and
+    launch read; sources x, weight, residual, out, residual out."""
+    key = (type(eps), eps, type(weight_first), weight_first, residual is None, backend,
+           env_state(), current_device(x))  # fmt: skip
+    return key, [x, weight, residual, None, None], (0, 1) if residual is None else (0, 1, 2)
+
+
 def rms_norm(x, weight, eps: float, residual=None, *, weight_first: bool = False,
              backend: str | None = None):  # fmt: skip
     """RMSNorm of x's rows, after adding `residual` (module docstring)."""
+    hit = _hit(PREPARED_RMS_NORM, _rms_signature, x, weight, eps, residual, weight_first, backend)
+    if hit is not MISS and hit is not UNPREPARED:
+        return hit
     x = _float_matrix("x", x)
     H = x.shape[1]
     _vector("weight", weight, H, (torch.float32,) if weight_first else (x.dtype,), x.device)
@@ -81,7 +120,14 @@ def rms_norm(x, weight, eps: float, residual=None, *, weight_first: bool = False
     if _triton(backend, x) and x.stride(1) == 1 and (residual is None or residual.stride(1) == 1):
         from .triton_fused import rms_norm_triton  # noqa: PLC0415 - triton imported lazily
 
-        return rms_norm_triton(x, weight, eps, residual, weight_first)
+        def run():
+            return rms_norm_triton(x, weight, eps, residual, weight_first)
+
+        if x.shape[0] == 0 or torch.compiler.is_compiling():
+            return run()
+        key, src, guarded = _rms_signature(x, weight, eps, residual, weight_first, backend)
+        return PREPARED_RMS_NORM.prepare(key, src, guarded, run, (3,) if residual is None
+                                         else (3, 4))  # fmt: skip
     return rms_norm_reference(x, weight, eps, residual, weight_first)
 
 
@@ -118,37 +164,74 @@ def rope_triton_ok(backend, qkv, cos, sin, d: int) -> bool:
     return _triton(backend, qkv) and rows_ok and d & (d - 1) == 0
 
 
+def _rope_signature(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps, backend):
+    """(key, sources, guarded) of a rope_qkv call; sources qkv, cos, sin, q_norm, k_norm, q,
+    k, v."""
+    key = (type(h_q), h_q, type(h_kv), h_kv, type(eps), eps, q_norm is None, k_norm is None,
+           backend, env_state(), current_device(qkv))  # fmt: skip
+    src = [qkv, cos, sin, q_norm, k_norm, None, None, None]
+    return key, src, (0, 1, 2) if q_norm is None else (0, 1, 2, 3, 4)
+
+
 def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
              eps: float = 0.0, backend: str | None = None):  # fmt: skip
     """q, k (RoPE, optional per-head RMSNorm) and v of a fused q|k|v row block."""
+    hit = _hit(PREPARED_ROPE_QKV, _rope_signature, qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps,
+               backend)  # fmt: skip
+    if hit is not MISS and hit is not UNPREPARED:
+        return hit
     d = check_rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm, k_norm)
     if rope_triton_ok(backend, qkv, cos, sin, d):
         from .triton_fused import rope_qkv_triton  # noqa: PLC0415
 
-        return rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps)
+        def run():
+            return rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps)
+
+        if qkv.shape[0] == 0 or torch.compiler.is_compiling():
+            return run()
+        key, src, guarded = _rope_signature(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps,
+                                            backend)  # fmt: skip
+        return PREPARED_ROPE_QKV.prepare(key, src, guarded, run, (5, 6, 7))
     return rope_qkv_reference(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps)
+
+
+def _unary_signature(x, backend):
+    """(key, sources, guarded) of a silu_mul / argmax_rows call; sources x, out."""
+    return (backend, env_state(), current_device(x)), [x, None], (0,)
 
 
 def silu_mul(gate_up, *, backend: str | None = None) -> torch.Tensor:
     """silu(gate) * up of a fused gate|up projection [T, 2 I]."""
+    hit = _hit(PREPARED_SILU_MUL, _unary_signature, gate_up, backend)
+    if hit is not MISS and hit is not UNPREPARED:
+        return hit
     gate_up = _float_matrix("gate_up", gate_up)
     check(gate_up.shape[1] % 2 == 0, "gate_up", "[T, 2 I] (an even width)", Described(gate_up))
     if _triton(backend, gate_up) and gate_up.stride(1) == 1:
         from .triton_fused import silu_mul_triton  # noqa: PLC0415
 
-        return silu_mul_triton(gate_up)
+        if gate_up.shape[0] == 0 or torch.compiler.is_compiling():
+            return silu_mul_triton(gate_up)
+        key, src, guarded = _unary_signature(gate_up, backend)
+        return PREPARED_SILU_MUL.prepare(key, src, guarded, lambda: silu_mul_triton(gate_up), (1,))
     return silu_mul_reference(gate_up)
 
 
 def argmax_rows(x, *, backend: str | None = None) -> torch.Tensor:
     """Each row's index of its largest value (module docstring); x [n, V] float."""
+    hit = _hit(PREPARED_ARGMAX_ROWS, _unary_signature, x, backend)
+    if hit is not MISS and hit is not UNPREPARED:
+        return hit
     x = _float_matrix("x", x)
     check(x.shape[1] >= 1, "x", "[n, V] with V >= 1", Described(x))
     check(x.shape[1] < 2**31 - 1, "x", "fewer than 2**31 - 1 columns", Described(x))
     if _triton(backend, x) and x.stride(1) == 1:
         from .triton_fused import argmax_rows_triton  # noqa: PLC0415
 
-        return argmax_rows_triton(x)
+        if x.shape[0] == 0 or torch.compiler.is_compiling():
+            return argmax_rows_triton(x)
+        key, src, guarded = _unary_signature(x, backend)
+        return PREPARED_ARGMAX_ROWS.prepare(key, src, guarded, lambda: argmax_rows_triton(x), (1,))
     return argmax_rows_reference(x)
 
 

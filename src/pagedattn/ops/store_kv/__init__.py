@@ -1,5 +1,16 @@
 """store_kv: write new tokens' K/V into a paged cache; rope_store_kv: a layer's RoPE and that
-write in one launch; gather_kv: read a request back."""
+write in one launch; gather_kv: read a request back.
+
+Host path: a store_kv / rope_store_kv call that takes the Triton kernel (one launch) is
+validated once per call signature (`ops.prepared.PreparedOp`, as `ops.fused`' ops): a later
+call of the same signature (the same params (by value), layer_idx, heads, eps, backend,
+environment and CUDA device; the same dtypes, devices, shapes and strides of every tensor,
+the cache's included, and the same 16-byte alignment of their pointers; any tensors) skips
+the metadata checks, the dispatch, the operands and Triton's binder and launches the frozen
+kernel. The host-value checks of a CPU cache still run on every call, before the launch. A
+call whose signature never validated takes the full path, so bad arguments raise exactly as
+without the cache.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +24,7 @@ from ...operands import PagedOperand
 from .._checks import describe
 from ..dispatch import BACKENDS, choose_backend
 from ..fused import check_rope_qkv, rope_qkv, rope_triton_ok
+from ..prepared import MISS, UNPREPARED, PreparedOp, current_device, env_state
 from .reference import store_kv_reference, target_rows
 
 #: Output dtypes gather_kv dequantizes to.
@@ -188,6 +200,57 @@ def _check_store(k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend
     return layer, use_triton, checked
 
 
+# The ops' prepared calls (per process, bounded: `ops.prepared.PreparedOp`).
+PREPARED_STORE_KV = PreparedOp()
+PREPARED_ROPE_STORE_KV = PreparedOp()
+
+
+def _prepared_hit(prepared: PreparedOp, signature, args: tuple, inputs, params, q_row_offsets,
+                  x):  # fmt: skip
+    """The result of `prepared`'s entry for a call (MISS where it has none, is unprepared, is
+    off or torch.compile traces): `signature(*args)` gives its key and sources, and a CPU
+    cache's host values are checked first (`_host_check`, for x's rows). Arguments the
+    signature cannot read give MISS: the full path reports them."""
+    if not prepared.active or torch.compiler.is_compiling():
+        return MISS
+    try:
+        key, src, _ = signature(*args)
+        before = _host_check(inputs, params, q_row_offsets, x.shape[0])
+    except Exception:  # noqa: BLE001 - the full path raises the typed error
+        return MISS
+    hit = prepared.lookup(key, src, before)
+    return MISS if hit is UNPREPARED else hit
+
+
+_CACHE_SOURCES = 4  # kv_blocks, kv_scales, cache_lengths, lookup_table
+
+
+def _cache_signature(inputs, params, layer_idx, backend, x) -> tuple[tuple, list]:
+    """The key and sources of the cache arguments that store_kv / rope_store_kv share: params
+    (a frozen dataclass, by value), the inputs' type and which of its tensors exist, layer_idx,
+    backend, the environment and x's CUDA device."""
+    sc = inputs.kv_scales
+    key = (params, type(inputs), sc is None, type(layer_idx), layer_idx, backend, env_state(),
+           current_device(x))  # fmt: skip
+    return key, [inputs.kv_blocks, sc, inputs.cache_lengths, inputs.lookup_table]
+
+
+def _store_signature(k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend):
+    """(key, sources, guarded) of a store_kv call; sources the cache's, q_row_offsets, k_new,
+    v_new."""
+    key, src = _cache_signature(inputs, params, layer_idx, backend, k_new)
+    src += [q_row_offsets, k_new, v_new]
+    key += (v_new is None,)
+    return key, src, tuple(i for i, t in enumerate(src) if t is not None)
+
+
+def _host_check(inputs, params, q_row_offsets, total):
+    """The host-value checks of a call on a CPU cache (`_check_host_values`), or None."""
+    if inputs.kv_blocks.device.type != "cpu":
+        return None
+    return lambda: _check_host_values(q_row_offsets, inputs, params.page_size, total)
+
+
 def store_kv(
     k_new: torch.Tensor,
     v_new: torch.Tensor | None,
@@ -223,6 +286,10 @@ def store_kv(
     reach, or on a page id outside [0, total_num_pages), so nothing outside the pages the
     lookup table gives is written, scales included (rules: `reference.py`).
     """
+    args = (k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend)
+    if _prepared_hit(PREPARED_STORE_KV, _store_signature, args, inputs, params, q_row_offsets,
+                     k_new) is not MISS:  # fmt: skip
+        return
     layer, use_triton, checked = _check_store(
         k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend
     )
@@ -231,7 +298,14 @@ def store_kv(
     if use_triton:
         from .triton_store import store_kv_triton
 
-        store_kv_triton(k_new, v_new, k_op, v_op, q_row_offsets)
+        def run():
+            store_kv_triton(k_new, v_new, k_op, v_op, q_row_offsets)
+
+        if k_new.shape[0] == 0 or torch.compiler.is_compiling():
+            return run()
+        key, src, guarded = _store_signature(k_new, v_new, inputs, params, layer_idx,
+                                             q_row_offsets, backend)  # fmt: skip
+        PREPARED_STORE_KV.prepare(key, src, guarded, run, ())
     else:
         store_kv_reference(k_new, v_new, k_op, v_op, q_row_offsets, checked=checked)
 
@@ -262,6 +336,12 @@ def rope_store_kv(
     two, takes one launch (`triton_rope_store`: the decode step's RoPE and cache write were
     two launches of ~2.5 us each a layer on the H200, Llama-3.2-1B b64); every other case
     runs the two ops, so the results are theirs."""
+    args = (qkv, cos, sin, h_q, h_kv, inputs, params, layer_idx, q_row_offsets, q_norm, k_norm,
+            eps, backend)  # fmt: skip
+    hit = _prepared_hit(PREPARED_ROPE_STORE_KV, _rope_store_signature, args, inputs, params,
+                        q_row_offsets, qkv)  # fmt: skip
+    if hit is not MISS:
+        return hit
     d = check_rope_qkv(qkv, cos, sin, h_q, h_kv, q_norm, k_norm)
     T = qkv.shape[0]
     k_view = qkv[:, h_q * d : (h_q + h_kv) * d].unflatten(1, (h_kv, d))
@@ -288,8 +368,28 @@ def rope_store_kv(
 
     k_op = PagedOperand(inputs, params, layer, "k")
     v_op = PagedOperand(inputs, params, layer, "v")
-    return rope_store_kv_triton(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps, k_op, v_op,
-                                q_row_offsets)  # fmt: skip
+
+    def run():
+        return rope_store_kv_triton(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps, k_op, v_op,
+                                    q_row_offsets)  # fmt: skip
+
+    if T == 0 or torch.compiler.is_compiling():
+        return run()
+    key, src, guarded = _rope_store_signature(
+        qkv, cos, sin, h_q, h_kv, inputs, params, layer_idx, q_row_offsets, q_norm, k_norm, eps,
+        backend,
+    )  # fmt: skip
+    return PREPARED_ROPE_STORE_KV.prepare(key, src, guarded, run, (len(src) - 1,))
+
+
+def _rope_store_signature(qkv, cos, sin, h_q, h_kv, inputs, params, layer_idx, q_row_offsets,
+                          q_norm, k_norm, eps, backend):  # fmt: skip
+    """(key, sources, guarded) of a rope_store_kv call; sources the cache's, q_row_offsets,
+    qkv, cos, sin, q_norm, k_norm, q."""
+    key, src = _cache_signature(inputs, params, layer_idx, backend, qkv)
+    key += (type(h_q), h_q, type(h_kv), h_kv, type(eps), eps, q_norm is None, k_norm is None)
+    src += [q_row_offsets, qkv, cos, sin, q_norm, k_norm, None]
+    return key, src, tuple(i for i, t in enumerate(src) if t is not None)
 
 
 def gather_kv(
