@@ -38,13 +38,16 @@ CASES = [
     ("h128 uniform b128", ("uniform", 4096), 128, 128),
 ]
 
-# shipped: the default tuning; runs: the contiguous runs forced (no one-wave items); items: the
-# balanced item list (no runs); P: one partition count a batch. "merge=NS,DB,STAGES,WARPS":
-# the shipped tuning with the combines' `worklist.MergeShape(ns, db, stages, num_warps)`;
-# "runs+merge=...": a variant's tuning with that combine shape.
+# shipped: the default tuning; runs: the contiguous runs forced (no one-wave items; the TMA-fed
+# seesaw's too); st-runs: the TMA-fed seesaw on its runs (`wl_st_runs`, items where they fit
+# two waves); items: the balanced item list (no runs); P: one partition count a batch.
+# "merge=NS,DB,STAGES,WARPS": the shipped tuning with the combines'
+# `worklist.MergeShape(ns, db, stages, num_warps)`; "runs+merge=...": a variant's tuning with
+# that combine shape.
 VARIANTS = {
     "shipped": {},
-    "runs": {"wl_one_wave": False},
+    "runs": {"wl_one_wave": False, "wl_st_runs": True},
+    "st-runs": {"wl_st_runs": True},
     "items": {"wl_runs": False},
     "P": {"balanced": False},
 }

@@ -144,7 +144,7 @@ def test_host_runs_cover_every_block_once():
                 assert slot in (2 * p, 2 * p + 1)
                 seen.setdefault(t, []).append((lo, hi, slot, n))
         _, n_pieces = mla_host_run_programs(offs, cl, tpt=tpt, bn=64, ovh=ovh, run_p=run_p,
-                                            run_min=run_min, one_wave=False)  # fmt: skip
+                                            run_min=run_min, item_waves=0)  # fmt: skip
         assert all(not segs for segs in runs[n_pieces:])
         for bi in range(b):
             w = -(-(int(cl[bi]) + int(q_lens[bi])) // 64)
@@ -181,16 +181,38 @@ def test_the_runs_are_taken_and_split_a_long_request(gen, monkeypatch, one_wave)
     q = make_q(3, 16, 576, gen)
     launch, combines = _plan(q, cache.operand(), q_lens)
     kw = launch.kwargs
-    assert kw["RUNS"] and kw["ONE_WAVE"] == one_wave and not kw.get("BALANCED")
+    assert kw["RUNS"] and kw["ITEM_WAVES"] == int(one_wave) and not kw.get("BALANCED")
     assert len(combines) == 1 and "run_p" in combines[0] and kw["META"].shape == (3, 4)
     offs, cl = ragged_offsets(q_lens), torch.tensor(cache_lens, dtype=torch.int32)
     items, n = mla_host_run_programs(offs, cl, tpt=kw["TPT"], bn=kw["BN"], ovh=kw["RUN_OVH"],
                                      run_p=kw["RUN_P"], run_min=kw["MIN_BLOCKS"],
-                                     one_wave=one_wave)  # fmt: skip
+                                     item_waves=int(one_wave))  # fmt: skip
     assert items == one_wave and n > 5 and launch.grid == (n * kw["NHB"],)
     if one_wave:
         assert n == mla_host_item_count(offs, cl, tpt=kw["TPT"], bn=kw["BN"], target=kw["RUN_P"],
                                         min_blocks=kw["MIN_BLOCKS"])  # fmt: skip
+
+
+def test_item_waves_keep_uniform_tiles_whole():
+    """The choice of `RUNS` launches (`mla_host_run_programs`, the kernels' mirror): a uniform
+    batch of more whole tiles than programs takes the list over two waves where allowed (the
+    TMA-fed seesaw: h_q 128 b128 x 4k, 128 tiles a head block for 66 programs; every program
+    has work) and the runs otherwise; skewed lengths, whose longest items take more than half
+    a run, take the runs at any wave count; a list of one wave takes items at any count."""
+    kw = dict(tpt=1, bn=64, ovh=2, run_p=66, run_min=2)
+    offs = ragged_offsets([1] * 128)
+    uniform = torch.full((128,), 4095, dtype=torch.int32)
+    assert mla_host_run_programs(offs, uniform, item_waves=2, **kw) == (True, 66)
+    items, n = mla_host_run_programs(offs, uniform, item_waves=1, **kw)
+    assert not items and n == 66
+    g = torch.Generator().manual_seed(0)
+    skew = (torch.exp(torch.randn(64, generator=g)) * 3072).long().clamp(32, 32768)
+    offs64 = ragged_offsets([1] * 64)
+    for waves in (0, 1, 2, 3):
+        assert not mla_host_run_programs(offs64, skew, item_waves=waves, **kw)[0]
+    few = torch.full((40,), 100, dtype=torch.int32)
+    assert mla_host_run_programs(ragged_offsets([1] * 40), few, item_waves=2, **kw) == (True, 40)
+    assert not mla_host_run_programs(ragged_offsets([1] * 40), few, item_waves=0, **kw)[0]
 
 
 def test_the_list_is_taken_and_splits_a_long_request(gen, monkeypatch):
@@ -227,29 +249,37 @@ def test_host_item_count_bounds_the_grid():
         assert n <= target + int(q_lens.sum())
 
 
+_FORCED = {"wl_one_wave": False, "wl_st_runs": True}  # the runs, on every kernel that has them
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 @pytest.mark.parametrize(
-    "fmt,h_q,runs",
-    [("bf16", 16, False), ("bf16", 16, True), ("bf16", 128, False), ("rope_aware", 16, False)],
-    ids=["bf16-h16", "bf16-h16-forced-runs", "bf16-h128", "rope_aware-h16"],
-)
-@pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp"])
-def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, runs, shape):
-    """The sm_90 kernels on the balanced paths (keys-as-M BF16: one wave of items or runs, and
-    forced onto the contiguous runs; rope-aware FP8 at 16 heads and the TMA-fed seesaw at 128
-    on the list): one 64k request among 0/1-token ones (every SM shares it), lognormal
-    lengths, and 2-token queries; against the oracle."""
-    if runs:
-        set_tuning(monkeypatch, {"wl_one_wave": False})
+    "fmt,h_q,knobs",
+    [("bf16", 16, {}), ("bf16", 16, _FORCED), ("bf16", 128, {}), ("bf16", 128, _FORCED),
+     ("bf16", 128, {"wl_st_runs": True}), ("bf16", 64, _FORCED), ("rope_aware", 16, {})],
+    ids=["bf16-h16", "bf16-h16-forced-runs", "bf16-h128", "bf16-h128-forced-runs",
+         "bf16-h128-st-runs", "bf16-h64-forced-runs", "rope_aware-h16"],
+)  # fmt: skip
+@pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp", "uniform"])
+def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, knobs, shape):
+    """The sm_90 kernels on the balanced paths (keys-as-M BF16 at 16 heads: items or runs;
+    the TMA-fed seesaw at 64 and 128 on its item list, on its runs with items where they fit
+    two waves (`wl_st_runs`), and both kernels forced onto the contiguous runs; rope-aware
+    FP8 at 16 heads on the list): one 64k request among 0/1-token ones (every SM shares it),
+    lognormal lengths, 2-token queries, and 128 near-uniform requests (the seesaw's items
+    over two waves on its runs); against the oracle."""
+    set_tuning(monkeypatch, knobs)
     g = torch.Generator().manual_seed(11)
     if shape == "one_long":
         cache_lens, q_lens = [65536] + [0, 1, 37] * 7, [1] * 22
     elif shape == "lognormal":
         cache_lens = (torch.exp(torch.randn(40, generator=g)) * 600).long().clamp(1, 9000)
         cache_lens, q_lens = cache_lens.tolist(), [1] * 40
-    else:
+    elif shape == "mtp":
         cache_lens, q_lens = [3000, 5, 400, 0], [2, 2, 2, 2]
+    else:  # 128 whole tiles: the TMA-fed seesaw's items over two waves (unless forced runs)
+        cache_lens, q_lens = [1000 + i % 3 for i in range(128)], [1] * 128
     cache = build_cache(fmt, 576, 64, cache_lens, q_lens, gen, h_q)
     offs = ragged_offsets(q_lens).tolist()
     q = make_q(offs[-1], h_q, 576, gen)
@@ -262,20 +292,22 @@ def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, runs, shape):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs CUDA")
 @pytest.mark.parametrize("one_wave", [True, False])
-def test_gpu_balanced_graph_replays_with_new_lengths(gen, monkeypatch, one_wave):
+@pytest.mark.parametrize("h_q", [16, 128])
+def test_gpu_balanced_graph_replays_with_new_lengths(gen, monkeypatch, one_wave, h_q):
     """A captured balanced launch replayed after the lengths changed (the long request cut to
     one key, then others emptied) equals a fresh eager call (with one wave of items where they
-    fit, and forced onto the runs)."""
+    fit, and forced onto the runs; the keys-as-M kernel at 16 heads, the TMA-fed seesaw at
+    128 on its runs)."""
     from pagedattn.ops.mla import mla_decode
 
-    set_tuning(monkeypatch, {"wl_one_wave": one_wave})
+    set_tuning(monkeypatch, {"wl_one_wave": one_wave, "wl_st_runs": True})
 
     q_lens = [1] * 8
-    cache = build_cache("bf16", 576, 64, [5000, 3, 0, 64, 1, 900, 2, 7], q_lens, gen, 16)
+    cache = build_cache("bf16", 576, 64, [5000, 3, 0, 64, 1, 900, 2, 7], q_lens, gen, h_q)
     kv = cache.operand()
-    q = make_q(8, 16, 576, gen)
+    q = make_q(8, h_q, 576, gen)
     offs = ragged_offsets(q_lens, DEV)
-    out = torch.empty(8, 16, 512, dtype=torch.bfloat16, device=DEV)
+    out = torch.empty(8, h_q, 512, dtype=torch.bfloat16, device=DEV)
     mla_decode(q, kv, offs, out=out)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

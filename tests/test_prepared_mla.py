@@ -545,6 +545,8 @@ def _sm90_case(name, seed):
     fmt = {"v32 cluster": KVQuantConfig.flashmla_v32(), "persistent": KVQuantConfig.flashmla_v32()}
     items = name.endswith(" items")  # the item list instead of the contiguous runs
     name = name.removesuffix(" items").replace("tl", "tl balanced") if items else name
+    st_runs = name == "tma seesaw runs"  # the TMA-fed seesaw on its (opt-in) runs
+    name = "tma seesaw" if st_runs else name
     h_q = {"keys-as-M": 16, "tma seesaw": 64, "v32 cluster": 128, "persistent": 128}.get(name, 4)
     d, dv = (576, 512) if name in ("keys-as-M", "tma seesaw", "v32 cluster", "persistent") else (
         D, DV)  # fmt: skip
@@ -573,6 +575,8 @@ def _sm90_case(name, seed):
         cfg = cfg.replace(ss_persist=True, ps_g=3)
     if items:
         cfg = cfg.replace(wl_runs=False)
+    if st_runs:
+        cfg = cfg.replace(wl_st_runs=True)
     args = (q, kv, offs, dv, None, True, idx, topk, None, None, None, sink, parts, out)
     plan_as = {} if name.startswith("tl") else H200
     return args, plan_as, cfg
@@ -585,6 +589,7 @@ COMPILED_CASES = {  # name -> (decode kernel, combine kernel or None)
     "keys-as-M": ("_mla_decode_sm90_t", "_mla_runs_combine_kernel"),
     "keys-as-M items": ("_mla_decode_sm90_t", "_mla_worklist_combine_kernel"),
     "tma seesaw": ("_mla_decode_sm90_st", "_mla_worklist_combine_kernel"),
+    "tma seesaw runs": ("_mla_decode_sm90_st", "_mla_runs_combine_kernel"),
     "v32 cluster": ("_mla_decode_sm90_ss", "_mla_combine_kernel"),
     "persistent": ("_mla_decode_sm90_ps", "_mla_combine_kernel"),
 }

@@ -114,7 +114,7 @@ def host_grid(plan: LaunchPlan, q_row_offsets: torch.Tensor, cache_lens: torch.T
     if plan.runs:
         n = mla_host_run_programs(q_row_offsets, cache_lens, tpt=kw["TPT"], bn=kw["BN"],
                                   ovh=kw["RUN_OVH"], run_p=target, run_min=min_blocks,
-                                  one_wave=kw["ONE_WAVE"])[1]  # fmt: skip
+                                  item_waves=kw["ITEM_WAVES"])[1]  # fmt: skip
     else:
         n = mla_host_item_count(q_row_offsets, cache_lens, tpt=kw["TPT"], bn=kw["BN"],
                                 target=target, min_blocks=min_blocks)  # fmt: skip
@@ -156,7 +156,9 @@ def _full_path(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
     elif plan.balanced is not None:  # partials at the list's items or the runs' slots
         target = plan.balanced[0]
         tpt = plan.kwargs["TPT"]
-        rows = (2 * target if plan.runs else target + tokens) * tpt
+        # (the runs' partial slots: 2 a program, or 2 an item over ITEM_WAVES waves of them)
+        slots_p = target * max(plan.kwargs.get("ITEM_WAVES", 1), 1)
+        rows = (2 * slots_p if plan.runs else target + tokens) * tpt
         if not q.is_cuda:  # host lengths: launch only the programs that have work
             plan = plan._replace(grid=host_grid(plan, a.q_row_offsets, a.K.cl))
         po = torch.empty(rows, h_q, a.d_v, dtype=torch.float32, device=dev)
@@ -178,7 +180,7 @@ def _full_path(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
     combine = True
     if plan.runs:
         mla_runs_combine_triton(a.q_row_offsets, cut_t, po, pl, a.out, a.lse, a.sink, tpt=tpt,
-                                run_p=target)  # fmt: skip
+                                run_p=slots_p)  # fmt: skip
     elif plan.balanced is not None:
         mla_worklist_combine_triton(a.q_row_offsets, a.K.cl, po, pl, a.out, a.lse, a.sink, tpt=tpt,
                                     bn=plan.kwargs["BN"], target=target,

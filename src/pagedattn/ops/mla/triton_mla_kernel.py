@@ -530,7 +530,7 @@ def _mla_decode_kernel(
     RUNS: tl.constexpr = False,
     RUN_P: tl.constexpr = 1,
     RUN_OVH: tl.constexpr = 0,
-    ONE_WAVE: tl.constexpr = True,
+    ITEM_WAVES: tl.constexpr = 1,
     META=None,
 ):
     """One (tile, partition): BM (token, head) rows of one request over one key partition.
@@ -538,7 +538,8 @@ def _mla_decode_kernel(
     block) instead: the grid is (TARGET + tokens) x NHB, programs past the list exit; a tile of
     several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output.
     RUNS (same modes): program p of RUN_P for head block hb (grid RUN_P x NHB): item p of the
-    list where its items fit one wave of RUN_P and none exceeds 9/8 of a run (ONE_WAVE), else
+    list where its items fit one wave of RUN_P (ITEM_WAVES 1; 0: never) and none exceeds 9/8 of
+    a run, else
     piece p of the contiguous runs (`worklist`, "Contiguous runs"), one tile's blocks a
     segment; a tile cut into several items or pieces writes partials at rows slot * TPT + i, a
     whole tile the output; the program holding a tile's first block writes META (slot,
@@ -560,14 +561,15 @@ def _mla_decode_kernel(
             QOFF, K_CL, batch, TPT, BN, RUN_OVH, B_P2
         )
         size, total = mla_run_piece(r_incl, RUN_P, MIN_BLOCKS)
-        # one wave of whole items where the list fits it (ONE_WAVE) and none exceeds 9/8 of a
+        # one wave of whole items where the list fits it (ITEM_WAVES 1) and none exceeds 9/8 of a
         # run (program p: item p), else the runs; one code path (as the sm_90 kernel)
         w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
             QOFF, K_CL, batch, TPT, BN, RUN_P, MIN_BLOCKS, B_P2
         )
         max_chunk = tl.max(tl.where(w_n > 0, w_chunk, 0), 0)
-        # (ONE_WAVE scales the bound: a constant `& False` broke the sm_90 lowering)
-        use_items = (tl.sum(w_n, 0) <= RUN_P * ONE_WAVE) & (max_chunk * 8 <= size * (9 * BN))
+        # (ITEM_WAVES scales the bound: a constant `& False` broke the sm_90 lowering)
+        tl.static_assert(ITEM_WAVES <= 1, "one item a program")
+        use_items = (tl.sum(w_n, 0) <= RUN_P * ITEM_WAVES) & (max_chunk * 8 <= size * (9 * BN))
         ok, t_i, lo_i, hi_i, c_i = mla_find_item(w_r, w_c, w_n, w_incl, w_chunk, w_lo, p, TPT)
         _runs(
             q_args, out_args, k_args, x_args, META, p, hb, r_r, r_o, r_q, r_w, r_span, r_incl,

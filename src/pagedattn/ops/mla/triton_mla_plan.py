@@ -268,11 +268,12 @@ def _common(kwargs: dict, a: DecodeArgs, cfg: dict, P: int) -> dict:
     return kwargs
 
 
-# The kernels that walk contiguous runs (`worklist`, "Contiguous runs"); the others of the
+# The kernels that walk contiguous runs (`worklist`, "Contiguous runs"; the TMA-fed seesaw only
+# with `wl_st_runs`); the others of the
 # balanced list take one item a program, and so does the keys-as-M kernel at 32 query rows
 # (TPT 2 at 16 heads), where the runs' state spills inside its key loop (offline sm_90 compile:
 # 23 LDL and 9 STL between its MMAs, none at 16 rows).
-RUN_KERNELS = (_mla_decode_kernel, _mla_decode_sm90_t)
+RUN_KERNELS = (_mla_decode_kernel, _mla_decode_sm90_t, _mla_decode_sm90_st)
 
 
 def _balanced_eligible(a: DecodeArgs, config: MLATuning, num_partitions: int | None) -> bool:
@@ -286,13 +287,18 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
     list: TARGET = `wl_waves` waves of `ctas_per_sm` resident CTAs a SM over the head blocks,
     the grid (TARGET + tokens) x NHB, the kernel's BALANCED constexprs and PDL (the combine
     follows). On the kernels that walk contiguous runs (`RUN_KERNELS`, `wl_runs`): RUN_P =
-    TARGET programs a head block, grid RUN_P x NHB, the RUNS constexprs, pieces of at least
+    TARGET programs a head block, grid RUN_P x NHB, the RUNS constexprs (the TMA-fed
+    seesaw's items over `wl_st_item_waves` waves, the others' over one), pieces of at least
     `wl_run_min_blocks` blocks."""
     nhb, wl = plan.kwargs["NHB"], config.wl
     target = max(1, num_sms(a.q.device) * ctas_per_sm * wl.wl_waves // nhb)
-    if wl.wl_runs and plan.kernel in RUN_KERNELS and plan.kwargs.get("NR", 16) == 16:
+    st = plan.kernel is _mla_decode_sm90_st
+    runs = plan.kernel in RUN_KERNELS and (wl.wl_st_runs or not st)
+    if wl.wl_runs and runs and plan.kwargs.get("NR", 16) == 16:
+        waves = wl.wl_st_item_waves if st else 1
         kwargs = dict(plan.kwargs, RUNS=True, RUN_P=target, RUN_OVH=wl.wl_overhead,
-                      ONE_WAVE=wl.wl_one_wave, MIN_BLOCKS=wl.wl_run_min_blocks, SPLIT=False,
+                      ITEM_WAVES=waves if wl.wl_one_wave else 0,
+                      MIN_BLOCKS=wl.wl_run_min_blocks, SPLIT=False,
                       PDL=pdl_enabled(a.q))  # fmt: skip
         return plan._replace(grid=(target * nhb,), kwargs=kwargs, partitions=1,
                              balanced=(target, wl.wl_run_min_blocks), runs=True)  # fmt: skip

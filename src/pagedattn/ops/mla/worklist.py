@@ -46,10 +46,14 @@ the other. A tile inside one piece writes the output; a cut tile writes partials
 holding a tile's first block writes META[t + i] = (first slot, pieces, i) for its tokens, and
 `_mla_runs_combine_kernel` takes the slots 2 (p0 + k) after the first one (p0 = first slot //
 2) and merges them (`mla_merge_rows`, `RUNS_MERGE`). Where the item list (TARGET = RUN_P) fits
-one wave and no item is longer than 9/8 S (ONE_WAVE), program p takes item p instead (slot 2 p,
-pieces = its tile's items): a uniform batch keeps whole tiles. Every program decides from the
-same lengths, so the grid RUN_P x head blocks is host-known. `mla_host_run_programs` mirrors
-the choice and the counts on the host, `mla_host_runs` the segments (tests).
+one wave and no item is longer than 9/8 S (ITEM_WAVES 1), program p takes item p instead (slot
+2 p, pieces = its tile's items): a uniform batch keeps whole tiles. The TMA-fed seesaw (one CTA
+a SM, 64 heads a tile) also takes the list over ITEM_WAVES 2 waves (program p: items p, p +
+RUN_P; slot 2 item) where two of its longest items take at most 9/8 S: h_q 128 uniform b128 x 4k
+has 128 whole tiles a head block for 66 programs, which the runs cut nearly all. Every program
+decides from the same lengths, so the grid RUN_P x head blocks is host-known.
+`mla_host_run_programs` mirrors the choice and the counts on the host, `mla_host_runs` the
+segments (tests).
 """
 
 from __future__ import annotations
@@ -221,21 +225,23 @@ def mla_tile_tokens(QOFF, batch, t, TPT: tl.constexpr, B_P2: tl.constexpr):
 
 def mla_host_run_programs(q_row_offsets: torch.Tensor, cache_lens: torch.Tensor, *, tpt: int,
                           bn: int, ovh: int, run_p: int, run_min: int,
-                          one_wave: bool) -> tuple[bool, int]:  # fmt: skip
-    """(one wave of items, programs with work) of a `RUNS` launch, from host tensors (torch
-    arithmetic mirroring the kernels' choice): items where `one_wave`, the list (TARGET =
-    run_p) fits one wave and no item is longer than 9/8 of a run's S units (then its item count),
+                          item_waves: int) -> tuple[bool, int]:  # fmt: skip
+    """(items, programs with work) of a `RUNS` launch, from host tensors (torch arithmetic
+    mirroring the kernels' choice): the list's items (TARGET = run_p) where they fit
+    `item_waves` waves of run_p and that many of its longest items take at most 9/8 of a run's
+    S units (one wave: no item longer than 9/8 S; program p takes items p, p + run_p, ...),
     else the pieces of the runs that hold units."""
     tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
     total = int((tiles * (w + ovh)).sum())
     size = max(-(-total // run_p), run_min)
-    if one_wave:
+    if item_waves > 0:
         c = _host_chunks(tiles, w, run_p, run_min)
         n_items = int((tiles * c).sum())
         chunk = torch.where(tiles > 0, (w + c - 1) // c, 0)
         longest = int(chunk.max()) if chunk.numel() else 0
-        if n_items <= run_p and longest * 8 <= size * 9:
-            return True, n_items
+        waves = -(-n_items // run_p)
+        if n_items <= run_p * item_waves and longest * 8 * waves <= size * 9:
+            return True, min(n_items, run_p)
     return False, -(-total // size)
 
 
@@ -441,16 +447,22 @@ def mla_runs_combine_triton(
     *,
     tpt: int,
     run_p: int,
-    merge: MergeShape = RUNS_MERGE,
+    merge: MergeShape | None = None,
 ) -> None:
     """Merge the cut tiles of a `RUNS` decode launch. meta [tokens, 4] int32 (the decode's);
-    partial_out [2 run_p * tpt, h_q, d_v] f32, partial_lse [2 run_p * tpt, h_q] f32; out
-    [tokens, h_q, d_v] (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks [h_q] f32
-    or None. No host sync. A program per (token, 16 heads, merge.db dims), `mla_merge_rows`."""
+    partial_out [2 run_p * tpt, h_q, d_v] f32, partial_lse [2 run_p * tpt, h_q] f32 (run_p:
+    the launch's partial slots over 2); out [tokens, h_q, d_v] (last dim contiguous), lse
+    [tokens, h_q] f32 contiguous; sinks [h_q] f32 or None. No host sync. A program per (token,
+    16 heads, merge.db dims), `mla_merge_rows`; merge None: `RUNS_MERGE` at 16 heads or
+    fewer, `ITEMS_MERGE` above (the seesaw's 64-head partial rows: the combines' sweep,
+    docs/kernels/triton_mla.md, h_q 128 skew b64 / b128 9.1 / 10.8 us at 1 x 256 dims against
+    14.2 / 20.4 at 2 x 64)."""
     tokens, h_q, d_v = out.shape
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
+    if merge is None:
+        merge = RUNS_MERGE if h_q <= 16 else ITEMS_MERGE
     _launch_merge(_mla_runs_combine_kernel, (q_row_offsets, batch, meta), partial_out,
                   partial_lse, out, lse, sinks, merge, TPT=tpt, RUN_P=run_p)  # fmt: skip
 

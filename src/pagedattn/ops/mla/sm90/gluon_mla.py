@@ -355,6 +355,67 @@ if HAS_GLUON:
         return t, n_tok, lo.to(gl.int32), hi.to(gl.int32), w_b, b0, b1, slot
 
     @gluon.jit
+    def g_run_choice(
+        QOFF, K_CL, batch, NHB: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
+        OVH: gl.constexpr, RUN_P: gl.constexpr, MIN_BLOCKS: gl.constexpr,
+        ITEM_WAVES: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr, one_l: gl.constexpr,
+    ):  # fmt: skip
+        """A `RUNS` program's start (grid RUN_P x NHB; the dependent launch signalled first
+        where PDL): (p, hb, stream, total, size, n_items, item, use_items). stream: the
+        `g_run_stream` vectors, total their units, size a piece's units; n_items: the list's
+        items (TARGET = RUN_P), item = (ok, t_i, lo_i, hi_i, c_i) of item p (`g_list_item`);
+        use_items: the list serves, where its items fit ITEM_WAVES waves of RUN_P and that
+        many of its longest take at most 9/8 of a run (the list's own slack, so that a
+        uniform batch whose tiles are a block longer than a run keeps them whole), else the
+        runs. (One code path for both in the kernels: a second copy of the tile's code cost
+        the runs 3-14%, H200 bench_real; ITEM_WAVES scales the bound, as a constant `&
+        False` broke the sm_90 lowering.)"""
+        g_pdl_signal(PDL)
+        pid = gl.program_id(0)
+        p = pid // NHB
+        stream = g_run_stream(QOFF, K_CL, batch, TPT, BN, OVH, B_P2, one_l)
+        total = gl.max(stream[5], 0)
+        size = gl.maximum(gl.cdiv(total, RUN_P), MIN_BLOCKS)
+        n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
+            QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
+        )
+        waves = gl.cdiv(n_items, RUN_P)
+        use_items = (n_items <= RUN_P * ITEM_WAVES) & (max_chunk * 8 * waves <= size * (9 * BN))
+        return p, pid % NHB, stream, total, size, n_items, (ok, t_i, lo_i, hi_i, c_i), use_items
+
+    @gluon.jit
+    def g_run_step(stream, use_items, item, p, pos, begin, end, size, QOFF, batch,
+                   TPT: gl.constexpr, BN: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
+                   RUN_P: gl.constexpr):  # fmt: skip
+        """The segment a `RUNS` program walks at position pos: (t, n_tok, lo, hi, slot,
+        n_pieces, first, nxt). Where `use_items`, item pos of the list (`item` = (t_i, lo_i,
+        hi_i, c_i) of `g_list_item` for it; partial slot 2 pos, pieces = its tile's items;
+        the next position pos + RUN_P); else the segment of piece p's run [begin,
+        end) that starts at stream position pos (`g_run_segment` on `stream`, the
+        `g_run_stream` vectors; pieces: those of the run's tiling of size units that hold
+        the tile's blocks). t: the tile's leader token, n_tok its tokens, [lo, hi) its keys
+        (empty where the piece ends in the tile's prologue units), first: the segment holds
+        the tile's first block (its META is written there), nxt: the next segment's
+        position."""
+        t_i, lo_i, hi_i, c_i = item
+        if use_items:
+            _b, _lv, i0, _ld, q_len = g_request(QOFF, batch, t_i, TPT, B_P2, one_l_t())
+            t, n_tok, lo, hi, slot, n_pieces, first, nxt = (
+                t_i, q_len - i0, lo_i, hi_i, 2 * pos.to(gl.int32), c_i, lo_i == 0, pos + RUN_P,
+            )  # fmt: skip
+        else:
+            rr, ro, rq, rw, rspan, rincl = stream
+            t, n_tok, lo_b, hi_b, w_b, b0, b1, slot = g_run_segment(
+                rr, ro, rq, rw, rspan, rincl, pos, end, begin, p, TPT, OVH
+            )
+            lo = lo_b * BN
+            hi = gl.where(lo_b < hi_b, hi_b * BN, lo)
+            n_pieces = ((b1 - 1) // size - b0 // size + 1).to(gl.int32)
+            first = lo_b == 0
+            nxt = b1
+        return t, n_tok, lo, hi, slot, n_pieces, first, nxt
+
+    @gluon.jit
     def g_run_meta(META, t, n_tok, slot, n_pieces, TPT: gl.constexpr):
         """The combine's META (slot, pieces, index in the tile) of a tile's tokens."""
         for i in gl.static_range(TPT):
@@ -1153,7 +1214,7 @@ if HAS_GLUON:
         KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
         BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
         RUNS: gl.constexpr = False, RUN_P: gl.constexpr = 1, RUN_OVH: gl.constexpr = 0,
-        ONE_WAVE: gl.constexpr = True, META=None,
+        ITEM_WAVES: gl.constexpr = 1, META=None,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1176,11 +1237,11 @@ if HAS_GLUON:
 
         BALANCED: one item of the balanced list a program (`g_work_item`). RUNS: program p of
         RUN_P (grid RUN_P x NHB) takes item p of the list where its items fit one wave
-        (ONE_WAVE), else piece p of the contiguous runs (`worklist`, "Contiguous runs"): the
-        tiles of its run one after the other (`_t_tile` each: q, the ring's fill, the key
-        loop, the store); a tile cut into several items or pieces to partials at rows slot *
-        TPT + i, a whole tile to the output; the program holding a tile's first block writes
-        its META.
+        (ITEM_WAVES 1; 0: never), else piece p of the contiguous runs (`worklist`,
+        "Contiguous runs"): the tiles of its run one after the other (`_t_tile` each: q, the
+        ring's fill, the key loop, the store); a tile cut into several items or pieces to
+        partials at rows slot * TPT + i, a whole tile to the output; the program holding a
+        tile's first block writes its META.
 
         TRACE (development, `dev/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
         globaltimer at the CTA's start, before its loop, when its first tile has landed,
@@ -1228,29 +1289,18 @@ if HAS_GLUON:
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
 
         if RUNS:
-            g_pdl_signal(PDL)
-            pid = gl.program_id(0)
-            hb = pid % NHB
-            p = pid // NHB
-            rr, ro, rq, rw, rspan, rincl = g_run_stream(
-                QOFF, K_CL, batch, TPT, BN, RUN_OVH, B_P2, one_l
-            )
-            total = gl.max(rincl, 0)
-            size = gl.maximum(gl.cdiv(total, RUN_P), MIN_BLOCKS)
-            # one wave of whole items where the list fits it (ONE_WAVE) and none exceeds 9/8
-            # of a run (program p: item p; the list's own slack, so that a uniform batch whose
-            # tiles are a block longer than a run keeps them whole), else the runs (one code
-            # path: a second copy of the tile's code cost the runs 3-14%, H200 bench_real)
-            n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
-                QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
-            )
-            # (ONE_WAVE scales the bound: a constant `& False` broke the sm_90 lowering)
-            use_items = (n_items <= RUN_P * ONE_WAVE) & (max_chunk * 8 <= size * (9 * BN))
+            gl.static_assert(ITEM_WAVES <= 1, "one item a program")
+            p, hb, stream, total, size, n_items, item, use_items = g_run_choice(
+                QOFF, K_CL, batch, NHB, TPT, BN, RUN_OVH, RUN_P, MIN_BLOCKS, ITEM_WAVES, B_P2,
+                PDL, one_l,
+            )  # fmt: skip
+            rr, ro, rq, rw, rspan, rincl = stream
+            ok, t_i, lo_i, hi_i, c_i = item
             _t_runs(
                 q_args, out_args, k_args, META, p, hb, rr, ro, rq, rw, rspan, rincl, size, total,
                 use_items, ok, t_i, lo_i, hi_i, c_i, q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf,
                 k_main, k_sc, trp, H_Q, D_V, HPT, TPT, B_P2, CAUSAL, HAS_SINK, SPARSE, HAS_TOPK,
-                TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, RUN_OVH,
+                TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, RUN_OVH, RUN_P,
             )  # fmt: skip
         else:
             if BALANCED:  # one item of the balanced list (`g_work_item`)
@@ -1284,7 +1334,7 @@ if HAS_GLUON:
         B_P2: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr, BN: gl.constexpr,
         NBUF: gl.constexpr, NR: gl.constexpr, PF: gl.constexpr, TRACE: gl.constexpr,
-        RUN_OVH: gl.constexpr,
+        RUN_OVH: gl.constexpr, RUN_P: gl.constexpr,
     ):  # fmt: skip
         """Program p's tiles one after the other (`_t_tile` each), the META of the tiles it
         starts: where `use_items`, its item of the list (ok: it has one; t_i, [lo_i, hi_i)
@@ -1292,31 +1342,16 @@ if HAS_GLUON:
         (`g_run_stream`: size units a piece)."""
         QOFF = q_args[3]
         batch = q_args[4]
-        begin = gl.where(use_items, 0, p.to(gl.int64) * size)
-        end = gl.where(use_items, ok.to(gl.int64), gl.minimum(begin + size, total))
+        # (items: p < the list's items where ok, one item a program)
+        begin = gl.where(use_items, p.to(gl.int64), p.to(gl.int64) * size)
+        end = gl.where(use_items, (p + ok.to(gl.int32)).to(gl.int64),
+                       gl.minimum(begin + size, total))  # fmt: skip
         pos = begin
         while pos < end:
-            if use_items:
-                _b, _lv, i0, _ld, q_len = g_request(QOFF, batch, t_i, TPT, B_P2, one_l_t())
-                t, n_tok, lo, hi, slot, n_pieces, first, nxt = (
-                    t_i,
-                    q_len - i0,
-                    lo_i,
-                    hi_i,
-                    2 * p,
-                    c_i,
-                    lo_i == 0,
-                    end,
-                )
-            else:
-                t, n_tok, lo_b, hi_b, w_b, b0, b1, slot = g_run_segment(
-                    rr, ro, rq, rw, rspan, rincl, pos, end, begin, p, TPT, RUN_OVH
-                )
-                lo = lo_b * BN
-                hi = gl.where(lo_b < hi_b, hi_b * BN, lo)
-                n_pieces = ((b1 - 1) // size - b0 // size + 1).to(gl.int32)
-                first = lo_b == 0
-                nxt = b1
+            t, n_tok, lo, hi, slot, n_pieces, first, nxt = g_run_step(
+                (rr, ro, rq, rw, rspan, rincl), use_items, (t_i, lo_i, hi_i, c_i), p, pos, begin,
+                end, size, QOFF, batch, TPT, BN, RUN_OVH, B_P2, RUN_P,
+            )  # fmt: skip
             if lo < hi:
                 if first & (hb == 0):  # the tile's first item or piece: the combine's META
                     g_run_meta(META, t, n_tok, slot, n_pieces, TPT)

@@ -501,9 +501,11 @@ if HAS_GLUON:
                   stride_oh, LSE, PO, PL, SINK, t, hb, i0, q_len, part, n_tokens,
                   W: gl.constexpr, H_Q: gl.constexpr, HPT: gl.constexpr, TPT: gl.constexpr,
                   D_V: gl.constexpr, HAS_SINK: gl.constexpr, SPLIT: gl.constexpr,
-                  srow: gl.constexpr, o_l: gl.constexpr):  # fmt: skip
+                  srow: gl.constexpr, o_l: gl.constexpr, lx_ph=0):  # fmt: skip
         """Epilogue of consumer warpgroup W of a seesaw kernel: O (its 256 columns, scaled to
-        max m_o) normalized and stored (W = 0: with the LSE), or the split's partials.
+        max m_o) normalized and stored (W = 0: with the LSE), or the split's partials. The
+        warpgroups exchange their row sums on barrier lx (count 2), whose phase is lx_ph (a
+        kernel that runs several epilogues, `gluon_mla_st`'s runs, alternates it).
 
         The bf16 O goes through o_stage, ring stage W [BN, 512] (its columns W * 256.. are
         read by warpgroup W only, and no tile lands after the loop), and leaves it in 16-byte
@@ -519,7 +521,7 @@ if HAS_GLUON:
         l_buf.index(W).store(l_w * gl.exp2(m_w - m_fin_use))
         gl.thread_barrier()
         mbarrier.arrive(lx, count=1)
-        mbarrier.wait(lx, 0)
+        mbarrier.wait(lx, lx_ph)
         l_i = l_buf.index(0).load(srow) + l_buf.index(1).load(srow)
         m_i = m_fin
 
