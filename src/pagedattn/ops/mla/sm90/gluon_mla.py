@@ -372,6 +372,7 @@ if HAS_GLUON:
         False` broke the sm_90 lowering.)"""
         g_pdl_signal(PDL)
         pid = gl.program_id(0)
+        hb = pid % NHB
         p = pid // NHB
         stream = g_run_stream(QOFF, K_CL, batch, TPT, BN, OVH, B_P2, one_l)
         total = gl.max(stream[5], 0)
@@ -379,9 +380,12 @@ if HAS_GLUON:
         n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
             QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
         )
-        waves = gl.cdiv(n_items, RUN_P)
-        use_items = (n_items <= RUN_P * ITEM_WAVES) & (max_chunk * 8 * waves <= size * (9 * BN))
-        return p, pid % NHB, stream, total, size, n_items, (ok, t_i, lo_i, hi_i, c_i), use_items
+        if ITEM_WAVES > 1:  # (one wave: the bound of one item)
+            long_items = max_chunk * 8 * gl.cdiv(n_items, RUN_P)
+        else:
+            long_items = max_chunk * 8
+        use_items = (n_items <= RUN_P * ITEM_WAVES) & (long_items <= size * (9 * BN))
+        return p, hb, stream, total, size, n_items, (ok, t_i, lo_i, hi_i, c_i), use_items
 
     @gluon.jit
     def g_run_step(stream, use_items, item, p, pos, begin, end, size, QOFF, batch,
