@@ -145,17 +145,15 @@ class WorkListTuning:
     # mid-run: H200, bench_real, mla h_q 16 uniform b128 x 4k 0.150 ms on the list, 0.184 on
     # runs, which cut every request in two); runs otherwise
     wl_one_wave: bool = True
-    # the TMA-fed seesaw (h_q 64-128) walks the runs too (opt-in). H200, 2026-11-30
-    # (dev/profile_mla_skew.py, four runs; docs/kernels/gluon_mla_st.md, "Contiguous runs"),
-    # graph replays against its item list: h_q 128 skewed b64 / b128 0.90 / 0.85 of the time,
-    # but one long request among 63 short 1.12 and uniform b128 x 4k 1.08 (items over two
-    # waves in one CTA pay a second prologue a SM): off until a choice keeps both
+    # the TMA-fed seesaw (h_q 64-128) walks the runs too (opt-in): 0.85-0.90 of its item
+    # list's time on skewed h_q 128 steps, but 1.08x on the uniform control and 1.12x on one
+    # long request among short ones, so off until a choice keeps the list there (measured:
+    # docs/kernels/gluon_mla_st.md, "Contiguous runs")
     wl_st_runs: bool = False
     # on the runs, the TMA-fed seesaw (one CTA a SM) takes the list's items over up to this
-    # many waves where that many of the longest take at most 9/8 of a run: H200
-    # (dev/profile_mla_skew.py, 2026-11-30), h_q 128 uniform b128 x 4k, graph replays 288.9
-    # us on two waves of items against 298.6 on the runs (which cut nearly every tile: 128 a
-    # head block for 66 programs; the item list's own launch: 267.6)
+    # many waves where that many of the longest take at most 9/8 of a run: a uniform batch of
+    # more whole tiles than programs keeps them whole (h_q 128 b128 x 4k: 0.97x the runs'
+    # time, which cut nearly every tile; same section)
     wl_st_item_waves: int = 2
     # blocks a piece of the runs holds at least (`wl_min_blocks` is the item list's): small
     # batches, whose steps hold fewer than RUN_P x this many blocks, cut finer: H200,
