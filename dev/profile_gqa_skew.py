@@ -48,7 +48,7 @@ EXTRA = ("uniform b1 x1024", "uniform b8 x1024", "mixed 56+8x512", "mixed 120+4x
 # P: one partition count a batch (no list), for reference; "twopass": the kernels' own list
 # with the combine launch's short rows merged in two rounds of loads; "tune={json}": the
 # step's plan with those decode tuning fields (`MHATuning(decode=...)`), e.g.
-# tune={"min_chunk": 128}
+# tune={"min_chunk": 128}; "split=N": the step's plan made with work_plan.MAX_SPLIT N
 _V = os.environ.get("VARIANTS", "list,plan,device-plan,plan+planner,P")
 VARIANTS = tuple(_V.split(";" if ";" in _V else ","))
 
@@ -65,6 +65,16 @@ def _call(variant, q, k_op, v_op, offs, out, lens, num_decodes=None):
         cfg = MHATuning(decode=json.loads(variant[5:]))
         plan = StepPlan(lens)
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan, config=cfg)
+    if variant.startswith("split="):  # the step's plan made under another MAX_SPLIT (probe)
+        import pagedattn.ops.mha.work_plan as WP
+
+        plan = StepPlan(lens)
+        keep, WP.MAX_SPLIT = WP.MAX_SPLIT, int(variant[6:])
+        try:
+            mha_triton(q, k_op, v_op, offs, out=out, plan=plan)  # plans now
+        finally:
+            WP.MAX_SPLIT = keep
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)
     if variant == "P":
         cfg = MHATuning(decode={"balanced": False})
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)

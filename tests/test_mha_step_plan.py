@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,6 +51,9 @@ LENGTHS = {
     "skew": [0, 1500, 1, 700, 3, 40, 9000, 64],
     "uniform": [700] * 6,
     "one-long": [65536, 0, 1, 0] + [200] * 12,
+    "one-long-late": [200] * 12 + [0, 1, 65536, 0, 3000],
+    # more rows than a planner step reads (128): the order's ranks cross steps
+    "many": [int(x) for x in np.random.default_rng(5).lognormal(np.log(900), 1.2, 300)],
     "tiny": [0],
 }
 SHAPES = [(32, 66, 8), (64, 3, 4), (16, 20, 16)]  # (BLOCK_N, target, min tiles)
@@ -79,16 +83,20 @@ def test_planner_kernel_equals_its_mirror(name, shape):
 @pytest.mark.parametrize("name", list(LENGTHS))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_plan_covers_every_key_once(name, shape):
-    """Items are row-major; a row's items tile [0, its keys) in whole BLOCK_N tiles, the last
-    open-ended; the table gives each row's first item and count; n_items <= capacity."""
+    """Rows by their items' size, largest chunk first, ties in row order; a row's items are
+    consecutive and tile [0, its keys) in whole BLOCK_N tiles, the last open-ended; the table
+    gives each row's first item and count; n_items <= capacity."""
     bn, target, min_blocks = shape
     lens = LENGTHS[name]
     rows = len(lens)
     p = plan_work_host(torch.tensor(lens), rows, block_n=bn, target=target, min_blocks=min_blocks)
     items, table = _items(p, rows)
     assert int(p[0]) <= int(p[3]) == MAX_WAVES * target + rows
+    tiles = [(length + bn) // bn for length in lens]
+    chunk = [-(-t // n) for t, (_, n) in zip(tiles, table)]
     at = 0
-    for r, (first, n) in enumerate(table):
+    for r in sorted(range(rows), key=lambda r: (-chunk[r], r)):
+        first, n = table[r]
         assert first == at and n >= 1
         mine = items[first : first + n]
         assert all(it[0] == r and it[3] == n for it in mine)
@@ -119,7 +127,10 @@ def test_waves_rule():
     assert waves(skew.long().tolist()) == MAX_WAVES
     one_long = [32767] + [199] * 63  # its row would split into > MAX_SPLIT items
     p = plan_work_host(torch.tensor(one_long), 64, **kw)
-    assert int(p[1]) == 1
+    assert int(p[1]) == 1 and int(p[4]) == 0  # the long row leads: row order
+    late = [199] * 10 + [32767] + [199] * 53
+    assert int(plan_work_host(torch.tensor(late), 64, **kw)[4]) == 1  # its items first
+    assert int(plan_work_host(torch.tensor([4095] * 64), 64, **kw)[4]) == 0
     cb3 = max(-(-(1025 + 63 * 7) * 9 // (MAX_WAVES * 66 * 8)), 8)
     assert -(-1025 // cb3) > MAX_SPLIT
 

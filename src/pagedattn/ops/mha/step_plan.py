@@ -14,9 +14,11 @@ class StepPlan:
     """The decode work plans of one step (`work_plan`): pass the same object to `mha` in every
     layer of the step; the first decode launch of each kind plans, the others read its buffer.
     Make a new one for each step (a plan of older lengths stays correct but is balanced for
-    those lengths). A host plan that keeps the one-wave list is not used: the kernels derive
-    that list themselves, and their own launch of it measured faster (H200, 32k among 63 x 200
-    keys: 62.5 us against 70.1 us through the plan; docs/kernels/mha_decode.md).
+    those lengths). A host plan of the one-wave list in row order (a uniform batch) is not used:
+    the kernels derive that list themselves, without the plan's loads. Any other one-wave list
+    goes through the plan, whose rows come longest items first (`work_plan`; the kernels' own
+    list only puts the split rows first: H200, the suite's skewed b32 79.6 us on it, 76.9 in
+    the exact order).
 
     cache_lengths: the step's cache lengths on the host (a sequence or CPU tensor of ints,
       batch order, as the manager holds them), or None. With them the plan is made on the host
@@ -70,7 +72,7 @@ class StepPlan:
                 from .work_plan import plan_work_host
 
                 buf = plan_work_host(host, rows, **kw)
-                if int(buf[1]) == 1:  # the kernels' own list
+                if int(buf[1]) == 1 and not int(buf[4]):  # the kernels' own list, in order
                     got = (None, None)
                 else:
                     got = (host_to_device(buf.numpy(), cache_lens.device), int(buf[0]))  # no sync

@@ -483,12 +483,12 @@ def _mha_decode_kernel(
         n_row = tl.load(at + 3)
         split = n_row > 1
     elif BALANCED:
-        w_r, w_n, w_incl, w_lo, w_chunk = work_list(
+        w_r, w_n, w_end, w_lo, w_chunk = work_list(
             cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
         )
         if rest >= tl.sum(w_n, 0):
             return
-        row, n_row, part, _w_lo, chunk = find_item(w_r, w_n, w_incl, w_lo, w_chunk, rest)
+        row, n_row, part, _w_lo, chunk = find_item(w_r, w_n, w_end, w_lo, w_chunk, rest)
         split = n_row > 1
     else:
         part = rest % num_partitions

@@ -10,17 +10,24 @@ between lists that a program could not afford to derive:
 
 - the one-wave list (`triton_worklist`'s rule), kept where its items are even (a uniform batch:
   one item a row, b16 x 16k: four) or where a row would split into more than `MAX_SPLIT` items
-  at `MAX_WAVES` waves (one long request among short ones: its combine would merge too many);
+  at `MAX_WAVES` waves (one long request among short ones: `MAX_SPLIT`'s measurement);
 - otherwise `MAX_WAVES` waves of smaller items, which the hardware's in-order dispatch of
   programs balances over the SMs (a skewed batch: measured in docs/kernels/mha_decode.md).
 
 Layout of the buffer (int32; `cap` items, `rows` requests):
 
-    [0] n_items, [1] waves (1 or MAX_WAVES), [2] rows, [3] cap, [4:8] 0
+    [0] n_items, [1] waves (1 or MAX_WAVES), [2] rows, [3] cap,
+    [4] reordered (1: the rows' order is not row order), [5:8] 0
     [8 + 4 i : 8 + 4 i + 4]      item i: (row, k_lo, k_hi, n_row)   i < n_items
     [8 + 4 cap + 2 r : ... + 2]  request r: (first item, items)
 
-Items are numbered row-major (a request's items consecutive); item j of a row of n covers keys
+Rows come in the order of their items' size, largest chunk first (ties: row order), a request's
+items consecutive: the hardware dispatches programs in order, so the longest items start first
+and the short ones fill the SMs that finish early (list scheduling, longest first). The
+kernels' own list (`triton_worklist`) approximates that order with the split rows first; a
+simulation of the suite's skewed batches (132 SMs x 4 CTAs, an item's time its tiles plus a
+prologue) put the exact order 10-35% shorter than row order and 5-20% shorter than split rows
+first (docs/kernels/mha_decode.md, "Longest items first"). Item j of a row of n covers keys
 [k_lo, k_hi) = [j c, (j + 1) c) with c its chunk (whole BLOCK_N tiles); the row's last item has
 k_hi = -1 (up to the row's end). The decode kernel clamps to the row's visible keys, so a plan
 made for other lengths of the same batch stays correct (only less balanced): every key of a
@@ -46,8 +53,8 @@ install_interpreter_shim()
 
 MAX_WAVES = 3
 # A row split into more items than this at MAX_WAVES keeps the one-wave list (32k among 63 x 200
-# keys: 3 waves cut the decode kernel 63 -> 57 us but its combine merged ~110 items, 23 -> 56
-# us; docs/kernels/mha_decode.md, "the combine, and more waves").
+# keys, longest items first, fused merge: 61 us on one wave, 73 at 3 waves with the limit at
+# 128 or 256; docs/kernels/mha_decode.md, "Longest items first").
 MAX_SPLIT = 64
 # The one-wave list counts as even when its mean item holds >= EVEN_PCT % of its largest item's
 # tiles (uniform batches: 100; the suite's lognormal skew and one-long cases: < 70).
@@ -121,24 +128,37 @@ def _plan_kernel(
     i_j = tl.zeros([BLOCK_I], tl.int32)
     i_n = tl.zeros([BLOCK_I], tl.int32)
     i_c = tl.zeros([BLOCK_I], tl.int32)
-    base = 0
+    n_items = 0
+    moved = 0
     for c0 in range(0, rows, CH):
         r = c0 + offs
         tiles, rm = _row_tiles(cache_lens, r, rows, BLOCK_N)
         n = tl.where(rm, tl.maximum(tl.cdiv(tiles, cb), 1), 0)
         chunk = tl.cdiv(tiles, tl.maximum(n, 1))
-        incl = base + tl.cumsum(n, 0)
-        first = incl - n
+        # the row's first item: the items of every row before it in the order (larger chunk,
+        # or the same chunk and a lower row)
+        first = tl.zeros([CH], tl.int32)
+        for s0 in range(0, rows, CH):
+            s = s0 + offs
+            t_s, sm = _row_tiles(cache_lens, s, rows, BLOCK_N)
+            n_s = tl.where(sm, tl.maximum(tl.cdiv(t_s, cb), 1), 0)
+            c_s = tl.cdiv(t_s, tl.maximum(n_s, 1))
+            before = (c_s[None, :] > chunk[:, None]) | (
+                (c_s[None, :] == chunk[:, None]) & (s[None, :] < r[:, None])
+            )
+            first += tl.sum(tl.where(before, n_s[None, :], 0), 1)
+        end = first + n
+        moved += tl.sum(tl.where(rm & (first != n_items + tl.cumsum(n, 0) - n), 1, 0), 0)
         if pid == 0:
             tl.store(Plan + roff + 2 * r, first, mask=rm)
             tl.store(Plan + roff + 2 * r + 1, n, mask=rm)
-        hit = (it[:, None] >= first[None, :]) & (it[:, None] < incl[None, :])
+        hit = (it[:, None] >= first[None, :]) & (it[:, None] < end[None, :])
         i_row += tl.sum(tl.where(hit, r[None, :], 0), 1)
         i_j += tl.sum(tl.where(hit, it[:, None] - first[None, :], 0), 1)
         i_n += tl.sum(tl.where(hit, n[None, :], 0), 1)
         i_c += tl.sum(tl.where(hit, chunk[None, :], 0), 1)
-        base += tl.sum(n, 0)
-    ok = it < base
+        n_items += tl.sum(n, 0)
+    ok = it < n_items
     k_lo = i_j * i_c * BLOCK_N
     k_hi = tl.where(i_j == i_n - 1, -1, k_lo + i_c * BLOCK_N)
     at = Plan + 8 + 4 * it
@@ -147,11 +167,12 @@ def _plan_kernel(
     tl.store(at + 2, k_hi, mask=ok)
     tl.store(at + 3, i_n, mask=ok)
     if pid == 0:
-        tl.store(Plan, base)
+        tl.store(Plan, n_items)
         tl.store(Plan + 1, tl.where(many, WAVES, 1))
         tl.store(Plan + 2, rows)
         tl.store(Plan + 3, cap)
-        tl.store(Plan + 4 + tl.arange(0, 4), tl.zeros([4], tl.int32))
+        tl.store(Plan + 4, (moved > 0).to(tl.int32))
+        tl.store(Plan + 5 + tl.arange(0, 4), tl.zeros([4], tl.int32), mask=tl.arange(0, 4) < 3)
 
 
 def plan_work(
@@ -189,17 +210,19 @@ def plan_work_host(
     items1 = int(n1.sum())
     big1 = int(cdiv(tiles, n1).max()) if rows else 0
     splitw = int(cdiv(tiles, cbw).max()) if rows else 0
-    many = total * 100 < EVEN_PCT * items1 * big1 and splitw <= MAX_SPLIT
-    cb = cbw if many else cb1
+    waves = total * 100 < EVEN_PCT * items1 * big1 and splitw <= MAX_SPLIT
+    cb = cbw if waves else cb1
     n = np.maximum(cdiv(tiles, cb), 1)
     chunk = cdiv(tiles, n)
     cap = plan_capacity(rows, target)
     out = np.zeros(plan_numel(rows, target), dtype=np.int32)
-    incl = np.cumsum(n)
-    first = incl - n
-    n_items = int(incl[-1]) if rows else 0
-    out[:4] = (n_items, MAX_WAVES if many else 1, rows, cap)
-    row = np.repeat(np.arange(rows), n)
+    order = np.argsort(-chunk, kind="stable")  # larger chunks first, ties in row order
+    first = np.empty_like(n)
+    first[order] = np.cumsum(n[order]) - n[order]
+    n_items = int(n.sum())
+    moved = bool((first != np.cumsum(n) - n).any())
+    out[:5] = (n_items, MAX_WAVES if waves else 1, rows, cap, int(moved))
+    row = np.repeat(order, n[order])
     j = np.arange(n_items) - first[row]
     k_lo = j * chunk[row] * block_n
     k_hi = np.where(j == n[row] - 1, -1, k_lo + chunk[row] * block_n)
