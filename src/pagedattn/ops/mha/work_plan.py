@@ -62,6 +62,7 @@ EVEN_PCT = 80
 HEADER = 8
 _BLOCK_I = 64  # items a planner program writes
 _CH = 128  # requests a planner step reads
+_SB = 16  # requests a step of the order's rank compares with the step's CH
 
 
 def plan_capacity(rows: int, target: int) -> int:
@@ -96,6 +97,7 @@ def _plan_kernel(
     EVEN: tl.constexpr,
     CH: tl.constexpr,
     BLOCK_I: tl.constexpr,
+    SB: tl.constexpr,
 ):
     """Program p writes items [p BLOCK_I, (p + 1) BLOCK_I) of the list (program 0 also the
     header and the per-request table); every program derives the list's sizes itself."""
@@ -138,8 +140,8 @@ def _plan_kernel(
         # the row's first item: the items of every row before it in the order (larger chunk,
         # or the same chunk and a lower row)
         first = tl.zeros([CH], tl.int32)
-        for s0 in range(0, rows, CH):
-            s = s0 + offs
+        for s0 in range(0, rows, SB):  # (its cost: docs/kernels/mha_decode.md, "Longest items")
+            s = s0 + tl.arange(0, SB)
             t_s, sm = _row_tiles(cache_lens, s, rows, BLOCK_N)
             n_s = tl.where(sm, tl.maximum(tl.cdiv(t_s, cb), 1), 0)
             c_s = tl.cdiv(t_s, tl.maximum(n_s, 1))
@@ -185,7 +187,7 @@ def plan_work(
     launch(
         _plan_kernel, (triton.cdiv(cap, _BLOCK_I),), cache_lens, rows, buf, cap,
         BLOCK_N=block_n, TARGET=target, MIN_BLOCKS=min_blocks, WAVES=MAX_WAVES,
-        SPLIT_MAX=MAX_SPLIT, EVEN=EVEN_PCT, CH=_CH, BLOCK_I=_BLOCK_I, num_warps=4,
+        SPLIT_MAX=MAX_SPLIT, EVEN=EVEN_PCT, CH=_CH, BLOCK_I=_BLOCK_I, SB=_SB, num_warps=4,
     )  # fmt: skip
     return buf
 
