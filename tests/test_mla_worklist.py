@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 from test_triton_mla import (
     DEV,
     ON_GPU,
@@ -30,12 +28,7 @@ from test_triton_mla import (
 
 from pagedattn.ops.mla import triton_mla
 from pagedattn.ops.mla.tuning import MLATuning
-from pagedattn.ops.mla.worklist import (
-    mla_host_item_count,
-    mla_host_run_programs,
-    mla_host_runs,
-    mla_work_list,
-)
+from pagedattn.ops.mla.worklist import mla_host_item_count, mla_host_run_programs, mla_host_runs
 from pagedattn.testing import ragged_offsets
 
 
@@ -75,7 +68,6 @@ SKEWED = [
     ("fp8_g64_e8m0", [400, 1], [2, 1], 16, True, False),
     ("bf16", [450], [1], 128, True, True),  # one request over every item, two head blocks
     ("bf16", [2600, 5, 0], [1, 1, 1], 16, True, True),  # > 8 pieces: the combine's 2nd step
-    ("bf16", [3, 0, 90, 1, 900, 40], [1, 1, 2, 1, 1, 1], 16, True, True),  # long ones last
 ]
 
 
@@ -333,46 +325,3 @@ def test_gpu_balanced_graph_replays_with_new_lengths(gen, monkeypatch, one_wave,
 
 def test_tuning_can_turn_the_list_off():
     assert MLATuning().replace(balanced=False).wl.balanced is False
-
-
-@triton.jit
-def _list_order_kernel(
-    QOFF,
-    K_CL,
-    batch,
-    END,
-    N,
-    CHUNK,
-    TPT: tl.constexpr,
-    BN: tl.constexpr,
-    TARGET: tl.constexpr,
-    MIN_BLOCKS: tl.constexpr,
-    B_P2: tl.constexpr,
-):
-    r, _c, n, end, chunk, _o = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
-    tl.store(END + r, end)
-    tl.store(N + r, n)
-    tl.store(CHUNK + r, chunk)
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("batch", [5, 37])  # 37: more requests than a ranking step (16)
-def test_the_list_orders_requests_by_chunk_largest_first(seed, batch):
-    """`mla_work_list`'s order: requests by their chunk's blocks, largest first, ties in request
-    order, a request's items consecutive and every item numbered once."""
-    g = torch.Generator().manual_seed(seed)
-    cache_lens = (torch.empty(batch).log_normal_(5.0, 1.5, generator=g)).long().clamp(0, 9000)
-    cache_lens[int(torch.randint(batch, (1,), generator=g))] = 0
-    q_lens = torch.randint(0, 4, (batch,), generator=g)
-    offs = ragged_offsets(q_lens.tolist()).to(torch.int32)
-    b_p2 = triton.next_power_of_2(batch)
-    end, n, chunk = (torch.zeros(b_p2, dtype=torch.int32) for _ in range(3))
-    _list_order_kernel[(1,)](offs, cache_lens.to(torch.int32), batch, end, n, chunk, TPT=2,
-                             BN=16, TARGET=12, MIN_BLOCKS=2, B_P2=b_p2)  # fmt: skip
-    n, end, chunk = n[:batch].tolist(), end[:batch].tolist(), chunk[:batch].tolist()
-    order = sorted((b for b in range(batch) if n[b]), key=lambda b: (-chunk[b], b))
-    at = 0
-    for b in order:
-        assert end[b] - n[b] == at
-        at = end[b]
-    assert at == sum(n)

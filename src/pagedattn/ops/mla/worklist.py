@@ -10,11 +10,7 @@ an item holds about `cb` blocks, the same for all requests of the step:
     c_b = max(1, cdiv(w_b, cb)),   chunk_b = cdiv(w_b, c_b) * BN keys,
     items_b = tiles_b * c_b.
 
-Items are numbered request after request, then tile, then chunk; the requests come largest
-chunk first (chunk_b's blocks, ties in request order: `mla_list_ends`). A one-item-a-program
-grid is dispatched in program order, so the longest items start first and the short ones fill
-the SMs that finish early (list scheduling, longest first: docs/kernels/triton_mla.md,
-"Longest items first"). `sum_b items_b <= TARGET + sum_b
+Items are numbered request-major, then tile, then chunk. `sum_b items_b <= TARGET + sum_b
 tiles_b <= TARGET + tokens`, so a grid of (TARGET + tokens) x head-block programs covers every
 step of that token count: the host knows both, reads no length, and a captured CUDA graph
 replays with new lengths (programs past the list exit). TARGET is one wave of the kernel's
@@ -72,10 +68,6 @@ from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
 
-# requests a step of the list's order compares each request with (`mla_list_ends`; the Gluon
-# kernels' `g_list_ends` takes the same)
-LIST_SB = tl.constexpr(16)
-
 
 @triton.jit
 def mla_requests(QOFF, K_CL, batch, TPT: tl.constexpr, BN: tl.constexpr, B_P2: tl.constexpr):
@@ -103,52 +95,29 @@ def mla_work_list(
     B_P2: tl.constexpr,
 ):
     """(r [B_P2] request ids, c [B_P2] chunks a tile, n [B_P2] items a request (0 past batch),
-    end [B_P2] one past each request's last item (its items are [end - n, end), in the list's
-    order, `mla_list_ends`), chunk [B_P2] keys a chunk, o_lo [B_P2] first token) of the module
-    docstring's list."""
+    incl [B_P2] inclusive prefix sums of n, chunk [B_P2] keys a chunk, o_lo [B_P2] first
+    token) of the module docstring's list."""
     r, o_lo, q_len, tiles, w = mla_requests(QOFF, K_CL, batch, TPT, BN, B_P2)
     total = tl.sum(tiles.to(tl.int64) * w, 0)
     cb = tl.maximum(tl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(tl.int32)
     c = tl.maximum(tl.cdiv(w, cb), 1)
     n = tiles * c
-    kb = tl.cdiv(w, c)
-    end = mla_list_ends(QOFF, K_CL, batch, r, n, kb, cb, TPT, BN, B_P2)
-    return r, c, n, end, kb * BN, o_lo
+    chunk = tl.cdiv(w, c) * BN
+    incl = tl.cumsum(n, 0)
+    return r, c, n, incl, chunk, o_lo
 
 
 @triton.jit
-def mla_list_ends(QOFF, K_CL, batch, r, n, kb, cb, TPT: tl.constexpr, BN: tl.constexpr,
-                  B_P2: tl.constexpr):  # fmt: skip
-    """One past each request's last item [B_P2] in the list's order: requests by their chunk's
-    blocks kb, largest first, ties in request order (a request's items consecutive). Each
-    request is ranked against every request, LIST_SB a step, from the launch's lengths."""
-    first = tl.zeros([B_P2], tl.int32)
-    for s0 in range(0, batch, LIST_SB):
-        s = s0 + tl.arange(0, LIST_SB)
-        sm = s < batch
-        o_lo = tl.load(QOFF + s, mask=sm, other=0)
-        q_len = tl.maximum(tl.load(QOFF + s + 1, mask=sm, other=0) - o_lo, 0)
-        w = tl.cdiv(tl.maximum(tl.load(K_CL + s, mask=sm, other=0), 0) + q_len, BN)
-        c_s = tl.maximum(tl.cdiv(w, cb), 1)
-        n_s = tl.where(sm, tl.cdiv(q_len, TPT), 0) * c_s
-        k_s = tl.cdiv(w, c_s)
-        before = (k_s[None, :] > kb[:, None]) | (
-            (k_s[None, :] == kb[:, None]) & (s[None, :] < r[:, None])
-        )
-        first += tl.sum(tl.where(before, n_s[None, :], 0), 1)
-    return first + n
-
-
-@triton.jit
-def mla_find_item(r, c, n, end, chunk, o_lo, k, TPT: tl.constexpr):
+def mla_find_item(r, c, n, incl, chunk, o_lo, k, TPT: tl.constexpr):
     """(valid, t, lo, hi, c_b) of item k of the list `mla_work_list` returns: whether k is an
     item, its tile's leader token t, its chunk's keys [lo, hi) (before the causal clamp) and
     the chunks of its tile."""
     valid = k < tl.sum(n, 0)
-    at = (end - n <= k) & (k < end)
+    b = tl.sum(tl.where(incl <= k, 1, 0), 0)
+    at = r == b
     n_b = tl.sum(tl.where(at, n, 0), 0)
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
-    local = k - (tl.sum(tl.where(at, end, 0), 0) - n_b)
+    local = k - (tl.sum(tl.where(at, incl, 0), 0) - n_b)
     j = local // c_b
     lo = (local % c_b) * tl.sum(tl.where(at, chunk, 0), 0)
     t = tl.sum(tl.where(at, o_lo, 0), 0) + j * TPT
@@ -530,14 +499,14 @@ def _mla_worklist_combine_kernel(
     -inf. The list comes from the launch's inputs, which the decode kernel does not write: it
     is derived before the PDL wait, while the decode runs."""
     t = tl.program_id(0)
-    r, c, n, end, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
+    r, c, n, incl, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
     n_b = tl.sum(tl.where(at, n, 0), 0)
     i0 = t - tl.sum(tl.where(at, o_lo, 0), 0)
     covered = (b >= 0) & (i0 // TPT < n_b // c_b)  # (else no item has the token)
-    first = tl.sum(tl.where(at, end, 0), 0) - n_b + (i0 // TPT) * c_b
+    first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
     r0 = first.to(tl.int64) * TPT + i0 % TPT
     pdl_wait(PDL)  # (the partials: the decode kernel's)
     mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot, stride_oh, LSE,

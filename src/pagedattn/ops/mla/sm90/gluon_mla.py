@@ -45,7 +45,6 @@ from ...gluon_imports import (
 )
 from ...pdl import g_pdl_signal
 from ...triton_constants import LN2, LOG2E
-from ..worklist import LIST_SB
 
 # A development tile trace (TRACE 2 of the V32 cluster seesaws), after a kernel's own trace
 # slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a
@@ -308,46 +307,19 @@ if HAS_GLUON:
         cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
         c = gl.maximum(gl.cdiv(w, cb), 1)
         n = tiles * c
-        kb = gl.cdiv(w, c)
-        chunk = kb * BN
-        end = g_list_ends(QOFF, K_CL, batch, r, n, kb, cb, TPT, BN, B_P2, one_l)
+        chunk = gl.cdiv(w, c) * BN
+        incl = gl.associative_scan(n, 0, _g_add)
         n_items = gl.sum(n, 0)
         ok = item < n_items
-        at = (end - n <= item) & (item < end)
+        b = gl.sum(gl.where(incl <= item, 1, 0), 0)
+        at = r == b
         n_b = gl.sum(gl.where(at, n, 0), 0)
         c_b = gl.maximum(gl.sum(gl.where(at, c, 0), 0), 1)
         chunk_b = gl.sum(gl.where(at, chunk, 0), 0)
-        local = item - (gl.sum(gl.where(at, end, 0), 0) - n_b)
+        local = item - (gl.sum(gl.where(at, incl, 0), 0) - n_b)
         t = gl.sum(gl.where(at, o_lo, 0), 0) + (local // c_b) * TPT
         lo = (local % c_b) * chunk_b
         return n_items, ok, t, lo, lo + chunk_b, c_b, gl.max(gl.where(n > 0, chunk, 0), 0)
-
-    @gluon.jit
-    def g_list_ends(
-        QOFF, K_CL, batch, r, n, kb, cb, TPT: gl.constexpr, BN: gl.constexpr,
-        B_P2: gl.constexpr, one_l: gl.constexpr,
-    ):  # fmt: skip
-        """`worklist.mla_list_ends` (same order): one past each request's last item [B_P2]
-        (one_l, a 4-warp 1-D layout, as every caller's), requests by their chunk's blocks kb,
-        largest first, ties in request order; ranked LIST_SB requests a step."""
-        two_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [1, 0])
-        row_l: gl.constexpr = gl.SliceLayout(1, two_l)
-        col_l: gl.constexpr = gl.SliceLayout(0, two_l)
-        rr = gl.expand_dims(gl.convert_layout(r, row_l), 1)
-        kr = gl.expand_dims(gl.convert_layout(kb, row_l), 1)
-        first = gl.zeros([B_P2], gl.int32, layout=row_l)
-        for s0 in range(0, batch, LIST_SB):
-            s = s0 + gl.arange(0, LIST_SB, layout=col_l)
-            sm = s < batch
-            o_lo = gl.load(QOFF + s, mask=sm, other=0)
-            q_len = gl.maximum(gl.load(QOFF + s + 1, mask=sm, other=0) - o_lo, 0)
-            w = gl.cdiv(gl.maximum(gl.load(K_CL + s, mask=sm, other=0), 0) + q_len, BN)
-            c_s = gl.maximum(gl.cdiv(w, cb), 1)
-            n_s = gl.where(sm, gl.cdiv(q_len, TPT), 0) * c_s
-            k_s = gl.expand_dims(gl.cdiv(w, c_s), 0)
-            before = (k_s > kr) | ((k_s == kr) & (gl.expand_dims(s, 0) < rr))
-            first += gl.sum(gl.where(before, gl.expand_dims(n_s, 0), 0), 1)
-        return gl.convert_layout(first, one_l) + n
 
     @gluon.jit
     def g_run_stream(
