@@ -68,6 +68,7 @@ SKEWED = [
     ("fp8_g64_e8m0", [400, 1], [2, 1], 16, True, False),
     ("bf16", [450], [1], 128, True, True),  # one request over every item, two head blocks
     ("bf16", [2600, 5, 0], [1, 1, 1], 16, True, True),  # > 8 pieces: the combine's 2nd step
+    ("bf16", [3, 0, 90, 1, 900, 40], [1, 1, 2, 1, 1, 1], 16, True, True),  # long ones last
 ]
 
 
