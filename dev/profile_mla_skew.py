@@ -40,7 +40,8 @@ CASES = [
 
 # shipped: the default tuning; runs: the contiguous runs forced (no one-wave items; the TMA-fed
 # seesaw's too); st-runs: the TMA-fed seesaw on its runs (`wl_st_runs`, items where they fit
-# two waves); items: the balanced item list (no runs); P: one partition count a batch.
+# two waves); items: the balanced item list (no runs); by-size: the item list's requests by
+# bucket of their items' size, largest first (`wl_order` 1); P: one partition count a batch.
 # "merge=NS,DB,STAGES,WARPS": the shipped tuning with the combines'
 # `worklist.MergeShape(ns, db, stages, num_warps)`; "runs+merge=...": a variant's tuning with
 # that combine shape.
@@ -49,6 +50,7 @@ VARIANTS = {
     "runs": {"wl_one_wave": False, "wl_st_runs": True},
     "st-runs": {"wl_st_runs": True},
     "items": {"wl_runs": False},
+    "by-size": {"wl_order": 1},
     "P": {"balanced": False},
 }
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from test_triton_mla import (
     DEV,
     ON_GPU,
@@ -28,7 +30,13 @@ from test_triton_mla import (
 
 from pagedattn.ops.mla import triton_mla
 from pagedattn.ops.mla.tuning import MLATuning
-from pagedattn.ops.mla.worklist import mla_host_item_count, mla_host_run_programs, mla_host_runs
+from pagedattn.ops.mla.worklist import (
+    LIST_BUCKETS,
+    mla_host_item_count,
+    mla_host_run_programs,
+    mla_host_runs,
+    mla_work_list,
+)
 from pagedattn.testing import ragged_offsets
 
 
@@ -79,16 +87,16 @@ SKEWED = [
 )
 @pytest.mark.parametrize(
     "knobs",
-    [{"wl_one_wave": False}, {}, {"wl_runs": False}],
-    ids=["runs", "one-wave", "items"],
+    [{"wl_one_wave": False}, {}, {"wl_runs": False}, {"wl_runs": False, "wl_order": 1}],
+    ids=["runs", "one-wave", "items", "items-by-size"],
 )
 def test_balanced_list_matches_the_oracle(
     gen, monkeypatch, fmt, cache_lens, q_lens, h_q, causal, sink, knobs
 ):
     """Skewed lengths on the contiguous runs, on one wave of items (program p, item p: the
-    runs' launch where the list fits one wave) and on the item list's own launch: long
-    requests cut into many pieces or items (min 4 blocks of BN keys on the CPU's target),
-    whole tiles written directly."""
+    runs' launch where the list fits one wave) and on the item list's own launch, in request
+    order and by size (`wl_order` 1): long requests cut into many pieces or items (min 4
+    blocks of BN keys on the CPU's target), whole tiles written directly."""
     set_tuning(monkeypatch, knobs)
     _case(gen, fmt, cache_lens, q_lens, h_q, causal, sink)
 
@@ -258,9 +266,12 @@ _FORCED = {"wl_one_wave": False, "wl_st_runs": True}  # the runs, on every kerne
 @pytest.mark.parametrize(
     "fmt,h_q,knobs",
     [("bf16", 16, {}), ("bf16", 16, _FORCED), ("bf16", 128, {}), ("bf16", 128, _FORCED),
-     ("bf16", 128, {"wl_st_runs": True}), ("bf16", 64, _FORCED), ("rope_aware", 16, {})],
+     ("bf16", 128, {"wl_st_runs": True}), ("bf16", 64, _FORCED), ("rope_aware", 16, {}),
+     ("bf16", 128, {"wl_order": 1}), ("bf16", 16, {"wl_runs": False, "wl_order": 1}),
+     ("rope_aware", 16, {"wl_order": 1})],
     ids=["bf16-h16", "bf16-h16-forced-runs", "bf16-h128", "bf16-h128-forced-runs",
-         "bf16-h128-st-runs", "bf16-h64-forced-runs", "rope_aware-h16"],
+         "bf16-h128-st-runs", "bf16-h64-forced-runs", "rope_aware-h16", "bf16-h128-by-size",
+         "bf16-h16-items-by-size", "rope_aware-h16-by-size"],
 )  # fmt: skip
 @pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp", "uniform"])
 def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, knobs, shape):
@@ -326,3 +337,52 @@ def test_gpu_balanced_graph_replays_with_new_lengths(gen, monkeypatch, one_wave,
 
 def test_tuning_can_turn_the_list_off():
     assert MLATuning().replace(balanced=False).wl.balanced is False
+
+
+@triton.jit
+def _list_order_kernel(
+    QOFF,
+    K_CL,
+    batch,
+    END,
+    N,
+    KB,
+    TPT: tl.constexpr,
+    BN: tl.constexpr,
+    TARGET: tl.constexpr,
+    MIN_BLOCKS: tl.constexpr,
+    B_P2: tl.constexpr,
+):
+    r, c, n, end, chunk, _o = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, 1)
+    tl.store(END + r, end)
+    tl.store(N + r, n)
+    tl.store(KB + r, chunk // BN)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_list_by_size_puts_larger_buckets_first(seed):
+    """`mla_work_list`'s ORDER 1: requests by bucket of their chunk (LIST_BUCKETS x blocks //
+    (cb + 1)), the largest bucket first and request order within one; a request's items
+    consecutive, every item numbered once."""
+    batch, tpt, bn, target, min_blocks = 37, 2, 16, 12, 2
+    g = torch.Generator().manual_seed(seed)
+    cache_lens = (torch.empty(batch).log_normal_(5.0, 1.5, generator=g)).long().clamp(0, 9000)
+    q_lens = torch.randint(0, 4, (batch,), generator=g)
+    q_lens[0] = 0  # a request without queries: no item
+    offs = ragged_offsets(q_lens.tolist()).to(torch.int32)
+    b_p2 = triton.next_power_of_2(batch)
+    end, n, kb = (torch.zeros(b_p2, dtype=torch.int32) for _ in range(3))
+    _list_order_kernel[(1,)](offs, cache_lens.to(torch.int32), batch, end, n, kb, TPT=tpt,
+                             BN=bn, TARGET=target, MIN_BLOCKS=min_blocks, B_P2=b_p2)  # fmt: skip
+    tiles = (q_lens + tpt - 1) // tpt
+    w = (cache_lens + q_lens + bn - 1) // bn
+    cb = max(-(-int((tiles * w).sum()) * 9 // (target * 8)), min_blocks)
+    key = [int(LIST_BUCKETS.value) * int(k) // (cb + 1) for k in kb[:batch]]
+    n, end = n[:batch].tolist(), end[:batch].tolist()
+    order = sorted((b for b in range(batch) if n[b]), key=lambda b: (-key[b], b))
+    assert len({key[b] for b in order}) > 2  # the case spans several buckets
+    at = 0
+    for b in order:
+        assert end[b] - n[b] == at
+        at = end[b]
+    assert at == sum(n)

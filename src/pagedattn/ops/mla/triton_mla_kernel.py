@@ -532,11 +532,13 @@ def _mla_decode_kernel(
     RUN_OVH: tl.constexpr = 0,
     ITEM_WAVES: tl.constexpr = 1,
     META=None,
+    LIST_ORDER: tl.constexpr = 0,
 ):
     """One (tile, partition): BM (token, head) rows of one request over one key partition.
     BALANCED (dense, no extra operand): one (item of the balanced work list `worklist`, head
     block) instead: the grid is (TARGET + tokens) x NHB, programs past the list exit; a tile of
-    several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output.
+    several items writes partials at rows item * TPT + i of PO / PL, a tile of one the output;
+    LIST_ORDER: the list's ORDER (`worklist.mla_work_list`).
     RUNS (same modes): program p of RUN_P for head block hb (grid RUN_P x NHB): item p of the
     list where its items fit one wave of RUN_P (ITEM_WAVES 1; 0: never) and none exceeds 9/8 of
     a run, else
@@ -582,11 +584,11 @@ def _mla_decode_kernel(
     elif BALANCED:
         tl.static_assert(not (K_SPARSE or HAS_X), "the balanced list is for dense decode")
         w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
-            QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2
+            QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, LIST_ORDER
         )
         item = pid // NHB
         valid, t, w_klo, w_khi, c_tile = mla_find_item(
-            w_r, w_c, w_n, w_incl, w_chunk, w_lo, item, TPT
+            w_r, w_c, w_n, w_incl, w_chunk, w_lo, item, TPT, LIST_ORDER
         )
         if valid:  # partial rows item * TPT + i (`worklist`)
             _decode_tile(

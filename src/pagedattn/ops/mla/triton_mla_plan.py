@@ -302,8 +302,10 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
                       PDL=pdl_enabled(a.q))  # fmt: skip
         return plan._replace(grid=(target * nhb,), kwargs=kwargs, partitions=1,
                              balanced=(target, wl.wl_run_min_blocks), runs=True)  # fmt: skip
+    check(wl.wl_order in (0, 1), "config.wl.wl_order", "0 or 1", wl.wl_order)
     kwargs = dict(plan.kwargs, BALANCED=True, TARGET=target, MIN_BLOCKS=wl.wl_min_blocks,
-                  SPLIT=False, PDL=pdl_enabled(a.q))  # fmt: skip
+                  SPLIT=False, PDL=pdl_enabled(a.q),
+                  **({"LIST_ORDER": wl.wl_order} if wl.wl_order else {}))  # fmt: skip
     grid = ((target + a.tokens) * nhb,)
     return plan._replace(grid=grid, kwargs=kwargs, partitions=1,
                          balanced=(target, wl.wl_min_blocks))  # fmt: skip

@@ -166,6 +166,13 @@ class WorkListTuning:
     # on sm_90 (docs/kernels/triton_mla.md) against ~2.3 us to stream a 64-key BF16 block at a
     # SM's share of the H200's copy bandwidth (73.7 KB / (4.26 TB/s / 132))
     wl_overhead: int = 2
+    # the item list's order where one item a program serves (the TMA-fed seesaw, the keys-as-M
+    # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 0 request
+    # order; 1 by bucket of the items' size, largest first (`worklist.mla_bucket_ends`), so
+    # that a grid of more items than a wave starts its longest first. Not yet measured: the
+    # exact order ranked in every program gained 6-10% on skewed h_q 128 steps and lost 8-33%
+    # on the uniform controls (docs/kernels/triton_mla.md, "Longest items first, tried")
+    wl_order: int = 0
 
 
 _FAMILIES = {

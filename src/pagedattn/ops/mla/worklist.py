@@ -68,6 +68,10 @@ from ..launch import launch
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
 
+# the buckets of the list's ORDER 1 (`mla_bucket_ends`; the Gluon kernels' `g_list_item` takes
+# the same)
+LIST_BUCKETS = tl.constexpr(8)
+
 
 @triton.jit
 def mla_requests(QOFF, K_CL, batch, TPT: tl.constexpr, BN: tl.constexpr, B_P2: tl.constexpr):
@@ -93,28 +97,53 @@ def mla_work_list(
     TARGET: tl.constexpr,
     MIN_BLOCKS: tl.constexpr,
     B_P2: tl.constexpr,
+    ORDER: tl.constexpr = 0,
 ):
     """(r [B_P2] request ids, c [B_P2] chunks a tile, n [B_P2] items a request (0 past batch),
-    incl [B_P2] inclusive prefix sums of n, chunk [B_P2] keys a chunk, o_lo [B_P2] first
-    token) of the module docstring's list."""
+    end [B_P2] one past each request's last item (its items are [end - n, end); ORDER 0:
+    request order, the inclusive prefix sums of n; 1: `mla_bucket_ends`), chunk [B_P2] keys a
+    chunk, o_lo [B_P2] first token) of the module docstring's list."""
     r, o_lo, q_len, tiles, w = mla_requests(QOFF, K_CL, batch, TPT, BN, B_P2)
     total = tl.sum(tiles.to(tl.int64) * w, 0)
     cb = tl.maximum(tl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(tl.int32)
     c = tl.maximum(tl.cdiv(w, cb), 1)
     n = tiles * c
     chunk = tl.cdiv(w, c) * BN
-    incl = tl.cumsum(n, 0)
-    return r, c, n, incl, chunk, o_lo
+    if ORDER == 1:
+        end = mla_bucket_ends(n, tl.cdiv(w, c), cb)
+    else:
+        end = tl.cumsum(n, 0)
+    return r, c, n, end, chunk, o_lo
 
 
 @triton.jit
-def mla_find_item(r, c, n, incl, chunk, o_lo, k, TPT: tl.constexpr):
+def mla_bucket_ends(n, kb, cb):
+    """One past each request's last item [B_P2] when requests come by bucket of their chunk
+    (kb blocks of at most cb: bucket LIST_BUCKETS kb // (cb + 1)), the largest bucket first,
+    request order within a bucket: longest items first, to within a bucket's width (one
+    prefix sum a bucket; `ORDER` 1 of `mla_work_list`)."""
+    key = (LIST_BUCKETS * kb) // (cb + 1)
+    end = tl.zeros_like(n)
+    base = 0
+    for i in tl.static_range(LIST_BUCKETS):
+        at = key == LIST_BUCKETS - 1 - i
+        n_k = tl.where(at, n, 0)
+        end = tl.where(at, base + tl.cumsum(n_k, 0), end)
+        base += tl.sum(n_k, 0)
+    return end
+
+
+@triton.jit
+def mla_find_item(r, c, n, incl, chunk, o_lo, k, TPT: tl.constexpr, ORDER: tl.constexpr = 0):
     """(valid, t, lo, hi, c_b) of item k of the list `mla_work_list` returns: whether k is an
     item, its tile's leader token t, its chunk's keys [lo, hi) (before the causal clamp) and
-    the chunks of its tile."""
+    the chunks of its tile. incl: the list's `end` (ORDER 0: its inclusive prefix sums)."""
     valid = k < tl.sum(n, 0)
-    b = tl.sum(tl.where(incl <= k, 1, 0), 0)
-    at = r == b
+    if ORDER == 0:
+        b = tl.sum(tl.where(incl <= k, 1, 0), 0)
+        at = r == b
+    else:
+        at = (incl - n <= k) & (k < incl)
     n_b = tl.sum(tl.where(at, n, 0), 0)
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
     local = k - (tl.sum(tl.where(at, incl, 0), 0) - n_b)
@@ -492,6 +521,7 @@ def _mla_worklist_combine_kernel(
     B_P2: tl.constexpr,
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
+    ORDER: tl.constexpr = 0,
 ):
     """One (token, block of BH heads, DB output dims): merge the partials of its tile's items
     when the tile has several (a tile of one item was written by the decode kernel),
@@ -499,7 +529,9 @@ def _mla_worklist_combine_kernel(
     -inf. The list comes from the launch's inputs, which the decode kernel does not write: it
     is derived before the PDL wait, while the decode runs."""
     t = tl.program_id(0)
-    r, c, n, incl, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
+    r, c, n, incl, chunk, o_lo = mla_work_list(
+        QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, ORDER
+    )
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
@@ -527,19 +559,21 @@ def mla_worklist_combine_triton(
     target: int,
     min_blocks: int,
     merge: MergeShape = ITEMS_MERGE,
+    order: int = 0,
 ) -> None:
     """Merge the split tiles of a balanced MLA decode launch (same list arguments as the
-    launch); a program per (token, 16 heads, merge.db dims), `mla_merge_rows`. partial_out
-    [items * TPT, h_q, d_v] f32, partial_lse [items * TPT, h_q] f32; out [tokens, h_q, d_v]
-    (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks [h_q] f32 or None. No host
-    sync."""
+    launch; `order`: its list's ORDER); a program per (token, 16 heads, merge.db dims),
+    `mla_merge_rows`. partial_out [items * TPT, h_q, d_v] f32, partial_lse [items * TPT, h_q]
+    f32; out [tokens, h_q, d_v] (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks
+    [h_q] f32 or None. No host sync."""
     tokens, h_q, d_v = out.shape
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
     _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch), partial_out,
                   partial_lse, out, lse, sinks, merge, TPT=tpt, BN=bn, TARGET=target,
-                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1))  # fmt: skip
+                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1),
+                  **({"ORDER": order} if order else {}))  # fmt: skip
 
 
 def _launch_merge(kernel, lead: tuple, partial_out, partial_lse, out, lse, sinks,

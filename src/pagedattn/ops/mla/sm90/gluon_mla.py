@@ -45,6 +45,7 @@ from ...gluon_imports import (
 )
 from ...pdl import g_pdl_signal
 from ...triton_constants import LN2, LOG2E
+from ..worklist import LIST_BUCKETS
 
 # A development tile trace (TRACE 2 of the V32 cluster seesaws), after a kernel's own trace
 # slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a
@@ -260,20 +261,20 @@ if HAS_GLUON:
     def g_work_item(
         QOFF, K_CL, batch, NHB: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
         TARGET: gl.constexpr, MIN_BLOCKS: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr,
-        one_l: gl.constexpr,
+        one_l: gl.constexpr, ORDER: gl.constexpr = 0,
     ):  # fmt: skip
         """A balanced program's work (grid: items of the list x head blocks; `ops.mla.worklist`,
-        whose `mla_work_list` / `mla_find_item` this mirrors): (ok, t, hb, lo, hi, split,
-        pbase). ok: the program has an item (else it exits); t: its tile's leader token;
-        [lo, hi): its chunk of the tile's keys (before the causal clamp); split: the tile has
-        several items (partials); pbase: the `part` that puts the tile's token t + i at
-        partial row item * TPT + i with n_tokens 1. The dependent launch is signalled first
-        where PDL."""
+        whose `mla_work_list` / `mla_find_item` this mirrors, ORDER its list's order): (ok, t,
+        hb, lo, hi, split, pbase). ok: the program has an item (else it exits); t: its tile's
+        leader token; [lo, hi): its chunk of the tile's keys (before the causal clamp); split:
+        the tile has several items (partials); pbase: the `part` that puts the tile's token
+        t + i at partial row item * TPT + i with n_tokens 1. The dependent launch is signalled
+        first where PDL."""
         g_pdl_signal(PDL)
         pid = gl.program_id(0)
         item = pid // NHB
         _n, ok, t, lo, hi, c_b, _m = g_list_item(
-            QOFF, K_CL, batch, item, TPT, BN, TARGET, MIN_BLOCKS, B_P2, one_l
+            QOFF, K_CL, batch, item, TPT, BN, TARGET, MIN_BLOCKS, B_P2, one_l, ORDER
         )
         return ok, t, pid % NHB, lo, hi, c_b > 1, item * TPT - t
 
@@ -297,22 +298,36 @@ if HAS_GLUON:
     def g_list_item(
         QOFF, K_CL, batch, item, TPT: gl.constexpr, BN: gl.constexpr, TARGET: gl.constexpr,
         MIN_BLOCKS: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr,
+        ORDER: gl.constexpr = 0,
     ):  # fmt: skip
         """Item `item` of the balanced list (`worklist.mla_work_list` / `mla_find_item`, same
-        arithmetic): (the list's items, ok: item is one, t: its tile's leader token, [lo, hi):
-        its chunk of the tile's keys before the causal clamp, c_b: the tile's items, the
-        longest item's keys)."""
+        arithmetic and ORDER): (the list's items, ok: item is one, t: its tile's leader token,
+        [lo, hi): its chunk of the tile's keys before the causal clamp, c_b: the tile's items,
+        the longest item's keys)."""
         r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
         total = gl.sum(tiles.to(gl.int64) * w, 0)
         cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
         c = gl.maximum(gl.cdiv(w, cb), 1)
         n = tiles * c
         chunk = gl.cdiv(w, c) * BN
-        incl = gl.associative_scan(n, 0, _g_add)
+        if ORDER == 1:  # (`worklist.mla_bucket_ends`)
+            key = (LIST_BUCKETS * gl.cdiv(w, c)) // (cb + 1)
+            incl = gl.zeros_like(n)
+            base = 0
+            for i in gl.static_range(LIST_BUCKETS):
+                in_k = key == LIST_BUCKETS - 1 - i
+                n_k = gl.where(in_k, n, 0)
+                incl = gl.where(in_k, base + gl.associative_scan(n_k, 0, _g_add), incl)
+                base += gl.sum(n_k, 0)
+        else:
+            incl = gl.associative_scan(n, 0, _g_add)
         n_items = gl.sum(n, 0)
         ok = item < n_items
-        b = gl.sum(gl.where(incl <= item, 1, 0), 0)
-        at = r == b
+        if ORDER == 1:
+            at = (incl - n <= item) & (item < incl)
+        else:
+            b = gl.sum(gl.where(incl <= item, 1, 0), 0)
+            at = r == b
         n_b = gl.sum(gl.where(at, n, 0), 0)
         c_b = gl.maximum(gl.sum(gl.where(at, c, 0), 0), 1)
         chunk_b = gl.sum(gl.where(at, chunk, 0), 0)
@@ -1218,7 +1233,7 @@ if HAS_GLUON:
         KSWZ: gl.constexpr = 1, PDL: gl.constexpr = False, TRACE: gl.constexpr = False, TR=None,
         BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
         RUNS: gl.constexpr = False, RUN_P: gl.constexpr = 1, RUN_OVH: gl.constexpr = 0,
-        ITEM_WAVES: gl.constexpr = 1, META=None,
+        ITEM_WAVES: gl.constexpr = 1, META=None, LIST_ORDER: gl.constexpr = 0,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1309,8 +1324,9 @@ if HAS_GLUON:
         else:
             if BALANCED:  # one item of the balanced list (`g_work_item`)
                 ok, t, hb, w_lo, w_hi, split, part = g_work_item(
-                    QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
-                )
+                    QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l,
+                    LIST_ORDER,
+                )  # fmt: skip
                 if ok:
                     _t_tile(
                         q_args, out_args, k_args, t, hb, part, split, (w_lo, w_hi), q_lat_buf,

@@ -489,7 +489,7 @@ if HAS_GLUON:
         KD=None, KD3=None, K_lut_len=1, TRACE: gl.constexpr = False, TR=None,
         BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
         RUNS: gl.constexpr = False, RUN_P: gl.constexpr = 1, RUN_OVH: gl.constexpr = 0,
-        ITEM_WAVES: gl.constexpr = 1, META=None,
+        ITEM_WAVES: gl.constexpr = 1, META=None, LIST_ORDER: gl.constexpr = 0,
     ):  # fmt: skip
         """See the module docstring. Dense BF16 cache, d_qk 576, BN 64, pages of a multiple
         of 64 rows; KD: a Gluon TMA descriptor of [64, 64] boxes (128-byte swizzle) over the
@@ -564,8 +564,9 @@ if HAS_GLUON:
                 if TRACE:
                     trp = g_trace_open(TR)
                 ok, t, hb, w_lo, w_hi, split, part = g_work_item(
-                    QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
-                )
+                    QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l,
+                    LIST_ORDER,
+                )  # fmt: skip
                 if not ok:
                     return
                 early = g_early_q(trp, Q, stride_qt, stride_qh, t, hb, H_Q, HPT, TPT, ld_l)

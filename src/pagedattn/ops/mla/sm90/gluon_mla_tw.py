@@ -233,6 +233,7 @@ if HAS_GLUON:
         TRACE: gl.constexpr = False,
         TR=None,
         BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
+        LIST_ORDER: gl.constexpr = 0,
     ):  # fmt: skip
         """See the module docstring. Rope-aware FP8 cache, d_qk 576, BN 64, NR 16. Launch with
         num_warps=4 (consumer 0); consumer 1 and the producer are worker partitions. PS_C: the
@@ -264,8 +265,9 @@ if HAS_GLUON:
 
         if BALANCED:  # one item of the balanced list (`g_work_item`)
             ok, t, hb, w_lo, w_hi, split, part = g_work_item(
-                QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l
-            )
+                QOFF, K_CL, batch, NHB, TPT, BN, TARGET, MIN_BLOCKS, B_P2, PDL, one_l,
+                LIST_ORDER,
+            )  # fmt: skip
             if not ok:
                 return
             item = (w_lo, w_hi)
