@@ -48,7 +48,8 @@ EXTRA = ("uniform b1 x1024", "uniform b8 x1024", "mixed 56+8x512", "mixed 120+4x
 # P: one partition count a batch (no list), for reference; "twopass": the kernels' own list
 # with the combine launch's short rows merged in two rounds of loads; "tune={json}": the
 # step's plan with those decode tuning fields (`MHATuning(decode=...)`), e.g.
-# tune={"min_chunk": 128}; "split=N": the step's plan made with work_plan.MAX_SPLIT N
+# tune={"min_chunk": 128}; "split=N": the step's plan made with work_plan.MAX_SPLIT N;
+# "list-by-size": the kernels' own list with its rows by bucket of size (`list_order` 1)
 _V = os.environ.get("VARIANTS", "list,plan,device-plan,plan+planner,P")
 VARIANTS = tuple(_V.split(";" if ";" in _V else ","))
 
@@ -80,6 +81,9 @@ def _call(variant, q, k_op, v_op, offs, out, lens, num_decodes=None):
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)
     if variant == "list":
         return lambda: mha_triton(q, k_op, v_op, offs, out=out)
+    if variant == "list-by-size":  # the kernels' own list, rows by bucket of size
+        cfg = MHATuning(decode={"list_order": 1})
+        return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)
     if variant == "plan":
         plan = StepPlan(lens)
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, plan=plan)

@@ -16,6 +16,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # CPU CI: before triton is imported
@@ -39,6 +41,7 @@ from pagedattn.ops import prepared as PR  # noqa: E402
 from pagedattn.ops.launch import recording  # noqa: E402
 from pagedattn.ops.mha import StepPlan  # noqa: E402
 from pagedattn.ops.mha import selection as MS  # noqa: E402
+from pagedattn.ops.mha import triton_worklist as TW  # noqa: E402
 from pagedattn.ops.mha.selection import MHATuning  # noqa: E402
 from pagedattn.ops.mha.triton_mha import mha_triton  # noqa: E402
 from pagedattn.testing import BF16_TOL, assert_close, make_paged_cache, poison_  # noqa: E402
@@ -188,6 +191,27 @@ def test_one_pass_merge_equals_two_passes_bit_for_bit(config, monkeypatch, gen):
         assert torch.equal(one, two) and torch.equal(lse, lse2)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["combine launch", "fused"])
+def test_list_by_size_matches_the_oracle(fused, gen):
+    """The kernels' own list with rows by bucket of their items' size (`list_order` 1): long
+    rows after short ones, rows of 0 and 1 keys, sinks and the LSE, through the combine launch
+    and the fused merge, against the oracle; the same result as the shipped order's."""
+    cfg = MHATuning(decode=dict(list_order=1, fused_merge=fused))
+    cache_lens = [3, 0, 130, 1, 2900, 40, 9000, 700]
+    b = len(cache_lens)
+    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, 8, 64, gen)
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    offs = offsets_of([1] * b)
+    with recording() as made:
+        out, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, config=cfg)
+    assert any(m.kwargs.get("LIST_ORDER") == 1 for m in made), [m.kwargs for m in made]
+    ship, lse0 = call(q, k, v, offs, sinks=sinks,
+                      config=MHATuning(decode=dict(fused_merge=fused)))  # fmt: skip
+    assert_close(out, ship, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
+    assert_close(lse, lse0, **LSE_TOL)
+
+
 @pytest.mark.parametrize("h_kv,group,d,page", [(3, 3, 96, 16), (1, 6, 48, 1), (2, 5, 80, 7)])
 def test_fused_merge_with_padded_heads_and_dims(h_kv, group, d, page, gen):
     """Split rows merged in the launch where the query heads of a KV head (3, 5, 6) and the
@@ -333,3 +357,53 @@ def test_gpu_graph_replay_with_new_lengths(warm_capture_stream, fused):
         eager = mha_triton(q, k, v, offs, config=cfg)
         assert torch.equal(out, eager)
         assert_close(out, gpu_reference(q, k, v, range(b), 128**-0.5), **BF16_TOL)
+
+
+@triton.jit
+def _work_list_kernel(
+    CL,
+    OFFS,
+    batch,
+    END,
+    N,
+    CHUNK,
+    BLOCK_N: tl.constexpr,
+    TARGET: tl.constexpr,
+    MIN_BLOCKS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    ORDER: tl.constexpr,
+):
+    r, n, end, _lo, chunk = TW.work_list(CL, OFFS, batch, 0, 0, BLOCK_N, TARGET, MIN_BLOCKS,
+                                         BLOCK_B, ORDER)  # fmt: skip
+    tl.store(END + r, end)
+    tl.store(N + r, n)
+    tl.store(CHUNK + r, chunk)
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_kernel_list_orders(order):
+    """The kernels' own list: ORDER 0 numbers the split rows first (row order within each
+    class), ORDER 1 the rows by bucket of their chunk, the largest bucket first (row order
+    within one); a row's items consecutive, every item numbered once."""
+    g = torch.Generator().manual_seed(3)
+    batch, bn, target, min_blocks = 45, 16, 20, 2
+    cache_lens = (torch.empty(batch).log_normal_(5.5, 1.5, generator=g)).long().clamp(0, 20000)
+    b_p2 = triton.next_power_of_2(batch)
+    end, n, chunk = (torch.zeros(b_p2, dtype=torch.int32) for _ in range(3))
+    offs = torch.arange(batch + 1, dtype=torch.int32)
+    _work_list_kernel[(1,)](cache_lens.to(torch.int32), offs, batch, end, n, chunk,
+                            BLOCK_N=bn, TARGET=target, MIN_BLOCKS=min_blocks, BLOCK_B=b_p2,
+                            ORDER=order)  # fmt: skip
+    n, end, chunk = n[:batch].tolist(), end[:batch].tolist(), chunk[:batch].tolist()
+    tiles = [(int(c) + bn) // bn for c in cache_lens]
+    cb = max(-(-sum(tiles) * 9 // (target * 8)), min_blocks)
+    if order == 0:
+        key = [int(k > 1) for k in n]
+    else:
+        key = [min(int(TW.LIST_BUCKETS.value) * c // (cb + 1), 7) for c in chunk]
+    assert len(set(key)) > (1 if order == 0 else 2)  # the case spans several classes
+    at = 0
+    for r in sorted(range(batch), key=lambda r: (-key[r], r)):
+        assert end[r] - n[r] == at
+        at = end[r]
+    assert at == sum(n)

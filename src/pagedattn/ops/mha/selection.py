@@ -79,7 +79,11 @@ class DecodeConfig(_Fields):
     launch's shared memory raised to fit no more), -1 the list's (`cache.dispatch.
     mha_ctas_per_sm`, whose wave the items are sized for), 0 none: Qwen3-30B-A3B heads
     (32 / 4) b256, one item a row, ran 89.5 us at 5 CTAs a SM (1.55 waves) and 80.3 at 4
-    (two even waves)."""
+    (two even waves). list_order: the kernels' own list's order (a step's plan has its own):
+    0 split rows first (shipped), 1 rows by bucket of their items' size, largest first
+    (`triton_worklist.bucket_ends`; not yet measured on a GPU: on the suite's skewed steps the
+    host plan's exact order ran 15-25% faster than the kernels' split-rows-first list,
+    docs/kernels/mha_decode.md, "Longest items first")."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -106,6 +110,7 @@ class DecodeConfig(_Fields):
     small_min_chunk: int = 64
     merge_stages: int = 4
     max_ctas_per_sm: int = -1
+    list_order: int = 0
 
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V

@@ -449,6 +449,7 @@ def _mha_decode_kernel(
     FUSED: tl.constexpr = False,
     MERGE_GP: tl.constexpr = 1,
     MERGE_STAGES: tl.constexpr = 1,
+    LIST_ORDER: tl.constexpr = 0,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
@@ -458,7 +459,8 @@ def _mha_decode_kernel(
     batch) x H_KV, programs past the list exit); a row of several items writes partials
     PO [items, h_q, DV] / PL [items, h_q] at its items, a row of one the output. PLAN (with
     BALANCED): the items come from a step's plan (`work_plan`, int32 Plan: n_items, then
-    (row, k_lo, k_hi, n_row) an item from word 8) instead of the kernel's own list.
+    (row, k_lo, k_hi, n_row) an item from word 8) instead of the kernel's own list, whose
+    order is LIST_ORDER's (`triton_worklist.work_list`).
     FUSED (with BALANCED): a split row's items merge in this launch, no combine launch: each
     item, after writing its partials, counts itself on the int32 Sem [rows, H_KV] (zero
     before the launch, `ops.prepared.semaphores`); the row's last item to count merges every
@@ -484,8 +486,9 @@ def _mha_decode_kernel(
         split = n_row > 1
     elif BALANCED:
         w_r, w_n, w_end, w_lo, w_chunk = work_list(
-            cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
-        )
+            cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B,
+            LIST_ORDER,
+        )  # fmt: skip
         if rest >= tl.sum(w_n, 0):
             return
         row, n_row, part, _w_lo, chunk = find_item(w_r, w_n, w_end, w_lo, w_chunk, rest)

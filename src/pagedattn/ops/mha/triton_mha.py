@@ -496,6 +496,7 @@ def _full_path(
             min_shared=occupancy_shared(cfg.max_ctas_per_sm) if cfg.max_ctas_per_sm > 0 else 0,
             **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
                     **({"PLAN": True} if buf is not None else {}),
+                    **({"LIST_ORDER": cfg.list_order} if cfg.list_order else {}),
                     **(_merge_flags(cfg, group) if sem is not None else {}))
                if balanced else {}),
         )  # fmt: skip
@@ -505,6 +506,7 @@ def _full_path(
                     ka.cache_lengths, q_row_offsets, mask.code, mask.param, po, pl, out, lse,
                     sinks, group=group, block_n=bn, target=how.target,
                     min_blocks=how.min_blocks, block_b=block_b, plan=buf,
+                    list_order=cfg.list_order,
                 )  # fmt: skip
         elif split:
             combine_triton(po, pl, out, lse, sinks)

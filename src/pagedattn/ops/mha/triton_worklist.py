@@ -46,6 +46,8 @@ from .triton_tiles import visible_range
 # COMBINE_STAGES deep, 4 warps: the fastest of the shapes swept on the real-workload suite's
 # GQA 32/8 d128 steps on an H200 (skewed b64 7.5 us against 9.4 for all 128 dims a program;
 # the sweep and its record: docs/kernels/mha_decode.md, "the combine's step").
+# the buckets of the list's ORDER 1 (`bucket_ends`)
+LIST_BUCKETS = tl.constexpr(8)
 COMBINE_ELEMS = 1024
 COMBINE_DIMS = 32
 COMBINE_STAGES = 4
@@ -62,10 +64,12 @@ def work_list(
     TARGET: tl.constexpr,
     MIN_BLOCKS: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    ORDER: tl.constexpr = 0,
 ):
     """(r [BLOCK_B] row ids, n [BLOCK_B] items a row (0 past batch), end [BLOCK_B] one past
-    each row's last item (its items are [end - n, end): split rows first, module docstring),
-    lo_al [BLOCK_B] first tile's key, chunk [BLOCK_B] tiles an item)."""
+    each row's last item (its items are [end - n, end); ORDER 0: split rows first, module
+    docstring; 1: `bucket_ends`), lo_al [BLOCK_B] first tile's key, chunk [BLOCK_B] tiles an
+    item)."""
     r = tl.arange(0, BLOCK_B)
     rm = r < batch
     o_lo = tl.load(q_offsets + r, mask=rm, other=0)
@@ -80,7 +84,26 @@ def work_list(
     n = tl.maximum(tl.cdiv(tiles, cb), 1)
     n = tl.where(rm, tl.where(ragged, 1, n), 0)
     chunk = tl.cdiv(tiles, tl.maximum(n, 1))  # (n is 0 past batch)
+    if ORDER == 1:
+        return r, n, bucket_ends(n, chunk, cb), lo_al, chunk
     return r, n, split_first_ends(n), lo_al, chunk
+
+
+@triton.jit
+def bucket_ends(n, chunk, cb):
+    """One past the last item of each row when rows come by bucket of their chunk (bucket
+    min(LIST_BUCKETS chunk // (cb + 1), LIST_BUCKETS - 1): chunk <= cb but for a ragged
+    batch's whole rows), the largest bucket first, row order within one: longest items first,
+    to within a bucket's width (one prefix sum a bucket; ORDER 1 of `work_list`)."""
+    key = tl.minimum((LIST_BUCKETS * chunk) // (cb + 1), LIST_BUCKETS - 1)
+    end = tl.zeros_like(n)
+    base = 0
+    for i in tl.static_range(LIST_BUCKETS):
+        at = key == LIST_BUCKETS - 1 - i
+        n_k = tl.where(at, n, 0)
+        end = tl.where(at, base + tl.cumsum(n_k, 0), end)
+        base += tl.sum(n_k, 0)
+    return end
 
 
 @triton.jit
@@ -173,6 +196,7 @@ def _worklist_combine_kernel(
     PDL: tl.constexpr = False,
     PLAN: tl.constexpr = False,
     ONE_PASS: tl.constexpr = True,
+    LIST_ORDER: tl.constexpr = 0,
 ):
     """One (row, KV head, DB output dims): merge the partials of the row's items for the KV
     head's GROUP query heads when the row has several (a row of one item was written by the
@@ -190,8 +214,9 @@ def _worklist_combine_kernel(
         n_row = tl.load(at_row + 1)
     else:
         r, n, end, lo_al, chunk = work_list(
-            cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B
-        )
+            cache_lens, q_offsets, batch, mask_param, MASK, BLOCK_N, TARGET, MIN_BLOCKS, BLOCK_B,
+            LIST_ORDER,
+        )  # fmt: skip
         at = r == row
         n_row = tl.sum(tl.where(at, n, 0), 0)
         first = (tl.sum(tl.where(at, end, 0), 0) - n_row).to(tl.int64)
@@ -428,9 +453,11 @@ def worklist_combine_triton(
     stages: int = COMBINE_STAGES,
     num_warps: int = 4,
     one_pass: bool = True,
+    list_order: int = 0,
 ) -> None:
     """Merge the split rows of a balanced decode launch (same list arguments as the launch;
-    plan: the step's `work_plan` buffer the launch read its items from, or None).
+    plan: the step's `work_plan` buffer the launch read its items from, or None; list_order:
+    the list's ORDER, `work_list`).
 
     partial_out [items, H, DV] f32, partial_lse [items, H] f32; out [rows, H, DV] (last dim
     contiguous), lse [rows, H] f32 or None; sinks [H] f32 or None; group: query heads a KV
@@ -479,4 +506,5 @@ def worklist_combine_triton(
         ONE_PASS=one_pass,
         num_warps=num_warps,
         **pdl_launch_kwargs(pdl),
+        **({"LIST_ORDER": list_order} if list_order else {}),
     )
