@@ -39,6 +39,7 @@ from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
 from pagedattn.ops import masks  # noqa: E402
 from pagedattn.ops import prepared as PR  # noqa: E402
 from pagedattn.ops.launch import recording  # noqa: E402
+from pagedattn.ops.list_order import LIST_BUCKETS  # noqa: E402
 from pagedattn.ops.mha import StepPlan  # noqa: E402
 from pagedattn.ops.mha import selection as MS  # noqa: E402
 from pagedattn.ops.mha import triton_worklist as TW  # noqa: E402
@@ -400,7 +401,7 @@ def test_kernel_list_orders(order):
     if order == 0:
         key = [int(k > 1) for k in n]
     else:
-        key = [min(int(TW.LIST_BUCKETS.value) * c // (cb + 1), 7) for c in chunk]
+        key = [min(int(LIST_BUCKETS.value) * c // (cb + 1), 7) for c in chunk]
     assert len(set(key)) > (1 if order == 0 else 2)  # the case spans several classes
     at = 0
     for r in sorted(range(batch), key=lambda r: (-key[r], r)):

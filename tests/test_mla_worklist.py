@@ -28,10 +28,10 @@ from test_triton_mla import (
     tol_for,
 )
 
+from pagedattn.ops.list_order import LIST_BUCKETS
 from pagedattn.ops.mla import triton_mla
 from pagedattn.ops.mla.tuning import MLATuning
 from pagedattn.ops.mla.worklist import (
-    LIST_BUCKETS,
     mla_host_item_count,
     mla_host_run_programs,
     mla_host_runs,

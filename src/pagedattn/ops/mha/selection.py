@@ -81,7 +81,7 @@ class DecodeConfig(_Fields):
     (32 / 4) b256, one item a row, ran 89.5 us at 5 CTAs a SM (1.55 waves) and 80.3 at 4
     (two even waves). list_order: the kernels' own list's order (a step's plan has its own):
     0 split rows first (shipped), 1 rows by bucket of their items' size, largest first
-    (`triton_worklist.bucket_ends`; not yet measured on a GPU: on the suite's skewed steps the
+    (`ops.list_order.bucket_ends`; not yet measured on a GPU: on the suite's skewed steps the
     host plan's exact order ran 15-25% faster than the kernels' split-rows-first list,
     docs/kernels/mha_decode.md, "Longest items first")."""
 

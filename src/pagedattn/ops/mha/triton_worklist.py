@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..launch import launch
+from ..list_order import bucket_ends
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import visible_range
@@ -46,8 +47,6 @@ from .triton_tiles import visible_range
 # COMBINE_STAGES deep, 4 warps: the fastest of the shapes swept on the real-workload suite's
 # GQA 32/8 d128 steps on an H200 (skewed b64 7.5 us against 9.4 for all 128 dims a program;
 # the sweep and its record: docs/kernels/mha_decode.md, "the combine's step").
-# the buckets of the list's ORDER 1 (`bucket_ends`)
-LIST_BUCKETS = tl.constexpr(8)
 COMBINE_ELEMS = 1024
 COMBINE_DIMS = 32
 COMBINE_STAGES = 4
@@ -68,8 +67,8 @@ def work_list(
 ):
     """(r [BLOCK_B] row ids, n [BLOCK_B] items a row (0 past batch), end [BLOCK_B] one past
     each row's last item (its items are [end - n, end); ORDER 0: split rows first, module
-    docstring; 1: `bucket_ends`), lo_al [BLOCK_B] first tile's key, chunk [BLOCK_B] tiles an
-    item)."""
+    docstring; 1: `ops.list_order.bucket_ends`), lo_al [BLOCK_B] first tile's key, chunk
+    [BLOCK_B] tiles an item)."""
     r = tl.arange(0, BLOCK_B)
     rm = r < batch
     o_lo = tl.load(q_offsets + r, mask=rm, other=0)
@@ -87,23 +86,6 @@ def work_list(
     if ORDER == 1:
         return r, n, bucket_ends(n, chunk, cb), lo_al, chunk
     return r, n, split_first_ends(n), lo_al, chunk
-
-
-@triton.jit
-def bucket_ends(n, chunk, cb):
-    """One past the last item of each row when rows come by bucket of their chunk (bucket
-    min(LIST_BUCKETS chunk // (cb + 1), LIST_BUCKETS - 1): chunk <= cb but for a ragged
-    batch's whole rows), the largest bucket first, row order within one: longest items first,
-    to within a bucket's width (one prefix sum a bucket; ORDER 1 of `work_list`)."""
-    key = tl.minimum((LIST_BUCKETS * chunk) // (cb + 1), LIST_BUCKETS - 1)
-    end = tl.zeros_like(n)
-    base = 0
-    for i in tl.static_range(LIST_BUCKETS):
-        at = key == LIST_BUCKETS - 1 - i
-        n_k = tl.where(at, n, 0)
-        end = tl.where(at, base + tl.cumsum(n_k, 0), end)
-        base += tl.sum(n_k, 0)
-    return end
 
 
 @triton.jit

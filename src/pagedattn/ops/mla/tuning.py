@@ -168,7 +168,7 @@ class WorkListTuning:
     wl_overhead: int = 2
     # the item list's order where one item a program serves (the TMA-fed seesaw, the keys-as-M
     # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 0 request
-    # order; 1 by bucket of the items' size, largest first (`worklist.mla_bucket_ends`), so
+    # order; 1 by bucket of the items' size, largest first (`ops.list_order.bucket_ends`), so
     # that a grid of more items than a wave starts its longest first. Not yet measured: the
     # exact order ranked in every program gained 6-10% on skewed h_q 128 steps and lost 8-33%
     # on the uniform controls (docs/kernels/triton_mla.md, "Longest items first, tried")

@@ -65,12 +65,9 @@ import triton
 import triton.language as tl
 
 from ..launch import launch
+from ..list_order import bucket_ends
 from ..pdl import pdl_enabled, pdl_launch_kwargs, pdl_wait
 from ..triton_constants import LN2, LOG2E
-
-# the buckets of the list's ORDER 1 (`mla_bucket_ends`; the Gluon kernels' `g_list_item` takes
-# the same)
-LIST_BUCKETS = tl.constexpr(8)
 
 
 @triton.jit
@@ -101,8 +98,8 @@ def mla_work_list(
 ):
     """(r [B_P2] request ids, c [B_P2] chunks a tile, n [B_P2] items a request (0 past batch),
     end [B_P2] one past each request's last item (its items are [end - n, end); ORDER 0:
-    request order, the inclusive prefix sums of n; 1: `mla_bucket_ends`), chunk [B_P2] keys a
-    chunk, o_lo [B_P2] first token) of the module docstring's list."""
+    request order, the inclusive prefix sums of n; 1: `ops.list_order.bucket_ends`), chunk
+    [B_P2] keys a chunk, o_lo [B_P2] first token) of the module docstring's list."""
     r, o_lo, q_len, tiles, w = mla_requests(QOFF, K_CL, batch, TPT, BN, B_P2)
     total = tl.sum(tiles.to(tl.int64) * w, 0)
     cb = tl.maximum(tl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(tl.int32)
@@ -110,27 +107,10 @@ def mla_work_list(
     n = tiles * c
     chunk = tl.cdiv(w, c) * BN
     if ORDER == 1:
-        end = mla_bucket_ends(n, tl.cdiv(w, c), cb)
+        end = bucket_ends(n, tl.cdiv(w, c), cb)
     else:
         end = tl.cumsum(n, 0)
     return r, c, n, end, chunk, o_lo
-
-
-@triton.jit
-def mla_bucket_ends(n, kb, cb):
-    """One past each request's last item [B_P2] when requests come by bucket of their chunk
-    (kb blocks of at most cb: bucket LIST_BUCKETS kb // (cb + 1)), the largest bucket first,
-    request order within a bucket: longest items first, to within a bucket's width (one
-    prefix sum a bucket; `ORDER` 1 of `mla_work_list`)."""
-    key = (LIST_BUCKETS * kb) // (cb + 1)
-    end = tl.zeros_like(n)
-    base = 0
-    for i in tl.static_range(LIST_BUCKETS):
-        at = key == LIST_BUCKETS - 1 - i
-        n_k = tl.where(at, n, 0)
-        end = tl.where(at, base + tl.cumsum(n_k, 0), end)
-        base += tl.sum(n_k, 0)
-    return end
 
 
 @triton.jit

@@ -43,9 +43,9 @@ from ...gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from ...list_order import LIST_BUCKETS
 from ...pdl import g_pdl_signal
 from ...triton_constants import LN2, LOG2E
-from ..worklist import LIST_BUCKETS
 
 # A development tile trace (TRACE 2 of the V32 cluster seesaws), after a kernel's own trace
 # slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a
@@ -310,8 +310,8 @@ if HAS_GLUON:
         c = gl.maximum(gl.cdiv(w, cb), 1)
         n = tiles * c
         chunk = gl.cdiv(w, c) * BN
-        if ORDER == 1:  # (`worklist.mla_bucket_ends`)
-            key = (LIST_BUCKETS * gl.cdiv(w, c)) // (cb + 1)
+        if ORDER == 1:  # (`ops.list_order.bucket_ends`)
+            key = gl.minimum((LIST_BUCKETS * gl.cdiv(w, c)) // (cb + 1), LIST_BUCKETS - 1)
             incl = gl.zeros_like(n)
             base = 0
             for i in gl.static_range(LIST_BUCKETS):
