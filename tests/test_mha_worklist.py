@@ -165,6 +165,16 @@ def test_merge_by_row_count_at_the_rule_boundaries(b, gen):
     assert len(made) == 1, [m.kernel for m in made]
 
 
+def _decode_case(cache_lens, gen):
+    """One decode query a request over `cache_lens` (page 16, 2 KV heads of 64 dims, 8 query
+    heads), with sinks: (q, k, v, ks, vs, sinks, offsets)."""
+    b = len(cache_lens)
+    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * b, gen=gen)
+    q = rand_q(b, 8, 64, gen)
+    sinks = torch.randn(8, generator=gen).to(DEV)
+    return q, k, v, ks, vs, sinks, offsets_of([1] * b)
+
+
 @pytest.mark.parametrize("config", [None, FUSED], ids=["combine launch", "fused"])
 def test_one_pass_merge_equals_two_passes_bit_for_bit(config, monkeypatch, gen):
     """Rows of at most one merge step of items merge in one round of loads (`merge_items`'
@@ -179,11 +189,7 @@ def test_one_pass_merge_equals_two_passes_bit_for_bit(config, monkeypatch, gen):
     # (64-key tiles and 64-key items at 8 rows: rows of 130 and 300 keys are 3 and 5 items,
     # one merge step; those of 700-9000 keys 11-141, two passes)
     cache_lens = [0, 1500, 1, 300, 3, 2900, 130, 9000]
-    b = len(cache_lens)
-    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * b, gen=gen)
-    q = rand_q(b, 8, 64, gen)
-    sinks = torch.randn(8, generator=gen).to(DEV)
-    offs = offsets_of([1] * b)
+    q, k, v, ks, vs, sinks, offs = _decode_case(cache_lens, gen)
     one, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, config=config)
     if config is None:
         two_pass = functools.partial(TM.worklist_combine_triton, one_pass=False)
@@ -199,11 +205,7 @@ def test_list_by_size_matches_the_oracle(fused, gen):
     and the fused merge, against the oracle; the same result as the shipped order's."""
     cfg = MHATuning(decode=dict(list_order=1, fused_merge=fused))
     cache_lens = [3, 0, 130, 1, 2900, 40, 9000, 700]
-    b = len(cache_lens)
-    k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * b, gen=gen)
-    q = rand_q(b, 8, 64, gen)
-    sinks = torch.randn(8, generator=gen).to(DEV)
-    offs = offsets_of([1] * b)
+    q, k, v, ks, vs, sinks, offs = _decode_case(cache_lens, gen)
     with recording() as made:
         out, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, config=cfg)
     assert any(m.kwargs.get("LIST_ORDER") == 1 for m in made), [m.kwargs for m in made]
