@@ -1,6 +1,7 @@
 """Tensor parallelism over torch.distributed on the CPU (gloo, 2 processes): a tiny random
-Llama (4 query heads, 2 KV heads, biases) and a tiny gpt-oss (sinks, sliding layers, 4 experts
-top-2 with biases) sharded 2 ways give, on both ranks, the tokens of the single-process engine,
+Llama (4 query heads, 2 KV heads, biases), a tiny gpt-oss (sinks, sliding layers, 4 experts
+top-2 with biases), a tiny Qwen2-MoE (a shared expert) and a tiny Mixtral (its block_sparse_moe
+names) sharded 2 ways give, on both ranks, the tokens of the single-process engine,
 and both ranks' managers hold the same pages at every step. The Llama runs once more with the
 decode-graph path emulated (static buffers, pad rows, buckets; the all-reduces inside it).
 
@@ -125,6 +126,7 @@ def _worker(rank: int, world: int, path: str, out_dir: str, graphs: bool) -> Non
         ("gpt_oss", False),
         ("qwen2_moe", False),
         ("qwen2_moe", True),
+        ("mixtral", False),
     ],
 )
 def test_tp2_gloo_tokens_equal_single_process(
