@@ -565,14 +565,14 @@ def _mla_decode_kernel(
         size, total = mla_run_piece(r_incl, RUN_P, MIN_BLOCKS)
         # one wave of whole items where the list fits it (ITEM_WAVES 1) and none exceeds 9/8 of a
         # run (program p: item p), else the runs; one code path (as the sm_90 kernel)
-        w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
+        w_r, w_c, w_n, w_end, w_chunk, w_lo = mla_work_list(
             QOFF, K_CL, batch, TPT, BN, RUN_P, MIN_BLOCKS, B_P2
         )
         max_chunk = tl.max(tl.where(w_n > 0, w_chunk, 0), 0)
         # (ITEM_WAVES scales the bound: a constant `& False` broke the sm_90 lowering)
         tl.static_assert(ITEM_WAVES <= 1, "one item a program")
         use_items = (tl.sum(w_n, 0) <= RUN_P * ITEM_WAVES) & (max_chunk * 8 <= size * (9 * BN))
-        ok, t_i, lo_i, hi_i, c_i = mla_find_item(w_r, w_c, w_n, w_incl, w_chunk, w_lo, p, TPT)
+        ok, t_i, lo_i, hi_i, c_i = mla_find_item(w_r, w_c, w_n, w_end, w_chunk, w_lo, p, TPT)
         _runs(
             q_args, out_args, k_args, x_args, META, p, hb, r_r, r_o, r_q, r_w, r_span, r_incl,
             size, total, use_items, ok, t_i, lo_i, hi_i, c_i, H_Q, D_QK, D_V, BM, BN, HPT, TPT,
@@ -583,12 +583,12 @@ def _mla_decode_kernel(
         )  # fmt: skip
     elif BALANCED:
         tl.static_assert(not (K_SPARSE or HAS_X), "the balanced list is for dense decode")
-        w_r, w_c, w_n, w_incl, w_chunk, w_lo = mla_work_list(
+        w_r, w_c, w_n, w_end, w_chunk, w_lo = mla_work_list(
             QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, LIST_ORDER
         )
         item = pid // NHB
         valid, t, w_klo, w_khi, c_tile = mla_find_item(
-            w_r, w_c, w_n, w_incl, w_chunk, w_lo, item, TPT, LIST_ORDER
+            w_r, w_c, w_n, w_end, w_chunk, w_lo, item, TPT, LIST_ORDER
         )
         if valid:  # partial rows item * TPT + i (`worklist`)
             _decode_tile(

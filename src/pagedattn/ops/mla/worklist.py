@@ -114,19 +114,20 @@ def mla_work_list(
 
 
 @triton.jit
-def mla_find_item(r, c, n, incl, chunk, o_lo, k, TPT: tl.constexpr, ORDER: tl.constexpr = 0):
+def mla_find_item(r, c, n, end, chunk, o_lo, k, TPT: tl.constexpr, ORDER: tl.constexpr = 0):
     """(valid, t, lo, hi, c_b) of item k of the list `mla_work_list` returns: whether k is an
     item, its tile's leader token t, its chunk's keys [lo, hi) (before the causal clamp) and
-    the chunks of its tile. incl: the list's `end` (ORDER 0: its inclusive prefix sums)."""
+    the chunks of its tile. end: one past each request's last item (ORDER 0: the inclusive
+    prefix sums of n)."""
     valid = k < tl.sum(n, 0)
     if ORDER == 0:
-        b = tl.sum(tl.where(incl <= k, 1, 0), 0)
+        b = tl.sum(tl.where(end <= k, 1, 0), 0)
         at = r == b
     else:
-        at = (incl - n <= k) & (k < incl)
+        at = (end - n <= k) & (k < end)
     n_b = tl.sum(tl.where(at, n, 0), 0)
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
-    local = k - (tl.sum(tl.where(at, incl, 0), 0) - n_b)
+    local = k - (tl.sum(tl.where(at, end, 0), 0) - n_b)
     j = local // c_b
     lo = (local % c_b) * tl.sum(tl.where(at, chunk, 0), 0)
     t = tl.sum(tl.where(at, o_lo, 0), 0) + j * TPT
@@ -509,7 +510,7 @@ def _mla_worklist_combine_kernel(
     -inf. The list comes from the launch's inputs, which the decode kernel does not write: it
     is derived before the PDL wait, while the decode runs."""
     t = tl.program_id(0)
-    r, c, n, incl, chunk, o_lo = mla_work_list(
+    r, c, n, end, chunk, o_lo = mla_work_list(
         QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, ORDER
     )
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
@@ -518,7 +519,7 @@ def _mla_worklist_combine_kernel(
     n_b = tl.sum(tl.where(at, n, 0), 0)
     i0 = t - tl.sum(tl.where(at, o_lo, 0), 0)
     covered = (b >= 0) & (i0 // TPT < n_b // c_b)  # (else no item has the token)
-    first = tl.sum(tl.where(at, incl, 0), 0) - n_b + (i0 // TPT) * c_b
+    first = tl.sum(tl.where(at, end, 0), 0) - n_b + (i0 // TPT) * c_b
     r0 = first.to(tl.int64) * TPT + i0 % TPT
     pdl_wait(PDL)  # (the partials: the decode kernel's)
     mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot, stride_oh, LSE,

@@ -312,26 +312,26 @@ if HAS_GLUON:
         chunk = gl.cdiv(w, c) * BN
         if ORDER == 1:  # (`ops.list_order.bucket_ends`)
             key = gl.minimum((LIST_BUCKETS * gl.cdiv(w, c)) // (cb + 1), LIST_BUCKETS - 1)
-            incl = gl.zeros_like(n)
+            end = gl.zeros_like(n)
             base = 0
             for i in gl.static_range(LIST_BUCKETS):
                 in_k = key == LIST_BUCKETS - 1 - i
                 n_k = gl.where(in_k, n, 0)
-                incl = gl.where(in_k, base + gl.associative_scan(n_k, 0, _g_add), incl)
+                end = gl.where(in_k, base + gl.associative_scan(n_k, 0, _g_add), end)
                 base += gl.sum(n_k, 0)
         else:
-            incl = gl.associative_scan(n, 0, _g_add)
+            end = gl.associative_scan(n, 0, _g_add)
         n_items = gl.sum(n, 0)
         ok = item < n_items
         if ORDER == 1:
-            at = (incl - n <= item) & (item < incl)
+            at = (end - n <= item) & (item < end)
         else:
-            b = gl.sum(gl.where(incl <= item, 1, 0), 0)
+            b = gl.sum(gl.where(end <= item, 1, 0), 0)
             at = r == b
         n_b = gl.sum(gl.where(at, n, 0), 0)
         c_b = gl.maximum(gl.sum(gl.where(at, c, 0), 0), 1)
         chunk_b = gl.sum(gl.where(at, chunk, 0), 0)
-        local = item - (gl.sum(gl.where(at, incl, 0), 0) - n_b)
+        local = item - (gl.sum(gl.where(at, end, 0), 0) - n_b)
         t = gl.sum(gl.where(at, o_lo, 0), 0) + (local // c_b) * TPT
         lo = (local % c_b) * chunk_b
         return n_items, ok, t, lo, lo + chunk_b, c_b, gl.max(gl.where(n > 0, chunk, 0), 0)
