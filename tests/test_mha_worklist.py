@@ -199,18 +199,21 @@ def test_one_pass_merge_equals_two_passes_bit_for_bit(config, monkeypatch, gen):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["combine launch", "fused"])
-def test_list_by_size_matches_the_oracle(fused, gen):
-    """The kernels' own list with rows by bucket of their items' size (`list_order` 1): long
-    rows after short ones, rows of 0 and 1 keys, sinks and the LSE, through the combine launch
-    and the fused merge, against the oracle; the same result as the shipped order's."""
-    cfg = MHATuning(decode=dict(list_order=1, fused_merge=fused))
+def test_split_rows_first_matches_the_oracle(fused, gen):
+    """The kernels' own list with split rows first (`list_order` 0, the shipped order's
+    alternative): long rows after short ones, rows of 0 and 1 keys, sinks and the LSE, through
+    the combine launch and the fused merge, against the oracle; the same result as the shipped
+    order's (rows by bucket of their items' size, `list_order` 1)."""
+    cfg = MHATuning(decode=dict(list_order=0, fused_merge=fused))
     cache_lens = [3, 0, 130, 1, 2900, 40, 9000, 700]
     q, k, v, ks, vs, sinks, offs = _decode_case(cache_lens, gen)
     with recording() as made:
         out, lse = check(q, k, v, ks, vs, cache_lens, offs, sinks=sinks, config=cfg)
+    assert all(m.kwargs.get("LIST_ORDER", 0) == 0 for m in made), [m.kwargs for m in made]
+    with recording() as made:
+        ship, lse0 = call(q, k, v, offs, sinks=sinks,
+                          config=MHATuning(decode=dict(fused_merge=fused)))  # fmt: skip
     assert any(m.kwargs.get("LIST_ORDER") == 1 for m in made), [m.kwargs for m in made]
-    ship, lse0 = call(q, k, v, offs, sinks=sinks,
-                      config=MHATuning(decode=dict(fused_merge=fused)))  # fmt: skip
     assert_close(out, ship, abs_tol=1e-2, rel_tol=2 / 128, cos_tol=1e-6)
     assert_close(lse, lse0, **LSE_TOL)
 
@@ -392,9 +395,9 @@ def test_kernel_list_orders(order):
     batch, bn, target, min_blocks = 45, 16, 20, 2
     cache_lens = (torch.empty(batch).log_normal_(5.5, 1.5, generator=g)).long().clamp(0, 20000)
     b_p2 = triton.next_power_of_2(batch)
-    end, n, chunk = (torch.zeros(b_p2, dtype=torch.int32) for _ in range(3))
-    offs = torch.arange(batch + 1, dtype=torch.int32)
-    _work_list_kernel[(1,)](cache_lens.to(torch.int32), offs, batch, end, n, chunk,
+    end, n, chunk = (torch.zeros(b_p2, dtype=torch.int32, device=DEV) for _ in range(3))
+    offs = torch.arange(batch + 1, dtype=torch.int32, device=DEV)
+    _work_list_kernel[(1,)](cache_lens.to(DEV, torch.int32), offs, batch, end, n, chunk,
                             BLOCK_N=bn, TARGET=target, MIN_BLOCKS=min_blocks, BLOCK_B=b_p2,
                             ORDER=order)  # fmt: skip
     n, end, chunk = n[:batch].tolist(), end[:batch].tolist(), chunk[:batch].tolist()

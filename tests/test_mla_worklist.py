@@ -87,16 +87,16 @@ SKEWED = [
 )
 @pytest.mark.parametrize(
     "knobs",
-    [{"wl_one_wave": False}, {}, {"wl_runs": False}, {"wl_runs": False, "wl_order": 1}],
-    ids=["runs", "one-wave", "items", "items-by-size"],
+    [{"wl_one_wave": False}, {}, {"wl_runs": False}, {"wl_runs": False, "wl_order": 0}],
+    ids=["runs", "one-wave", "items", "items-request-order"],
 )
 def test_balanced_list_matches_the_oracle(
     gen, monkeypatch, fmt, cache_lens, q_lens, h_q, causal, sink, knobs
 ):
     """Skewed lengths on the contiguous runs, on one wave of items (program p, item p: the
-    runs' launch where the list fits one wave) and on the item list's own launch, in request
-    order and by size (`wl_order` 1): long requests cut into many pieces or items (min 4
-    blocks of BN keys on the CPU's target), whole tiles written directly."""
+    runs' launch where the list fits one wave) and on the item list's own launch, by size (the
+    default) and in request order (`wl_order` 0): long requests cut into many pieces or items
+    (min 4 blocks of BN keys on the CPU's target), whole tiles written directly."""
     set_tuning(monkeypatch, knobs)
     _case(gen, fmt, cache_lens, q_lens, h_q, causal, sink)
 
@@ -267,11 +267,12 @@ _FORCED = {"wl_one_wave": False, "wl_st_runs": True}  # the runs, on every kerne
     "fmt,h_q,knobs",
     [("bf16", 16, {}), ("bf16", 16, _FORCED), ("bf16", 128, {}), ("bf16", 128, _FORCED),
      ("bf16", 128, {"wl_st_runs": True}), ("bf16", 64, _FORCED), ("rope_aware", 16, {}),
-     ("bf16", 128, {"wl_order": 1}), ("bf16", 16, {"wl_runs": False, "wl_order": 1}),
-     ("rope_aware", 16, {"wl_order": 1})],
+     ("bf16", 128, {"wl_order": 0}), ("bf16", 16, {"wl_runs": False, "wl_order": 0}),
+     ("bf16", 16, {"wl_runs": False}), ("rope_aware", 16, {"wl_order": 0})],
     ids=["bf16-h16", "bf16-h16-forced-runs", "bf16-h128", "bf16-h128-forced-runs",
-         "bf16-h128-st-runs", "bf16-h64-forced-runs", "rope_aware-h16", "bf16-h128-by-size",
-         "bf16-h16-items-by-size", "rope_aware-h16-by-size"],
+         "bf16-h128-st-runs", "bf16-h64-forced-runs", "rope_aware-h16",
+         "bf16-h128-request-order", "bf16-h16-items-request-order", "bf16-h16-items",
+         "rope_aware-h16-request-order"],
 )  # fmt: skip
 @pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp", "uniform"])
 def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, knobs, shape):
@@ -371,9 +372,11 @@ def test_the_list_by_size_puts_larger_buckets_first(seed):
     q_lens[0] = 0  # a request without queries: no item
     offs = ragged_offsets(q_lens.tolist()).to(torch.int32)
     b_p2 = triton.next_power_of_2(batch)
-    end, n, kb = (torch.zeros(b_p2, dtype=torch.int32) for _ in range(3))
-    _list_order_kernel[(1,)](offs, cache_lens.to(torch.int32), batch, end, n, kb, TPT=tpt,
-                             BN=bn, TARGET=target, MIN_BLOCKS=min_blocks, B_P2=b_p2)  # fmt: skip
+    end, n, kb = (torch.zeros(b_p2, dtype=torch.int32, device=DEV) for _ in range(3))
+    _list_order_kernel[(1,)](offs.to(DEV), cache_lens.to(DEV, torch.int32), batch, end, n, kb,
+                             TPT=tpt, BN=bn, TARGET=target, MIN_BLOCKS=min_blocks,
+                             B_P2=b_p2)  # fmt: skip
+    kb = kb.cpu()
     tiles = (q_lens + tpt - 1) // tpt
     w = (cache_lens + q_lens + bn - 1) // bn
     cb = max(-(-int((tiles * w).sum()) * 9 // (target * 8)), min_blocks)

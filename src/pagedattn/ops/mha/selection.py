@@ -80,10 +80,12 @@ class DecodeConfig(_Fields):
     mha_ctas_per_sm`, whose wave the items are sized for), 0 none: Qwen3-30B-A3B heads
     (32 / 4) b256, one item a row, ran 89.5 us at 5 CTAs a SM (1.55 waves) and 80.3 at 4
     (two even waves). list_order: the kernels' own list's order (a step's plan has its own):
-    0 split rows first (shipped), 1 rows by bucket of their items' size, largest first
-    (`ops.list_order.bucket_ends`; not yet measured on a GPU: on the suite's skewed steps the
-    host plan's exact order ran 15-25% faster than the kernels' split-rows-first list,
-    docs/kernels/mha_decode.md, "Longest items first")."""
+    1 rows by bucket of their items' size, largest first (`ops.list_order.bucket_ends`), 0
+    split rows first: H200, the suite's GQA steps on the kernels' own list (graph replays,
+    `dev/profile_gqa_skew.py`), skewed b32 / b64 / b128 / b256 78.2 / 204.7 / 395.7 / 789.7 ->
+    74.1 / 169.3 / 313.2 / 612.5 us, one long among 63 / 255 61.4 / 105.0 -> 61.7 / 109.0 (each
+    of its ~2,600 programs derives the buckets), the uniform control 248.1 -> 248.6
+    (docs/kernels/mha_decode.md, "Longest items first")."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -110,7 +112,7 @@ class DecodeConfig(_Fields):
     small_min_chunk: int = 64
     merge_stages: int = 4
     max_ctas_per_sm: int = -1
-    list_order: int = 0
+    list_order: int = 1
 
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V
@@ -303,7 +305,9 @@ def decode_config(
         full_grid = ctas_per_sm >= 3 and (page_size == 0 or page_size >= 16)
         stages = 4 if full_grid and not hbm3e else 5
         cfg = DecodeConfig(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=stages)
-    return replace(cfg, **tuning.decode)
+    cfg = replace(cfg, **tuning.decode)
+    check(cfg.list_order in (0, 1), "config.decode['list_order']", "0 or 1", cfg.list_order)
+    return cfg
 
 
 def prefill_config(

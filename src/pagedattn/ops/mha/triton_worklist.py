@@ -7,11 +7,13 @@ item holds about `cb` tiles, the same for all rows of the step:
     total = sum_r tiles_r,   cb = max(MIN_BLOCKS, cdiv(total, TARGET)),
     n_r = max(1, round(tiles_r / cb)),   chunk_r = cdiv(tiles_r, n_r) tiles.
 
-Items are numbered split rows first: the items of every row of n_r > 1, row after row (a row's
-chunks consecutive), then the rows of one item in row order. The hardware dispatches a grid's
-programs in order, so where the list is longer than a wave (the rows term below) the longest
-items start first and the short rows fill the SMs that finish early (list scheduling, longest
-first; one request of 32k among 63 of 200 keys had its items after 54 short rows).
+Items are numbered by bucket of their row's chunk, largest first (ORDER 1, `DecodeConfig.
+list_order`'s default: `ops.list_order.bucket_ends`, row order within a bucket, a row's chunks
+consecutive), or split rows first (ORDER 0: the items of every row of n_r > 1, then the rows
+of one item, each in row order). The hardware dispatches a grid's programs in order, so where
+the list is longer than a wave (the rows term below) the longest items start first and the
+short rows fill the SMs that finish early (list scheduling, longest first; in row order one
+request of 32k among 63 of 200 keys had its items after 54 short rows).
 sum_r n_r <= TARGET + rows, so a grid
 of (TARGET + rows) x KV heads programs covers every step of that batch size: the host knows
 both, no length is read on the host, and a captured CUDA graph replays with new lengths (programs

@@ -167,12 +167,14 @@ class WorkListTuning:
     # SM's share of the H200's copy bandwidth (73.7 KB / (4.26 TB/s / 132))
     wl_overhead: int = 2
     # the item list's order where one item a program serves (the TMA-fed seesaw, the keys-as-M
-    # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 0 request
-    # order; 1 by bucket of the items' size, largest first (`ops.list_order.bucket_ends`), so
-    # that a grid of more items than a wave starts its longest first. Not yet measured: the
-    # exact order ranked in every program gained 6-10% on skewed h_q 128 steps and lost 8-33%
-    # on the uniform controls (docs/kernels/triton_mla.md, "Longest items first, tried")
-    wl_order: int = 0
+    # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 1 by bucket
+    # of the items' size, largest first (`ops.list_order.bucket_ends`), so that a grid of more
+    # items than a wave starts its longest first; 0 request order. H200, graph replays
+    # (`dev/profile_mla_skew.py`, 2026-11-30), request order -> buckets: h_q 128 skew b64 /
+    # b128 226.5 / 439.1 -> 194.7 / 349.1 us, one long 81.5 -> 70.0, the uniform b128 control
+    # 266.1 -> 269.9 (its combine derives the buckets: +4 us); h_q 16 (the runs) unchanged
+    # (docs/kernels/triton_mla.md, "Longest items first, by buckets")
+    wl_order: int = 1
 
 
 _FAMILIES = {

@@ -10,7 +10,11 @@ an item holds about `cb` blocks, the same for all requests of the step:
     c_b = max(1, cdiv(w_b, cb)),   chunk_b = cdiv(w_b, c_b) * BN keys,
     items_b = tiles_b * c_b.
 
-Items are numbered request-major, then tile, then chunk. `sum_b items_b <= TARGET + sum_b
+Items are numbered request by request (a request's tiles, then chunks, consecutive); where one
+item a program serves (the item list's own launch, `wl_order` 1, the default), the requests
+come by bucket of their chunk, largest first (`ops.list_order.bucket_ends`), so that the
+hardware's in-order dispatch of a list longer than a wave starts its longest items first;
+`wl_order` 0 and the runs keep request order. `sum_b items_b <= TARGET + sum_b
 tiles_b <= TARGET + tokens`, so a grid of (TARGET + tokens) x head-block programs covers every
 step of that token count: the host knows both, reads no length, and a captured CUDA graph
 replays with new lengths (programs past the list exit). TARGET is one wave of the kernel's

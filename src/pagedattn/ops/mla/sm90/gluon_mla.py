@@ -43,7 +43,7 @@ from ...gluon_imports import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from ...list_order import LIST_BUCKETS
+from ...list_order import FIELD, FIELD_MASK, LIST_BUCKETS, ONES
 from ...pdl import g_pdl_signal
 from ...triton_constants import LN2, LOG2E
 
@@ -312,13 +312,18 @@ if HAS_GLUON:
         chunk = gl.cdiv(w, c) * BN
         if ORDER == 1:  # (`ops.list_order.bucket_ends`)
             key = gl.minimum((LIST_BUCKETS * gl.cdiv(w, c)) // (cb + 1), LIST_BUCKETS - 1)
-            end = gl.zeros_like(n)
-            base = 0
-            for i in gl.static_range(LIST_BUCKETS):
-                in_k = key == LIST_BUCKETS - 1 - i
-                n_k = gl.where(in_k, n, 0)
-                end = gl.where(in_k, base + gl.associative_scan(n_k, 0, _g_add), end)
-                base += gl.sum(n_k, 0)
+            hi = key >= 4  # (the packed words of `bucket_ends`: 16 bits a bucket)
+            shift = ((key % 4) * FIELD).to(gl.int64)
+            v = n.to(gl.int64) << shift
+            up = gl.where(hi, v, 0)
+            down = gl.where(hi, 0, v)
+            scan = gl.where(hi, gl.associative_scan(up, 0, _g_add),
+                            gl.associative_scan(down, 0, _g_add))  # fmt: skip
+            t_up = gl.sum(up, 0)
+            t_down = gl.sum(down, 0)
+            above = (((gl.where(hi, t_up, t_down) >> shift) >> FIELD) * ONES >> 48) & FIELD_MASK
+            above += gl.where(hi, 0, ((t_up * ONES) >> 48) & FIELD_MASK)
+            end = (above + ((scan >> shift) & FIELD_MASK)).to(n.dtype)
         else:
             end = gl.associative_scan(n, 0, _g_add)
         n_items = gl.sum(n, 0)
