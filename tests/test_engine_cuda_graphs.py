@@ -409,6 +409,27 @@ def test_cuda_graphs_match_eager_on_cuda(family, tmp_path):
 
 
 @pytest.mark.gpu
+def test_pdl_chain_changes_no_bit(tmp_path, monkeypatch):
+    """The decode step's layer kernels launched as a PDL chain (`ops.pdl.pdl_chain_kwargs`,
+    the default on sm_90) give the serial launches' logits bit for bit, replays and eager
+    steps alike (head dim 128, pages of 16: the sm_90 kernels an 8B Llama takes)."""
+    save_tiny_llama(tmp_path, 531, VOCAB, hidden_size=256, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=128)  # fmt: skip
+    runs = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("PAGEDATTN_PDL", mode)
+        llm = LLM(str(tmp_path), device="cuda", dtype=torch.bfloat16, **{**KW, "page_size": 16})
+        runs[mode] = run_workload(llm, *workload())
+        assert llm.runner.graphs.num_replays >= 10
+    (tok0, rec0), (tok1, rec1) = runs["0"], runs["1"]
+    assert tok0 == tok1
+    assert len(rec0.steps) == len(rec1.steps)
+    for a, b in zip(rec0.steps, rec1.steps, strict=True):
+        assert a[0] == b[0] and a[1] == b[1]
+        assert torch.equal(a[2], b[2])
+
+
+@pytest.mark.gpu
 def test_serving_compiles_no_kernel_after_start_up(tmp_path):
     """After start-up (decode graphs captured, `warm_up_eager` run), a stream of mixed steps
     (decodes with prefill chunks, at batch sizes, chunk counts and lookup-table widths that

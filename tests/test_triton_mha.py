@@ -722,7 +722,8 @@ def test_gpu_cuda_graph_replay_with_changing_lengths():
 
 
 def test_pdl_off_on_cpu(monkeypatch):
-    """Programmatic dependent launch is opt-in, and only for compiled CUDA launches."""
+    """Programmatic dependent launch is only for compiled CUDA launches (on sm_90 by default,
+    off with PAGEDATTN_PDL=0): never on a CPU tensor."""
     monkeypatch.delenv("PAGEDATTN_PDL", raising=False)
     assert not pdl_enabled(torch.zeros(1))
     monkeypatch.setenv("PAGEDATTN_PDL", "1")

@@ -1,13 +1,22 @@
-"""Programmatic dependent launch (PDL, sm_90+) between a split-K kernel and its combine.
+"""Programmatic dependent launch (PDL, sm_90+): between a split-K kernel and its combine, and
+along a decode step's chain of layer kernels (`pdl_chain_kwargs`).
 
 The combine kernel is launched with `launch_pdl=True` and waits (`griddepcontrol.wait`) for
 the partials before reading them; the split kernel signals (`griddepcontrol.launch_dependents`)
 once all of its programs have started, so the combine's launch is prepared under the split
 kernel instead of after it. Both instructions are no-ops without PDL.
 
-Used when `pdl_enabled`: asked for with `PAGEDATTN_PDL=1` (read through `pagedattn.env`;
-docs/env.md), on a CUDA device of sm_90 or newer, with compiled kernels. Off by default: the
-gain measured within noise (H100, docs/kernels/pdl.md).
+The chain: the layer ops a decode step runs between its GEMMs (`ops.fused`' rms_norm,
+rope_qkv, silu_mul, argmax_rows; `ops.store_kv`'s store_kv and rope_store_kv; the MHA/GQA
+decode) are launched with `launch_pdl=True` and wait first, so each one's launch and CTA start
+overlap the tail of the kernel before it (a cuBLAS GEMM, or another link). H200, the engine's
+captured decode step (`dev/pdl_chain_probe.py`, 2026-11-30): Llama-3.2-1B b64 1.523 -> 1.461
+ms a replay, the same tokens; Llama-3-8B b64 6.083 -> 6.093 ms (its kernels are long enough
+that a launch's latency is a small part of them).
+
+Used when `pdl_enabled`: CUDA devices of sm_90 or newer, compiled kernels, unless
+`PAGEDATTN_PDL=0` (read through `pagedattn.env`; docs/env.md). Results are the same bit for bit
+with and without it.
 """
 
 from __future__ import annotations
@@ -23,11 +32,11 @@ from .gluon_imports import HAS_GLUON, gl, gluon
 
 
 def pdl_enabled(t: torch.Tensor) -> bool:
-    """Whether launches on `t`'s device use PDL: asked for with PAGEDATTN_PDL=1, CUDA sm_90 or
-    newer, compiled kernels (not Triton's interpreter)."""
+    """Whether launches on `t`'s device use PDL: CUDA sm_90 or newer, compiled kernels (not
+    Triton's interpreter), unless PAGEDATTN_PDL=0."""
     if not t.is_cuda or env.triton_interpreter():
         return False
-    if not env.flag("PDL"):
+    if env.read("PDL") == "0":
         return False
     return (cuda_capability(t.device) or (0, 0))[0] >= 9
 
@@ -35,6 +44,16 @@ def pdl_enabled(t: torch.Tensor) -> bool:
 def pdl_launch_kwargs(enabled: bool) -> dict:
     """Launch options of a dependent (combine) kernel."""
     return {"launch_pdl": True} if enabled else {}
+
+
+def pdl_chain_kwargs(t: torch.Tensor) -> dict:
+    """A layer kernel's PDL arguments where `pdl_enabled(t)` ({} otherwise, the plain launch):
+    the PDL constexpr (the kernel's first statement is `pdl_wait(PDL)`) and `launch_pdl`. Such a
+    kernel is launched while its predecessor on the stream still runs (its CTAs wait at the
+    `griddepcontrol.wait`, which returns once every earlier grid has completed and its memory is
+    visible), so its launch and CTA start overlap the predecessor's tail instead of following
+    it; it reads and writes nothing before the wait."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(t) else {}
 
 
 @triton.jit

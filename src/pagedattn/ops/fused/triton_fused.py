@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .._triton_interpreter import install_interpreter_shim
+from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
 
 install_interpreter_shim()
@@ -18,7 +19,8 @@ install_interpreter_shim()
 @triton.jit
 def _rms_norm_kernel(X, R, W, OUT, ROUT, H, sx, sr, so, sro, eps,
                      HAS_RES: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
-                     BLOCK: tl.constexpr):  # fmt: skip
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < H
@@ -49,7 +51,7 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_first=False):
         _rms_norm_kernel, (T,),
         x, r, weight, out, rout, H, x.stride(0), r.stride(0), out.stride(0), rout.stride(0),
         float(eps), HAS_RES=residual is not None, WEIGHT_FIRST=weight_first, BLOCK=block,
-        num_warps=min(16, max(1, block // 256)),
+        num_warps=min(16, max(1, block // 256)), **pdl_chain_kwargs(x),
     )  # fmt: skip
     return out if residual is None else (out, rout)
 
@@ -75,7 +77,8 @@ def rope_pair(x1, x2, COS, SIN, NW, t, scos, ssin, i, eps, D: tl.constexpr, NORM
 
 @triton.jit
 def _rope_qkv_kernel(QKV, COS, SIN, QN, KN, Q, K, V, sqkv, scos, ssin, H_Q, H_KV, eps,
-                     D: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+                     D: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     HALF: tl.constexpr = D // 2
@@ -113,12 +116,14 @@ def rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm=None, k_norm=None, eps=0.0)
         _rope_qkv_kernel, (T, h_q + 2 * h_kv),
         qkv, cos, sin, qn, kn, q, k, v, qkv.stride(0), cos.stride(0), sin.stride(0),
         h_q, h_kv, float(eps), D=d, NORM=norm, num_warps=1 if d <= 128 else 2,
+        **pdl_chain_kwargs(qkv),
     )  # fmt: skip
     return q, k, v
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, I, sgu, so, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, I, sgu, so, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -138,13 +143,15 @@ def silu_mul_triton(gate_up):
     cached_launch(
         _silu_mul_kernel, (T, triton.cdiv(inter, block)),
         gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=block,
-        num_warps=max(1, min(8, block // 256)),
+        num_warps=max(1, min(8, block // 256)), **pdl_chain_kwargs(gate_up),
     )  # fmt: skip
     return out
 
 
 @triton.jit
-def _argmax_rows_kernel(X, OUT, V, sx, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+def _argmax_rows_kernel(X, OUT, V, sx, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                        PDL: tl.constexpr = False):  # fmt: skip
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     base = X + row * sx
     best_v = float("-inf")
@@ -173,5 +180,6 @@ def argmax_rows_triton(x):
     cached_launch(
         _argmax_rows_kernel, (n,), x, out, V, x.stride(0),
         BLOCK=min(4096, triton.next_power_of_2(V)), STAGES=3, num_warps=8,
+        **pdl_chain_kwargs(x),
     )  # fmt: skip
     return out

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..pdl import pdl_signal
+from ..pdl import pdl_signal, pdl_wait
 from ..specialize import STEP_INTS
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import (
@@ -450,6 +450,7 @@ def _mha_decode_kernel(
     MERGE_GP: tl.constexpr = 1,
     MERGE_STAGES: tl.constexpr = 1,
     LIST_ORDER: tl.constexpr = 0,
+    PDL_WAIT: tl.constexpr = False,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
@@ -466,7 +467,10 @@ def _mha_decode_kernel(
     before the launch, `ops.prepared.semaphores`); the row's last item to count merges every
     item (`triton_worklist.merge_items_online`: one item's MERGE_GP heads a step, loads
     MERGE_STAGES deep), writes the output and LSE, and sets the count back to 0.
+    PDL_WAIT: launched as a link of the PDL chain (`ops.pdl.pdl_chain_kwargs`): nothing is read
+    or written before the wait.
     """
+    pdl_wait(PDL_WAIT)
     pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hkv = pid % H_KV

@@ -493,6 +493,7 @@ def _full_path(
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
             BLOCK_B=block_b, PDL=split and sem is None and pdl_enabled(q),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+            **({"PDL_WAIT": True, "launch_pdl": True} if pdl_enabled(q) else {}),
             min_shared=occupancy_shared(cfg.max_ctas_per_sm) if cfg.max_ctas_per_sm > 0 else 0,
             **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
                     **({"PLAN": True} if buf is not None else {}),

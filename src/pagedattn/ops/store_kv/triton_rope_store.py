@@ -20,6 +20,7 @@ import triton.language as tl
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..fused.triton_fused import rope_pair
+from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
 from ..specialize import request_block
 from .triton_store import token_position
@@ -32,7 +33,9 @@ def _rope_store_kernel(
     QKV, COS, SIN, QN, KN, Q, sqkv, scos, ssin, H_Q, H_KV, eps,
     KD, skr, skh, VD, svr, svh, Lut, slut, page_stride, reach, limit, cache_lens, q_offsets,
     batch, D: tl.constexpr, NORM: tl.constexpr, PAGE: tl.constexpr, BLOCK_B: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_wait(PDL)
     t = tl.program_id(0)
     j = tl.program_id(1)
     t64 = t.to(tl.int64)
@@ -95,7 +98,7 @@ def rope_store_kv_triton(
         k_cache.page_stride_rows, lut.shape[1] * k_cache.page_size,
         k_cache.num_sparse_slots() // k_cache.page_size, k_cache.cache_lengths, q_row_offsets,
         batch, D=d, NORM=norm, PAGE=k_cache.page_size, BLOCK_B=request_block(batch),
-        num_warps=1 if d <= 128 else 2,
+        num_warps=1 if d <= 128 else 2, **pdl_chain_kwargs(qkv),
     )  # fmt: skip
     return q
 

@@ -30,6 +30,7 @@ import triton.language as tl
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..mha.triton_tiles import row_request
+from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
 from ..specialize import STORE_INTS, request_block
 
@@ -140,10 +141,12 @@ def _store_kv_kernel(
     E8M02: tl.constexpr,
     HAS_V: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Token t of X [total, H, NG * G] (and X2) -> its cache row(s); a token outside every
     request, at a negative position, past the table's reach (`reach`) or on a page id outside
     [0, limit) (non-paged: a row outside [0, limit)) is skipped (see reference.py)."""
+    pdl_wait(PDL)
     t = tl.program_id(0)
     b, pos, ok = token_position(q_offsets, cache_lens, batch, t, BLOCK_B)
 
@@ -298,6 +301,7 @@ def store_kv_triton(
         HAS_V=v_new is not None,
         BLOCK_B=request_block(batch),
         num_warps=4 if H * D >= 1024 else 2,
+        **pdl_chain_kwargs(k_new),
     )
 
 
