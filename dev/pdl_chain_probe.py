@@ -19,16 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
-from bench_model import (  # noqa: E402
-    CASES,
-    Ctx,
-    build_model,
-    hf_config_dict,
-    prompts,
-    replay_ms,
-    serve,
-    shrink,
-)  # fmt: skip
+import bench_model as bm  # noqa: E402
 
 REPLAYS = 200
 
@@ -40,16 +31,16 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes (the probe's code)")
     a = ap.parse_args()
     for shape in a.shape.split(","):
-        case = next(c for c in CASES if c.shape == shape and c.b == a.b)
-        ctx = Ctx([], {}, 0, a.dry_run)
-        case = shrink(case) if a.dry_run else case
-        cfg = hf_config_dict(shape, a.dry_run)
-        model = build_model(cfg, ctx.dev, ctx.dtype, 0)
-        toks = prompts(case, cfg["vocab_size"], 0)
-        res = serve(ctx, case, model, toks, graphs=True)
+        case = next(c for c in bm.CASES if c.shape == shape and c.b == a.b)
+        ctx = bm.Ctx([], {}, 0, a.dry_run)
+        case = bm.shrink(case) if a.dry_run else case
+        cfg = bm.hf_config_dict(shape, a.dry_run)
+        model = bm.build_model(cfg, ctx.dev, ctx.dtype, 0)
+        toks = bm.prompts(case, cfg["vocab_size"], 0)
+        res = bm.serve(ctx, case, model, toks, graphs=True)
         eng = res["engine"]
         ms = sorted(res["ms"])
-        rep = [replay_ms(ctx, eng, case.b, 3 if a.dry_run else REPLAYS) for _ in range(3)]
+        rep = [bm.replay_ms(ctx, eng, case.b, 3 if a.dry_run else REPLAYS) for _ in range(3)]
         outs = sorted(eng.step(), key=lambda o: o.request_id)  # every request's tokens so far
         toks_all = [list(o.outputs[0].token_ids) for o in outs]
         digest = hashlib.sha1(json.dumps(toks_all).encode()).hexdigest()[:10]

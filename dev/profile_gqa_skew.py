@@ -49,7 +49,8 @@ EXTRA = ("uniform b1 x1024", "uniform b8 x1024", "mixed 56+8x512", "mixed 120+4x
 # with the combine launch's short rows merged in two rounds of loads; "tune={json}": the
 # step's plan with those decode tuning fields (`MHATuning(decode=...)`), e.g.
 # tune={"min_chunk": 128}; "split=N": the step's plan made with work_plan.MAX_SPLIT N;
-# "list-by-size": the kernels' own list with its rows by bucket of size (`list_order` 1)
+# "list": the kernels' own list (rows by bucket of size, the default); "list-split-first": that
+# list with the split rows first (`list_order` 0)
 _V = os.environ.get("VARIANTS", "list,plan,device-plan,plan+planner,P")
 VARIANTS = tuple(_V.split(";" if ";" in _V else ","))
 
@@ -81,8 +82,8 @@ def _call(variant, q, k_op, v_op, offs, out, lens, num_decodes=None):
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)
     if variant == "list":
         return lambda: mha_triton(q, k_op, v_op, offs, out=out)
-    if variant == "list-by-size":  # the kernels' own list, rows by bucket of size
-        cfg = MHATuning(decode={"list_order": 1})
+    if variant == "list-split-first":  # the kernels' own list, split rows first
+        cfg = MHATuning(decode={"list_order": 0})
         return lambda: mha_triton(q, k_op, v_op, offs, out=out, config=cfg)
     if variant == "plan":
         plan = StepPlan(lens)

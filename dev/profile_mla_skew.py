@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 
@@ -40,17 +41,17 @@ CASES = [
 
 # shipped: the default tuning; runs: the contiguous runs forced (no one-wave items; the TMA-fed
 # seesaw's too); st-runs: the TMA-fed seesaw on its runs (`wl_st_runs`, items where they fit
-# two waves); items: the balanced item list (no runs); by-size: the item list's requests by
-# bucket of their items' size, largest first (`wl_order` 1); P: one partition count a batch.
+# two waves); items: the balanced item list (no runs); request-order: the item list in request
+# order (`wl_order` 0; the default is by bucket of size); P: one partition count a batch.
 # "merge=NS,DB,STAGES,WARPS": the shipped tuning with the combines'
 # `worklist.MergeShape(ns, db, stages, num_warps)`; "runs+merge=...": a variant's tuning with
-# that combine shape.
+# that combine shape; 'tune={"wl_waves": 2}': the shipped tuning with those `MLATuning` knobs.
 VARIANTS = {
     "shipped": {},
     "runs": {"wl_one_wave": False, "wl_st_runs": True},
     "st-runs": {"wl_st_runs": True},
     "items": {"wl_runs": False},
-    "by-size": {"wl_order": 1},
+    "request-order": {"wl_order": 0},
     "P": {"balanced": False},
 }
 
@@ -99,7 +100,9 @@ def main() -> None:
         ref = None
         for variant in names:
             try:
-                cfg = MLATuning().replace(**VARIANTS.get(variant.split("+")[0], {}))
+                knobs = (json.loads(variant[5:]) if variant.startswith("tune=")
+                         else VARIANTS.get(variant.split("+")[0], {}))  # fmt: skip
+                cfg = MLATuning().replace(**knobs)
             except Exception as e:  # a knob this tree lacks
                 print(f"skip {variant}: {e}")
                 continue

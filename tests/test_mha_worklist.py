@@ -36,6 +36,7 @@ from test_triton_mha import (  # noqa: E402
 )
 
 from pagedattn import KVCacheParams, KVQuantConfig, PagedOperand  # noqa: E402
+from pagedattn.errors import InvalidArgumentError  # noqa: E402
 from pagedattn.ops import masks  # noqa: E402
 from pagedattn.ops import prepared as PR  # noqa: E402
 from pagedattn.ops.launch import recording  # noqa: E402
@@ -258,6 +259,19 @@ def test_fp8_per_token_fast_loop(gen):
     k, v, ks, vs = build_paged(16, 2, 64, cache_lens, [1] * 4, quant=quant, gen=gen)
     q = rand_q(4, 8, 64, gen)
     check(q, k, v, ks, vs, cache_lens, offsets_of([1] * 4))
+
+
+@pytest.mark.parametrize("order", [2, -1, True])
+def test_bad_list_order_is_named_and_writes_nothing(order, gen):
+    """A list order other than 0 or 1 gets a typed error naming the knob, before any launch:
+    the output keeps its poison."""
+    q, k, v, _ks, _vs, _sinks, offs = _decode_case([40, 900, 3], gen)
+    out = poison_(torch.empty_like(q))
+    before = out.clone()
+    offs = torch.tensor(offs, dtype=torch.int32, device=DEV)
+    with pytest.raises(InvalidArgumentError, match="list_order"):
+        mha_triton(q, k, v, offs, out=out, config=MHATuning(decode={"list_order": order}))
+    assert torch.equal(out.view(torch.int16), before.view(torch.int16))
 
 
 def test_ragged_rows_fall_back_to_one_item_a_row(gen):

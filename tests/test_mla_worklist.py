@@ -28,6 +28,7 @@ from test_triton_mla import (
     tol_for,
 )
 
+from pagedattn.errors import InvalidArgumentError
 from pagedattn.ops.list_order import LIST_BUCKETS
 from pagedattn.ops.mla import triton_mla
 from pagedattn.ops.mla.tuning import MLATuning
@@ -126,6 +127,20 @@ def test_runs_give_orphan_tokens_zero(gen):
     assert torch.all(o[3:] == 0) and torch.all(lse[3:] == float("-inf"))
     ref = oracle(q[:3], [0, 1, 3], dense_keys(cache, cache_lens, q_lens, True))
     check(o[:3], lse[:3], *ref, tol_for("bf16", 576))
+
+
+@pytest.mark.parametrize("order", [2, -1, True])
+def test_bad_list_order_is_named_and_writes_nothing(gen, order):
+    """A list order other than 0 or 1 gets a typed error naming the knob before any launch,
+    on the runs too (which keep request order): the output keeps its poison."""
+    cache_lens, q_lens = [900, 3, 40], [1, 1, 1]
+    cache = build_cache("bf16", 576, 16, cache_lens, q_lens, gen, 16)
+    q = make_q(3, 16, 576, gen)
+    out = torch.full((3, 16, 512), float("nan"), dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(InvalidArgumentError, match="wl_order"):
+        triton_mla.mla_decode_triton(q, cache.operand(), ragged_offsets(q_lens, DEV), out=out,
+                                     config=MLATuning().replace(wl_order=order))  # fmt: skip
+    assert torch.isnan(out.float()).all()
 
 
 def test_host_runs_cover_every_block_once():

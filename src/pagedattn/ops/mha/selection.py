@@ -306,7 +306,8 @@ def decode_config(
         stages = 4 if full_grid and not hbm3e else 5
         cfg = DecodeConfig(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=stages)
     cfg = replace(cfg, **tuning.decode)
-    check(cfg.list_order in (0, 1), "config.decode['list_order']", "0 or 1", cfg.list_order)
+    order = cfg.list_order
+    check(type(order) is int and order in (0, 1), "config.decode['list_order']", "0 or 1", order)
     return cfg
 
 

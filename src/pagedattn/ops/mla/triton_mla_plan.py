@@ -291,6 +291,8 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
     seesaw's items over `wl_st_item_waves` waves, the others' over one), pieces of at least
     `wl_run_min_blocks` blocks."""
     nhb, wl = plan.kwargs["NHB"], config.wl
+    check(type(wl.wl_order) is int and wl.wl_order in (0, 1), "config.wl.wl_order", "0 or 1",
+          wl.wl_order)  # fmt: skip
     target = max(1, num_sms(a.q.device) * ctas_per_sm * wl.wl_waves // nhb)
     st = plan.kernel is _mla_decode_sm90_st
     runs = plan.kernel in RUN_KERNELS and (wl.wl_st_runs or not st)
@@ -302,7 +304,6 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
                       PDL=pdl_enabled(a.q))  # fmt: skip
         return plan._replace(grid=(target * nhb,), kwargs=kwargs, partitions=1,
                              balanced=(target, wl.wl_run_min_blocks), runs=True)  # fmt: skip
-    check(wl.wl_order in (0, 1), "config.wl.wl_order", "0 or 1", wl.wl_order)
     kwargs = dict(plan.kwargs, BALANCED=True, TARGET=target, MIN_BLOCKS=wl.wl_min_blocks,
                   SPLIT=False, PDL=pdl_enabled(a.q),
                   **({"LIST_ORDER": wl.wl_order} if wl.wl_order else {}))  # fmt: skip
