@@ -36,6 +36,7 @@ from pagedattn.ops.mla.worklist import (
     mla_host_item_count,
     mla_host_run_programs,
     mla_host_runs,
+    mla_partial_slot,
     mla_work_list,
 )
 from pagedattn.testing import ragged_offsets
@@ -363,6 +364,7 @@ def _list_order_kernel(
     END,
     N,
     KB,
+    SLOT,
     TPT: tl.constexpr,
     BN: tl.constexpr,
     TARGET: tl.constexpr,
@@ -373,13 +375,16 @@ def _list_order_kernel(
     tl.store(END + r, end)
     tl.store(N + r, n)
     tl.store(KB + r, chunk // BN)
+    for k in range(0, tl.sum(n, 0)):  # each item's partial slot
+        tl.store(SLOT + k, mla_partial_slot(n, end, k, 1))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_list_by_size_puts_larger_buckets_first(seed):
     """`mla_work_list`'s ORDER 1: requests by bucket of their chunk (LIST_BUCKETS x blocks //
     (cb + 1)), the largest bucket first and request order within one; a request's items
-    consecutive, every item numbered once."""
+    consecutive, every item numbered once; `mla_partial_slot` puts each item's partials where
+    request order would (what the combine derives)."""
     batch, tpt, bn, target, min_blocks = 37, 2, 16, 12, 2
     g = torch.Generator().manual_seed(seed)
     cache_lens = (torch.empty(batch).log_normal_(5.0, 1.5, generator=g)).long().clamp(0, 9000)
@@ -388,10 +393,11 @@ def test_the_list_by_size_puts_larger_buckets_first(seed):
     offs = ragged_offsets(q_lens.tolist()).to(torch.int32)
     b_p2 = triton.next_power_of_2(batch)
     end, n, kb = (torch.zeros(b_p2, dtype=torch.int32, device=DEV) for _ in range(3))
+    slot = torch.full((target + int(q_lens.sum()),), -1, dtype=torch.int32, device=DEV)
     _list_order_kernel[(1,)](offs.to(DEV), cache_lens.to(DEV, torch.int32), batch, end, n, kb,
-                             TPT=tpt, BN=bn, TARGET=target, MIN_BLOCKS=min_blocks,
+                             slot, TPT=tpt, BN=bn, TARGET=target, MIN_BLOCKS=min_blocks,
                              B_P2=b_p2)  # fmt: skip
-    kb = kb.cpu()
+    kb, slot = kb.cpu(), slot.cpu()
     tiles = (q_lens + tpt - 1) // tpt
     w = (cache_lens + q_lens + bn - 1) // bn
     cb = max(-(-int((tiles * w).sum()) * 9 // (target * 8)), min_blocks)
@@ -404,3 +410,8 @@ def test_the_list_by_size_puts_larger_buckets_first(seed):
         assert end[b] - n[b] == at
         at = end[b]
     assert at == sum(n)
+    # the partials' slots: each request's items at its request-order rows, in item order
+    rm = 0
+    for b in range(batch):
+        assert slot[end[b] - n[b] : end[b]].tolist() == list(range(rm, rm + n[b]))
+        rm += n[b]

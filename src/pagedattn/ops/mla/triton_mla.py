@@ -184,8 +184,7 @@ def _full_path(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
     elif plan.balanced is not None:
         mla_worklist_combine_triton(a.q_row_offsets, a.K.cl, po, pl, a.out, a.lse, a.sink, tpt=tpt,
                                     bn=plan.kwargs["BN"], target=target,
-                                    min_blocks=plan.balanced[1],
-                                    order=plan.kwargs.get("LIST_ORDER", 0))  # fmt: skip
+                                    min_blocks=plan.balanced[1])  # fmt: skip
     elif plan.ps is not None and L % npr:  # else no cluster boundary cuts a token
         mla_combine_triton(po, pl, a.out, a.lse, a.sink, cut=(L, npr, cut_t))
     elif plan.ps is None and plan.partitions > 1:

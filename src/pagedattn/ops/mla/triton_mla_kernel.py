@@ -51,6 +51,7 @@ from ..pdl import pdl_signal
 from ..triton_constants import LN2, LOG2E
 from .worklist import (
     mla_find_item,
+    mla_partial_slot,
     mla_run_meta,
     mla_run_piece,
     mla_run_segment,
@@ -590,9 +591,10 @@ def _mla_decode_kernel(
         valid, t, w_klo, w_khi, c_tile = mla_find_item(
             w_r, w_c, w_n, w_end, w_chunk, w_lo, item, TPT, LIST_ORDER
         )
-        if valid:  # partial rows item * TPT + i (`worklist`)
+        slot = mla_partial_slot(w_n, w_end, item, LIST_ORDER)
+        if valid:  # partial rows slot * TPT + i (`worklist`: request order)
             _decode_tile(
-                q_args, out_args, k_args, x_args, t, hb, item * TPT - t, c_tile > 1, w_klo,
+                q_args, out_args, k_args, x_args, t, hb, slot * TPT - t, c_tile > 1, w_klo,
                 w_khi, H_Q, D_QK, D_V, BM, BN, HPT, TPT, B_P2, False, CAUSAL, HAS_SINK, K_FMT,
                 K_AMODE, K_FOLD_T, K_NC, K_CW, K_G, K_E8M0, K_PAGED, K_SPARSE, K_HAS_TOPK,
                 K_TOPK_TOK, HAS_X, X_FMT, X_AMODE, X_FOLD_T, X_NC, X_CW, X_G, X_E8M0, X_PAGED,

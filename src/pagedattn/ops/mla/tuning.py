@@ -172,8 +172,9 @@ class WorkListTuning:
     # items than a wave starts its longest first; 0 request order. H200, graph replays
     # (`dev/profile_mla_skew.py`, 2026-11-30), request order -> buckets: h_q 128 skew b64 /
     # b128 226.5 / 439.1 -> 194.7 / 349.1 us, one long 81.5 -> 70.0, the uniform b128 control
-    # 266.1 -> 269.9 (its combine derives the buckets: +4 us); h_q 16 (the runs) unchanged
-    # (docs/kernels/triton_mla.md, "Longest items first, by buckets")
+    # 266.1 -> 269.9 (its combine then derived the buckets too; the partials now lie in
+    # request order, `worklist.mla_partial_slot`, and it does not); h_q 16 (the runs)
+    # unchanged (docs/kernels/triton_mla.md, "Longest items first, by buckets")
     wl_order: int = 1
 
 

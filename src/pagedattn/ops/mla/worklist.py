@@ -32,9 +32,10 @@ combine derives the same list. The Gluon kernels' form of `mla_find_item` is
 Item k of tile (b, j), chunk p sees keys [p chunk_b, (p + 1) chunk_b) of that tile's range (the
 kernel clamps it to the causal limit). A tile of one item writes the final output (sinks
 folded in) and its LSE; a tile of several writes normalised float32 partials at rows
-`k * TPT + i` (i: the token's index in the tile) of PO [items * TPT, h_q, D_V] / PL [items *
+`s * TPT + i` (i: the token's index in the tile; s: the item's index in request order,
+`mla_partial_slot`, which is k in request order) of PO [items * TPT, h_q, D_V] / PL [items *
 TPT, h_q] (natural-log LSE), and `_mla_worklist_combine_kernel` merges them (sinks, LSE, NaN as
-in `ops.combine`).
+in `ops.combine`), deriving the list in request order whatever order the decode took.
 
 Contiguous runs (`RUNS`: the portable kernel, and `_mla_decode_sm90_t` at 16 query rows).
 Items of a SM's whole share leave a partial second wave on skewed lengths; instead each of
@@ -136,6 +137,19 @@ def mla_find_item(r, c, n, end, chunk, o_lo, k, TPT: tl.constexpr, ORDER: tl.con
     lo = (local % c_b) * tl.sum(tl.where(at, chunk, 0), 0)
     t = tl.sum(tl.where(at, o_lo, 0), 0) + j * TPT
     return valid, t, lo, lo + tl.sum(tl.where(at, chunk, 0), 0), c_b
+
+
+@triton.jit
+def mla_partial_slot(n, end, k, ORDER: tl.constexpr = 0):
+    """The partial slot of item k (its rows are slot * TPT + i): k itself in request order
+    (ORDER 0); in the bucketed order (ORDER 1) the item's place in request order, so that the
+    partials of every tile lie where request order puts them and the combine derives no order
+    (one more prefix sum in each decode program instead of the buckets in every combine
+    program). n, end: `mla_work_list`'s (end in ORDER's order)."""
+    if ORDER == 0:
+        return k
+    at = (end - n <= k) & (k < end)
+    return k + tl.sum(tl.where(at, tl.cumsum(n, 0) - end, 0), 0)
 
 
 def mla_host_item_count(
@@ -506,17 +520,16 @@ def _mla_worklist_combine_kernel(
     B_P2: tl.constexpr,
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
-    ORDER: tl.constexpr = 0,
 ):
     """One (token, block of BH heads, DB output dims): merge the partials of its tile's items
     when the tile has several (a tile of one item was written by the decode kernel),
     `mla_merge_rows`; a token of no request (past q_row_offsets[batch]) gets output 0 and LSE
-    -inf. The list comes from the launch's inputs, which the decode kernel does not write: it
-    is derived before the PDL wait, while the decode runs."""
+    -inf. The partials lie in request order whatever the decode's list order
+    (`mla_partial_slot`), so the list is derived in request order. It comes from the launch's
+    inputs, which the decode kernel does not write: it is derived before the PDL wait, while
+    the decode runs."""
     t = tl.program_id(0)
-    r, c, n, end, chunk, o_lo = mla_work_list(
-        QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, ORDER
-    )
+    r, c, n, end, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
@@ -544,10 +557,9 @@ def mla_worklist_combine_triton(
     target: int,
     min_blocks: int,
     merge: MergeShape = ITEMS_MERGE,
-    order: int = 0,
 ) -> None:
     """Merge the split tiles of a balanced MLA decode launch (same list arguments as the
-    launch; `order`: its list's ORDER); a program per (token, 16 heads, merge.db dims),
+    launch, whatever its list's order); a program per (token, 16 heads, merge.db dims),
     `mla_merge_rows`. partial_out [items * TPT, h_q, d_v] f32, partial_lse [items * TPT, h_q]
     f32; out [tokens, h_q, d_v] (last dim contiguous), lse [tokens, h_q] f32 contiguous; sinks
     [h_q] f32 or None. No host sync."""
@@ -557,8 +569,7 @@ def mla_worklist_combine_triton(
         return
     _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch), partial_out,
                   partial_lse, out, lse, sinks, merge, TPT=tpt, BN=bn, TARGET=target,
-                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1),
-                  **({"ORDER": order} if order else {}))  # fmt: skip
+                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1))  # fmt: skip
 
 
 def _launch_merge(kernel, lead: tuple, partial_out, partial_lse, out, lse, sinks,

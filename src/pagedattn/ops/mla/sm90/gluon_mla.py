@@ -268,15 +268,16 @@ if HAS_GLUON:
         hb, lo, hi, split, pbase). ok: the program has an item (else it exits); t: its tile's
         leader token; [lo, hi): its chunk of the tile's keys (before the causal clamp); split:
         the tile has several items (partials); pbase: the `part` that puts the tile's token
-        t + i at partial row item * TPT + i with n_tokens 1. The dependent launch is signalled
-        first where PDL."""
+        t + i at partial row slot * TPT + i with n_tokens 1 (slot: the item's place in request
+        order, `worklist.mla_partial_slot`). The dependent launch is signalled first where
+        PDL."""
         g_pdl_signal(PDL)
         pid = gl.program_id(0)
         item = pid // NHB
-        _n, ok, t, lo, hi, c_b, _m = g_list_item(
+        _n, ok, t, lo, hi, c_b, _m, slot = g_list_item(
             QOFF, K_CL, batch, item, TPT, BN, TARGET, MIN_BLOCKS, B_P2, one_l, ORDER
         )
-        return ok, t, pid % NHB, lo, hi, c_b > 1, item * TPT - t
+        return ok, t, pid % NHB, lo, hi, c_b > 1, slot * TPT - t
 
     @gluon.jit
     def g_requests(
@@ -303,7 +304,8 @@ if HAS_GLUON:
         """Item `item` of the balanced list (`worklist.mla_work_list` / `mla_find_item`, same
         arithmetic and ORDER): (the list's items, ok: item is one, t: its tile's leader token,
         [lo, hi): its chunk of the tile's keys before the causal clamp, c_b: the tile's items,
-        the longest item's keys)."""
+        the longest item's keys, slot: its place in request order, `worklist.
+        mla_partial_slot`)."""
         r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
         total = gl.sum(tiles.to(gl.int64) * w, 0)
         cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
@@ -330,16 +332,19 @@ if HAS_GLUON:
         ok = item < n_items
         if ORDER == 1:
             at = (end - n <= item) & (item < end)
+            rm_end = gl.associative_scan(n, 0, _g_add)
+            slot = item + gl.sum(gl.where(at, rm_end - end, 0), 0)
         else:
             b = gl.sum(gl.where(end <= item, 1, 0), 0)
             at = r == b
+            slot = item
         n_b = gl.sum(gl.where(at, n, 0), 0)
         c_b = gl.maximum(gl.sum(gl.where(at, c, 0), 0), 1)
         chunk_b = gl.sum(gl.where(at, chunk, 0), 0)
         local = item - (gl.sum(gl.where(at, end, 0), 0) - n_b)
         t = gl.sum(gl.where(at, o_lo, 0), 0) + (local // c_b) * TPT
         lo = (local % c_b) * chunk_b
-        return n_items, ok, t, lo, lo + chunk_b, c_b, gl.max(gl.where(n > 0, chunk, 0), 0)
+        return n_items, ok, t, lo, lo + chunk_b, c_b, gl.max(gl.where(n > 0, chunk, 0), 0), slot
 
     @gluon.jit
     def g_run_stream(
@@ -397,7 +402,7 @@ if HAS_GLUON:
         stream = g_run_stream(QOFF, K_CL, batch, TPT, BN, OVH, B_P2, one_l)
         total = gl.max(stream[5], 0)
         size = gl.maximum(gl.cdiv(total, RUN_P), MIN_BLOCKS)
-        n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk = g_list_item(
+        n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk, _slot = g_list_item(
             QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
         )
         if ITEM_WAVES > 1:  # (one wave: the bound of one item)

@@ -345,7 +345,7 @@ if HAS_GLUON:
         stream = g_run_stream(QOFF, K_CL, batch, TPT, BN, RUN_OVH, B_P2, one_l)
         t_i, lo_i, hi_i, c_i = 0, 0, 0, 1
         if use_items:
-            _n, _ok, t_i, lo_i, hi_i, c_i, _m = g_list_item(
+            _n, _ok, t_i, lo_i, hi_i, c_i, _m, _s = g_list_item(
                 QOFF, K_CL, batch, pos.to(gl.int32), TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
             )
         t, n_tok, lo, hi, slot, n_pieces, first, nxt = g_run_step(
