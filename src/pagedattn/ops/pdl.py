@@ -10,9 +10,9 @@ The chain: the layer ops a decode step runs between its GEMMs (`ops.fused`' rms_
 rope_qkv, silu_mul, argmax_rows; `ops.store_kv`'s store_kv and rope_store_kv; the MHA/GQA
 decode) are launched with `launch_pdl=True` and wait first, so each one's launch and CTA start
 overlap the tail of the kernel before it (a cuBLAS GEMM, or another link). H200, the engine's
-captured decode step (`dev/pdl_chain_probe.py`, 2026-11-30): Llama-3.2-1B b64 1.523 -> 1.461
-ms a replay, the same tokens; Llama-3-8B b64 6.083 -> 6.093 ms (its kernels are long enough
-that a launch's latency is a small part of them).
+captured decode step (`dev/pdl_chain_probe.py`, docs/kernels/pdl.md): Llama-3.2-1B b64 1.523
+-> 1.461 ms a replay, the same tokens; Llama-3-8B b64 6.083 -> 6.093 ms (its kernels are long
+enough that a launch's latency is a small part of them).
 
 Used when `pdl_enabled`: CUDA devices of sm_90 or newer, compiled kernels, unless
 `PAGEDATTN_PDL=0` (read through `pagedattn.env`; docs/env.md). Results are the same bit for bit

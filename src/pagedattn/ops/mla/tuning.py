@@ -170,7 +170,7 @@ class WorkListTuning:
     # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 1 by bucket
     # of the items' size, largest first (`ops.list_order.bucket_ends`), so that a grid of more
     # items than a wave starts its longest first; 0 request order. H200, graph replays
-    # (`dev/profile_mla_skew.py`, 2026-11-30), request order -> buckets: h_q 128 skew b64 /
+    # (`dev/profile_mla_skew.py`), request order -> buckets: h_q 128 skew b64 /
     # b128 226.5 / 439.1 -> 194.7 / 349.1 us, one long 81.5 -> 70.0, the uniform b128 control
     # 266.1 -> 269.9 (its combine then derived the buckets too; the partials now lie in
     # request order, `worklist.mla_partial_slot`, and it does not); h_q 16 (the runs)
