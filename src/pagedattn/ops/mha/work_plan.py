@@ -24,10 +24,11 @@ Layout of the buffer (int32; `cap` items, `rows` requests):
 Rows come in the order of their items' size, largest chunk first (ties: row order), a request's
 items consecutive: the hardware dispatches programs in order, so the longest items start first
 and the short ones fill the SMs that finish early (list scheduling, longest first). The
-kernels' own list (`triton_worklist`) approximates that order with the split rows first; a
-simulation of the suite's skewed batches (132 SMs x 4 CTAs, an item's time its tiles plus a
-prologue) put the exact order 10-35% shorter than row order and 5-20% shorter than split rows
-first (docs/kernels/mha_decode.md, "Longest items first"). Item j of a row of n covers keys
+kernels' own list (`triton_worklist`) approximates that order by 8 buckets of size
+(`DecodeConfig.list_order` 1; 0: the split rows first); a simulation of the suite's skewed
+batches (132 SMs x 4 CTAs, an item's time its tiles plus a prologue) put the exact order 10-35%
+shorter than row order, 5-20% shorter than split rows first and 0-5% shorter than the buckets
+(docs/kernels/mha_decode.md, "Longest items first"). Item j of a row of n covers keys
 [k_lo, k_hi) = [j c, (j + 1) c) with c its chunk (whole BLOCK_N tiles); the row's last item has
 k_hi = -1 (up to the row's end). The decode kernel clamps to the row's visible keys, so a plan
 made for other lengths of the same batch stays correct (only less balanced): every key of a
