@@ -33,10 +33,10 @@ from pagedattn.ops.list_order import LIST_BUCKETS
 from pagedattn.ops.mla import triton_mla
 from pagedattn.ops.mla.tuning import MLATuning
 from pagedattn.ops.mla.worklist import (
+    mla_find_item,
     mla_host_item_count,
     mla_host_run_programs,
     mla_host_runs,
-    mla_partial_slot,
     mla_work_list,
 )
 from pagedattn.testing import ragged_offsets
@@ -371,19 +371,21 @@ def _list_order_kernel(
     MIN_BLOCKS: tl.constexpr,
     B_P2: tl.constexpr,
 ):
-    r, c, n, end, chunk, _o = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, 1)
+    r, c, n, end, chunk, o_lo = mla_work_list(
+        QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, 1
+    )
     tl.store(END + r, end)
     tl.store(N + r, n)
     tl.store(KB + r, chunk // BN)
     for k in range(0, tl.sum(n, 0)):  # each item's partial slot
-        tl.store(SLOT + k, mla_partial_slot(n, end, k, 1))
+        tl.store(SLOT + k, mla_find_item(r, c, n, end, chunk, o_lo, k, TPT, 1)[5])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_list_by_size_puts_larger_buckets_first(seed):
     """`mla_work_list`'s ORDER 1: requests by bucket of their chunk (LIST_BUCKETS x blocks //
     (cb + 1)), the largest bucket first and request order within one; a request's items
-    consecutive, every item numbered once; `mla_partial_slot` puts each item's partials where
+    consecutive, every item numbered once; `mla_find_item`'s slot puts each item's partials where
     request order would (what the combine derives)."""
     batch, tpt, bn, target, min_blocks = 37, 2, 16, 12, 2
     g = torch.Generator().manual_seed(seed)

@@ -4,7 +4,8 @@ Each is read when it is used (so a test may set it for one call), through `read(
 knows every variable the package reads; docs/env.md lists them with the test harness's own.
 
 - `PAGEDATTN_BACKEND` ("triton" or "reference"): every op's backend (`ops.dispatch`);
-- `PAGEDATTN_PDL` ("1"): programmatic dependent launch on sm_90 (`ops.pdl`);
+- `PAGEDATTN_PDL` ("0" turns it off): programmatic dependent launch, on by default on sm_90
+  (`ops.pdl`);
 - `PAGEDATTN_MLA_TUNING`, `PAGEDATTN_MHA_TUNING` (a JSON object): fields of the MLA / MHA
   launch config that a development run overrides (`tuning_overrides`).
 
@@ -29,11 +30,6 @@ def read(name: str) -> str | None:
     if name not in VARIABLES:
         raise InvalidArgumentError(f"name: expected one of {VARIABLES}, got {name!r}")
     return os.environ.get(PREFIX + name) or None
-
-
-def flag(name: str) -> bool:
-    """Whether `PAGEDATTN_<name>` is set to "1"."""
-    return read(name) == "1"
 
 
 def tuning_overrides(family: str) -> dict[str, Any]:

@@ -46,14 +46,14 @@ def pdl_launch_kwargs(enabled: bool) -> dict:
     return {"launch_pdl": True} if enabled else {}
 
 
-def pdl_chain_kwargs(t: torch.Tensor) -> dict:
+def pdl_chain_kwargs(t: torch.Tensor, flag: str = "PDL") -> dict:
     """A layer kernel's PDL arguments where `pdl_enabled(t)` ({} otherwise, the plain launch):
-    the PDL constexpr (the kernel's first statement is `pdl_wait(PDL)`) and `launch_pdl`. Such a
+    the constexpr `flag` (the kernel's first statement is `pdl_wait(flag)`) and `launch_pdl`. Such a
     kernel is launched while its predecessor on the stream still runs (its CTAs wait at the
     `griddepcontrol.wait`, which returns once every earlier grid has completed and its memory is
     visible), so its launch and CTA start overlap the predecessor's tail instead of following
     it; it reads and writes nothing before the wait."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(t) else {}
+    return {flag: True, "launch_pdl": True} if pdl_enabled(t) else {}
 
 
 @triton.jit

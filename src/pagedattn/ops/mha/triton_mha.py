@@ -50,7 +50,7 @@ from ..constants import LOG2E_F
 from ..gluon_imports import GluonTensorDescriptor, nvmma_16b_cols, nvmma_128b
 from ..launch import launch, occupancy_shared, recording
 from ..masks import MASK_CODES, Mask, causal
-from ..pdl import pdl_enabled
+from ..pdl import pdl_chain_kwargs
 from ..prepared import (
     MISS,
     PreparedCache,
@@ -477,6 +477,7 @@ def _full_path(
             po = pl = out
         if split:
             ran.po, ran.pl = po, pl
+        chain = pdl_chain_kwargs(q, "PDL_WAIT")  # (a link of the chain; the combine's signal)
         launch(_mha_decode_kernel, (items * h_kv,),
             *q_head, *kv_args, *common_tail, *out_tail, po, pl, parts, sm_scale * LOG2E_F,
             buf if buf is not None else q,  # the step's plan (read only where PLAN)
@@ -491,9 +492,8 @@ def _full_path(
             SPLIT=split and not balanced,
             WRITE_LSE=lse is not None and (balanced or not split),
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
-            BLOCK_B=block_b, PDL=split and sem is None and pdl_enabled(q),
-            NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-            **({"PDL_WAIT": True, "launch_pdl": True} if pdl_enabled(q) else {}),
+            BLOCK_B=block_b, PDL=split and sem is None and bool(chain),
+            NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **chain,
             min_shared=occupancy_shared(cfg.max_ctas_per_sm) if cfg.max_ctas_per_sm > 0 else 0,
             **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
                     **({"PLAN": True} if buf is not None else {}),

@@ -51,7 +51,6 @@ from ..pdl import pdl_signal
 from ..triton_constants import LN2, LOG2E
 from .worklist import (
     mla_find_item,
-    mla_partial_slot,
     mla_run_meta,
     mla_run_piece,
     mla_run_segment,
@@ -573,7 +572,7 @@ def _mla_decode_kernel(
         # (ITEM_WAVES scales the bound: a constant `& False` broke the sm_90 lowering)
         tl.static_assert(ITEM_WAVES <= 1, "one item a program")
         use_items = (tl.sum(w_n, 0) <= RUN_P * ITEM_WAVES) & (max_chunk * 8 <= size * (9 * BN))
-        ok, t_i, lo_i, hi_i, c_i = mla_find_item(w_r, w_c, w_n, w_end, w_chunk, w_lo, p, TPT)
+        ok, t_i, lo_i, hi_i, c_i, _s = mla_find_item(w_r, w_c, w_n, w_end, w_chunk, w_lo, p, TPT)
         _runs(
             q_args, out_args, k_args, x_args, META, p, hb, r_r, r_o, r_q, r_w, r_span, r_incl,
             size, total, use_items, ok, t_i, lo_i, hi_i, c_i, H_Q, D_QK, D_V, BM, BN, HPT, TPT,
@@ -588,10 +587,9 @@ def _mla_decode_kernel(
             QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2, LIST_ORDER
         )
         item = pid // NHB
-        valid, t, w_klo, w_khi, c_tile = mla_find_item(
+        valid, t, w_klo, w_khi, c_tile, slot = mla_find_item(
             w_r, w_c, w_n, w_end, w_chunk, w_lo, item, TPT, LIST_ORDER
         )
-        slot = mla_partial_slot(w_n, w_end, item, LIST_ORDER)
         if valid:  # partial rows slot * TPT + i (`worklist`: request order)
             _decode_tile(
                 q_args, out_args, k_args, x_args, t, hb, slot * TPT - t, c_tile > 1, w_klo,

@@ -173,7 +173,7 @@ class WorkListTuning:
     # (`dev/profile_mla_skew.py`), request order -> buckets: h_q 128 skew b64 /
     # b128 226.5 / 439.1 -> 194.7 / 349.1 us, one long 81.5 -> 70.0, the uniform b128 control
     # 266.1 -> 269.9 (its combine then derived the buckets too; the partials now lie in
-    # request order, `worklist.mla_partial_slot`, and it does not); h_q 16 (the runs)
+    # request order, `worklist.mla_find_item`'s slot, and it does not); h_q 16 (the runs)
     # unchanged (docs/kernels/triton_mla.md, "Longest items first, by buckets")
     wl_order: int = 1
 

@@ -33,7 +33,7 @@ Item k of tile (b, j), chunk p sees keys [p chunk_b, (p + 1) chunk_b) of that ti
 kernel clamps it to the causal limit). A tile of one item writes the final output (sinks
 folded in) and its LSE; a tile of several writes normalised float32 partials at rows
 `s * TPT + i` (i: the token's index in the tile; s: the item's index in request order,
-`mla_partial_slot`, which is k in request order) of PO [items * TPT, h_q, D_V] / PL [items *
+`mla_find_item`'s slot, which is k in request order) of PO [items * TPT, h_q, D_V] / PL [items *
 TPT, h_q] (natural-log LSE), and `_mla_worklist_combine_kernel` merges them (sinks, LSE, NaN as
 in `ops.combine`), deriving the list in request order whatever order the decode took.
 
@@ -120,36 +120,28 @@ def mla_work_list(
 
 @triton.jit
 def mla_find_item(r, c, n, end, chunk, o_lo, k, TPT: tl.constexpr, ORDER: tl.constexpr = 0):
-    """(valid, t, lo, hi, c_b) of item k of the list `mla_work_list` returns: whether k is an
-    item, its tile's leader token t, its chunk's keys [lo, hi) (before the causal clamp) and
-    the chunks of its tile. end: one past each request's last item (ORDER 0: the inclusive
-    prefix sums of n)."""
+    """(valid, t, lo, hi, c_b, slot) of item k of the list `mla_work_list` returns: whether k
+    is an item, its tile's leader token t, its chunk's keys [lo, hi) (before the causal clamp),
+    the chunks of its tile, and its partial slot (rows slot * TPT + i): its place in request
+    order, k itself in ORDER 0, so that in any order the partials of every tile lie where
+    request order puts them and the combine derives no order (one more prefix sum in each
+    decode program instead of the buckets in every combine program). end: one past each
+    request's last item (ORDER 0: the inclusive prefix sums of n)."""
     valid = k < tl.sum(n, 0)
     if ORDER == 0:
         b = tl.sum(tl.where(end <= k, 1, 0), 0)
         at = r == b
+        slot = k
     else:
         at = (end - n <= k) & (k < end)
+        slot = k + tl.sum(tl.where(at, tl.cumsum(n, 0) - end, 0), 0)
     n_b = tl.sum(tl.where(at, n, 0), 0)
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
     local = k - (tl.sum(tl.where(at, end, 0), 0) - n_b)
     j = local // c_b
     lo = (local % c_b) * tl.sum(tl.where(at, chunk, 0), 0)
     t = tl.sum(tl.where(at, o_lo, 0), 0) + j * TPT
-    return valid, t, lo, lo + tl.sum(tl.where(at, chunk, 0), 0), c_b
-
-
-@triton.jit
-def mla_partial_slot(n, end, k, ORDER: tl.constexpr = 0):
-    """The partial slot of item k (its rows are slot * TPT + i): k itself in request order
-    (ORDER 0); in the bucketed order (ORDER 1) the item's place in request order, so that the
-    partials of every tile lie where request order puts them and the combine derives no order
-    (one more prefix sum in each decode program instead of the buckets in every combine
-    program). n, end: `mla_work_list`'s (end in ORDER's order)."""
-    if ORDER == 0:
-        return k
-    at = (end - n <= k) & (k < end)
-    return k + tl.sum(tl.where(at, tl.cumsum(n, 0) - end, 0), 0)
+    return valid, t, lo, lo + tl.sum(tl.where(at, chunk, 0), 0), c_b, slot
 
 
 def mla_host_item_count(
@@ -525,7 +517,7 @@ def _mla_worklist_combine_kernel(
     when the tile has several (a tile of one item was written by the decode kernel),
     `mla_merge_rows`; a token of no request (past q_row_offsets[batch]) gets output 0 and LSE
     -inf. The partials lie in request order whatever the decode's list order
-    (`mla_partial_slot`), so the list is derived in request order. It comes from the launch's
+    (`mla_find_item`'s slot), so the list is derived in request order. It comes from the launch's
     inputs, which the decode kernel does not write: it is derived before the PDL wait, while
     the decode runs."""
     t = tl.program_id(0)

@@ -269,7 +269,7 @@ if HAS_GLUON:
         leader token; [lo, hi): its chunk of the tile's keys (before the causal clamp); split:
         the tile has several items (partials); pbase: the `part` that puts the tile's token
         t + i at partial row slot * TPT + i with n_tokens 1 (slot: the item's place in request
-        order, `worklist.mla_partial_slot`). The dependent launch is signalled first where
+        order, `worklist.mla_find_item`'s slot). The dependent launch is signalled first where
         PDL."""
         g_pdl_signal(PDL)
         pid = gl.program_id(0)
@@ -304,8 +304,8 @@ if HAS_GLUON:
         """Item `item` of the balanced list (`worklist.mla_work_list` / `mla_find_item`, same
         arithmetic and ORDER): (the list's items, ok: item is one, t: its tile's leader token,
         [lo, hi): its chunk of the tile's keys before the causal clamp, c_b: the tile's items,
-        the longest item's keys, slot: its place in request order, `worklist.
-        mla_partial_slot`)."""
+        the longest item's keys, slot: its partial slot, its place in request order, as
+        `mla_find_item`'s)."""
         r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
         total = gl.sum(tiles.to(gl.int64) * w, 0)
         cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
