@@ -1,7 +1,8 @@
 """cuBLAS (torch's F.linear) at a decode step's projection shapes, weights streamed from HBM (R
 copies in turn inside one CUDA graph), us a call and its fraction of the copy roofline; run
 under different cuBLAS settings (e.g. CUBLASLT_WORKSPACE_SIZE in KiB, set before the process
-starts) to see whether the library's choice changes.
+starts, or BLAS=cublaslt: torch.backends.cuda.preferred_blas_library) to see whether the
+library's choice changes.
     python dev/cublas_shapes.py [M ...]
 """
 
@@ -29,6 +30,9 @@ def main() -> None:
     dev = torch.device("cuda")
     bw = copy_bandwidth()
     tag = os.environ.get("CUBLASLT_WORKSPACE_SIZE", "default")
+    if os.environ.get("BLAS"):
+        torch.backends.cuda.preferred_blas_library(os.environ["BLAS"])
+        tag = os.environ["BLAS"]
     for name, (N, K) in SHAPES.items():
         R = max(2, -(-512 * 2**20 // (N * K * 2)))
         ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(R)]

@@ -36,11 +36,65 @@ from bench_model import (  # noqa: E402
 STEPS = 40
 
 
+def device_timeline(eng, trace_dir: str) -> dict:
+    """STEPS engine steps under torch.profiler (CUDA activity): per step, the device's busy
+    time in the graph replay's kernels, in work launched outside the graph (copies, sampling,
+    the eager ops of the step), and idle; the outside work by name."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            eng.step()
+        torch.cuda.synchronize()
+    os.makedirs(trace_dir, exist_ok=True)
+    path = os.path.join(trace_dir, "engine_steps.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    graph_corr = {
+        e["args"].get("correlation")
+        for e in ev
+        if e.get("cat") == "cuda_runtime" and "GraphLaunch" in e.get("name", "")
+    }
+    dev = [
+        e
+        for e in ev
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"
+    ]
+    dev.sort(key=lambda e: e["ts"])
+    t0, t1 = dev[0]["ts"], max(e["ts"] + e["dur"] for e in dev)
+    busy_graph = busy_out = 0.0
+    outside: dict[str, list[float]] = {}
+    end = t0
+    for e in dev:  # union of intervals (PDL overlaps kernels), attributed to the later one
+        s_, d_ = e["ts"], e["dur"]
+        add = max(0.0, s_ + d_ - max(s_, end))
+        end = max(end, s_ + d_)
+        if e["args"].get("correlation") in graph_corr:
+            busy_graph += add
+        else:
+            busy_out += add
+            outside.setdefault(e["name"], []).append(d_)
+    span = t1 - t0
+    rows = sorted(
+        (dict(name=k, us=sum(v) / STEPS, calls=len(v) / STEPS) for k, v in outside.items()),
+        key=lambda r: -r["us"],
+    )
+    summary = dict(
+        span_us=span / STEPS,
+        graph_busy_us=busy_graph / STEPS,
+        outside_busy_us=busy_out / STEPS,
+        idle_us=(span - busy_graph - busy_out) / STEPS,
+    )
+    return dict(summary=summary, outside_graph=rows, trace=path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="llama3.2-1b")
     ap.add_argument("--b", type=int, default=64)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--trace-dir", default=None, help="also trace STEPS steps' device timeline")
     a = ap.parse_args()
     case = next(c for c in CASES if c.shape == a.shape and c.b == a.b)
     ctx = Ctx([], {}, 0, False)
@@ -80,6 +134,7 @@ def main() -> None:
         eng.step()
     prof.disable()
     torch.cuda.synchronize()
+    trace = device_timeline(eng, a.trace_dir) if a.trace_dir else None
     st = pstats.Stats(prof)
     rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:40]  # by own time
     out = dict(
@@ -90,6 +145,11 @@ def main() -> None:
                           own_us=v[2] / STEPS * 1e6, cum_us=v[3] / STEPS * 1e6)
                      for f, v in rows],
     )  # fmt: skip
+    if trace is not None:
+        out["device"] = trace
+        print("device timeline a step (us):", json.dumps(trace["summary"]))
+        for r in trace["outside_graph"][:20]:
+            print(f"  {r['us']:8.1f} us {r['calls']:5.1f}x  {r['name'][:90]}")
     print(f"step {out['step_ms_median']:.3f} ms; an engine.step() call: wall {wall:.0f} us, "
           f"of it waiting for tokens {wait:.0f} us (host {wall - wait:.0f} us)")  # fmt: skip
     print("host, by own time (cProfile, us a step):")

@@ -118,21 +118,28 @@ def test_silu_mul(backend, dtype, T, inter):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,V", [(0, 5), (1, 1), (3, 7), (6, 5000), (2, 128256)])
+@pytest.mark.parametrize(
+    "n,V", [(0, 5), (1, 1), (3, 7), (6, 5000), (2, 128256), (66, 20000), (300, 5000)]
+)
 def test_argmax_rows(backend, dtype, n, V):
     """torch.argmax's answer on fresh rows, with the first of equal maxima across the kernel's
-    4096-column blocks, a row of -inf, NaN rows (the first NaN), +inf, non-contiguous rows."""
+    4096-column blocks and its spans (`argmax_plan`: (6, 5000) two spans of a block, (66,
+    20000) three of two blocks, (300, 5000) one a row), a row of -inf, NaN rows (the first
+    NaN), +inf, non-contiguous rows."""
     g = torch.Generator().manual_seed(n * 7 + V)
     x = torch.randn(n, V, generator=g).to(dtype).to(_dev())
     if n >= 6:
         x[0, 100] = x[0].max() + 1
         x[0, 4600] = x[0, 100]  # a tie in a later block: the earlier index
+        x[0, V - 1] = x[0, 100]  # and in the last span
         x[1] = float("-inf")
         x[2, 10] = float("nan")
         x[2, V - 1] = float("nan")
         x[3, V - 1] = float("inf")
         x[4, 17] = float("-inf")
         x[5, :] = x[5, 0]  # all equal: index 0
+        if V >= 9001:  # NaN in a later span than the maximum; the maximum at a span's start
+            x[6, 9000], x[6, 3], x[7, 8192] = float("nan"), 1e30, 1e30
     want = x.double().cpu().argmax(-1)
     assert torch.equal(argmax_rows(x, backend=backend).cpu(), want)
     if n:  # rows of a wider buffer (stride > V)

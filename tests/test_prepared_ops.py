@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 from prepared_fixtures import assert_launched_as, recording_build  # noqa: E402
 
 from pagedattn import KVCacheParams  # noqa: E402
+from pagedattn.cache.dispatch import num_sms  # noqa: E402
 from pagedattn.errors import InvalidArgumentError  # noqa: E402
 from pagedattn.operands import PagedOperand  # noqa: E402
 from pagedattn.ops import fused as F  # noqa: E402
@@ -99,9 +100,9 @@ def _silu(T, dtype=BF, seed=0, offset=0):
     return lambda: F.silu_mul(gu), lambda: TF.silu_mul_triton(gu)
 
 
-def _argmax(T, dtype=torch.float32, seed=0, offset=0):
-    x = rnd(T, 100, dtype=dtype, seed=seed, offset=offset)
-    return lambda: F.argmax_rows(x), lambda: TF.argmax_rows_triton(x)
+def _argmax(T, dtype=torch.float32, seed=0, offset=0, V=100):
+    x = rnd(T, V, dtype=dtype, seed=seed, offset=offset)
+    return lambda: F.argmax_rows(x), lambda: TF.argmax_rows_triton(x, num_sms(x.device))[0]
 
 
 FUSED = {
@@ -112,6 +113,7 @@ FUSED = {
     "rope_qkv+norm": (_rope, dict(norm=True), "rope_qkv_triton"),
     "silu_mul": (_silu, {}, "silu_mul_triton"),
     "argmax_rows": (_argmax, {}, "argmax_rows_triton"),
+    "argmax_rows in spans": (_argmax, dict(V=5000), "argmax_rows_triton"),
 }
 
 
@@ -132,7 +134,7 @@ def test_fused_hits_equal_the_full_path(case, monkeypatch):
         op, direct = make(5, seed=seed, **kw)
         same(op(), direct())
     assert len(full) == 1 + 3  # (each `direct` counts too)
-    other = torch.float16 if case != "argmax_rows" else torch.bfloat16
+    other = torch.bfloat16 if case.startswith("argmax") else torch.float16
     for args in (dict(T=7), dict(T=5, dtype=other), dict(T=5, offset=1)):  # shape, dtype, align
         before = len(full)
         for seed in range(2):

@@ -17,7 +17,8 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
 - `argmax_rows(x)`: x [n, V] float -> [n] int64, each row's index of its largest value, as
   `torch.argmax(x, -1)`: the first of equal maxima, a row's first NaN where it has one, 0 for a
   row of -inf (the engine's greedy tokens; on the H200 torch's argmax of 64 x 128256 float32
-  logits took ~35 us, 0.9 TB/s).
+  logits took ~35 us, 0.9 TB/s). On CUDA a row is cut into spans until the grid fills the
+  SMs (`triton_fused.argmax_plan`), then a second launch merges each row's spans.
 
 Backends (`ops.dispatch`): "reference" runs transformers' torch ops one by one (so a CPU
 model equals transformers bit for bit); "triton" computes in float32 and rounds once, so it
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from ...cache.dispatch import num_sms
 from ...errors import InvalidArgumentError, Lazy, check
 from .._checks import Described, describe
 from ..dispatch import choose_backend
@@ -196,7 +198,7 @@ def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
 
 
 def _unary_signature(x, backend):
-    """(key, sources, guarded) of a silu_mul / argmax_rows call; sources x, out."""
+    """(key, sources, guarded) of a silu_mul call; sources x, out."""
     return (backend, env_state(), current_device(x)), [x, None], (0,)
 
 
@@ -217,21 +219,35 @@ def silu_mul(gate_up, *, backend: str | None = None) -> torch.Tensor:
     return silu_mul_reference(gate_up)
 
 
+def _argmax_signature(x, backend):
+    """(key, sources, guarded) of an argmax_rows call; sources x, out, the spans' partials."""
+    return (backend, env_state(), current_device(x)), [x, None, None], (0,)
+
+
 def argmax_rows(x, *, backend: str | None = None) -> torch.Tensor:
     """Each row's index of its largest value (module docstring); x [n, V] float."""
-    hit = _hit(PREPARED_ARGMAX_ROWS, _unary_signature, x, backend)
+    hit = _hit(PREPARED_ARGMAX_ROWS, _argmax_signature, x, backend)
     if hit is not MISS and hit is not UNPREPARED:
-        return hit
+        return hit[0] if isinstance(hit, tuple) else hit
     x = _float_matrix("x", x)
     check(x.shape[1] >= 1, "x", "[n, V] with V >= 1", Described(x))
     check(x.shape[1] < 2**31 - 1, "x", "fewer than 2**31 - 1 columns", Described(x))
     if _triton(backend, x) and x.stride(1) == 1:
-        from .triton_fused import argmax_rows_triton  # noqa: PLC0415
+        from .triton_fused import argmax_plan, argmax_rows_triton  # noqa: PLC0415
 
+        sms = num_sms(x.device)
         if x.shape[0] == 0 or torch.compiler.is_compiling():
-            return argmax_rows_triton(x)
-        key, src, guarded = _unary_signature(x, backend)
-        return PREPARED_ARGMAX_ROWS.prepare(key, src, guarded, lambda: argmax_rows_triton(x), (1,))
+            return argmax_rows_triton(x, sms)[0]
+        split = argmax_plan(*x.shape, sms)[1] > 1
+
+        def run():
+            out, part = argmax_rows_triton(x, sms)
+            return (out, part) if split else out
+
+        key, src, guarded = _argmax_signature(x, backend)
+        res = PREPARED_ARGMAX_ROWS.prepare(key, src, guarded, run, (1, 2) if split else (1,),
+                                           launches=2 if split else 1)  # fmt: skip
+        return res[0] if split else res
     return argmax_rows_reference(x)
 
 
