@@ -2,7 +2,7 @@
 copies in turn inside one CUDA graph), us a call and its fraction of the copy roofline; run
 under different cuBLAS settings (e.g. CUBLASLT_WORKSPACE_SIZE in KiB, set before the process
 starts, or BLAS=cublaslt: torch.backends.cuda.preferred_blas_library) to see whether the
-library's choice changes.
+library's choice changes; HOT=1 times one L2-resident weight instead.
     python dev/cublas_shapes.py [M ...]
 """
 
@@ -36,6 +36,8 @@ def main() -> None:
     for name, (N, K) in SHAPES.items():
         R = max(2, -(-512 * 2**20 // (N * K * 2)))
         ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(R)]
+        if os.environ.get("HOT"):  # one weight R times: L2-resident after its first call
+            ws = ws[:1] * R
         for M in ms:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
             s = torch.cuda.Stream()
@@ -60,6 +62,7 @@ def main() -> None:
                 t.append(a.elapsed_time(b) * 1e3 / R)
             us = sorted(t)[5]
             floor = (N * K + M * K + M * N) * 2 / bw / 1e3
+            tag = f"{tag} hot" if os.environ.get("HOT") and not tag.endswith("hot") else tag
             print(f"workspace {tag:>8} {name:11s} M{M:<4d} {us:7.2f} us  {floor / us:.2f} of copy")
         del ws
 

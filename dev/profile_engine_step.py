@@ -76,6 +76,14 @@ def device_timeline(eng, trace_dir: str) -> dict:
             busy_out += add
             outside.setdefault(e["name"], []).append(d_)
     span = t1 - t0
+    api: dict[str, list[float]] = {}  # the host's CUDA runtime / driver calls, by name
+    for e in ev:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X":
+            api.setdefault(e["name"], []).append(e["dur"])
+    api_rows = sorted(
+        (dict(name=k, us=sum(v) / STEPS, calls=len(v) / STEPS) for k, v in api.items()),
+        key=lambda r: -r["us"],
+    )
     rows = sorted(
         (dict(name=k, us=sum(v) / STEPS, calls=len(v) / STEPS) for k, v in outside.items()),
         key=lambda r: -r["us"],
@@ -86,7 +94,7 @@ def device_timeline(eng, trace_dir: str) -> dict:
         outside_busy_us=busy_out / STEPS,
         idle_us=(span - busy_graph - busy_out) / STEPS,
     )
-    return dict(summary=summary, outside_graph=rows, trace=path)
+    return dict(summary=summary, outside_graph=rows, host_cuda_calls=api_rows, trace=path)
 
 
 def main() -> None:
@@ -149,6 +157,9 @@ def main() -> None:
         out["device"] = trace
         print("device timeline a step (us):", json.dumps(trace["summary"]))
         for r in trace["outside_graph"][:20]:
+            print(f"  {r['us']:8.1f} us {r['calls']:5.1f}x  {r['name'][:90]}")
+        print("host CUDA API calls a step (us):")
+        for r in trace["host_cuda_calls"][:15]:
             print(f"  {r['us']:8.1f} us {r['calls']:5.1f}x  {r['name'][:90]}")
     print(f"step {out['step_ms_median']:.3f} ms; an engine.step() call: wall {wall:.0f} us, "
           f"of it waiting for tokens {wait:.0f} us (host {wall - wait:.0f} us)")  # fmt: skip

@@ -461,3 +461,18 @@ def test_serving_compiles_no_kernel_after_start_up(tmp_path):
             steps += 1
     print(f"{steps} steps, {llm.runner.graphs.num_replays} replays")
     assert steps > 50 and not compiled, compiled
+
+
+@pytest.mark.gpu
+def test_token_ring_never_overwrites_unread_tokens():
+    """A slot reused before its step's tokens were read (depth 1): `claim` reads them first,
+    so both steps keep their own tokens."""
+    from pagedattn.engine.inflight import InFlightStep, TokenRing
+
+    ring = TokenRing(depth=1)
+    a = torch.arange(5, device="cuda") * 3
+    b = torch.arange(7, device="cuda") + 100
+    fa = InFlightStep([], a, ring)
+    fb = InFlightStep([], b, ring)  # the same pinned slot
+    assert fb.tokens() == b.tolist()
+    assert fa.tokens() == a.tolist()

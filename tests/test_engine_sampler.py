@@ -184,3 +184,22 @@ def test_chi_square_has_power():
     counts = torch.bincount(t, minlength=len(LOGITS)).tolist()
     full = expected(LOGITS.tolist(), 1.0, 0, 1.0)
     assert min(counts) == 0 and min(full.values()) * N > 50  # a token top-p drops
+
+
+@pytest.mark.gpu
+def test_greedy_argmax_compiles_nothing_after_warm_up():
+    """After `warm_up(vocab)`, the greedy argmax of any batch size compiles no kernel (its
+    spans, `argmax_plan`, change with the batch: a compile in the middle of serving stalls a
+    step for ~0.3-5 s) and equals torch.argmax."""
+    from pagedattn.engine.sampler import warm_up
+    from pagedattn.ops.fused import argmax_rows
+    from pagedattn.ops.launch import jit_compiles
+
+    V = 50000
+    warm_up(V, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    with jit_compiles() as compiled:
+        for n in (1, 2, 7, 16, 33, 64, 100, 255, 256, 263, 264, 300, 1000):
+            x = torch.randn(n, V, device="cuda", generator=g)
+            assert torch.equal(argmax_rows(x), x.argmax(-1)), n
+    assert not compiled, compiled

@@ -129,9 +129,16 @@ def apply_top_k_top_p(
 def warm_up(vocab: int, device: str | torch.device) -> None:
     """Compile `sample`'s kernels for logits of `vocab` columns on `device` (the engine's
     start-up on CUDA: its first served step compiled the argmax otherwise, a stall of seconds
-    in the middle of serving). Every float32 [n, vocab] logits of a step share this
-    specialization (contiguous rows; n is the grid)."""
+    in the middle of serving). Every float32 [n, vocab] logits of a step share these
+    specializations (contiguous rows; n is in the grid): one row takes the argmax's split
+    path, as many rows as fill the GPU its one-span path (`triton_fused.argmax_plan`)."""
     argmax_rows(torch.randn(1, vocab, device=device))
+    if torch.device(device).type == "cuda":
+        from ..cache.dispatch import num_sms  # noqa: PLC0415
+        from ..ops.fused.triton_fused import ARGMAX_PROGRAMS_PER_SM  # noqa: PLC0415
+
+        rows = ARGMAX_PROGRAMS_PER_SM * num_sms(device)
+        argmax_rows(torch.randn(rows, vocab, device=device))
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

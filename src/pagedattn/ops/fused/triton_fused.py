@@ -179,7 +179,7 @@ def _argmax_rows_kernel(X, OUT, V, sx, BLOCK: tl.constexpr, STAGES: tl.constexpr
     tl.store(OUT + row, tl.where(nan_i < V, nan_i, best_i).to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["CHUNK", "S"])  # one binary a vocabulary, whatever the batch
 def _argmax_part_kernel(X, PART, V, sx, CHUNK, S, BLOCK: tl.constexpr,
                         STAGES: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Program (row, c): columns [c CHUNK, (c + 1) CHUNK) of the row -> PART[0, row, c] its
@@ -198,11 +198,11 @@ def _argmax_part_kernel(X, PART, V, sx, CHUNK, S, BLOCK: tl.constexpr,
     tl.store(at + tl.num_programs(0) * S, tl.where(has_nan, nan_i, best_i).to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def _argmax_finish_kernel(PART, OUT, V, S, S_P2: tl.constexpr, PDL: tl.constexpr = False):
     """Program row: the row's answer from its S spans' (`_argmax_part_kernel`): the first
     NaN's index where a span has one, else the first of the spans' equal maxima (spans in
-    column order)."""
+    column order). S_P2 >= S, fixed by V (the most spans a row can have)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, S_P2)
@@ -239,7 +239,9 @@ def argmax_rows_triton(x, sms: int = 132):
     """x [n, V] float (rows contiguous) -> ([n] int64 as `ops.fused.argmax_rows`, the spans'
     partials int64 [2, n, S] or None): one launch where each row is one span
     (`argmax_plan`), else a launch of (row, span) programs and one that merges a row's
-    spans."""
+    spans. Each of the three kernels compiles once a vocabulary V (the batch is in the grid
+    and in unspecialized ints): a new batch size never compiles in the middle of serving
+    once `engine.sampler.warm_up` has run both paths."""
     n, V = x.shape
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     if n == 0:
@@ -258,7 +260,8 @@ def argmax_rows_triton(x, sms: int = 132):
         BLOCK=block, STAGES=3, num_warps=8, **pdl,
     )  # fmt: skip
     cached_launch(
-        _argmax_finish_kernel, (n,), part, out, V, S, S_P2=triton.next_power_of_2(S),
+        _argmax_finish_kernel, (n,), part, out, V, S,
+        S_P2=triton.next_power_of_2(triton.cdiv(V, block)),
         num_warps=1, **pdl,
     )  # fmt: skip
     return out, part
