@@ -188,11 +188,11 @@ def test_chi_square_has_power():
 
 @pytest.mark.gpu
 def test_greedy_argmax_compiles_nothing_after_warm_up():
-    """After `warm_up(vocab)`, the greedy argmax of any batch size compiles no kernel (its
-    spans, `argmax_plan`, change with the batch: a compile in the middle of serving stalls a
-    step for ~0.3-5 s) and equals torch.argmax."""
+    """After `warm_up(vocab)`, the greedy argmax and the draws of any batch size compile no
+    kernel (their spans, `argmax_plan`, change with the batch: a compile in the middle of
+    serving stalls a step for ~0.3-5 s); the argmax equals torch.argmax."""
     from pagedattn.engine.sampler import warm_up
-    from pagedattn.ops.fused import argmax_rows
+    from pagedattn.ops.fused import argmax_rows, sample_rows
     from pagedattn.ops.launch import jit_compiles
 
     V = 50000
@@ -202,4 +202,8 @@ def test_greedy_argmax_compiles_nothing_after_warm_up():
         for n in (1, 2, 7, 16, 33, 64, 100, 255, 256, 263, 264, 300, 1000):
             x = torch.randn(n, V, device="cuda", generator=g)
             assert torch.equal(argmax_rows(x), x.argmax(-1)), n
+            t = torch.rand(n, device="cuda", generator=g)
+            seeds = torch.randint(0, 2**62, (n,), device="cuda", generator=g)
+            drawn = sample_rows(x, t, seeds, seeds)
+            assert drawn.shape == (n,) and bool(((drawn >= 0) & (drawn < V)).all())
     assert not compiled, compiled

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pagedattn.errors import InvalidArgumentError
-from pagedattn.ops.fused import argmax_rows, rms_norm, rope_qkv, silu_mul
+from pagedattn.ops.fused import argmax_rows, rms_norm, rope_qkv, sample_rows, silu_mul
+from pagedattn.ops.fused.reference import gumbel_noise, sample_rows_reference
 from pagedattn.testing import assert_close
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -147,6 +148,73 @@ def test_argmax_rows(backend, dtype, n, V):
         assert torch.equal(argmax_rows(wide, backend=backend).cpu(), wide.cpu().argmax(-1))
 
 
+def sample_case(n, V, seed):
+    """Fresh logits and sampling rows: temperatures 0 (greedy), tiny, large and in (0, 2);
+    seeds over all 64 bits (negative ones included), counters below 2**32; NaN, -inf, +inf."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, V, generator=g) * 3
+    t = torch.rand(n, generator=g) * 2 + 0.05
+    t[::4] = 0.0
+    if n >= 6:
+        t[1], t[2] = 1e-3, 50.0
+        x[3, V // 3] = float("nan")
+        x[4] = float("-inf")
+        x[5, V - 1] = float("inf")
+    seeds = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
+    counters = torch.randint(0, 2**32, (n,), generator=g)
+    return x, t, seeds, counters
+
+
+def assert_same_draws(got, x, t, seeds, counters, tol=1e-5):
+    """got equals the reference's draws, except in rows whose two best scores (x / t + g in
+    float64) are within `tol` (a rounding of the logs can order them either way)."""
+    want = sample_rows_reference(x, t, seeds, counters)
+    bad = (got != want).nonzero().flatten().tolist()
+    s = x.double() / torch.where(t > 0, t, 1.0).double()[:, None]
+    s = (
+        s
+        + torch.where(t > 0, 1.0, 0.0).double()[:, None]
+        * gumbel_noise(seeds, counters, x.shape[1]).double()
+    )
+    for i in bad:
+        top = s[i].nan_to_num(nan=float("inf")).topk(2).values
+        gap = float(top[0] - top[1])
+        assert gap <= tol * max(1.0, float(top[0].abs())), (i, int(got[i]), int(want[i]), gap)
+    print(f"{len(bad)} near-tie differences of {x.shape[0]} rows")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n,V", [(0, 5), (1, 1), (3, 7), (6, 5000), (13, 30000), (66, 20000)])
+def test_sample_rows(backend, n, V):
+    """The reference's draws (argmax of x / t + Gumbel noise of (seed, counter, column) where
+    t > 0, argmax_rows' answer where t == 0) on the Triton path too, one span a row or several
+    (`argmax_plan`); x's dtype bf16 as well."""
+    x, t, seeds, counters = sample_case(n, V, seed=n + V)
+    dev = _dev()
+    got = sample_rows(x.to(dev), t.to(dev), seeds.to(dev), counters.to(dev), backend=backend)
+    assert got.dtype == torch.int64 and got.shape == (n,)
+    assert_same_draws(got.cpu(), x, t, seeds, counters)
+    xb = x.to(torch.bfloat16)
+    got = sample_rows(xb.to(dev), t.to(dev), seeds.to(dev), counters.to(dev), backend=backend)
+    assert_same_draws(got.cpu(), xb, t, seeds, counters)
+
+
+def test_sample_rows_draws_follow_softmax():
+    """The Triton path's draws over many counters follow softmax(x / t) (chi-square, a small
+    vocabulary; the reference's own statistics are tests/test_engine_sampler.py's)."""
+    V, n = 6, 600
+    x = torch.tensor([[0.5, 0.2, 0.0, -0.3, 0.8, -0.5]]).expand(n, V).contiguous()
+    t = torch.full((n,), 0.7)
+    seeds = torch.full((n,), 1234567, dtype=torch.int64)
+    counters = torch.arange(n, dtype=torch.int64)
+    dev = _dev()
+    got = sample_rows(x.to(dev), t.to(dev), seeds.to(dev), counters.to(dev), backend="triton")
+    counts = torch.bincount(got.cpu(), minlength=V).double()
+    p = torch.softmax(x[0].double() / 0.7, 0)
+    chi2 = float(((counts - n * p) ** 2 / (n * p)).sum())
+    assert chi2 < 20.5, chi2  # 5 degrees of freedom: p = 0.001
+
+
 def test_reference_is_transformers_ops_bitwise():
     import torch.nn.functional as F
 
@@ -166,6 +234,13 @@ def test_bad_arguments():
         argmax_rows(torch.randn(3, 0))
     with pytest.raises(InvalidArgumentError, match="x"):
         argmax_rows(torch.randint(0, 5, (3, 4)))
+    t, sd = torch.ones(3), torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(InvalidArgumentError, match="temperature"):
+        sample_rows(x, t.double(), sd, sd)
+    with pytest.raises(InvalidArgumentError, match="seeds"):
+        sample_rows(x, t, sd[:2], sd)
+    with pytest.raises(InvalidArgumentError, match="counters"):
+        sample_rows(x, t, sd, sd.int())
     with pytest.raises(InvalidArgumentError, match="weight"):
         rms_norm(x, torch.ones(7), 1e-6)
     with pytest.raises(InvalidArgumentError, match="weight"):

@@ -14,8 +14,10 @@ seed and its own logits: the same seed gives the same tokens whatever else share
 after a preemption, and on any device (integer math only; the hash is murmur3's 32-bit
 finalizer, with products kept below 2**63 by 16-bit halves so int64 never overflows).
 
-One call costs a few elementwise passes over [n, V] (plus a sort of each row when some row uses
-top-k or top-p); all-greedy batches are a single argmax. No host sync, no data-dependent shape.
+On CUDA a call is one fused pass over [n, V] (`ops.fused.sample_rows`: scaling, noise and
+argmax; H200, 64 x 128256 logits, measured in docs/performance.md), plus a sort of each row when
+some row uses top-k or top-p; all-greedy batches are a single argmax. The CPU runs the
+reference's elementwise passes. No host sync, no data-dependent shape.
 """
 
 from __future__ import annotations
@@ -25,41 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.fused import argmax_rows
+from ..ops.fused import argmax_rows, sample_rows
+from ..ops.fused.reference import uniform_noise
 from .sampling_params import SamplingParams
-
-_M32 = 0xFFFFFFFF
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for x in [0, 2**32) held in int64, without int64 overflow."""
-    lo, hi = c & 0xFFFF, c >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
-
-
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """murmur3's 32-bit finalizer (a bijection of [0, 2**32) with full avalanche)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[n, vocab] float32 uniforms in (0, 1), a pure function of (seed, counter, column).
-
-    seeds [n] int64 (any value; its 64 bits are used), counters [n] int64 in [0, 2**32).
-    Each value is one of 2**23 midpoints (m + 0.5) / 2**23: never 0 or 1.
-    """
-    lo = seeds & _M32
-    hi = (seeds >> 32) & _M32
-    key = _fmix32(lo ^ 0x9E3779B9)
-    key = _fmix32(key ^ hi)
-    key = _fmix32(key ^ _fmix32((counters & _M32) ^ 0x7F4A7C15))
-    cols = _fmix32(torch.arange(vocab, dtype=torch.int64, device=seeds.device))
-    bits = _fmix32(_fmix32(key[:, None] ^ cols[None, :]) ^ 0x165667B1)
-    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 @dataclass
@@ -131,8 +101,11 @@ def warm_up(vocab: int, device: str | torch.device) -> None:
     start-up on CUDA: its first served step compiled the argmax otherwise, a stall of seconds
     in the middle of serving). Every float32 [n, vocab] logits of a step share these
     specializations (contiguous rows; n is in the grid): one row takes the argmax's split
-    path, as many rows as fill the GPU its one-span path (`triton_fused.argmax_plan`)."""
+    path, as many rows as fill the GPU its one-span path (`triton_fused.argmax_plan`); one
+    draw compiles `sample_rows`' kernels, the same at every batch size."""
     argmax_rows(torch.randn(1, vocab, device=device))
+    zeros = torch.zeros(1, dtype=torch.int64, device=device)
+    sample_rows(torch.randn(1, vocab, device=device), torch.ones(1, device=device), zeros, zeros)
     if torch.device(device).type == "cuda":
         from ..cache.dispatch import num_sms  # noqa: PLC0415
         from ..ops.fused.triton_fused import ARGMAX_PROGRAMS_PER_SM  # noqa: PLC0415
@@ -142,18 +115,21 @@ def warm_up(vocab: int, device: str | torch.device) -> None:
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device."""
-    greedy = argmax_rows(logits)  # torch.argmax's rule; one pass over the rows on CUDA
+    """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device.
+    Without top-k / top-p the draw is one `ops.fused.sample_rows` call (on CUDA one pass
+    over the logits: scaling, noise and argmax fused); with them the sorted masking runs
+    first and the draw takes the masked, scaled logits."""
     if st.all_greedy or logits.shape[0] == 0:
-        return greedy
+        return argmax_rows(logits)  # torch.argmax's rule; one pass over the rows on CUDA
     t = st.temperature
+    if not (st.any_top_k or st.any_top_p):
+        return sample_rows(logits, t, st.seeds, st.counters)
+    greedy = argmax_rows(logits)
     scaled = logits / torch.where(t > 0, t, 1.0)[:, None]
     scaled = apply_top_k_top_p(
         scaled, st.top_k if st.any_top_k else None, st.top_p if st.any_top_p else None
     )
-    u = uniform_noise(st.seeds, st.counters, logits.shape[-1])
-    gumbel = -torch.log(-torch.log(u))
-    drawn = argmax_rows(scaled + gumbel)
+    drawn = sample_rows(scaled, torch.ones_like(t), st.seeds, st.counters)  # (x / 1 is x)
     return torch.where(t > 0, drawn, greedy)
 
 

@@ -17,7 +17,9 @@ def install_interpreter_shim() -> None:
       (exact, and what the tensor cores do with bf16 inputs and an f32 accumulator);
     - float32 -> bfloat16 casts truncate; round to nearest even as the GPU does;
     - float <-> fp8 casts mis-round ties and subnormals and lose NaN; convert through torch
-      (round to nearest even, as `cvt.rn.satfinite` does for finite values)."""
+      (round to nearest even, as `cvt.rn.satfinite` does for finite values);
+    - `libdevice`'s functions are not interpreted (they return None); `libdevice.log` runs
+      as `tl.log` (NumPy's log; on the GPU it is CUDA's logf, which torch's log also is)."""
     if not env.triton_interpreter():
         return
     import numpy as np
@@ -25,6 +27,9 @@ def install_interpreter_shim() -> None:
 
     if getattr(interpreter, "_pagedattn_shim", False):
         return
+    from triton.language.extra import libdevice
+
+    libdevice.log = lambda x, _semantic=None: tl.log(x)
     patch_tensor = interpreter._patch_lang_tensor
 
     def patched_tensor(tensor, scope):

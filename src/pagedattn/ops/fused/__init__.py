@@ -19,6 +19,13 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
   row of -inf (the engine's greedy tokens; on the H200 torch's argmax of 64 x 128256 float32
   logits took ~35 us, 0.9 TB/s). On CUDA a row is cut into spans until the grid fills the
   SMs (`triton_fused.argmax_plan`), then a second launch merges each row's spans.
+- `sample_rows(x, temperature, seeds, counters)`: x [n, V] float, temperature [n] float32,
+  seeds / counters [n] int64 -> [n] int64: where temperature > 0, the argmax of x / t + g
+  (float32; g = -log(-log(u)), u the counter-based uniform of (seed, counter, column),
+  `reference.uniform_noise`: a Gumbel-max draw from softmax(x / t)); elsewhere argmax_rows'
+  answer. The engine's sampler. The Triton path scores each column as it reads it (the same
+  integer hash, IEEE division and logs: it equals the reference except where a row's two
+  best scores are within a rounding of the logs).
 
 Backends (`ops.dispatch`): "reference" runs transformers' torch ops one by one (so a CPU
 model equals transformers bit for bit); "triton" computes in float32 and rounds once, so it
@@ -47,6 +54,7 @@ from .reference import (
     argmax_rows_reference,
     rms_norm_reference,
     rope_qkv_reference,
+    sample_rows_reference,
     silu_mul_reference,
 )
 
@@ -80,6 +88,7 @@ PREPARED_RMS_NORM = PreparedOp()
 PREPARED_ROPE_QKV = PreparedOp()
 PREPARED_SILU_MUL = PreparedOp()
 PREPARED_ARGMAX_ROWS = PreparedOp()
+PREPARED_SAMPLE_ROWS = PreparedOp()
 
 
 def _hit(prep: PreparedOp, signature, *args):
@@ -251,4 +260,36 @@ def argmax_rows(x, *, backend: str | None = None) -> torch.Tensor:
     return argmax_rows_reference(x)
 
 
-__all__ = ["apply_rope_reference", "argmax_rows", "rms_norm", "rope_qkv", "silu_mul"]
+def _sample_signature(x, temperature, seeds, counters, backend):
+    """(key, sources, guarded) of a sample_rows call; sources x, temperature, seeds, counters,
+    out, the spans' partials."""
+    key = (backend, env_state(), current_device(x))
+    return key, [x, temperature, seeds, counters, None, None], (0, 1, 2, 3)
+
+
+def sample_rows(x, temperature, seeds, counters, *, backend: str | None = None):
+    """One draw a row (module docstring); x [n, V] float."""
+    hit = _hit(PREPARED_SAMPLE_ROWS, _sample_signature, x, temperature, seeds, counters, backend)
+    if hit is not MISS and hit is not UNPREPARED:
+        return hit[0]
+    x = _float_matrix("x", x)
+    n, V = x.shape
+    check(V >= 1, "x", "[n, V] with V >= 1", Described(x))
+    check(V < 2**31 - 1, "x", "fewer than 2**31 - 1 columns", Described(x))
+    _vector("temperature", temperature, n, (torch.float32,), x.device)
+    _vector("seeds", seeds, n, (torch.int64,), x.device)
+    _vector("counters", counters, n, (torch.int64,), x.device)
+    if _triton(backend, x) and x.stride(1) == 1:
+        from .triton_fused import sample_rows_triton  # noqa: PLC0415
+
+        args = (x, temperature.contiguous(), seeds.contiguous(), counters.contiguous())
+        sms = num_sms(x.device)
+        if n == 0 or torch.compiler.is_compiling():
+            return sample_rows_triton(*args, sms)[0]
+        key, src, guarded = _sample_signature(*args, backend)
+        run = lambda: sample_rows_triton(*args, sms)  # noqa: E731
+        return PREPARED_SAMPLE_ROWS.prepare(key, src, guarded, run, (4, 5), launches=2)[0]
+    return sample_rows_reference(x, temperature, seeds, counters)
+
+
+__all__ = ["apply_rope_reference", "argmax_rows", "rms_norm", "rope_qkv", "sample_rows", "silu_mul"]

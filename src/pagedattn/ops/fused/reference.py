@@ -65,3 +65,54 @@ def argmax_rows_reference(x: torch.Tensor) -> torch.Tensor:
     """`x.argmax(dim=-1)` of x [n, V]: [n] int64 (the first of equal maxima; a row with a NaN
     gives its first NaN)."""
     return x.argmax(dim=-1)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32) held in int64, without int64 overflow."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finalizer (a bijection of [0, 2**32) with full avalanche)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, vocab] float32 uniforms in (0, 1), a pure function of (seed, counter, column).
+
+    seeds [n] int64 (any value; its 64 bits are used), counters [n] int64 in [0, 2**32).
+    Each value is one of 2**23 midpoints (m + 0.5) / 2**23: never 0 or 1.
+    """
+    lo = seeds & _M32
+    hi = (seeds >> 32) & _M32
+    key = _fmix32(lo ^ 0x9E3779B9)
+    key = _fmix32(key ^ hi)
+    key = _fmix32(key ^ _fmix32((counters & _M32) ^ 0x7F4A7C15))
+    cols = _fmix32(torch.arange(vocab, dtype=torch.int64, device=seeds.device))
+    bits = _fmix32(_fmix32(key[:, None] ^ cols[None, :]) ^ 0x165667B1)
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, vocab] float32 Gumbel noise -log(-log(u)) of `uniform_noise`'s u."""
+    return -torch.log(-torch.log(uniform_noise(seeds, counters, vocab)))
+
+
+def sample_rows_reference(
+    x: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor
+) -> torch.Tensor:
+    """[n] int64: row i's argmax of x[i] / t_i + g_i (float32; g `gumbel_noise` of the row's
+    seed and counter) where t_i > 0, else of x[i] (`argmax_rows_reference`'s rules)."""
+    t = temperature
+    greedy = x.argmax(dim=-1)
+    scaled = x.to(torch.float32) / torch.where(t > 0, t, 1.0)[:, None]
+    drawn = (scaled + gumbel_noise(seeds, counters, x.shape[-1])).argmax(dim=-1)
+    return torch.where(t > 0, drawn, greedy)

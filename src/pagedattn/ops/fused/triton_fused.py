@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from .._triton_interpreter import install_interpreter_shim
 from ..pdl import pdl_chain_kwargs, pdl_wait
@@ -149,9 +150,41 @@ def silu_mul_triton(gate_up):
 
 
 @triton.jit
-def _argmax_span(base, lo, hi, V, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+def _fmix32(x):
+    """murmur3's 32-bit finalizer on uint32 (`reference._fmix32`'s, wrapping products)."""
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _row_key(seed, counter):
+    """A row's noise key from its int64 seed and counter (`reference.uniform_noise`'s)."""
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    key = _fmix32(lo ^ 0x9E3779B9)
+    key = _fmix32(key ^ hi)
+    return _fmix32(key ^ _fmix32((counter & 0xFFFFFFFF).to(tl.uint32) ^ 0x7F4A7C15))
+
+
+@triton.jit
+def _gumbel_scores(x, cols, t, key):
+    """x / t + g (g = -log(-log(u)), u the row key's uniform at each column, exactly
+    `reference.uniform_noise`'s) where t > 0, else x; IEEE division and logs."""
+    bits = _fmix32(_fmix32(key ^ _fmix32(cols.to(tl.uint32))) ^ 0x165667B1)
+    u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    g = -libdevice.log(-libdevice.log(u))
+    return tl.where(t > 0, tl.math.div_rn(x, tl.where(t > 0, t, 1.0)) + g, x)
+
+
+@triton.jit
+def _argmax_span(base, lo, hi, V, BLOCK: tl.constexpr, STAGES: tl.constexpr, t=1.0, key=0,
+                 NOISE: tl.constexpr = False):  # fmt: skip
     """(largest value, index of its first occurrence, first NaN's index or V) of columns
-    [lo, hi) of a row; a span of -inf only gives (-inf, lo)."""
+    [lo, hi) of a row (NOISE: of its `_gumbel_scores` with t, key); a span of -inf only gives
+    (-inf, lo)."""
     best_v = float("-inf")
     best_i = lo
     nan_i = V
@@ -159,6 +192,8 @@ def _argmax_span(base, lo, hi, V, BLOCK: tl.constexpr, STAGES: tl.constexpr):
         cols = start + tl.arange(0, BLOCK)
         m = cols < hi
         x = tl.load(base + cols, mask=m, other=float("-inf")).to(tl.float32)
+        if NOISE:
+            x = _gumbel_scores(x, cols, t, key)
         isn = x != x
         nan_i = tl.minimum(nan_i, tl.min(tl.where(isn, cols, V), axis=0))
         x = tl.where(isn, float("-inf"), x)
@@ -179,18 +214,26 @@ def _argmax_rows_kernel(X, OUT, V, sx, BLOCK: tl.constexpr, STAGES: tl.constexpr
     tl.store(OUT + row, tl.where(nan_i < V, nan_i, best_i).to(tl.int64))
 
 
-@triton.jit(do_not_specialize=["CHUNK", "S"])  # one binary a vocabulary, whatever the batch
-def _argmax_part_kernel(X, PART, V, sx, CHUNK, S, BLOCK: tl.constexpr,
-                        STAGES: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
-    """Program (row, c): columns [c CHUNK, (c + 1) CHUNK) of the row -> PART[0, row, c] its
+@triton.jit(do_not_specialize=["NB", "S"])  # one binary a vocabulary, whatever the batch
+def _argmax_part_kernel(X, PART, V, sx, NB, S, T, SEEDS, CTRS, BLOCK: tl.constexpr,
+                        STAGES: tl.constexpr, NOISE: tl.constexpr = False,
+                        PDL: tl.constexpr = False):  # fmt: skip
+    """Program (row, c): columns [c NB BLOCK, (c + 1) NB BLOCK) of the row (spans of NB
+    blocks: their starts stay BLOCK-aligned, unspecialized) -> PART[0, row, c] its
     value (NaN where the span has one), PART[1, row, c] its index (the first NaN's, else the
-    first maximum's); PART int64 [2, n, S], the value's float32 bits."""
+    first maximum's); PART int64 [2, n, S], the value's float32 bits. NOISE: of the row's
+    Gumbel scores (temperature T[row], key of SEEDS[row], CTRS[row]; `sample_rows`)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    lo = c * CHUNK
-    best_v, best_i, nan_i = _argmax_span(X + row * sx, lo, tl.minimum(lo + CHUNK, V), V,
-                                         BLOCK, STAGES)  # fmt: skip
+    lo = c * NB * BLOCK
+    t = 1.0
+    key = 0
+    if NOISE:
+        t = tl.load(T + row)
+        key = _row_key(tl.load(SEEDS + row), tl.load(CTRS + row))
+    best_v, best_i, nan_i = _argmax_span(X + row * sx, lo, tl.minimum(lo + NB * BLOCK, V), V,
+                                         BLOCK, STAGES, t, key, NOISE)  # fmt: skip
     has_nan = nan_i < V
     v = tl.where(has_nan, float("nan"), best_v)
     at = PART + row * S + c
@@ -254,14 +297,35 @@ def argmax_rows_triton(x, sms: int = 132):
             BLOCK=block, STAGES=3, num_warps=8, **pdl,
         )  # fmt: skip
         return out, None
+    return out, _argmax_in_spans(x, out, (x, x, x), block, S, chunk, False, pdl)
+
+
+def _argmax_in_spans(x, out, noise, block, S, chunk, NOISE, pdl):
+    """The (row, span) launch and the merge launch of `argmax_rows_triton` / `sample_rows_
+    triton` into `out`; noise: (temperature, seeds, counters), read with NOISE. Returns the
+    spans' partials."""
+    n, V = x.shape
     part = torch.empty(2, n, S, dtype=torch.int64, device=x.device)
     cached_launch(
-        _argmax_part_kernel, (n, S), x, part, V, x.stride(0), chunk, S,
-        BLOCK=block, STAGES=3, num_warps=8, **pdl,
+        _argmax_part_kernel, (n, S), x, part, V, x.stride(0), chunk // block, S, *noise,
+        BLOCK=block, STAGES=3, NOISE=NOISE, num_warps=8, **pdl,
     )  # fmt: skip
     cached_launch(
         _argmax_finish_kernel, (n,), part, out, V, S,
         S_P2=triton.next_power_of_2(triton.cdiv(V, block)),
         num_warps=1, **pdl,
     )  # fmt: skip
-    return out, part
+    return part
+
+
+def sample_rows_triton(x, temperature, seeds, counters, sms: int = 132):
+    """x [n, V] float (rows contiguous), temperature [n] float32, seeds / counters [n] int64 ->
+    ([n] int64 as `ops.fused.sample_rows`, the spans' partials): the spans of `argmax_plan`
+    (one or more a row), each scoring its columns as it reads them, then the merge launch."""
+    n, V = x.shape
+    out = torch.empty(n, dtype=torch.int64, device=x.device)
+    if n == 0:
+        return out, None
+    block, S, chunk = argmax_plan(n, V, sms)
+    noise = (temperature, seeds, counters)
+    return out, _argmax_in_spans(x, out, noise, block, S, chunk, True, pdl_chain_kwargs(x))
