@@ -116,6 +116,22 @@ def test_greedy_rows_and_mixed_batches():
     assert sample(torch.zeros(0, 40), empty).shape == (0,)
 
 
+def test_staged_parameters_equal_the_copied_ones():
+    """The engine's staging of the sampled rows' parameters (one packed copy) gives the same
+    tensors as a copy each, seeds of 63 bits included."""
+    from pagedattn.cache.buffers import StagingRing
+
+    ps = [SamplingParams(temperature=0.5, top_k=3, top_p=0.9), SamplingParams(temperature=0.0),
+          SamplingParams(temperature=1.5)]  # fmt: skip
+    seeds, counters = [2**63 - 1, 0, 12345], [7, 0, 2**32 - 1]
+    a = SamplingTensors.build(ps, seeds, counters, 40, "cpu")
+    b = SamplingTensors.build(ps, iter(seeds), iter(counters), 40, "cpu", StagingRing("cpu").stage)
+    for name in ("temperature", "top_k", "top_p", "seeds", "counters"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert (a.all_greedy, a.any_top_k, a.any_top_p) == (b.all_greedy, b.any_top_k, b.any_top_p)
+
+
 def test_same_seed_same_tokens_whatever_the_batch():
     logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(1))
     p = SamplingParams(temperature=0.9, top_p=0.9)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cache.buffers import StagingRing
 from ..cache.manager import PagedKVCacheManager
 from ..cache.params import KVQuantConfig
 from ..errors import (
@@ -276,6 +277,9 @@ class LLMEngine:
         )
         self._inflight: InFlightStep | None = None
         self._token_ring = TokenRing()
+        # sampled rows' parameters (and a commit's kept rows): one pinned, non-blocking copy
+        # on CUDA
+        self._sampling_stage = StagingRing(dev).stage if dev.type == "cuda" else None
         self._finished_at_launch = 0  # scheduler.num_finished when the last step was scheduled
         self._carried: list[Sequence] = []  # resolved by a step that then failed
 
@@ -512,6 +516,7 @@ class LLMEngine:
             (len(s.output_token_ids) for s in rows),
             logits.shape[-1],
             self.device,
+            self._sampling_stage,
         )
         # Every rank has the same logits after the all-reduces; rank 0's tokens are taken
         # anyway, so no rounding difference can make the ranks' schedulers diverge.
@@ -537,7 +542,9 @@ class LLMEngine:
             batch = ScheduledBatch(
                 [batch.seqs[i] for i in keep], [batch.num_new_tokens[i] for i in keep]
             )
-            sampled = sampled[[src[i] for i in keep if i in src]]
+            rows = np.array([src[i] for i in keep if i in src], np.int64)
+            # (staged on CUDA: indexing with a host list copies it and waits for the stream)
+            sampled = sampled[self._sampling_stage([rows])[0] if self._sampling_stage else rows]
         seqs = self.scheduler.commit(batch)
         return InFlightStep(seqs, sampled, self._token_ring) if seqs else None
 

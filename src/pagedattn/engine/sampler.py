@@ -22,9 +22,10 @@ reference's elementwise passes. No host sync, no data-dependent shape.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..ops.fused import argmax_rows, sample_rows
@@ -54,22 +55,33 @@ class SamplingTensors:
         counters: Iterable[int],
         vocab: int,
         device: str | torch.device,
+        stage: Callable[[list[np.ndarray]], list[torch.Tensor]] | None = None,
     ) -> SamplingTensors:
         """From each row's SamplingParams, its request's seed (an int in [0, 2**63)) and the
         number of tokens the request generated so far (`seeds` and `counters` may be lazy
-        iterables: an all-greedy batch never reads them)."""
+        iterables: an all-greedy batch never reads them). stage: puts host arrays on
+        `device` (the engine's `cache.buffers.StagingRing.stage`: one pinned, non-blocking
+        copy); None: a copy each (`Tensor.to`, which on CUDA waits for the stream's queued
+        work: the overlapped engine's next step would wait for the one running)."""
         temp = [p.temperature for p in params]
         if not any(t > 0 for t in temp):  # all greedy: `sample` takes the argmax alone
             return cls(None, None, None, None, None, True, False, False)
         top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
         top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
         sampled = [t > 0 for t in temp]
+        host = [
+            np.array(temp, np.float32),
+            np.array(top_k, np.int64),
+            np.array(top_p, np.float32),
+            np.fromiter(seeds, np.int64, len(temp)),
+            np.fromiter(counters, np.int64, len(temp)),
+        ]
+        if stage is not None:
+            dev = stage(host)
+        else:
+            dev = [torch.from_numpy(a).to(device) for a in host]
         return cls(
-            temperature=torch.tensor(temp, dtype=torch.float32).to(device),
-            top_k=torch.tensor(top_k, dtype=torch.int64).to(device),
-            top_p=torch.tensor(top_p, dtype=torch.float32).to(device),
-            seeds=torch.tensor(list(seeds), dtype=torch.int64).to(device),
-            counters=torch.tensor(list(counters), dtype=torch.int64).to(device),
+            *dev,
             all_greedy=not any(sampled),
             any_top_k=any(k < vocab for k, s in zip(top_k, sampled) if s),
             any_top_p=any(p != float("inf") for p, s in zip(top_p, sampled) if s),
