@@ -16,8 +16,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import copy_bandwidth  # noqa: E402
+from devtools import graph_us_per_call  # noqa: E402
 
 from pagedattn.cache.dispatch import num_sms  # noqa: E402
 from pagedattn.ops.fused import argmax_rows, sample_rows  # noqa: E402
@@ -26,30 +28,6 @@ from pagedattn.ops.fused.triton_fused import argmax_rows_triton  # noqa: E402
 
 V = 128256
 CALLS = 20
-
-
-def replay_us(fn, xs) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for x in xs:
-            fn(x)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for x in xs:
-            fn(x)
-    g.replay()
-    torch.cuda.synchronize()
-    t = []
-    for _ in range(9):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        t.append(a.elapsed_time(b) * 1e3 / len(xs))
-    return sorted(t)[4]
 
 
 def main() -> None:
@@ -64,20 +42,20 @@ def main() -> None:
             assert torch.equal(argmax_rows_triton(x, 2 * sms)[0], x.argmax(-1))
         floor = n * V * 4 / bw / 1e3
         row = {
-            "torch": replay_us(lambda x: x.argmax(-1), xs),
-            "one program a row": replay_us(lambda x: argmax_rows_triton(x, 0)[0], xs),
-            "spans (shipped)": replay_us(lambda x: argmax_rows_triton(x, sms)[0], xs),
+            "torch": graph_us_per_call(lambda x: x.argmax(-1), xs),
+            "one program a row": graph_us_per_call(lambda x: argmax_rows_triton(x, 0)[0], xs),
+            "spans (shipped)": graph_us_per_call(lambda x: argmax_rows_triton(x, sms)[0], xs),
             # as many spans again (4 programs a SM)
-            "spans x2": replay_us(lambda x: argmax_rows_triton(x, 2 * sms)[0], xs),
+            "spans x2": graph_us_per_call(lambda x: argmax_rows_triton(x, 2 * sms)[0], xs),
         }
         t = torch.rand(n, device="cuda") + 0.1
         seeds = torch.randint(0, 2**62, (n,), device="cuda")
         ctr = torch.randint(0, 2**31, (n,), device="cuda")
         same = sum(int((sample_rows(x, t, seeds, ctr) ==
                         sample_rows_reference(x, t, seeds, ctr)).sum()) for x in xs)  # fmt: skip
-        row["draw: torch passes (before)"] = replay_us(
+        row["draw: torch passes (before)"] = graph_us_per_call(
             lambda x: sample_rows_reference(x, t, seeds, ctr), xs)  # fmt: skip
-        row["draw: fused"] = replay_us(lambda x: sample_rows(x, t, seeds, ctr), xs)
+        row["draw: fused"] = graph_us_per_call(lambda x: sample_rows(x, t, seeds, ctr), xs)
         print(f"draws equal to the reference's: {same} of {n * len(xs)}")
         print(f"n {n:4d} x {V}: floor {floor:5.1f} us; " + ", ".join(
             f"{k} {v:6.1f} us ({floor / v:.2f})" for k, v in row.items()))  # fmt: skip

@@ -15,8 +15,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import copy_bandwidth  # noqa: E402
+from devtools import graph_us_per_call  # noqa: E402
 
 SHAPES = {  # (N, K): Llama-3.2-1B and Llama-3-8B projections
     "1b_qkv": (3072, 2048), "1b_o": (2048, 2048), "1b_gate_up": (16384, 2048),
@@ -40,27 +42,7 @@ def main() -> None:
             ws = ws[:1] * R
         for M in ms:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for w in ws:
-                    F.linear(x, w)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for w in ws:
-                    F.linear(x, w)
-            g.replay()
-            torch.cuda.synchronize()
-            t = []
-            for _ in range(11):
-                a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                t.append(a.elapsed_time(b) * 1e3 / R)
-            us = sorted(t)[5]
+            us = graph_us_per_call(lambda w, x=x: F.linear(x, w), ws, rounds=11)
             floor = (N * K + M * K + M * N) * 2 / bw / 1e3
             tag = f"{tag} hot" if os.environ.get("HOT") and not tag.endswith("hot") else tag
             print(f"workspace {tag:>8} {name:11s} M{M:<4d} {us:7.2f} us  {floor / us:.2f} of copy")

@@ -4,6 +4,7 @@
   its shared memory, registers and stack.
 - `write_rows`, `print_rows`: a probe's record (JSON) and its rows as a plain table.
 - `best_us_per_call`: host wall time of a call, best of rounds (the CPU host-cost probes).
+- `graph_us_per_call`: device us a call of a CUDA graph that captured several calls.
 """
 
 from __future__ import annotations
@@ -28,6 +29,32 @@ def best_us_per_call(fn, calls: int, rounds: int = 5, warmup: int = 1) -> float:
             fn()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best
+
+
+def graph_us_per_call(fn, items: list, rounds: int = 9) -> float:
+    """Median over `rounds` replays of one CUDA graph that captured `fn(item)` for each of
+    `items` (warmed up on a side stream first), in us a call."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for it in items:
+            fn(it)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for it in items:
+            fn(it)
+    g.replay()
+    torch.cuda.synchronize()
+    t = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        t.append(a.elapsed_time(b) * 1e3 / len(items))
+    return sorted(t)[rounds // 2]
 
 
 def write_rows(path: str, rows: list[dict], **meta) -> None:
