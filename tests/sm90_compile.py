@@ -15,8 +15,8 @@
   split), and the Gluon sm_90 prefills' over paged caches, row offsets and ragged K/V, every
   range mask, sinks and the LSE, with the launch configurations the tests force;
 - layers: the decoder layers' ops as the models launch them (`ops.fused`: RMSNorm, RoPE,
-  silu * up, the greedy argmax; `ops.store_kv`: store_kv for each K/V format and the fused
-  RoPE + store), Llama-3.2-1B and Llama-3-8B head shapes, Qwen3's head norm.
+  silu * up, the greedy argmax and the draw; `ops.store_kv`: store_kv for each K/V format and
+  the fused RoPE + store), Llama-3.2-1B and Llama-3-8B head shapes, Qwen3's head norm.
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
 this file in a subprocess): `python tests/sm90_compile.py
@@ -352,11 +352,16 @@ def layer_cases():
         )
         gu = torch.randn(T, 2 * H).to(bf)
         yield f"silu_mul {T} x {H}", partial(layer_launches, lambda gu=gu: F.silu_mul_triton(gu))
-    for n, V in ((64, 128256), (3, 1000)):
+    for n, V in ((64, 128256), (3, 1000)):  # spans and their merge; one program a row
         lg = torch.randn(n, V)
         yield (
             f"argmax_rows {n} x {V}",
             partial(layer_launches, lambda lg=lg: F.argmax_rows_triton(lg)),
+        )
+        t, sd = torch.rand(n), torch.zeros(n, dtype=torch.int64)
+        yield (
+            f"sample_rows {n} x {V}",
+            partial(layer_launches, lambda lg=lg, t=t, sd=sd: F.sample_rows_triton(lg, t, sd, sd)),
         )
     # routed experts (`ops.moe`): V2-Lite / V3 / gpt-oss decode, prefill chunks (64 / 128 rows)
     for T, k, E, H, inter, fp8 in ((64, 6, 64, 2048, 1408, False), (64, 8, 256, 7168, 2048, True),

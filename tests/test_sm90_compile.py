@@ -38,6 +38,7 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
     out = json.loads(res.stdout.strip().splitlines()[-1])
     if mode == "layers":  # the decoder layers' ops
         served = {"_rms_norm_kernel", "_silu_mul_kernel", "_argmax_rows_kernel",
+                  "_argmax_part_kernel", "_argmax_finish_kernel",
                   "_rope_qkv_kernel", "_store_kv_kernel", "_rope_store_kernel",
                   "_count_kernel", "_place_kernel", "_expert_mm_kernel",
                   "_moe_sum_kernel"}  # fmt: skip
