@@ -1,7 +1,8 @@
 """Triton kernels of the fused layer ops (`pagedattn.ops.fused`): one program a row (RMSNorm),
-a (token, head) pair (RoPE), or a (token, block) pair (silu * up); float32 math, one rounding
-to the output dtype at the end. The element-wise order differs from the reference's chain of
-torch ops (each rounding to the dtype), so outputs agree within a rounding or two."""
+a (token, head) pair (RoPE), a (token, block) pair (silu * up), or a (row, span) pair and a
+merge program a row (the greedy argmax and the draw); float32 math, one rounding to the output
+dtype at the end. The element-wise order differs from the reference's chain of torch ops (each
+rounding to the dtype), so outputs agree within a rounding or two."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ...cache.dispatch import DEFAULT_NUM_SMS
 from .._triton_interpreter import install_interpreter_shim
 from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
@@ -278,7 +280,7 @@ def argmax_plan(n: int, V: int, sms: int) -> tuple[int, int, int]:
     return block, triton.cdiv(V, chunk), chunk
 
 
-def argmax_rows_triton(x, sms: int = 132):
+def argmax_rows_triton(x, sms: int = DEFAULT_NUM_SMS):
     """x [n, V] float (rows contiguous) -> ([n] int64 as `ops.fused.argmax_rows`, the spans'
     partials int64 [2, n, S] or None): one launch where each row is one span
     (`argmax_plan`), else a launch of (row, span) programs and one that merges a row's
@@ -318,7 +320,7 @@ def _argmax_in_spans(x, out, noise, block, S, chunk, NOISE, pdl):
     return part
 
 
-def sample_rows_triton(x, temperature, seeds, counters, sms: int = 132):
+def sample_rows_triton(x, temperature, seeds, counters, sms: int = DEFAULT_NUM_SMS):
     """x [n, V] float (rows contiguous), temperature [n] float32, seeds / counters [n] int64 ->
     ([n] int64 as `ops.fused.sample_rows`, the spans' partials): the spans of `argmax_plan`
     (one or more a row), each scoring its columns as it reads them, then the merge launch."""
