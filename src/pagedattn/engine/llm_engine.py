@@ -114,6 +114,10 @@ class LLMEngine:
       captured here (with tensor parallelism, each rank's, its all-reduces inside) for batch
       sizes `decode_buckets(min(max_num_seqs, max_num_batched_tokens))`; the cache then holds
       one more page (the pad page, not counted in `num_pages` or the stats).
+
+    On CUDA, construction ends with `gc.unfreeze()`, `gc.collect()` and `gc.freeze()`: what
+    start-up made (the model, graphs, caches, imported libraries) is left out of later full
+    collections, whose scans stalled serving steps by up to ~270 ms (docs/engine.md).
     """
 
     #: Tests only: run the decode graphs' static-buffer path eagerly ("emulated") on any device.
