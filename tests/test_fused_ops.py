@@ -150,7 +150,8 @@ def test_argmax_rows(backend, dtype, n, V):
 
 def sample_case(n, V, seed):
     """Fresh logits and sampling rows: temperatures 0 (greedy), tiny, large and in (0, 2);
-    seeds over all 64 bits (negative ones included), counters below 2**32; NaN, -inf, +inf."""
+    seeds over all 64 bits (negative ones included), counters below 2**32; NaN, -inf, +inf, and
+    sampled rows of -inf only (index 0) and NaN only (index 0)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, V, generator=g) * 3
     t = torch.rand(n, generator=g) * 2 + 0.05
@@ -160,6 +161,10 @@ def sample_case(n, V, seed):
         x[3, V // 3] = float("nan")
         x[4] = float("-inf")
         x[5, V - 1] = float("inf")
+    if n >= 10:  # sampled rows of -inf only and of NaN only
+        t[7], t[9] = 0.5, 0.8
+        x[7] = float("-inf")
+        x[9] = float("nan")
     seeds = torch.randint(-(2**63), 2**63 - 1, (n,), generator=g)
     counters = torch.randint(0, 2**32, (n,), generator=g)
     return x, t, seeds, counters
