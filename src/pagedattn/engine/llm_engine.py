@@ -258,14 +258,8 @@ class LLMEngine:
             graphs.warm_up_eager(max_num_batched_tokens)  # compiles now, not mid-stream
         if dev.type == "cuda":
             warm_up_sampler(cfg.vocab_size, dev)  # the sampler's argmax too
-            # Start-up's objects (the model, graphs, caches, imported libraries) live as long
-            # as the engine: keep them out of the collector's full scans, as vLLM does after
-            # its graph capture. In bench_model's process a full collection took 20-270 ms,
-            # and one in the middle of serving made a Llama-3-8B b256 step 266 ms among 12.9
-            # (H200); after the freeze they took 6-14 ms and no step passed 13.2 ms (records
-            # h200_2026-11-30_model_gc_spike.json, h200_2026-11-30_model_8b_gc_freeze.json).
-            # (Unfrozen first: what an earlier engine's start-up froze and has since become
-            # garbage, a reference cycle included, is collected here.)
+            # start-up's objects out of later full collections (class docstring); unfrozen
+            # first, so what an earlier engine froze and has since dropped is collected here
             gc.unfreeze()
             gc.collect()
             gc.freeze()
