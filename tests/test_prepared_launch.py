@@ -463,3 +463,31 @@ def test_hooks_idle_follows_triton_hooks():
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert PR.hooks_idle()
+
+
+def test_generated_launches_of_one_form_share_their_code():
+    """Two compiled launches that differ only in their values (sizes, a view's offset, a
+    constexpr: a new token count) share one generated factory, and each hands the launcher
+    its own values; a launch of another form (a pointer where the other has a value) gets
+    its own."""
+    from prepared_fixtures import StubCompiled
+
+    seen: list = []
+    direct = (lambda *a: seen.append(a), False, False)
+    x = torch.arange(64, dtype=torch.float32)
+    types = ["*fp32", "*fp32", "i32", "fp32", "constexpr"]
+    before = len(PR._FACTORIES)
+    a = PR.PreparedLaunch.generated([x, x[8:], 7, 0.5, 16], types, [x], (3,), None,
+                                    StubCompiled, direct)  # fmt: skip
+    b = PR.PreparedLaunch.generated([x, x[24:], 9, 2.0, 32], types, [x], (5, 2), None,
+                                    StubCompiled, direct)  # fmt: skip
+    assert len(PR._FACTORIES) == before + 1
+    a.fast(1, [1000])
+    b.fast(2, [2000])
+    assert seen[0][:4] == (3, 1, 1, 1) and seen[0][13:] == (1000, 1000 + 32, 7, 0.5, 16)
+    assert seen[1][:4] == (5, 2, 1, 2) and seen[1][13:] == (2000, 2000 + 96, 9, 2.0, 32)
+    c = PR.PreparedLaunch.generated([x, x, 7, 0.5, 16], types, [x], (3,), None,
+                                    StubCompiled, direct)  # fmt: skip
+    assert len(PR._FACTORIES) == before + 2
+    c.fast(3, [3000])
+    assert seen[2][13:] == (3000, 3000, 7, 0.5, 16)

@@ -392,6 +392,32 @@ def _paged_operand(
     )
 
 
+def _layer_scales(inputs, params, kv_idx: int, layer_idx: int) -> torch.Tensor | None:
+    """The scales of K (kv_idx 0) or V (1) of one layer of a paged cache, or None."""
+    fmt = params.quant_format
+    if fmt in ("blockwise", "mla_rope_aware"):
+        return _paged_rows(inputs.kv_scales, kv_idx, layer_idx)[0]
+    if fmt == "per_tensor":
+        return inputs.kv_scales[kv_idx, layer_idx]
+    return None
+
+
+def paged_layer_tensors(inputs: KVCacheInputsPerDevice, params: KVCacheParams,
+                        layer_idx: int) -> list:  # fmt: skip
+    """[K rows, V rows, K scales, V scales] of layer `layer_idx` (an int in [0, num_layers)):
+    the tensors `PagedOperand(inputs, params, layer_idx, "k" / "v")` address (the rows the same
+    memoized view objects; None where absent: V of an MLA cache, the scales of a plain one).
+    What a prepared op keys a layer's cache by (`ops.store_kv`: one entry for every layer)."""
+    if type(layer_idx) is not int or not 0 <= layer_idx < params.num_layers:
+        raise IndexError(f"layer_idx {layer_idx!r}")  # (callers take their full path)
+    blocks = inputs.kv_blocks
+    k = _paged_rows(blocks, 0, layer_idx)[0]
+    if params.is_mla:
+        return [k, None, _layer_scales(inputs, params, 0, layer_idx), None]
+    return [k, _paged_rows(blocks, 1, layer_idx)[0], _layer_scales(inputs, params, 0, layer_idx),
+            _layer_scales(inputs, params, 1, layer_idx)]  # fmt: skip
+
+
 def PagedOperand(
     inputs: KVCacheInputsPerDevice,
     params: KVCacheParams,
@@ -404,12 +430,6 @@ def PagedOperand(
     if params.is_mla:
         check(kv == "k", "kv", "'k' for an MLA cache (V is the first d_v dims of K)", kv)
     kv_idx = 0 if kv == "k" else 1
-    scales = None
-    fmt = params.quant_format
-    if fmt in ("blockwise", "mla_rope_aware"):
-        scales, _ = _paged_rows(inputs.kv_scales, kv_idx, layer_idx)
-    elif fmt == "per_tensor":
-        scales = inputs.kv_scales[kv_idx, layer_idx]
     return _paged_operand(
         inputs.kv_blocks,
         inputs,
@@ -417,8 +437,8 @@ def PagedOperand(
         layer_idx,
         kv_idx,
         head_dim=params.head_dim,
-        scales=scales,
-        quant_format=fmt,
+        scales=_layer_scales(inputs, params, kv_idx, layer_idx),
+        quant_format=params.quant_format,
         granularity=params.scale_granularity or 0,
         scale_dtype=params.scale_dtype,
         logical_dtype=params.dtype,

@@ -362,17 +362,6 @@ def hooks_idle() -> bool:
     return e_idle and (x is None or (type(x) is HookChain and not x.calls))
 
 
-def _literal(v: Any) -> str | None:
-    """Python source that evaluates to exactly `v` (ints, bools, None, finite floats, strs),
-    else None."""
-    t = type(v)
-    if v is None or t is bool or t is int or t is str:
-        return repr(v)
-    if t is float and v == v and v not in (float("inf"), float("-inf")):
-        return repr(v)  # round-trips exactly
-    return None
-
-
 def _template(a: Any, sources: Sequence[torch.Tensor | None]) -> Any:
     """How an interpreted launch rebuilds argument `a` from a call's sources: ("s", index,
     dtype to view it as or None) for a tensor from a source's first element, ("o", index,
@@ -651,7 +640,7 @@ class PreparedLaunch:
         with the C function, `fast` passes each descriptor encoded once per base pointer
         (`_Descriptors`); without it, a stand-in descriptor a call for the launcher to
         encode."""
-        ns: dict = {}
+        vals: dict = {}  # the factory's parameters: name -> value
         used: set = set()
 
         def emit(v, ty, j) -> str | None:
@@ -662,7 +651,10 @@ class PreparedLaunch:
                 if m is None:
                     return None
                 used.add(m[0])
-                return f"P[{m[0]}] + {m[1]}" if m[1] else f"P[{m[0]}]"
+                if not m[1]:
+                    return f"P[{m[0]}]"
+                vals[f"_o{j}"] = m[1]
+                return f"P[{m[0]}] + _o{j}"
             if type(v) is tuple:
                 if type(ty) is not tuple or len(ty) != len(v):
                     return None
@@ -672,11 +664,10 @@ class PreparedLaunch:
                 return "(" + "".join(p + ", " for p in parts) + ")"
             if ty != "constexpr" and type(v) not in (int, float, bool):
                 return None  # another object the launcher unpacks
-            lit = _literal(v)
-            if lit is None:
-                ns[f"_c{j}"] = v
-                lit = f"_c{j}"
-            return lit
+            if v is None:
+                return "None"
+            vals[f"_c{j}"] = v
+            return f"_c{j}"
 
         raw, metas, expand = descriptors if descriptors is not None else (None, None, None)
         run_parts, fast_parts = [], []
@@ -693,7 +684,7 @@ class PreparedLaunch:
             if m is None or m[1] or (raw is not None and n_desc >= len(metas)):
                 return None
             i = m[0]
-            ns[f"_d{j}"] = _Descriptors(v, metas[n_desc] if raw is not None else None, expand)
+            vals[f"_d{j}"] = _Descriptors(v, metas[n_desc] if raw is not None else None, expand)
             n_desc += 1
             used.add(i)
             run_parts.append(f"_d{j}.at(P[{i}])")
@@ -701,28 +692,54 @@ class PreparedLaunch:
         if raw is not None and n_desc != len(metas):
             return None  # the launcher's metadata does not pair with these descriptors
         g = tuple(grid) + (1,) * (3 - len(grid))
-        ns.update(_ck=ck, _fn=ck.function, _meta=ck.packed_metadata if meta is None else meta,
-                  _grid=g, _rt=knobs.runtime)  # fmt: skip
+        vals.update(_ck=ck, _fn=ck.function, _meta=ck.packed_metadata if meta is None else meta,
+                    _grid=g, _rt=knobs.runtime)  # fmt: skip
         run_src = "".join(p + ", " for p in run_parts)
-        src = (
-            "def run(stream, P, S=None, grid=None):\n"
-            f"    a = ({run_src})\n"
-            "    g = _grid if grid is None else grid\n"
-            "    _ck.run(g[0], g[1], g[2], stream, _fn, _meta,\n"
-            "            _ck.launch_metadata(g, stream, *a),\n"
-            "            _rt.launch_enter_hook, _rt.launch_exit_hook, *a)\n"
+        body = (
+            "    def run(stream, P, S=None, grid=None):\n"
+            f"        a = ({run_src})\n"
+            "        g = _grid if grid is None else grid\n"
+            "        _ck.run(g[0], g[1], g[2], stream, _fn, _meta,\n"
+            "                _ck.launch_metadata(g, stream, *a),\n"
+            "                _rt.launch_enter_hook, _rt.launch_exit_hook, *a)\n"
         )
         if direct is not None:
             go = direct[0] if raw is None else raw  # (the C launch inside descriptor handling)
-            ns.update(_go=go, _coop=bool(direct[1]), _pdl=bool(direct[2]))
-            src += (
-                "def fast(stream, P, g=_grid):\n"
-                "    _go(g[0], g[1], g[2], stream, _fn, _coop, _pdl, None, None, _meta, "
+            vals.update(_go=go, _coop=bool(direct[1]), _pdl=bool(direct[2]))
+            body += (
+                "    def fast(stream, P, g=_grid):\n"
+                "        _go(g[0], g[1], g[2], stream, _fn, _coop, _pdl, None, None, _meta, "
                 f"None, None, None, {', '.join(fast_parts)})\n"
+                "    return run, fast\n"
             )
-        name = getattr(ck, "name", "kernel")
-        exec(compile(src, f"<prepared launch of {name}>", "exec"), ns)
-        return cls(ns["run"], tuple(sorted(used)), True, kernel, grid, ns.get("fast"))
+        else:
+            body += "    return run, None\n"
+        run, fast = _factory(tuple(vals), body)(**vals)
+        return cls(run, tuple(sorted(used)), True, kernel, grid, fast)
+
+
+# The generated launch code, one function a form (`_factory`): a prepared launch's values are
+# its factory's arguments, so a call of a new shape (a mixed step's token count, which every
+# eager step changes) makes a closure instead of compiling Python (~0.4 ms a launch on the
+# H200 host: 21 compiles, 8 ms, of a Llama-3.2-1B mixed step of 2,048 tokens,
+# dev/profile_serve_steps.py; docs/kernels/launch.md).
+_FACTORIES: OrderedDict = OrderedDict()  # (parameter names, body) -> factory
+MAX_FACTORIES = 512
+
+
+def _factory(names: tuple[str, ...], body: str) -> Any:
+    """The function `make(*names)` whose body is `body` (it defines and returns the launch
+    functions over its parameters, closed over), compiled once per (names, body)."""
+    key = (names, body)
+    f = _FACTORIES.get(key)
+    if f is None:
+        src = f"def make({', '.join(names)}):\n{body}"
+        ns: dict = {}
+        exec(compile(src, "<prepared launch>", "exec"), ns)
+        f = _FACTORIES[key] = ns["make"]
+        while len(_FACTORIES) > MAX_FACTORIES:
+            _FACTORIES.popitem(last=False)
+    return f
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 from ...cache.inputs import KVCacheInputsPerDevice
 from ...cache.params import KVCacheParams
 from ...errors import INT32_MAX, InvalidArgumentError, check, check_int
-from ...operands import PagedOperand
+from ...operands import PagedOperand, paged_layer_tensors
 from .._checks import describe
 from ..dispatch import BACKENDS, choose_backend
 from ..fused import check_rope_qkv, rope_qkv, rope_triton_ok
@@ -222,17 +222,17 @@ def _prepared_hit(prepared: PreparedOp, signature, args: tuple, inputs, params, 
     return MISS if hit is UNPREPARED else hit
 
 
-_CACHE_SOURCES = 4  # kv_blocks, kv_scales, cache_lengths, lookup_table
-
-
 def _cache_signature(inputs, params, layer_idx, backend, x) -> tuple[tuple, list]:
     """The key and sources of the cache arguments that store_kv / rope_store_kv share: params
-    (a frozen dataclass, by value), the inputs' type and which of its tensors exist, layer_idx,
-    backend, the environment and x's CUDA device."""
+    (a frozen dataclass, by value), the inputs' type and which of its tensors exist, backend,
+    the environment and x's CUDA device; sources kv_blocks, kv_scales (guarded, not read),
+    the layer's K / V rows and scales (`operands.paged_layer_tensors`: a layer is its views'
+    pointers, so every layer of a step shares one entry; an eager mixed step of a new token
+    count otherwise missed once a layer), cache_lengths, lookup_table."""
     sc = inputs.kv_scales
-    key = (params, type(inputs), sc is None, type(layer_idx), layer_idx, backend, env_state(),
-           current_device(x))  # fmt: skip
-    return key, [inputs.kv_blocks, sc, inputs.cache_lengths, inputs.lookup_table]
+    key = (params, type(inputs), sc is None, backend, env_state(), current_device(x))
+    return key, [inputs.kv_blocks, sc, *paged_layer_tensors(inputs, params, layer_idx),
+                 inputs.cache_lengths, inputs.lookup_table]  # fmt: skip
 
 
 def _store_signature(k_new, v_new, inputs, params, layer_idx, q_row_offsets, backend):
