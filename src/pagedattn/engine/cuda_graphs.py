@@ -151,16 +151,20 @@ class DecodeBuffers:
 
     BATCH_FIELDS = ("cache_lengths", "lookup_table")  # the kv fields with a batch dimension
 
-    def __init__(self, pad: KVCacheInputsPerDevice, max_batch: int, vocab_size: int) -> None:
+    def __init__(self, pad: KVCacheInputsPerDevice, max_batch: int, vocab_size: int,
+                 logits: torch.Tensor | None = None) -> None:  # fmt: skip
         """pad: the pad request's inputs (`runtime_inputs([PAD_REQUEST], padded_cols=...)`,
-        batch 1), the template of every pad row."""
+        batch 1), the template of every pad row. logits: the float32 [max_batch, vocab_size]
+        output to share (another set's, `mixed_graphs.MixedBuffers`), or None (a new one)."""
         M = self.max_batch = check_int("max_batch", max_batch, 1)
         dev = pad.cache_lengths.device
         self.input_ids = torch.zeros(M, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(M, dtype=torch.int64, device=dev)
         self.q_row_offsets = torch.arange(M + 1, dtype=torch.int32, device=dev)
         self.logits_rows = torch.arange(M, dtype=torch.int64, device=dev)
-        self.logits = torch.zeros(M, vocab_size, dtype=torch.float32, device=dev)
+        if logits is None:
+            logits = torch.zeros(M, vocab_size, dtype=torch.float32, device=dev)
+        self.logits = logits
         self.pad_cache_length = pad.cache_lengths[0].clone()
         self.pad_lookup_row = pad.lookup_table[0].clone()
         fields = {}
@@ -207,9 +211,13 @@ class DecodeBuffers:
             rows = slice(n, self._dirty)
             self.input_ids[rows].zero_()
             self.positions[rows].zero_()
-            self.kv.cache_lengths[rows].copy_(self.pad_cache_length)
-            self.kv.lookup_table[rows].copy_(self.pad_lookup_row)
+            self.pad_rows(rows)
         self._dirty = n
+
+    def pad_rows(self, rows: slice) -> None:
+        """Make `rows` of the static kv inputs pad rows again (device copies)."""
+        self.kv.cache_lengths[rows].copy_(self.pad_cache_length)
+        self.kv.lookup_table[rows].copy_(self.pad_lookup_row)
 
 
 class _EmulatedGraph:

@@ -50,6 +50,7 @@ from .cuda_graphs import GraphRunner, graph_mode
 from .errors import NoTokenizerError, NotSupportedYetError, PromptTooLongError
 from .inflight import InFlightStep, TokenRing
 from .metrics import EngineStats
+from .mixed_graphs import MixedGraphRunner, supports_piecewise_graphs
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import SamplingTensors, sample
@@ -194,6 +195,8 @@ class LLMEngine:
             model, dev, enforce_eager=enforce_eager, tp_size=tp, emulate=self._emulate_cuda_graphs
         )
         graph_batch = min(max_num_seqs, max_num_batched_tokens) if mode else 0
+        # steps with prefill chunks: captured in pieces (mixed_graphs.py) on one device
+        piecewise = mode is not None and tp == 1 and supports_piecewise_graphs(model)
         self.config = cfg = model.config
         self.tokenizer: Tokenizer | None = load_tokenizer(
             tokenizer if tokenizer is not None else folder
@@ -223,6 +226,7 @@ class LLMEngine:
                 max_num_batched_tokens,
                 max_num_seqs,
                 graph_batch,
+                piecewise,
             )
         num_pages = check_int("num_pages", num_pages, 1, 2**31 - 1)
         capacity = num_pages * page_size
@@ -256,6 +260,11 @@ class LLMEngine:
         )
         if graphs is not None and mode == "cuda":
             graphs.warm_up_eager(max_num_batched_tokens)  # compiles now, not mid-stream
+        mixed = (
+            MixedGraphRunner(model, graphs, max_num_batched_tokens, emulate=mode == "emulated")
+            if graphs is not None and piecewise
+            else None
+        )
         if dev.type == "cuda":
             warm_up_sampler(cfg.vocab_size, dev)  # the sampler's argmax too
             # start-up's objects out of later full collections (class docstring); unfrozen
@@ -263,7 +272,7 @@ class LLMEngine:
             gc.unfreeze()
             gc.collect()
             gc.freeze()
-        self.runner = ModelRunner(model, dev, graphs)
+        self.runner = ModelRunner(model, dev, graphs, mixed)
         self._rng = random.Random(check_int("seed", seed, 0))
         self._ids = itertools.count()
         self._seqs: dict[int, Sequence] = {}
@@ -300,6 +309,7 @@ class LLMEngine:
         max_tokens: int,
         max_seqs: int,
         graph_batch: int,
+        piecewise: bool = False,
     ) -> int:
         dev = self.device
         if dev.type != "cuda":
@@ -320,7 +330,7 @@ class LLMEngine:
         )
         total = torch.cuda.get_device_properties(dev).total_memory
         used = torch.cuda.memory_reserved(dev)  # the weights, loaded already
-        act = self._activation_bytes(max_tokens, max_seqs, graph_batch)
+        act = self._activation_bytes(max_tokens, max_seqs, graph_batch, piecewise)
         budget = int(total * util) - used - act
         if budget < params.bytes_per_page():
             raise InvalidArgumentError(
@@ -330,11 +340,15 @@ class LLMEngine:
             )
         return params.pages_for_memory(budget)
 
-    def _activation_bytes(self, max_tokens: int, max_seqs: int, graph_batch: int = 0) -> int:
+    def _activation_bytes(self, max_tokens: int, max_seqs: int, graph_batch: int = 0,
+                          piecewise: bool = False) -> int:  # fmt: skip
         """A generous estimate of one step's peak activations (float32 worst case): the
         layer's temporaries for every token, the logits and the sampler's copies of them for
         every request, and 256 MiB of slack; plus, with CUDA graphs of up to `graph_batch`
-        rows, the graphs' pool (the largest one's temporaries and logits) and static logits."""
+        rows, the graphs' pool (the largest one's temporaries and logits) and static logits;
+        plus, with piecewise graphs of mixed steps, their pool (the largest bucket's
+        temporaries) and each layer's q, kept for the replays' attention, in every bucket
+        (their token counts sum to under twice the largest's)."""
         c = self.config
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
         if c.is_mla:  # q, the 576-element latent row, and the expanded K and V of a context
@@ -342,6 +356,8 @@ class LLMEngine:
             qkv = c.num_heads * (2 * qk + c.v_head_dim) + c.mla_head_dim
         per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv)
         graphs = graph_batch * (per_token + 2 * c.vocab_size * 4)
+        if piecewise:
+            graphs += max_tokens * (per_token + 2 * c.num_layers * c.num_heads * c.head_dim * 4)
         return max_tokens * per_token + 4 * max_seqs * c.vocab_size * 4 + graphs + (256 << 20)
 
     def _eos_ids(self, folder: Path | None) -> tuple[int, ...]:

@@ -3,8 +3,10 @@
 `execute(inputs) -> logits` is the engine's one call. A pure decode step (every request one
 new token, every one sampling) that the runner's `GraphRunner` serves replays the captured
 CUDA graph of its batch-size bucket (`cuda_graphs.py`: the step's arrays copied into static
-buffers, the batch padded, the lookup table at a fixed width); every other step, and every step
-of a runner without graphs (`enforce_eager`, the CPU, a model that cannot be captured), is one
+buffers, the batch padded, the lookup table at a fixed width); a step with prefill chunks that
+the runner's `MixedGraphRunner` serves replays its token-count bucket's captured pieces, each
+layer's attention eager between them (`mixed_graphs.py`); every other step, and every step of
+a runner without graphs (`enforce_eager`, the CPU, a model that cannot be captured), is one
 eager call of the model.
 
 Tensor parallelism is SPMD: one process per rank, each with its own runner, model shard and
@@ -19,20 +21,27 @@ import torch
 
 from ..ops.mha import StepPlan
 from .cuda_graphs import GraphRunner, takes_attention_plan, takes_num_decodes
+from .mixed_graphs import MixedGraphRunner
 from .step_inputs import StepInputs
 
 
 class ModelRunner:
     """model: the step model (`models.DecoderForCausalLM.forward`'s signature) on `device`;
     a model whose forward takes `num_decodes` gets the step's (`StepInputs.num_decodes`).
-    graphs: the decode graphs, or None (every step eager)."""
+    graphs: the decode graphs, or None (every step eager); mixed: the mixed steps' pieces, or
+    None (those steps eager)."""
 
     def __init__(
-        self, model: torch.nn.Module, device: torch.device, graphs: GraphRunner | None = None
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        graphs: GraphRunner | None = None,
+        mixed: MixedGraphRunner | None = None,
     ) -> None:
         self.model = model
         self.device = device
         self.graphs = graphs
+        self.mixed = mixed
         self._takes_hint = takes_num_decodes(model)
         self._takes_plan = takes_attention_plan(model)
 
@@ -42,6 +51,8 @@ class ModelRunner:
         `inputs.sample_index[i]`); after a graph replay, a view valid until the next call."""
         if self.graphs is not None and self.graphs.serves(inputs):
             return self.graphs.run(inputs)
+        if self.mixed is not None and self.mixed.serves(inputs):
+            return self.mixed.run(inputs)
         return self.eager(inputs)
 
     @torch.inference_mode()

@@ -521,6 +521,7 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     `KVCacheParams` (`kv_cache_params(config, ...)`: is_mla, one head of 576, mla_rope_dim 64)."""
 
     packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
+    supports_piecewise_graphs = False  # (its MLA attention plans the step itself)
 
     @property
     def supports_cuda_graphs(self) -> bool:

@@ -22,6 +22,7 @@ CUDA the routed experts run through `ops.moe` (`fused_experts_ok`, `fused_expert
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -482,6 +483,10 @@ class StepContext:
     num_decodes: int | None = None  # the step's leading one-token requests (`mha`'s hint)
     # the step's decode work plans (`mha`'s plan): made by its first layer, read by the others
     plan: StepPlan | None = None
+    # None, or what each layer's attention calls instead of `mha` (`attend_cached`'s
+    # arguments; returns [T, h_q, d]): the engine's piecewise graphs of mixed steps end a
+    # captured piece there (engine/mixed_graphs.py)
+    attend: Callable[..., torch.Tensor] | None = None
 
 
 def attend_cached(
@@ -492,9 +497,13 @@ def attend_cached(
     mask: Mask,
     scale: float,
     sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`mha` of the step's queries q [T, h_q, d] over each request's `cache_length(b) +
-    q_len(b)` keys of layer `layer_idx` (the step's K/V already in the cache). [T, h_q, d]."""
+    q_len(b)` keys of layer `layer_idx` (the step's K/V already in the cache). [T, h_q, d]
+    (into `out` where given, `mha`'s). With `ctx.attend` set, that call's result instead."""
+    if ctx.attend is not None:
+        return ctx.attend(q, layer_idx, mask=mask, scale=scale, sinks=sinks)
     inputs, params = ctx.kv_inputs, ctx.kv_params
     return mha(
         q,
@@ -506,6 +515,7 @@ def attend_cached(
         sinks=sinks,
         num_decodes=ctx.num_decodes,
         plan=ctx.plan,
+        out=out,
     )
 
 

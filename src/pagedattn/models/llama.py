@@ -18,6 +18,8 @@ decodes and prefill chunks mixed, over each request's cached prefix.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -152,6 +154,10 @@ class DecoderForCausalLM(nn.Module):
     # The step makes no host sync and no data-dependent allocation: the engine may capture it
     # in a CUDA graph (engine/cuda_graphs.py).
     supports_cuda_graphs = True
+    # Its attention goes through `layers.attend_cached` (its MLP makes no host sync at any
+    # token count): the engine may capture mixed steps in pieces around it
+    # (engine/mixed_graphs.py, `forward(attention_hook=...)`).
+    supports_piecewise_graphs = True
 
     def __init__(
         self,
@@ -297,6 +303,7 @@ class DecoderForCausalLM(nn.Module):
         num_decodes: int | None = None,
         attention_plan: StepPlan | None = None,
         logits_out: torch.Tensor | None = None,
+        attention_hook: Callable[..., torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """One step of a ragged batch (docs/models.md).
 
@@ -317,6 +324,9 @@ class DecoderForCausalLM(nn.Module):
         logits_out: None, or a float32 [n, vocab] tensor on the model's device that receives
           the logits (the lm_head's output converted in one copy: a decode graph's static
           output, without the float32 temporary and a second copy); it is returned.
+        attention_hook: None, or what each layer calls instead of its paged attention
+          (`layers.StepContext.attend`: `hook(q, layer_idx, mask=, scale=, sinks=)` returns
+          [T, h_q, d]; the engine's piecewise graphs of mixed steps, engine/mixed_graphs.py).
         Returns logits [n, vocab] float32.
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
@@ -330,6 +340,14 @@ class DecoderForCausalLM(nn.Module):
             )  # fmt: skip
         cos, sin = self.rotary_emb(positions, self.dtype)
         ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan)
+        if attention_hook is not None:
+            check(
+                self.supports_piecewise_graphs is True and isinstance(ctx, StepContext),
+                "attention_hook",
+                f"None for {type(self).__name__} (its attention is not `attend_cached`'s)",
+                "a hook",
+            )
+            ctx.attend = attention_hook
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:

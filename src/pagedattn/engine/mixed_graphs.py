@@ -1,0 +1,286 @@
+"""CUDA graphs for the other steps: `MixedGraphRunner` replays a step with prefill chunks (a
+mixed step of decodes and chunks, or chunks alone) as captured pieces, each layer's attention
+run eagerly between them (vLLM's piecewise graphs).
+
+Why: such a step was one eager model call, which pays every op's host path each layer (the
+prepared calls, torch's linears and modules). A Llama-3.2-1B step of 2,048 tokens took ~9.9
+ms of host against ~8.3 ms of device work on the H200 (dev/profile_serve_steps.py, docs/
+engine.md); bench-serve's steps are mostly such steps. A replay is L + 1 graph launches and L
+prepared `mha` calls.
+
+Buckets: token counts `mixed_buckets(max_tokens)`. A step of T tokens replays the pieces of the
+smallest bucket Tb >= T; its tokens [T, Tb) are pad tokens.
+
+Static buffers (`MixedBuffers`, sized for the largest bucket and M + 1 requests, M the decode
+graphs' largest batch):
+- input_ids / positions [Tmax] int64: the step's tokens, then 0;
+- kv inputs of M + 1 rows (`cuda_graphs.DecodeBuffers`' fields): the step's n requests, then
+  pad rows (the pad request's cache length and lookup row: no token), and row M, which owns the
+  pad tokens: cache length 0 and a lookup row of the pad page in every column, so pad token i
+  sits at position i on the pad page (which only pad rows read, cuda_graphs.py);
+- q_row_offsets [M + 2] int32: the step's n + 1, then T up to row M, then Tb;
+- logits_rows [M] int64: the step's rows to sample, then 0; the logits [M, vocab] float32
+  (the decode graphs' output, shared: steps run one at a time).
+
+Pieces: a bucket is captured once on its views of the buffers, through the model's attention
+hook (`DecoderForCausalLM.forward(attention_hook=)`): each layer's attention call ends the
+piece being captured, records (that layer's q, the layer, its mask, scale and sinks) and
+begins the next piece; it returns the bucket's one static [Tb, h_q, d] output, which the next
+piece reads. Piece 0 is the embedding, the RoPE tables and layer 0 up to its attention; piece
+i (0 < i < L) layer i - 1's o_proj and MLP and layer i up to its attention; piece L the last
+layer's rest, the final norm and the lm_head over the M logits rows.
+
+Replay (`run`): the step's arrays into the buffers (device copies, no host sync); then piece
+i, and layer i's attention (`models.layers.attend_cached`, what the eager path calls) on the
+step's own inputs: its kv inputs, q_row_offsets, num_decodes and `StepPlan`, the first T rows
+of the layer's q, into the first T rows of the static output; after the last layer, piece L.
+Pad tokens stay in their own rows (row-wise ops; the KV store writes them to the pad page;
+attention never reads them), and the logits of rows past the step's are not returned.
+
+Models: `supports_piecewise_graphs` (the Llama family's dense models: attention through
+`attend_cached`, an MLP without host syncs); one device (tensor parallelism keeps these steps
+eager). `emulate=True` (tests, any device): a replay runs the model eagerly on the static
+buffers with a hook that runs the attention as a replay does (rows past T of its output
+NaN-poisoned), so the buffers and the padding run on the CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from ..errors import check, check_bool, check_int
+from ..models.layers import StepContext, attend_cached
+from ..ops.mha import StepPlan
+from .cuda_graphs import (
+    DecodeBuffers,
+    GraphRunner,
+    takes_attention_plan,
+    takes_logits_out,
+    takes_num_decodes,
+)
+from .step_inputs import StepInputs
+
+
+def mixed_buckets(max_tokens: int) -> tuple[int, ...]:
+    """The captured token counts for steps of up to `max_tokens` tokens (an int >= 1): 16, 64,
+    256, 512, then every 512 below max_tokens, then max_tokens itself. A step pads at most to
+    its bucket: a quarter more compute for its linears above 512 tokens, where a 2,048-token
+    step of the 1B spends ~6 of its ~8 ms."""
+    max_tokens = check_int("max_tokens", max_tokens, 1)
+    sizes = [t for t in (16, 64, 256, 512) if t < max_tokens]
+    sizes += range(1024, max_tokens, 512)
+    return (*sizes, max_tokens)
+
+
+def supports_piecewise_graphs(model: torch.nn.Module) -> bool:
+    """Whether the engine may capture `model`'s mixed steps in pieces: it says so, and it takes
+    an attention hook."""
+    return getattr(model, "supports_piecewise_graphs", False) is True
+
+
+class MixedBuffers(DecodeBuffers):
+    """The static inputs of every mixed-step bucket (module docstring): the kv inputs of M + 1
+    rows, tokens for `max_tokens`, the logits shared with `decode` (the decode graphs')."""
+
+    def __init__(self, decode: DecodeBuffers, pad_page: int, max_tokens: int) -> None:
+        M = decode.max_batch
+        pad = dataclasses.replace(decode.kv_rows(1), cache_lengths=decode.pad_cache_length[None],
+                                  lookup_table=decode.pad_lookup_row[None])  # fmt: skip
+        super().__init__(pad, M + 1, decode.logits.shape[1], decode.logits)
+        dev = decode.logits.device
+        T = self.max_tokens = check_int("max_tokens", max_tokens, 1)
+        self.input_ids = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.q_row_offsets = torch.zeros(M + 2, dtype=torch.int32, device=dev)
+        self.logits_rows = torch.zeros(M, dtype=torch.int64, device=dev)
+        self.max_requests = M
+        # row M owns the pad tokens: cache length 0, the pad page in every column
+        self.kv.cache_lengths[M] = 0
+        self.kv.lookup_table[M] = pad_page
+        self.reach = self.kv.lookup_table.shape[1] * self.kv.kv_blocks.shape[3]
+        self._dirty_tokens = 0
+        self._dirty_logits = 0
+
+    def load(self, inputs: StepInputs, bucket: int) -> None:
+        """Copy a step of n <= M requests, T <= bucket tokens and R <= M sampled rows into the
+        buffers, the rest padding (module docstring). Device copies only (no host sync)."""
+        n, T, R = inputs.batch_size, inputs.num_tokens, len(inputs.sample_index)
+        M = self.max_requests
+        if not (1 <= n <= M and 1 <= T <= bucket <= self.max_tokens and R <= M):
+            check(False, "inputs", f"a step of 1 to {M} requests and 1 to {bucket} tokens",
+                  f"{n} requests, {T} tokens, {R} rows")  # fmt: skip
+        rows = self._kv_rows.get(n)
+        if rows is None:
+            rows = self._kv_rows[n] = self.kv_rows(n)
+        rows.copy_(inputs.kv_inputs[0])  # checks every field first
+        if self._dirty > n:
+            self.pad_rows(slice(n, self._dirty))
+        self._dirty = n
+        self.input_ids[:T].copy_(inputs.input_ids)
+        self.positions[:T].copy_(inputs.positions)
+        if self._dirty_tokens > T:
+            self.input_ids[T : self._dirty_tokens].zero_()
+            self.positions[T : self._dirty_tokens].zero_()
+        self._dirty_tokens = T
+        offs = self.q_row_offsets
+        offs[: n + 1].copy_(inputs.q_row_offsets)
+        offs[n + 1 : M + 1].fill_(T)
+        offs[M + 1 :].fill_(bucket)
+        self.logits_rows[:R].copy_(inputs.logits_rows)
+        if self._dirty_logits > R:
+            self.logits_rows[R : self._dirty_logits].zero_()
+        self._dirty_logits = R
+
+
+class _Bucket:
+    """One bucket's capture: its pieces (graphs, or None emulated), each layer's attention
+    call (q, layer, mask, scale, sinks) and the static attention output."""
+
+    __slots__ = ("pieces", "calls", "out")
+
+    def __init__(self) -> None:
+        self.pieces: list = []
+        self.calls: list[tuple] = []
+        self.out: torch.Tensor | None = None
+
+
+class MixedGraphRunner:
+    """Mixed and prefill steps through captured pieces (module docstring).
+
+    model: a model with `supports_piecewise_graphs`, bound to the cache of `decode`'s manager.
+    decode: the engine's `GraphRunner` (its pad page, its buffers' pad rows and logits).
+    max_tokens: the largest step (the engine's max_num_batched_tokens).
+    emulate: replays run the model eagerly on the static buffers (tests; any device)."""
+
+    @torch.inference_mode()
+    def __init__(
+        self, model: torch.nn.Module, decode: GraphRunner, max_tokens: int, *, emulate: bool
+    ) -> None:
+        check(supports_piecewise_graphs(model), "model", "a model with piecewise graphs",
+              type(model).__name__)  # fmt: skip
+        self.model = model
+        self.emulate = check_bool("emulate", emulate)
+        self.buckets = mixed_buckets(max_tokens)
+        self.buffers = MixedBuffers(decode.buffers, decode.pad_page, self.buckets[-1])
+        self._hint = takes_num_decodes(model)
+        self._plan = takes_attention_plan(model)
+        self._logits_out = takes_logits_out(model)
+        self.num_replays = 0
+        self.captured: dict[int, _Bucket] = {}
+        if self.emulate:
+            return
+        with torch.cuda.device(self.buffers.logits.device):
+            pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream()
+            for tb in reversed(self.buckets):  # largest first: the others reuse its memory
+                try:
+                    self.captured[tb] = self._capture(tb, pool, stream)
+                except Exception as e:
+                    if hasattr(e, "add_note"):  # Python >= 3.11
+                        e.add_note(f"capturing mixed-step pieces of {tb} tokens; "
+                                   "enforce_eager=True skips graphs")  # fmt: skip
+                    raise
+
+    def _call(self, tb: int, hook: Callable) -> None:
+        """The model on bucket tb's views of the buffers, with `hook` as its attention."""
+        s = self.buffers
+        kw: dict = {"num_decodes": 0} if self._hint else {}
+        if self._logits_out:
+            kw["logits_out"] = s.logits
+        y = self.model(s.input_ids[:tb], s.positions[:tb], s.kv, s.q_row_offsets,
+                       s.logits_rows, attention_hook=hook, **kw)  # fmt: skip
+        if y is not s.logits:
+            s.logits.copy_(y)
+
+    def _capture(self, tb: int, pool, stream: torch.cuda.Stream) -> _Bucket:
+        """Warm bucket tb up once on `stream` (kernels compile, cuBLAS initializes; the static
+        attention output is allocated), then capture its pieces into `pool`."""
+        b = _Bucket()
+
+        def warm(q, layer_idx, **_):
+            if b.out is None:
+                b.out = torch.empty_like(q)
+            return b.out
+
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._call(tb, warm)
+        torch.cuda.synchronize()
+        graph = [torch.cuda.CUDAGraph()]
+
+        def cut(q, layer_idx, *, mask, scale, sinks):
+            graph[0].capture_end()
+            b.pieces.append(graph[0])
+            b.calls.append((q, layer_idx, mask, scale, sinks))
+            graph[0] = torch.cuda.CUDAGraph()
+            graph[0].capture_begin(pool=pool)
+            return b.out
+
+        with torch.cuda.stream(stream):
+            graph[0].capture_begin(pool=pool)
+            try:
+                self._call(tb, cut)
+            finally:
+                graph[0].capture_end()
+            b.pieces.append(graph[0])
+        torch.cuda.synchronize()
+        return b
+
+    def bucket(self, T: int) -> int:
+        """The captured token count that serves a step of T tokens (T <= the largest)."""
+        return self.buckets[bisect.bisect_left(self.buckets, T)]
+
+    def serves(self, inputs: StepInputs) -> bool:
+        """Whether the pieces replay `inputs`: 1 to M requests and max_tokens tokens on one
+        device, at most M rows sampled, its pad tokens within the pad row's reach."""
+        T, s = inputs.num_tokens, self.buffers
+        return (
+            1 <= inputs.batch_size <= s.max_requests
+            and 1 <= T <= self.buckets[-1]
+            and len(inputs.sample_index) <= s.max_requests
+            and len(inputs.kv_inputs) == 1
+            and self.bucket(T) - T <= s.reach
+        )
+
+    def _context(self, inputs: StepInputs) -> StepContext:
+        """The step's own attention context (the eager path's `mha` arguments)."""
+        plan = StepPlan(inputs.host.cache_lengths) if self._plan else None
+        nd = inputs.num_decodes if self._hint else None
+        return StepContext(inputs.kv_inputs[0], self.model.kv_params, inputs.q_row_offsets,
+                           None, None, nd, plan)  # fmt: skip
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [R, vocab] float32 of a step that `serves` accepts (R its sampled rows): a
+        view of the static output, valid until the next step."""
+        check(self.serves(inputs), "inputs", "a step the mixed graphs serve", inputs.num_tokens)
+        T, R = inputs.num_tokens, len(inputs.sample_index)
+        tb = self.bucket(T)
+        s = self.buffers
+        s.load(inputs, tb)
+        ctx = self._context(inputs)
+        if self.emulate:
+
+            def attend(q, layer_idx, *, mask, scale, sinks):
+                out = torch.full_like(q, float("nan"))
+                attend_cached(q[:T], layer_idx, ctx, mask=mask, scale=scale, sinks=sinks,
+                              out=out[:T])  # fmt: skip
+                return out
+
+            self._call(tb, attend)
+        else:
+            b = self.captured[tb]
+            o = b.out[:T]
+            for piece, (q, layer_idx, mask, scale, sinks) in zip(b.pieces, b.calls):
+                piece.replay()
+                attend_cached(q[:T], layer_idx, ctx, mask=mask, scale=scale, sinks=sinks, out=o)
+            b.pieces[-1].replay()
+        self.num_replays += 1
+        return s.logits[:R]
+
+
+__all__ = ["MixedBuffers", "MixedGraphRunner", "mixed_buckets", "supports_piecewise_graphs"]
