@@ -173,30 +173,45 @@ def test_emulated_pieces_give_the_eager_tokens_and_logits(ckpt, async_scheduling
     assert emu.manager.request_ids == [PAD_REQUEST]
 
 
-def test_emulated_replay_equals_a_fresh_eager_call(ckpt):
-    """Each step the pieces serve, replayed, then run eagerly on the same inputs (rewriting the
-    same K/V): the same logits within float32 roundings; every bucket replays."""
-    emu = EmulatedLLM(ckpt, device="cpu", dtype=torch.float32, **KW)
-    runner, m = emu.runner, emu.runner.mixed
+def replays_vs_eager(llm, prompts, max_tokens, compare, *, no_sync: bool = False) -> list[int]:
+    """Serves the prompts; each step the pieces serve is replayed, then run eagerly on the same
+    inputs (rewriting the same K/V), `compare(replayed, eager)`; returns the buckets replayed.
+    no_sync: replays under `torch.cuda.set_sync_debug_mode("error")`."""
+    runner, m = llm.runner, llm.runner.mixed
     buckets = []
 
     class Checker:
         def execute(self, inputs):
             if runner.graphs.serves(inputs) or not m.serves(inputs):
                 return runner.execute(inputs)
-            got = m.run(inputs).clone()
+            if no_sync:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = m.run(inputs).clone()
+            finally:
+                if no_sync:
+                    torch.cuda.set_sync_debug_mode("default")
             want = runner.eager(inputs)
-            same(got, want, exact=False, what=f"replay of {inputs.num_tokens} tokens")
+            compare(got, want)
             buckets.append(m.bucket(inputs.num_tokens))
             return want
 
-    first, m1, second, m2 = workload()
-    emu.runner = Checker()
+    llm.runner = Checker()
     try:
-        sp = [SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True) for k in m1 + m2]
-        emu.generate([{"prompt_token_ids": p} for p in first + second], sp)
+        sp = [SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True) for k in max_tokens]
+        llm.generate([{"prompt_token_ids": p} for p in prompts], sp)
     finally:
-        emu.runner = runner
+        llm.runner = runner
+    return buckets
+
+
+def test_emulated_replay_equals_a_fresh_eager_call(ckpt):
+    """Each step the pieces serve, replayed, then run eagerly on the same inputs: the same
+    logits within float32 roundings; every bucket replays."""
+    emu = EmulatedLLM(ckpt, device="cpu", dtype=torch.float32, **KW)
+    first, m1, second, m2 = workload()
+    buckets = replays_vs_eager(emu, first + second, m1 + m2,
+                               lambda a, b: same(a, b, exact=False, what="replay"))  # fmt: skip
     assert set(buckets) == {16, 40} and len(buckets) >= 4
 
 
@@ -248,31 +263,10 @@ def test_pieces_match_eager_on_cuda(tmp_path):
     assert m.num_replays == len(served) >= 4
     close(rec_g.steps[0][2], rec_e.steps[0][2])  # the first step: both from the same cache
 
-    runner, buckets = graph.runner, []
-
-    class Checker:
-        def execute(self, inputs):
-            if runner.graphs.serves(inputs) or not m.serves(inputs):
-                return runner.execute(inputs)
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                got = m.run(inputs).clone()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            want = runner.eager(inputs)
-            close(got, want)
-            buckets.append(m.bucket(inputs.num_tokens))
-            return want
-
     first, m1, second, m2 = args
-    graph.runner = Checker()
-    try:
-        sp = [SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True) for k in m1 + m2]
-        # other tokens than the first run's (whose pages the prefix cache would give back)
-        prompts = [[(t + 1) % VOCAB for t in p] for p in first + second]
-        graph.generate([{"prompt_token_ids": p} for p in prompts], sp)
-    finally:
-        graph.runner = runner
+    # other tokens than the first run's (whose pages the prefix cache would give back)
+    prompts = [[(t + 1) % VOCAB for t in p] for p in first + second]
+    buckets = replays_vs_eager(graph, prompts, m1 + m2, close, no_sync=True)
     assert set(buckets) == {16, 40}
     del graph, eager
     torch.cuda.empty_cache()
