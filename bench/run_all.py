@@ -1,6 +1,6 @@
 """The benchmark suite: ceilings, peers and pagedattn in one process, on the same data.
 
-Usage: python bench/run_all.py [--suites mha,mla,real,moe,model] [--rounds 2] [--seed 0]
+Usage: python bench/run_all.py [--suites mha,mla,real,moe,model,serve] [--rounds 2] [--seed 0]
                                [--out bench/results/x.json]
        python bench/run_all.py --suite real        # the real-workload suite alone (~5 min)
 Writes JSON and a PNG plot beside it (default name bench/results/<device>_<date>_<commit>.json),
@@ -19,6 +19,10 @@ the MoE models' decode and prefill shapes) runs next, into `<out>_moe.json` and 
 The model suite (`bench/bench_model.py`: the engine's decode step on Llama-3-8B / 3.2-1B shapes
 with random weights, against the roofline and transformers) is not in the default list; with
 `--suite model` it runs last, with the same ceilings, into `<out>_model.json` and `.png`.
+
+bench-serve (`bench/bench_serve.py`: `pagedattn bench-serve`'s workload, 1,000 requests, on a
+random Llama-3.2-1B-shaped checkpoint in a temp folder) is not in the default list either; with
+`--suite serve` it runs after the others, into `<out>_serve.json` and `.png`.
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ def main() -> None:
 
         model_out = out.rsplit(".", 1)[0] + "_model.json"
         bench_model.run_and_save(model_out, env, ceilings, seed=args.seed)
+    if "serve" in suites:
+        import bench_serve
+
+        bench_serve.main(["--out", out.rsplit(".", 1)[0] + "_serve.json", "--seed", str(args.seed)])
 
 
 def run_rounds(args, suites: list[str], out: str, env: dict, ceilings: dict) -> None:
