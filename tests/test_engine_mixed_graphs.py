@@ -1,6 +1,6 @@
 """Piecewise CUDA graphs for steps with prefill chunks (engine/mixed_graphs.py), on tiny random
 Llama-family checkpoints (Llama, Mistral with a sliding window, Qwen3 with q/k norms and a
-sliding layer).
+sliding layer, Qwen2-MoE and gpt-oss with their experts as grouped matmuls on the CPU).
 
 CPU: the pieces emulated (`MixedGraphRunner(emulate=True)`: the static buffers, the padding to
 a token bucket, the pad row that owns the pad tokens, each layer's attention on the step's own
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_cuda_graphs import VOCAB, EmulatedLLM, close, compare_tokens, same
+from test_engine_cuda_graphs import SAVERS, VOCAB, EmulatedLLM, close, compare_tokens, same
 from tiny_llama import randomize_, save_tiny_deepseek, save_tiny_llama, tiny_common
 
 from pagedattn.engine import LLM, SamplingParams
@@ -57,10 +57,13 @@ def save_arch(path, arch: str, seed: int) -> None:
     hf.save_pretrained(path)
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen3", "qwen2_moe", "gpt_oss"])
 def ckpt(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"{request.param}_mixed")
-    save_arch(path, request.param, 864)
+    if request.param in SAVERS:  # (the MoE families: test_engine_cuda_graphs' savers)
+        SAVERS[request.param](path, 864, VOCAB)
+    else:
+        save_arch(path, request.param, 864)
     return str(path)
 
 

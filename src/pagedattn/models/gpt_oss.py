@@ -32,7 +32,6 @@ class GptOssForCausalLM(DecoderForCausalLM):
 
     packed_modules = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
     norm_weight_first = True
-    supports_piecewise_graphs = False  # (its experts at a mixed step's token counts: not captured)
 
     @property
     def supports_cuda_graphs(self) -> bool:

@@ -154,10 +154,15 @@ class DecoderForCausalLM(nn.Module):
     # The step makes no host sync and no data-dependent allocation: the engine may capture it
     # in a CUDA graph (engine/cuda_graphs.py).
     supports_cuda_graphs = True
-    # Its attention goes through `layers.attend_cached` (its MLP makes no host sync at any
-    # token count): the engine may capture mixed steps in pieces around it
-    # (engine/mixed_graphs.py, `forward(attention_hook=...)`).
-    supports_piecewise_graphs = True
+
+    @property
+    def supports_piecewise_graphs(self) -> bool:
+        """Whether the engine may capture steps with prefill chunks in pieces around each
+        layer's attention (engine/mixed_graphs.py, `forward(attention_hook=...)`): the
+        attention goes through `layers.attend_cached`, and what the step runs without a host
+        sync at a decode step's token counts (`supports_cuda_graphs`: the MLP, or the experts
+        through `ops.moe` / grouped matmuls) runs without one at any token count."""
+        return self.supports_cuda_graphs is True
 
     def __init__(
         self,

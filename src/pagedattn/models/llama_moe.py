@@ -37,7 +37,6 @@ class SoftmaxMoEDecoder(DecoderForCausalLM):
 
     moe_block = "mlp"
     expert_names = ("gate_proj", "up_proj", "down_proj")
-    supports_piecewise_graphs = False  # (its experts at a mixed step's token counts: not captured)
 
     @property
     def supports_cuda_graphs(self) -> bool:
