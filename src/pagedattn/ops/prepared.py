@@ -42,8 +42,8 @@ What makes a hit safe:
 `PreparedLaunch` runs on CUDA through the launcher of the Triton `CompiledKernel` that the
 recorded launch ran (Triton's binder and `JITFunction.run` skipped: ~11-22 us and 9-20 us of
 an eager launch on an H100 host, docs/kernels/launch.md): the arguments go as one call whose
-constants are inlined (generated once per launch, like Triton's own binder), pointers as ints
-(the launcher then skips `data_ptr()` and `cuPointerGetAttribute` for each). A registered
+constants are closed over (the code generated once per form of launch, `_factory`), pointers
+as ints (the launcher then skips `data_ptr()` and `cuPointerGetAttribute` for each). A registered
 Triton launch hook, or a kernel that needs global / profile scratch, takes the compiled
 kernel's `run` with its launch metadata instead. Under Triton's interpreter (CPU runs) a
 prepared launch calls `kernel[grid](...)` with the call's tensors, so that CPU tests run the
