@@ -40,9 +40,11 @@ attention never reads them), and the logits of rows past the step's are not retu
 Models: `supports_piecewise_graphs` (the Llama family, its MoE variants and gpt-oss where
 their decode steps are captured: attention through `attend_cached`, an MLP or experts without
 host syncs at any token count; not DeepSeek, whose MLA attention plans the step itself); one
-device (tensor parallelism keeps these steps eager). `emulate=True` (tests, any device): a replay runs the model eagerly on the static
-buffers with a hook that runs the attention as a replay does (rows past T of its output
-NaN-poisoned), so the buffers and the padding run on the CPU.
+device (tensor parallelism keeps these steps eager).
+
+`emulate=True` (tests, any device): a replay runs the model eagerly on the static buffers with
+a hook that runs the attention as a replay does (rows past T of its output NaN-poisoned), so
+the buffers and the padding run on the CPU.
 """
 
 from __future__ import annotations
