@@ -184,32 +184,30 @@ def test_emulated_graphs_give_the_eager_tokens_and_logits(any_ckpt, async_schedu
     assert emu.manager.request_ids == [PAD_REQUEST]
 
 
-def replay_vs_eager(llm, prompts, max_tokens, *, exact: bool, no_sync: bool = False):
-    """Runs the prompts; each step a graph serves replays it, then runs the same step eagerly
-    (it rewrites the same K/V) and compares the logits; returns the replayed batch sizes."""
+def replays_vs_eager(llm, prompts, max_tokens, replayer, compare, *, no_sync: bool = False):
+    """Runs the prompts greedily; each step `replayer` (a runner's `GraphRunner` or
+    `MixedGraphRunner`) serves, and the engine's other graphs do not, is replayed, then run
+    eagerly (it rewrites the same K/V), `compare(inputs, replayed, eager)`; no_sync: replays
+    under `torch.cuda.set_sync_debug_mode("error")`. Returns the inputs of the replayed steps."""
     runner = llm.runner
-    graphs = runner.graphs
     seen = []
 
     class Checker:
         def execute(self, inputs):
-            if not graphs.serves(inputs):
+            if not replayer.serves(inputs) or (
+                replayer is not runner.graphs and runner.graphs.serves(inputs)
+            ):
                 return runner.execute(inputs)
             if no_sync:
                 torch.cuda.set_sync_debug_mode("error")
             try:
-                got = graphs.run(inputs).clone()
+                got = replayer.run(inputs).clone()
             finally:
                 if no_sync:
                     torch.cuda.set_sync_debug_mode("default")
             want = runner.eager(inputs)
-            if exact:
-                assert torch.equal(got, want)
-            elif got.dtype == torch.float32 and not got.is_cuda:
-                same(got, want, exact=False, what=f"replay of {inputs.batch_size}")
-            else:
-                close(got, want)
-            seen.append(inputs.batch_size)
+            compare(inputs, got, want)
+            seen.append(inputs)
             return want
 
     llm.runner = Checker()
@@ -221,6 +219,22 @@ def replay_vs_eager(llm, prompts, max_tokens, *, exact: bool, no_sync: bool = Fa
     finally:
         llm.runner = runner
     return seen
+
+
+def replay_vs_eager(llm, prompts, max_tokens, *, exact: bool, no_sync: bool = False):
+    """`replays_vs_eager` of the decode graphs: logits equal (exact), within float32
+    roundings (CPU) or close (bf16); returns the replayed batch sizes."""
+
+    def compare(inputs, got, want):
+        if exact:
+            assert torch.equal(got, want)
+        elif got.dtype == torch.float32 and not got.is_cuda:
+            same(got, want, exact=False, what=f"replay of {inputs.batch_size}")
+        else:
+            close(got, want)
+
+    seen = replays_vs_eager(llm, prompts, max_tokens, llm.runner.graphs, compare, no_sync=no_sync)
+    return [inputs.batch_size for inputs in seen]
 
 
 TIE_GAP = 0.05  # bf16 logits of the same step at two batch sizes may differ by a few roundings

@@ -20,7 +20,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_engine_cuda_graphs import SAVERS, VOCAB, EmulatedLLM, close, compare_tokens, same
+from test_engine_cuda_graphs import (
+    SAVERS,
+    VOCAB,
+    EmulatedLLM,
+    close,
+    compare_tokens,
+    replays_vs_eager,
+    same,
+)
 from tiny_llama import randomize_, save_tiny_deepseek, save_tiny_llama, tiny_common
 
 from pagedattn.engine import LLM, SamplingParams
@@ -176,36 +184,13 @@ def test_emulated_pieces_give_the_eager_tokens_and_logits(ckpt, async_scheduling
     assert emu.manager.request_ids == [PAD_REQUEST]
 
 
-def replays_vs_eager(llm, prompts, max_tokens, compare, *, no_sync: bool = False) -> list[int]:
-    """Serves the prompts; each step the pieces serve is replayed, then run eagerly on the same
-    inputs (rewriting the same K/V), `compare(replayed, eager)`; returns the buckets replayed.
-    no_sync: replays under `torch.cuda.set_sync_debug_mode("error")`."""
-    runner, m = llm.runner, llm.runner.mixed
-    buckets = []
-
-    class Checker:
-        def execute(self, inputs):
-            if runner.graphs.serves(inputs) or not m.serves(inputs):
-                return runner.execute(inputs)
-            if no_sync:
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                got = m.run(inputs).clone()
-            finally:
-                if no_sync:
-                    torch.cuda.set_sync_debug_mode("default")
-            want = runner.eager(inputs)
-            compare(got, want)
-            buckets.append(m.bucket(inputs.num_tokens))
-            return want
-
-    llm.runner = Checker()
-    try:
-        sp = [SamplingParams(max_tokens=k, temperature=0.0, ignore_eos=True) for k in max_tokens]
-        llm.generate([{"prompt_token_ids": p} for p in prompts], sp)
-    finally:
-        llm.runner = runner
-    return buckets
+def buckets_vs_eager(llm, prompts, max_tokens, compare, *, no_sync: bool = False) -> list[int]:
+    """Each step the pieces serve, replayed, then run eagerly on the same inputs
+    (`replays_vs_eager`), `compare(replayed, eager)`; returns the buckets replayed."""
+    m = llm.runner.mixed
+    seen = replays_vs_eager(llm, prompts, max_tokens, m, lambda _, a, b: compare(a, b),
+                            no_sync=no_sync)  # fmt: skip
+    return [m.bucket(inputs.num_tokens) for inputs in seen]
 
 
 def test_emulated_replay_equals_a_fresh_eager_call(ckpt):
@@ -213,7 +198,7 @@ def test_emulated_replay_equals_a_fresh_eager_call(ckpt):
     logits within float32 roundings; every bucket replays."""
     emu = EmulatedLLM(ckpt, device="cpu", dtype=torch.float32, **KW)
     first, m1, second, m2 = workload()
-    buckets = replays_vs_eager(emu, first + second, m1 + m2,
+    buckets = buckets_vs_eager(emu, first + second, m1 + m2,
                                lambda a, b: same(a, b, exact=False, what="replay"))  # fmt: skip
     assert set(buckets) == {16, 40} and len(buckets) >= 4
 
@@ -269,7 +254,7 @@ def test_pieces_match_eager_on_cuda(tmp_path):
     first, m1, second, m2 = args
     # other tokens than the first run's (whose pages the prefix cache would give back)
     prompts = [[(t + 1) % VOCAB for t in p] for p in first + second]
-    buckets = replays_vs_eager(graph, prompts, m1 + m2, close, no_sync=True)
+    buckets = buckets_vs_eager(graph, prompts, m1 + m2, close, no_sync=True)
     assert set(buckets) == {16, 40}
     del graph, eager
     torch.cuda.empty_cache()
