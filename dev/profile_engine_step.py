@@ -7,6 +7,10 @@ time: the wall less the wait for the step's tokens), and profiles STEPS more wit
 the host's functions by own time (CUDA API calls show as torch's builtins).
 
 Usage (GPU): python dev/profile_engine_step.py [--shape llama3.2-1b] [--b 64] [--out F.json]
+             [--trace-dir DIR] [--no-pieces]
+
+--no-pieces: the engine without piecewise graphs of mixed steps (an A/B: with them, the 1B b64
+async step measured 50-110 us longer on one lease with the same replay, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -103,7 +107,12 @@ def main() -> None:
     ap.add_argument("--b", type=int, default=64)
     ap.add_argument("--out", default=None)
     ap.add_argument("--trace-dir", default=None, help="also trace STEPS steps' device timeline")
+    ap.add_argument("--no-pieces", action="store_true", help="LLMEngine._piecewise_graphs off")
     a = ap.parse_args()
+    if a.no_pieces:
+        from pagedattn.engine.llm_engine import LLMEngine  # noqa: PLC0415
+
+        LLMEngine._piecewise_graphs = False
     case = next(c for c in CASES if c.shape == a.shape and c.b == a.b)
     ctx = Ctx([], {}, 0, False)
     cfg = hf_config_dict(a.shape)

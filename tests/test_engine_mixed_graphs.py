@@ -221,6 +221,12 @@ def test_which_models_get_pieces(tmp_path):
     eager = EmulatedLLM(str(tmp_path / "llama"), device="cpu", dtype=torch.float32,
                         enforce_eager=True, **KW)  # fmt: skip
     assert eager.runner.mixed is None
+
+    class NoPieces(EmulatedLLM):  # (the probes' A/B switch)
+        _piecewise_graphs = False
+
+    off = NoPieces(str(tmp_path / "llama"), device="cpu", dtype=torch.float32, **KW)
+    assert off.runner.mixed is None and off.runner.graphs is not None
     ds = EmulatedLLM(str(tmp_path / "ds"), device="cpu", dtype=torch.float32, **KW)
     assert not supports_piecewise_graphs(ds.model) and ds.runner.mixed is None
     assert ds.runner.graphs is not None  # its decode steps are still captured

@@ -123,6 +123,9 @@ class LLMEngine:
 
     #: Tests only: run the decode graphs' static-buffer path eagerly ("emulated") on any device.
     _emulate_cuda_graphs = False
+    #: Probes only: False keeps steps with prefill chunks eager where pieces would serve them
+    #: (an A/B of the piecewise graphs, `dev/profile_engine_step.py --no-pieces`).
+    _piecewise_graphs = True
 
     def __init__(
         self,
@@ -196,7 +199,12 @@ class LLMEngine:
         )
         graph_batch = min(max_num_seqs, max_num_batched_tokens) if mode else 0
         # steps with prefill chunks: captured in pieces (mixed_graphs.py) on one device
-        piecewise = mode is not None and tp == 1 and supports_piecewise_graphs(model)
+        piecewise = (
+            self._piecewise_graphs
+            and mode is not None
+            and tp == 1
+            and supports_piecewise_graphs(model)
+        )
         self.config = cfg = model.config
         self.tokenizer: Tokenizer | None = load_tokenizer(
             tokenizer if tokenizer is not None else folder
