@@ -355,8 +355,7 @@ class LLMEngine:
         every request, and 256 MiB of slack; plus, with CUDA graphs of up to `graph_batch`
         rows, the graphs' pool (the largest one's temporaries and logits) and static logits;
         plus, with piecewise graphs of mixed steps, their pool (the largest bucket's
-        temporaries) and each layer's q, kept for the replays' attention, in every bucket
-        (their token counts sum to under twice the largest's)."""
+        temporaries) and their static q and attention output."""
         c = self.config
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
         if c.is_mla:  # q, the 576-element latent row, and the expanded K and V of a context
@@ -365,7 +364,7 @@ class LLMEngine:
         per_token = 4 * (6 * c.hidden_size + 3 * c.intermediate_size + 2 * qkv)
         graphs = graph_batch * (per_token + 2 * c.vocab_size * 4)
         if piecewise:
-            graphs += max_tokens * (per_token + 2 * c.num_layers * c.num_heads * c.head_dim * 4)
+            graphs += max_tokens * (per_token + 2 * c.num_heads * c.head_dim * 4)
         return max_tokens * per_token + 4 * max_seqs * c.vocab_size * 4 + graphs + (256 << 20)
 
     def _eos_ids(self, folder: Path | None) -> tuple[int, ...]:

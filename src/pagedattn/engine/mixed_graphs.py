@@ -23,17 +23,20 @@ graphs' largest batch):
   (the decode graphs' output, shared: steps run one at a time).
 
 Pieces: a bucket is captured once on its views of the buffers, through the model's attention
-hook (`DecoderForCausalLM.forward(attention_hook=)`): each layer's attention call ends the
-piece being captured, records (that layer's q, the layer, its mask, scale and sinks) and
-begins the next piece; it returns the bucket's one static [Tb, h_q, d] output, which the next
-piece reads. Piece 0 is the embedding, the RoPE tables and layer 0 up to its attention; piece
-i (0 < i < L) layer i - 1's o_proj and MLP and layer i up to its attention; piece L the last
-layer's rest, the final norm and the lm_head over the M logits rows.
+hook (`DecoderForCausalLM.forward(attention_hook=)`): each layer's attention call copies the
+layer's q into the static q (the piece's last kernel), ends the piece being captured, records
+(the layer, its mask, scale and sinks) and begins the next piece; it returns the static
+attention output, which the next piece reads. The static q and output, [max_tokens, h_q, d],
+are shared by every layer and bucket (keeping each layer's q for every bucket would hold
+layers x the buckets' tokens: 1.4 GB for Llama-3-8B at 2,048 tokens a step). Piece 0 is the
+embedding, the RoPE tables and layer 0 up to its attention; piece i (0 < i < L) layer i - 1's
+o_proj and MLP and layer i up to its attention; piece L the last layer's rest, the final norm
+and the lm_head over the M logits rows.
 
 Replay (`run`): the step's arrays into the buffers (device copies, no host sync); then piece
 i, and layer i's attention (`models.layers.attend_cached`, what the eager path calls) on the
 step's own inputs: its kv inputs, q_row_offsets, num_decodes and `StepPlan`, the first T rows
-of the layer's q, into the first T rows of the static output; after the last layer, piece L.
+of the static q, into the first T rows of the static output; after the last layer, piece L.
 Pad tokens stay in their own rows (row-wise ops; the KV store writes them to the pad page;
 attention never reads them), and the logits of rows past the step's are not returned.
 
@@ -140,15 +143,14 @@ class MixedBuffers(DecodeBuffers):
 
 
 class _Bucket:
-    """One bucket's capture: its pieces (graphs, or None emulated), each layer's attention
-    call (q, layer, mask, scale, sinks) and the static attention output."""
+    """One bucket's capture: its pieces (CUDA graphs) and each layer's attention call (layer,
+    mask, scale, sinks)."""
 
-    __slots__ = ("pieces", "calls", "out")
+    __slots__ = ("pieces", "calls")
 
     def __init__(self) -> None:
         self.pieces: list = []
         self.calls: list[tuple] = []
-        self.out: torch.Tensor | None = None
 
 
 class MixedGraphRunner:
@@ -174,6 +176,10 @@ class MixedGraphRunner:
         self._logits_out = takes_logits_out(model)
         self.num_replays = 0
         self.captured: dict[int, _Bucket] = {}
+        # the layers' q and the attention's output, [max_tokens, h_q, d], shared by every layer
+        # and bucket (`_statics`)
+        self._q: torch.Tensor | None = None
+        self._o: torch.Tensor | None = None
         if self.emulate:
             return
         with torch.cuda.device(self.buffers.logits.device):
@@ -199,15 +205,25 @@ class MixedGraphRunner:
         if y is not s.logits:
             s.logits.copy_(y)
 
+    def _statics(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first q.shape[0] rows of the static q (into which each piece ends by copying its
+        layer's q: one buffer, not a q kept for every layer of every bucket) and of the static
+        attention output; allocated at the first call (a warm-up, outside any capture)."""
+        if self._q is None:
+            shape = (self.buffers.max_tokens, *q.shape[1:])
+            self._q = torch.empty(shape, dtype=q.dtype, device=q.device)
+            self._o = torch.empty(shape, dtype=q.dtype, device=q.device)
+        return self._q[: q.shape[0]], self._o[: q.shape[0]]
+
     def _capture(self, tb: int, pool, stream: torch.cuda.Stream) -> _Bucket:
         """Warm bucket tb up once on `stream` (kernels compile, cuBLAS initializes; the static
-        attention output is allocated), then capture its pieces into `pool`."""
+        q and output are allocated), then capture its pieces into `pool`."""
         b = _Bucket()
 
         def warm(q, layer_idx, **_):
-            if b.out is None:
-                b.out = torch.empty_like(q)
-            return b.out
+            qs, o = self._statics(q)
+            qs.copy_(q)
+            return o
 
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -216,12 +232,14 @@ class MixedGraphRunner:
         graph = [torch.cuda.CUDAGraph()]
 
         def cut(q, layer_idx, *, mask, scale, sinks):
+            qs, o = self._statics(q)
+            qs.copy_(q)  # (the piece's last kernel)
             graph[0].capture_end()
             b.pieces.append(graph[0])
-            b.calls.append((q, layer_idx, mask, scale, sinks))
+            b.calls.append((layer_idx, mask, scale, sinks))
             graph[0] = torch.cuda.CUDAGraph()
             graph[0].capture_begin(pool=pool)
-            return b.out
+            return o
 
         with torch.cuda.stream(stream):
             graph[0].capture_begin(pool=pool)
@@ -269,18 +287,20 @@ class MixedGraphRunner:
         if self.emulate:
 
             def attend(q, layer_idx, *, mask, scale, sinks):
-                out = torch.full_like(q, float("nan"))
-                attend_cached(q[:T], layer_idx, ctx, mask=mask, scale=scale, sinks=sinks,
-                              out=out[:T])  # fmt: skip
-                return out
+                qs, o = self._statics(q)
+                qs.copy_(q)
+                o.fill_(float("nan"))  # (rows past T: never written)
+                attend_cached(qs[:T], layer_idx, ctx, mask=mask, scale=scale, sinks=sinks,
+                              out=o[:T])  # fmt: skip
+                return o
 
             self._call(tb, attend)
         else:
             b = self.captured[tb]
-            o = b.out[:T]
-            for piece, (q, layer_idx, mask, scale, sinks) in zip(b.pieces, b.calls):
+            q, o = self._q[:T], self._o[:T]
+            for piece, (layer_idx, mask, scale, sinks) in zip(b.pieces, b.calls):
                 piece.replay()
-                attend_cached(q[:T], layer_idx, ctx, mask=mask, scale=scale, sinks=sinks, out=o)
+                attend_cached(q, layer_idx, ctx, mask=mask, scale=scale, sinks=sinks, out=o)
             b.pieces[-1].replay()
         self.num_replays += 1
         return s.logits[:R]
