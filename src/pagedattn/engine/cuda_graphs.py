@@ -201,23 +201,26 @@ class DecodeBuffers:
                 f"a decode step of 1 to {self.max_batch} requests, one token each",
                 f"{n} requests, {inputs.num_tokens} tokens",
             )
+        dirty = self._dirty
+        self.load_kv(inputs, n)
+        self.input_ids[:n].copy_(inputs.input_ids)
+        self.positions[:n].copy_(inputs.positions)
+        if dirty > n:
+            self.input_ids[n:dirty].zero_()
+            self.positions[n:dirty].zero_()
+
+    def load_kv(self, inputs: StepInputs, n: int) -> None:
+        """The step's kv inputs (n requests) into rows [0, n) of the static ones, and rows
+        [n, the last load's n) pad rows again. Device copies only."""
         rows = self._kv_rows.get(n)
         if rows is None:  # (the views of rows [0, n) are the same every step: made once)
             rows = self._kv_rows[n] = self.kv_rows(n)
         rows.copy_(inputs.kv_inputs[0])  # checks every field first
-        self.input_ids[:n].copy_(inputs.input_ids)
-        self.positions[:n].copy_(inputs.positions)
         if self._dirty > n:
-            rows = slice(n, self._dirty)
-            self.input_ids[rows].zero_()
-            self.positions[rows].zero_()
-            self.pad_rows(rows)
+            pad = slice(n, self._dirty)
+            self.kv.cache_lengths[pad].copy_(self.pad_cache_length)
+            self.kv.lookup_table[pad].copy_(self.pad_lookup_row)
         self._dirty = n
-
-    def pad_rows(self, rows: slice) -> None:
-        """Make `rows` of the static kv inputs pad rows again (device copies)."""
-        self.kv.cache_lengths[rows].copy_(self.pad_cache_length)
-        self.kv.lookup_table[rows].copy_(self.pad_lookup_row)
 
 
 class _EmulatedGraph:

@@ -119,13 +119,7 @@ class MixedBuffers(DecodeBuffers):
         if not (1 <= n <= M and 1 <= T <= bucket <= self.max_tokens and R <= M):
             check(False, "inputs", f"a step of 1 to {M} requests and 1 to {bucket} tokens",
                   f"{n} requests, {T} tokens, {R} rows")  # fmt: skip
-        rows = self._kv_rows.get(n)
-        if rows is None:
-            rows = self._kv_rows[n] = self.kv_rows(n)
-        rows.copy_(inputs.kv_inputs[0])  # checks every field first
-        if self._dirty > n:
-            self.pad_rows(slice(n, self._dirty))
-        self._dirty = n
+        self.load_kv(inputs, n)
         self.input_ids[:T].copy_(inputs.input_ids)
         self.positions[:T].copy_(inputs.positions)
         if self._dirty_tokens > T:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..ops.fused import argmax_rows, sample_rows
+from ..ops.fused import argmax_rows, sample_rows, warm_up_sampling
 from ..ops.fused.reference import uniform_noise
 from .sampling_params import SamplingParams
 
@@ -111,19 +111,9 @@ def apply_top_k_top_p(
 def warm_up(vocab: int, device: str | torch.device) -> None:
     """Compile `sample`'s kernels for logits of `vocab` columns on `device` (the engine's
     start-up on CUDA: its first served step compiled the argmax otherwise, a stall of seconds
-    in the middle of serving). Every float32 [n, vocab] logits of a step share these
-    specializations (contiguous rows; n is in the grid): one row takes the argmax's split
-    path, as many rows as fill the GPU its one-span path (`triton_fused.argmax_plan`); one
-    draw compiles `sample_rows`' kernels, the same at every batch size."""
-    argmax_rows(torch.randn(1, vocab, device=device))
-    zeros = torch.zeros(1, dtype=torch.int64, device=device)
-    sample_rows(torch.randn(1, vocab, device=device), torch.ones(1, device=device), zeros, zeros)
-    if torch.device(device).type == "cuda":
-        from ..cache.dispatch import num_sms  # noqa: PLC0415
-        from ..ops.fused.triton_fused import ARGMAX_PROGRAMS_PER_SM  # noqa: PLC0415
-
-        rows = ARGMAX_PROGRAMS_PER_SM * num_sms(device)
-        argmax_rows(torch.randn(rows, vocab, device=device))
+    in the middle of serving): `ops.fused.warm_up_sampling`, whose kernels every float32
+    [n, vocab] logits of a step share (contiguous rows; n in the grid)."""
+    warm_up_sampling(vocab, device)
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -859,7 +859,8 @@ class PreparedOp:
     def prepare(self, key: Any, src: list, guarded: Sequence[int], run: Any,
                 outs: Sequence[int], launches: int = 1) -> Any:  # fmt: skip
         """`run()`'s result. outs: the source index of each tensor of that result (a tensor,
-        a tuple of tensors, or None), each an output `run` allocated; `run` must compute
+        a tuple of tensors or Nones, or None), each an output `run` allocated (a None: one this
+        call did not make, None on its hits too); `run` must compute
         nothing but its `launches` launches through `ops.launch.launch` (`cached_launch`
         records there): a path that computes otherwise (torch ops, a reference writer)
         launches fewer and is not stored."""
@@ -891,7 +892,8 @@ def _op_call(made: list, src: list, res: Any, outs: tuple) -> _OpCall | None:
     e.fast = all(p.fast is not None for p in launches)
     e.inputs = tuple(sorted(set().union(*(p.sources for p in launches)) - set(outs)))
     e.aligned = pointer_residues(src, e.inputs)
-    e.fresh = tuple((i, tuple(t.shape), t.stride(), t.dtype) for i, t in zip(outs, got))
+    e.fresh = tuple((i, tuple(t.shape), t.stride(), t.dtype) for i, t in zip(outs, got)
+                    if t is not None)  # fmt: skip
     e.n = len(src)
     first = src[e.inputs[0]] if e.inputs else got[0]
     e.device, e.index = first.device, current_device(first)

@@ -237,7 +237,7 @@ def argmax_rows(x, *, backend: str | None = None) -> torch.Tensor:
     """Each row's index of its largest value (module docstring); x [n, V] float."""
     hit = _hit(PREPARED_ARGMAX_ROWS, _argmax_signature, x, backend)
     if hit is not MISS and hit is not UNPREPARED:
-        return hit[0] if isinstance(hit, tuple) else hit
+        return hit[0]
     x = _float_matrix("x", x)
     check(x.shape[1] >= 1, "x", "[n, V] with V >= 1", Described(x))
     check(x.shape[1] < 2**31 - 1, "x", "fewer than 2**31 - 1 columns", Described(x))
@@ -247,17 +247,26 @@ def argmax_rows(x, *, backend: str | None = None) -> torch.Tensor:
         sms = num_sms(x.device)
         if x.shape[0] == 0 or torch.compiler.is_compiling():
             return argmax_rows_triton(x, sms)[0]
-        split = argmax_plan(*x.shape, sms)[1] > 1
-
-        def run():
-            out, part = argmax_rows_triton(x, sms)
-            return (out, part) if split else out
-
+        launches = 2 if argmax_plan(*x.shape, sms)[1] > 1 else 1  # (spans, then their merge)
         key, src, guarded = _argmax_signature(x, backend)
-        res = PREPARED_ARGMAX_ROWS.prepare(key, src, guarded, run, (1, 2) if split else (1,),
-                                           launches=2 if split else 1)  # fmt: skip
-        return res[0] if split else res
+        run = lambda: argmax_rows_triton(x, sms)  # noqa: E731
+        return PREPARED_ARGMAX_ROWS.prepare(key, src, guarded, run, (1, 2), launches)[0]
     return argmax_rows_reference(x)
+
+
+def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
+    """Run `argmax_rows` and `sample_rows` on logits of `vocab` columns on `device` so that
+    every kernel they launch for float32 [n, vocab] logits at any n compiles now (the n are in
+    grids and unspecialized ints): on CUDA the argmax of one row (spans and their merge) and of
+    as many rows as fill the SMs (one span a row, `triton_fused.argmax_plan`), and one draw."""
+    argmax_rows(torch.randn(1, vocab, device=device))
+    zeros = torch.zeros(1, dtype=torch.int64, device=device)
+    sample_rows(torch.randn(1, vocab, device=device), torch.ones(1, device=device), zeros, zeros)
+    if torch.device(device).type == "cuda":
+        from .triton_fused import ARGMAX_PROGRAMS_PER_SM  # noqa: PLC0415
+
+        rows = ARGMAX_PROGRAMS_PER_SM * num_sms(device)
+        argmax_rows(torch.randn(rows, vocab, device=device))
 
 
 def _sample_signature(x, temperature, seeds, counters, backend):
@@ -292,4 +301,12 @@ def sample_rows(x, temperature, seeds, counters, *, backend: str | None = None):
     return sample_rows_reference(x, temperature, seeds, counters)
 
 
-__all__ = ["apply_rope_reference", "argmax_rows", "rms_norm", "rope_qkv", "sample_rows", "silu_mul"]
+__all__ = [
+    "apply_rope_reference",
+    "argmax_rows",
+    "rms_norm",
+    "rope_qkv",
+    "sample_rows",
+    "silu_mul",
+    "warm_up_sampling",
+]

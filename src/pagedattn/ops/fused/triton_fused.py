@@ -286,7 +286,7 @@ def argmax_rows_triton(x, sms: int = DEFAULT_NUM_SMS):
     (`argmax_plan`), else a launch of (row, span) programs and one that merges a row's
     spans. Each of the three kernels compiles once a vocabulary V (the batch is in the grid
     and in unspecialized ints): a new batch size never compiles in the middle of serving
-    once `engine.sampler.warm_up` has run both paths."""
+    once `ops.fused.warm_up_sampling` has run both paths."""
     n, V = x.shape
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     if n == 0:
