@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompt-mean", type=int, default=600)
     ap.add_argument("--output-mean", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0, help="every request's nucleus mass")
     ap.add_argument("--out", default="bench-serve.json")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     work = dict(num_requests=12, prompt_mean=24, output_mean=8) if dry else dict(
         num_requests=a.requests, prompt_mean=a.prompt_mean, output_mean=a.output_mean
     )  # fmt: skip
-    bench = demo.BenchConfig(model=folder, device=device, seed=a.seed, out=a.out, **work)
+    bench = demo.BenchConfig(model=folder, device=device, seed=a.seed, out=a.out, top_p=a.top_p,
+                             **work)  # fmt: skip
     return demo.run_bench_serve(bench)
 
 

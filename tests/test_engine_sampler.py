@@ -204,9 +204,10 @@ def test_chi_square_has_power():
 
 @pytest.mark.gpu
 def test_greedy_argmax_compiles_nothing_after_warm_up():
-    """After `warm_up(vocab)`, the greedy argmax and the draws of any batch size compile no
-    kernel (their spans, `argmax_plan`, change with the batch: a compile in the middle of
-    serving stalls a step for ~0.3-5 s); the argmax equals torch.argmax."""
+    """After `warm_up(vocab)`, the greedy argmax and the draws of any batch size, with top-k
+    and top-p too, compile no kernel (their spans, `argmax_plan`, change with the batch: a
+    compile in the middle of serving stalls a step for ~0.3-5 s); the argmax equals
+    torch.argmax."""
     from pagedattn.engine.sampler import warm_up
     from pagedattn.ops.fused import argmax_rows, sample_rows
     from pagedattn.ops.launch import jit_compiles
@@ -221,5 +222,8 @@ def test_greedy_argmax_compiles_nothing_after_warm_up():
             t = torch.rand(n, device="cuda", generator=g)
             seeds = torch.randint(0, 2**62, (n,), device="cuda", generator=g)
             drawn = sample_rows(x, t, seeds, seeds)
+            assert drawn.shape == (n,) and bool(((drawn >= 0) & (drawn < V)).all())
+            k = torch.randint(0, V + 2, (n,), device="cuda", generator=g)
+            drawn = sample_rows(x, t, seeds, seeds, top_k=k, top_p=t)  # the sampler's form
             assert drawn.shape == (n,) and bool(((drawn >= 0) & (drawn < V)).all())
     assert not compiled, compiled

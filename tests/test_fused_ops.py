@@ -204,6 +204,78 @@ def test_sample_rows(backend, n, V):
     assert_same_draws(got.cpu(), xb, t, seeds, counters)
 
 
+def filter_case(n, V, seed):
+    """`sample_case`'s rows, with some rows tied (rounded to bf16 values), flat (every token
+    one of two values), or packed (distinct values a float32 rounding apart near the max), and
+    top_k / top_p per row: off (k 0, V, > V; p 1, inf), 1, tiny, near V, and random."""
+    x, t, seeds, counters = sample_case(n, V, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    for i in range(n):
+        kind = (i * 7 + seed) % 5
+        if kind == 1:
+            x[i] = x[i].to(torch.bfloat16).float()
+        elif kind == 2 and V > 2:
+            x[i] = torch.where(torch.rand(V, generator=g) < 0.5, 1.25, -0.5)
+        elif kind == 3:
+            x[i] = 4.0 - torch.randperm(V, generator=g).float() * 4.8e-7
+    ks = [0, 1, 2, 5, 50, V - 1, V, V + 3]
+    ps = [1.0, float("inf"), 0.9, 0.5, 1e-3, 0.999, 0.97]
+    top_k = torch.tensor(
+        [ks[int(j)] for j in torch.randint(0, len(ks), (n,), generator=g)], dtype=torch.int64
+    )
+    top_p = torch.tensor([ps[int(j)] for j in torch.randint(0, len(ps), (n,), generator=g)])
+    if n:
+        top_k[-1] = int(torch.randint(1, V + 1, (), generator=g))
+        top_p[-1] = float(torch.rand((), generator=g))
+    return x, t, seeds, counters, top_k, top_p.to(torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_k,with_p", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("n,V", [(0, 5), (1, 1), (3, 7), (10, 3000), (13, 30000)])
+def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
+    """With top_k / top_p, the draws equal the reference's (an argmax over the tokens
+    `top_k_top_p_keep` keeps, in float64), and on the Triton path each row's threshold keeps
+    exactly the reference's tokens, except tokens whose larger mass is within 1e-4 of p times
+    the kept mass (float32 sums), and the draws of rows where only those differ or whose two
+    best kept scores are within a rounding. Ties, -inf, NaN and +inf rows, greedy rows, rows
+    longer than the threshold's list (THR_LIST), k and p at and beyond their ends; the draws
+    of both paths (a sort of each row below `FILTER_MIN_ROWS` rows, else the kernel)."""
+    from pagedattn.ops.fused.reference import top_k_top_p_keep
+    from pagedattn.ops.fused.triton_fused import sample_rows_triton
+
+    x, t, seeds, counters, top_k, top_p = filter_case(n, V, seed=n * 31 + V + 2 * with_k + with_p)
+    k = top_k if with_k else None
+    p = top_p if with_p else None
+    dev = _dev()
+    on = [None if a is None else a.to(dev) for a in (x, t, seeds, counters, k, p)]
+    want = sample_rows_reference(x, t, seeds, counters, k, p)
+    got = sample_rows(*on[:4], top_k=on[4], top_p=on[5], backend=backend).cpu()
+    import pagedattn.ops.fused as F
+
+    monkeypatch.setattr(F, "FILTER_MIN_ROWS", 0)  # the keep-threshold kernel at any n
+    got_kernel = sample_rows(*on[:4], top_k=on[4], top_p=on[5], backend=backend).cpu()
+    s = x / torch.where(t > 0, t, 1.0)[:, None]
+    keep, margin = top_k_top_p_keep(s, k, p, margins=True)
+    loose = margin.abs() <= 1e-4
+    if backend == "triton" and n:
+        kk = on[4] if with_k else torch.zeros(n, dtype=torch.int64, device=dev)  # (off)
+        pp = on[5] if with_p else torch.full((n,), float("inf"), device=dev)
+        thr = sample_rows_triton(*on[:4], 132, kk, pp)[2].cpu()
+        b = s.view(torch.int32)
+        kept = torch.where(s == 0, 0, b ^ ((b >> 31) & 0x7FFFFFFF)) >= thr[:, None]
+        sampled = t > 0
+        wrong = (kept != keep) & ~loose & sampled[:, None]
+        assert not wrong.any(), [(i, int(kept[i].sum()), int(keep[i].sum())) for i in
+                                 wrong.any(1).nonzero().flatten().tolist()]  # fmt: skip
+    scores = (s.double() + gumbel_noise(seeds, counters, V).double()).masked_fill(~keep, -1e300)
+    bad = ((got != want) | (got_kernel != want)).nonzero().flatten().tolist()
+    for i in bad:
+        top = scores[i].nan_to_num(nan=float("inf")).topk(min(2, V)).values
+        near_tie = V > 1 and float(top[0] - top[1]) <= 1e-5 * max(1.0, float(top[0].abs()))
+        assert near_tie or bool(loose[i].any()), (i, int(got[i]), int(got_kernel[i]), int(want[i]))
+
+
 def test_sample_rows_draws_follow_softmax():
     """The Triton path's draws over many counters follow softmax(x / t) (chi-square, a small
     vocabulary; the reference's own statistics are tests/test_engine_sampler.py's)."""
@@ -246,6 +318,14 @@ def test_bad_arguments():
         sample_rows(x, t, sd[:2], sd)
     with pytest.raises(InvalidArgumentError, match="counters"):
         sample_rows(x, t, sd, sd.int())
+    with pytest.raises(InvalidArgumentError, match="top_k"):
+        sample_rows(x, t, sd, sd, top_k=t)
+    with pytest.raises(InvalidArgumentError, match="top_k"):
+        sample_rows(x, t, sd, sd, top_k=sd[:2])
+    with pytest.raises(InvalidArgumentError, match="top_p"):
+        sample_rows(x, t, sd, sd, top_p=t[:1])
+    with pytest.raises(InvalidArgumentError, match="top_p"):
+        sample_rows(x, t, sd, sd, top_k=sd, top_p=sd)
     with pytest.raises(InvalidArgumentError, match="weight"):
         rms_norm(x, torch.ones(7), 1e-6)
     with pytest.raises(InvalidArgumentError, match="weight"):

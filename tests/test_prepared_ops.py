@@ -105,6 +105,19 @@ def _argmax(T, dtype=torch.float32, seed=0, offset=0, V=100):
     return lambda: F.argmax_rows(x), lambda: TF.argmax_rows_triton(x, num_sms(x.device))[0]
 
 
+def _sample(T, dtype=torch.float32, seed=0, offset=0, V=3000, filt=False):
+    x = rnd(T, V, dtype=dtype, seed=seed, offset=offset)
+    g = torch.Generator().manual_seed(seed + 7)
+    t = (torch.rand(T, generator=g) + 0.2).to(DEV)
+    seeds = torch.randint(0, 2**62, (T,), generator=g).to(DEV)
+    ctr = torch.randint(0, 2**31, (T,), generator=g).to(DEV)
+    k = torch.randint(0, V + 1, (T,), generator=g).to(DEV) if filt else None
+    p = torch.rand(T, generator=g).to(DEV) if filt else None
+    sms = num_sms(x.device)
+    return (lambda: F.sample_rows(x, t, seeds, ctr, top_k=k, top_p=p),
+            lambda: TF.sample_rows_triton(x, t, seeds, ctr, sms, k, p)[0])  # fmt: skip
+
+
 FUSED = {
     "rms_norm": (_rms, {}, "rms_norm_triton"),
     "rms_norm+residual": (_rms, dict(residual=True), "rms_norm_triton"),
@@ -114,6 +127,8 @@ FUSED = {
     "silu_mul": (_silu, {}, "silu_mul_triton"),
     "argmax_rows": (_argmax, {}, "argmax_rows_triton"),
     "argmax_rows in spans": (_argmax, dict(V=5000), "argmax_rows_triton"),
+    "sample_rows": (_sample, {}, "sample_rows_triton"),
+    "sample_rows top_k top_p": (_sample, dict(filt=True), "sample_rows_triton"),
 }
 
 
@@ -129,12 +144,13 @@ def same(a, b):
 @pytest.mark.parametrize("case", list(FUSED))
 def test_fused_hits_equal_the_full_path(case, monkeypatch):
     make, kw, name = FUSED[case]
+    monkeypatch.setattr(F, "FILTER_MIN_ROWS", 0)  # top-k / top-p through the kernel at 5 rows
     full = count(monkeypatch, TF, name)
     for seed in range(3):  # new tensors: hits after the first call
         op, direct = make(5, seed=seed, **kw)
         same(op(), direct())
     assert len(full) == 1 + 3  # (each `direct` counts too)
-    other = torch.bfloat16 if case.startswith("argmax") else torch.float16
+    other = torch.bfloat16 if case.startswith(("argmax", "sample")) else torch.float16
     for args in (dict(T=7), dict(T=5, dtype=other), dict(T=5, offset=1)):  # shape, dtype, align
         before = len(full)
         for seed in range(2):

@@ -62,6 +62,7 @@ BENCH_OPTIONS = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "seed": "--seed",
     "out": "--out",
+    "top_p": "--top-p",
 }
 
 # A hint for a bad option, by the option its message names first.
@@ -227,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step"
     )
     b.add_argument("--seed", type=int, default=0, help="seed of the workload (>= 0)")
+    b.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus mass of every request's samples"
+    )
     b.add_argument(
         "--out",
         default="bench-serve.json",
@@ -396,6 +400,7 @@ def _bench_serve(args: argparse.Namespace) -> int:
         out=args.out,
         plot=not args.no_plot,
         enforce_eager=args.enforce_eager,
+        top_p=args.top_p,
     )
     _checked(lambda: demo.check_bench_config(cfg, BENCH_OPTIONS), "bench-serve")
     demo.run_bench_serve(cfg)

@@ -426,6 +426,7 @@ class BenchConfig:
     out: str | Path | None = "bench-serve.json"
     plot: bool = True
     enforce_eager: bool = False  # True: no CUDA graphs (every step eager)
+    top_p: float = 1.0  # every request samples at temperature 1 with this nucleus mass
 
 
 def check_bench_config(cfg: BenchConfig, names: Mapping[str, str] | None = None) -> None:
@@ -450,6 +451,7 @@ def check_bench_config(cfg: BenchConfig, names: Mapping[str, str] | None = None)
     if cfg.num_pages is not None:
         check_count(cfg.num_pages, name("num_pages"))
     check_count(cfg.seed, name("seed"), 0, MAX_SEED)
+    check_float(cfg.top_p, name("top_p"), 0.0, 1.0, low_open=True)
     r = cfg.request_rate
     if not (isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 and r == r):
         raise InvalidArgumentError(
@@ -604,9 +606,8 @@ def run_bench_serve(cfg: BenchConfig, console: Console | None = None) -> dict:
             now = time.perf_counter() - t0
             while next_i < len(work) and work[next_i]["arrival_s"] <= now:
                 w = work[next_i]
-                sp = SamplingParams(
-                    max_tokens=w["output_len"], temperature=1.0, ignore_eos=True, seed=next_i
-                )
+                sp = SamplingParams(max_tokens=w["output_len"], temperature=1.0,
+                                    top_p=cfg.top_p, ignore_eos=True, seed=next_i)  # fmt: skip
                 rid_of.append(llm.add_request({"prompt_token_ids": w["prompt_token_ids"]}, sp))
                 next_i += 1
             if not llm.has_unfinished_requests():

@@ -4,8 +4,10 @@ For row i of `logits [n, V]` with the request's parameters:
 - temperature 0: argmax of the logits (greedy; ties go to the lowest token id);
 - otherwise l = logits / temperature; top-k keeps the k largest of l (k = 0: all); top-p then
   keeps token j iff the probability mass (softmax over the tokens top-k kept) of the tokens
-  ranked before j is < top_p (the smallest head of the ranking whose mass reaches top_p; the
-  most likely token always stays); the token is drawn from softmax(l) over the kept tokens.
+  with a larger l is < top_p (the smallest head of the ranking whose mass reaches top_p; the
+  most likely token always stays); tokens of equal l are kept or dropped together
+  (`ops.fused.reference.top_k_top_p_keep`); the token is drawn from softmax(l) over the kept
+  tokens.
 
 The draw is the Gumbel-max trick, argmax_j(l_j + g_j), with g_j = -log(-log(u_j)) and u_j a
 counter-based uniform: a hash of (the request's 64-bit seed, the index of the token being
@@ -15,9 +17,10 @@ after a preemption, and on any device (integer math only; the hash is murmur3's 
 finalizer, with products kept below 2**63 by 16-bit halves so int64 never overflows).
 
 On CUDA a call is one fused pass over [n, V] (`ops.fused.sample_rows`: scaling, noise and
-argmax; H200, 64 x 128256 logits, measured in docs/performance.md), plus a sort of each row when
-some row uses top-k or top-p; all-greedy batches are a single argmax. The CPU runs the
-reference's elementwise passes. No host sync, no data-dependent shape.
+argmax; H200, 64 x 128256 logits, measured in docs/performance.md), after a launch that finds
+each row's top-k / top-p threshold without sorting it when some row uses them (a sort of
+every row before: docs/performance.md); all-greedy batches are a single argmax. The CPU runs
+the reference's passes. No host sync, no data-dependent shape.
 """
 
 from __future__ import annotations
@@ -88,26 +91,6 @@ class SamplingTensors:
         )
 
 
-def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """`logits` [n, V] with the tokens that top-k ([n] int64 in [1, V]) and then top-p ([n]
-    float32, inf = off) drop set to -inf (module docstring)."""
-    if top_k is None and top_p is None:
-        return logits
-    sorted_l, order = logits.sort(dim=-1, descending=True)
-    V = logits.shape[-1]
-    keep = torch.ones_like(sorted_l, dtype=torch.bool)
-    if top_k is not None:
-        keep &= torch.arange(V, device=logits.device)[None, :] < top_k[:, None]
-    if top_p is not None:
-        probs = sorted_l.masked_fill(~keep, float("-inf")).softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        keep &= mass_before < top_p[:, None]
-    keep_vocab = torch.empty_like(keep).scatter_(1, order, keep)
-    return logits.masked_fill(~keep_vocab, float("-inf"))
-
-
 def warm_up(vocab: int, device: str | torch.device) -> None:
     """Compile `sample`'s kernels for logits of `vocab` columns on `device` (the engine's
     start-up on CUDA: its first served step compiled the argmax otherwise, a stall of seconds
@@ -117,22 +100,22 @@ def warm_up(vocab: int, device: str | torch.device) -> None:
 
 
 def sample(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device.
-    Without top-k / top-p the draw is one `ops.fused.sample_rows` call (on CUDA one pass
-    over the logits: scaling, noise and argmax fused); with them the sorted masking runs
-    first and the draw takes the masked, scaled logits."""
+    """One token per row of `logits` [n, V] (float32) -> [n] int64, on logits' device: one
+    `ops.fused.sample_rows` call (on CUDA one pass over the logits: scaling, noise and argmax
+    fused; with top-k / top-p a launch finding each row's keep threshold before it), or the
+    argmax alone when every row is greedy."""
     if st.all_greedy or logits.shape[0] == 0:
         return argmax_rows(logits)  # torch.argmax's rule; one pass over the rows on CUDA
-    t = st.temperature
-    if not (st.any_top_k or st.any_top_p):
-        return sample_rows(logits, t, st.seeds, st.counters)
-    greedy = argmax_rows(logits)
-    scaled = logits / torch.where(t > 0, t, 1.0)[:, None]
-    scaled = apply_top_k_top_p(
-        scaled, st.top_k if st.any_top_k else None, st.top_p if st.any_top_p else None
+    # both or neither (rows without them pass k = V, p = inf): one kernel form to compile
+    filt = st.any_top_k or st.any_top_p
+    return sample_rows(
+        logits,
+        st.temperature,
+        st.seeds,
+        st.counters,
+        top_k=st.top_k if filt else None,
+        top_p=st.top_p if filt else None,
     )
-    drawn = sample_rows(scaled, torch.ones_like(t), st.seeds, st.counters)  # (x / 1 is x)
-    return torch.where(t > 0, drawn, greedy)
 
 
-__all__ = ["SamplingTensors", "apply_top_k_top_p", "sample", "uniform_noise"]
+__all__ = ["SamplingTensors", "sample", "uniform_noise"]

@@ -26,6 +26,17 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
   answer. The engine's sampler. The Triton path scores each column as it reads it (the same
   integer hash, IEEE division and logs: it equals the reference except where a row's two
   best scores are within a rounding of the logs).
+  With `top_k` ([n] int64) and / or `top_p` ([n] float32), the argmax runs over the tokens
+  they keep of s = x / t (`reference.top_k_top_p_keep`, by value, so tied tokens are kept or
+  dropped together): top-k keeps j iff fewer than k tokens have a larger s (off where k <= 0
+  or k >= V); top-p then keeps j iff the mass (exp(s - max), over the tokens top-k kept) of
+  the tokens with a larger s is < p times the kept mass (off where p >= 1; the largest value
+  always stays); a row holding a NaN or +inf keeps every token. On CUDA a launch of a program
+  a row first finds each row's threshold without sorting it (`triton_fused`'s bracket search
+  over the values' int32 order keys: a pass or two over the row, then passes over the few
+  tokens near the boundary), and the draw skips the tokens below it. Its masses are float32
+  sums: a token whose larger-mass is within a few roundings of p times the kept mass may be
+  kept by one path and not the other.
 
 Backends (`ops.dispatch`): "reference" runs transformers' torch ops one by one (so a CPU
 model equals transformers bit for bit); "triton" computes in float32 and rounds once, so it
@@ -258,10 +269,16 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
     """Run `argmax_rows` and `sample_rows` on logits of `vocab` columns on `device` so that
     every kernel they launch for float32 [n, vocab] logits at any n compiles now (the n are in
     grids and unspecialized ints): on CUDA the argmax of one row (spans and their merge) and of
-    as many rows as fill the SMs (one span a row, `triton_fused.argmax_plan`), and one draw."""
+    as many rows as fill the SMs (one span a row, `triton_fused.argmax_plan`), one draw, and one
+    with top_k and top_p both given (the engine's sampler passes both or neither)."""
     argmax_rows(torch.randn(1, vocab, device=device))
     zeros = torch.zeros(1, dtype=torch.int64, device=device)
-    sample_rows(torch.randn(1, vocab, device=device), torch.ones(1, device=device), zeros, zeros)
+    x, t = torch.randn(1, vocab, device=device), torch.ones(1, device=device)
+    sample_rows(x, t, zeros, zeros)
+    rows = FILTER_MIN_ROWS  # the keep-threshold kernel (fewer rows sort: nothing to compile)
+    z = torch.zeros(rows, dtype=torch.int64, device=device)
+    sample_rows(torch.randn(rows, vocab, device=device), torch.ones(rows, device=device), z, z,
+                top_k=z + 1, top_p=torch.full((rows,), 0.5, device=device))  # fmt: skip
     if torch.device(device).type == "cuda":
         from .triton_fused import ARGMAX_PROGRAMS_PER_SM  # noqa: PLC0415
 
@@ -269,16 +286,60 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
         argmax_rows(torch.randn(rows, vocab, device=device))
 
 
-def _sample_signature(x, temperature, seeds, counters, backend):
+# Fewer rows than this take top-k / top-p through a sort of each row (`_sample_sorted`), more
+# take the keep-threshold kernel: a program a row, so few rows leave the GPU idle (H200,
+# 128256 float32 logits, dev/topk_topp_probe.py, us a call, kernel / a sort of each row:
+# 1 row top_k 50 356 / 160, top_p 0.9 598 / 139; 32 rows 390 / 786, 791 / 765; 64 rows 431 /
+# 1283, 849 / 1267, top_p 0.999 1012 / 1271; 256 rows 901 / 4195, 1693 / 4185).
+FILTER_MIN_ROWS = 64
+
+
+def _sample_sorted(x, temperature, seeds, counters, top_k, top_p):
+    """`sample_rows` with top_k / top_p for a few rows on CUDA: each row's threshold value from
+    a sort of its scaled logits (float32: the last rank top-k and top-p keep; the tokens of
+    that value or above are `reference.top_k_top_p_keep`'s, ties kept together), then the
+    fused draw over the masked scaled logits (the same scores: s / 1 is s)."""
+    t = temperature
+    n, V = x.shape
+    scaled = x.to(torch.float32) / torch.where(t > 0, t, 1.0)[:, None]
+    desc = scaled.sort(dim=-1, descending=True).values
+    k = torch.where((top_k > 0) & (top_k < V), top_k, V)
+    keep = torch.arange(V, device=x.device)[None, :] < k[:, None]
+    probs = desc.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+    keep &= (probs.cumsum(dim=-1) - probs < top_p[:, None]) | ~(top_p < 1)[:, None]
+    last = (keep.sum(dim=-1, keepdim=True) - 1).clamp(min=0)
+    thr = desc.gather(1, last)
+    top = desc[:, :1]  # (a descending sort puts a NaN first, then +inf)
+    bad = top.isnan() | (top == float("inf"))
+    masked = scaled.masked_fill(~((scaled >= thr) | bad), float("-inf"))
+    drawn = sample_rows(masked, torch.ones_like(t), seeds, counters)
+    return torch.where(t > 0, drawn, argmax_rows(x))
+
+
+def _sample_signature(x, temperature, seeds, counters, top_k, top_p, backend):
     """(key, sources, guarded) of a sample_rows call; sources x, temperature, seeds, counters,
-    out, the spans' partials."""
-    key = (backend, env_state(), current_device(x))
-    return key, [x, temperature, seeds, counters, None, None], (0, 1, 2, 3)
+    top_k, top_p, out, the spans' partials, the keep thresholds, their scratch."""
+    key = (backend, env_state(), current_device(x), top_k is None, top_p is None)
+    guarded = (0, 1, 2, 3) + ((4,) if top_k is not None else ()) + ((5,) if top_p is not None
+                                                                     else ())  # fmt: skip
+    return key, [x, temperature, seeds, counters, top_k, top_p, None, None, None, None], guarded
 
 
-def sample_rows(x, temperature, seeds, counters, *, backend: str | None = None):
-    """One draw a row (module docstring); x [n, V] float."""
-    hit = _hit(PREPARED_SAMPLE_ROWS, _sample_signature, x, temperature, seeds, counters, backend)
+def sample_rows(x, temperature, seeds, counters, *, top_k=None, top_p=None,
+                backend: str | None = None):  # fmt: skip
+    """One draw a row (module docstring); x [n, V] float; top_k [n] int64 / top_p [n] float32
+    or None (one of them alone: the other is made, off, for every row)."""
+    made_k = False  # (checked after the given one, so that an error names what was given)
+    if (top_k is None) != (top_p is None):  # the kernels' one form takes both
+        given = top_k if top_p is None else top_p
+        if isinstance(given, torch.Tensor) and given.ndim == 1:
+            if top_k is None:
+                top_k, made_k = torch.zeros(given.shape, dtype=torch.int64,
+                                            device=given.device), True  # fmt: skip
+            else:
+                top_p = torch.full(given.shape, float("inf"), device=given.device)
+    hit = _hit(PREPARED_SAMPLE_ROWS, _sample_signature, x, temperature, seeds, counters, top_k,
+               top_p, backend)  # fmt: skip
     if hit is not MISS and hit is not UNPREPARED:
         return hit[0]
     x = _float_matrix("x", x)
@@ -288,17 +349,33 @@ def sample_rows(x, temperature, seeds, counters, *, backend: str | None = None):
     _vector("temperature", temperature, n, (torch.float32,), x.device)
     _vector("seeds", seeds, n, (torch.int64,), x.device)
     _vector("counters", counters, n, (torch.int64,), x.device)
+    filters = [("top_k", top_k, torch.int64), ("top_p", top_p, torch.float32)]
+    for name, v, dt in filters[::-1] if made_k else filters:
+        if v is not None:
+            _vector(name, v, n, (dt,), x.device)
+    check(
+        (top_k is None) == (top_p is None),
+        "top_k/top_p",
+        "[n] tensors (either may be None)",
+        Described(top_k if top_p is None else top_p),
+    )
+    if _triton(backend, x) and x.stride(1) == 1 and top_k is not None and n < FILTER_MIN_ROWS:
+        return _sample_sorted(x, temperature, seeds, counters, top_k, top_p)
     if _triton(backend, x) and x.stride(1) == 1:
         from .triton_fused import sample_rows_triton  # noqa: PLC0415
 
-        args = (x, temperature.contiguous(), seeds.contiguous(), counters.contiguous())
+        def c(t):
+            return None if t is None else t.contiguous()
+
+        args = (x, c(temperature), c(seeds), c(counters), c(top_k), c(top_p))
         sms = num_sms(x.device)
+        run = lambda: sample_rows_triton(*args[:4], sms, *args[4:])  # noqa: E731
         if n == 0 or torch.compiler.is_compiling():
-            return sample_rows_triton(*args, sms)[0]
+            return run()[0]
         key, src, guarded = _sample_signature(*args, backend)
-        run = lambda: sample_rows_triton(*args, sms)  # noqa: E731
-        return PREPARED_SAMPLE_ROWS.prepare(key, src, guarded, run, (4, 5), launches=2)[0]
-    return sample_rows_reference(x, temperature, seeds, counters)
+        launches = 2 if top_k is None else 3
+        return PREPARED_SAMPLE_ROWS.prepare(key, src, guarded, run, (6, 7, 8, 9), launches)[0]
+    return sample_rows_reference(x, temperature, seeds, counters, top_k, top_p)
 
 
 __all__ = [

@@ -106,13 +106,67 @@ def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> tor
     return -torch.log(-torch.log(uniform_noise(seeds, counters, vocab)))
 
 
+def top_k_top_p_keep(
+    s: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    *,
+    margins: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """bool [n, V]: the tokens top-k and then top-p keep of the scaled logits s [n, V] float32
+    (`ops.fused` module docstring, by value: ties at a boundary are kept together).
+
+    top_k [n] int64: keep j iff fewer than k tokens have s_i > s_j (k <= 0 or k >= V: off).
+    top_p [n] float32: among the kept, with e_i = exp(s_i - max s), keep j iff the mass of the
+    kept tokens with s_i > s_j is < p times the kept mass (p >= 1 or NaN: off); the largest
+    value always stays. A row holding a NaN or +inf keeps every token. In float64.
+    margins: also return float64 [n, V], each token's (larger kept mass - p kept mass) / kept
+    mass where top-p is on (its distance from the boundary, for tests of float32 paths), inf
+    elsewhere."""
+    n, V = s.shape
+    d = s.double()
+    bad = (d.isnan() | (d == float("inf"))).any(-1, keepdim=True)
+    d = d.nan_to_num(nan=float("-inf"))
+    asc = d.sort(-1).values
+    le = torch.searchsorted(asc, d, right=True)  # tokens with s_i <= s_j
+    keep = torch.ones_like(d, dtype=torch.bool)
+    if top_k is not None:
+        k = top_k[:, None]
+        keep &= ~((k > 0) & (k < V)) | (V - le < k)
+    if top_p is not None:
+        p = top_p.double()[:, None]
+        m = asc[:, -1:]
+        kept_asc = torch.ones_like(asc, dtype=torch.bool)
+        if top_k is not None:
+            kept_asc = ~((k > 0) & (k < V)) | (V - torch.searchsorted(asc, asc, right=True) < k)
+        e_asc = torch.where(kept_asc, torch.exp(asc - m), 0.0)
+        csum = e_asc.cumsum(-1)
+        total = csum[:, -1:]
+        below = torch.where(le > 0, csum.gather(-1, (le - 1).clamp(min=0)), 0.0)
+        greater = total - below  # the kept mass of the tokens with s_i > s_j
+        keep &= ~(p < 1) | (greater < p * total) | (d == m)
+        margin = torch.where((p < 1) & ~bad, (greater - p * total) / total, float("inf"))
+    else:
+        margin = torch.full_like(d, float("inf"))
+    keep |= bad
+    return (keep, margin) if margins else keep
+
+
 def sample_rows_reference(
-    x: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    counters: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[n] int64: row i's argmax of x[i] / t_i + g_i (float32; g `gumbel_noise` of the row's
-    seed and counter) where t_i > 0, else of x[i] (`argmax_rows_reference`'s rules)."""
+    seed and counter) over the tokens `top_k_top_p_keep` keeps of x[i] / t_i, where t_i > 0;
+    else of x[i] (`argmax_rows_reference`'s rules)."""
     t = temperature
     greedy = x.argmax(dim=-1)
     scaled = x.to(torch.float32) / torch.where(t > 0, t, 1.0)[:, None]
-    drawn = (scaled + gumbel_noise(seeds, counters, x.shape[-1])).argmax(dim=-1)
-    return torch.where(t > 0, drawn, greedy)
+    scores = scaled + gumbel_noise(seeds, counters, x.shape[-1])
+    if top_k is not None or top_p is not None:
+        scores = scores.masked_fill(~top_k_top_p_keep(scaled, top_k, top_p), float("-inf"))
+    return torch.where(t > 0, scores.argmax(dim=-1), greedy)

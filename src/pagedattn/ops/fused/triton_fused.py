@@ -1,7 +1,7 @@
 """Triton kernels of the fused layer ops (`pagedattn.ops.fused`): one program a row (RMSNorm),
 a (token, head) pair (RoPE), a (token, block) pair (silu * up), or a (row, span) pair and a
-merge program a row (the greedy argmax and the draw); float32 math, one rounding to the output
-dtype at the end. The element-wise order differs from the reference's chain of torch ops (each
+merge program a row (the greedy argmax and the draw), and a program a row for the draw's
+top-k / top-p threshold; float32 math, one rounding to the output dtype at the end. The element-wise order differs from the reference's chain of torch ops (each
 rounding to the dtype), so outputs agree within a rounding or two."""
 
 from __future__ import annotations
@@ -172,18 +172,31 @@ def _row_key(seed, counter):
 
 
 @triton.jit
-def _gumbel_scores(x, cols, t, key):
+def _order_key(s):
+    """int32 keys of float32 s, in the order of the values (-0.0 and +0.0 one key; NaN above
+    +inf): key(a) >= key(b) iff a >= b for non-NaN a, b."""
+    b = s.to(tl.int32, bitcast=True)
+    return tl.where(s == 0.0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
+
+
+@triton.jit
+def _gumbel_scores(x, cols, t, key, thr=0, FILTER: tl.constexpr = False):
     """x / t + g (g = -log(-log(u)), u the row key's uniform at each column, exactly
-    `reference.uniform_noise`'s) where t > 0, else x; IEEE division and logs."""
+    `reference.uniform_noise`'s) where t > 0, else x; IEEE division and logs. FILTER: -inf
+    where x / t's `_order_key` is below thr (the row's `_keep_threshold_kernel` key)."""
     bits = _fmix32(_fmix32(key ^ _fmix32(cols.to(tl.uint32))) ^ 0x165667B1)
     u = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
     g = -libdevice.log(-libdevice.log(u))
-    return tl.where(t > 0, tl.math.div_rn(x, tl.where(t > 0, t, 1.0)) + g, x)
+    s = tl.math.div_rn(x, tl.where(t > 0, t, 1.0))
+    score = tl.where(t > 0, s + g, x)
+    if FILTER:
+        score = tl.where(_order_key(s) >= thr, score, float("-inf"))
+    return score
 
 
 @triton.jit
 def _argmax_span(base, lo, hi, V, BLOCK: tl.constexpr, STAGES: tl.constexpr, t=1.0, key=0,
-                 NOISE: tl.constexpr = False):  # fmt: skip
+                 NOISE: tl.constexpr = False, thr=0, FILTER: tl.constexpr = False):  # fmt: skip
     """(largest value, index of its first occurrence, first NaN's index or V) of columns
     [lo, hi) of a row (NOISE: of its `_gumbel_scores` with t, key); a span of -inf only gives
     (-inf, lo)."""
@@ -195,7 +208,7 @@ def _argmax_span(base, lo, hi, V, BLOCK: tl.constexpr, STAGES: tl.constexpr, t=1
         m = cols < hi
         x = tl.load(base + cols, mask=m, other=float("-inf")).to(tl.float32)
         if NOISE:
-            x = _gumbel_scores(x, cols, t, key)
+            x = _gumbel_scores(x, cols, t, key, thr, FILTER)
         isn = x != x
         nan_i = tl.minimum(nan_i, tl.min(tl.where(isn, cols, V), axis=0))
         x = tl.where(isn, float("-inf"), x)
@@ -217,25 +230,29 @@ def _argmax_rows_kernel(X, OUT, V, sx, BLOCK: tl.constexpr, STAGES: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["NB", "S"])  # one binary a vocabulary, whatever the batch
-def _argmax_part_kernel(X, PART, V, sx, NB, S, T, SEEDS, CTRS, BLOCK: tl.constexpr,
+def _argmax_part_kernel(X, PART, V, sx, NB, S, T, SEEDS, CTRS, THR, BLOCK: tl.constexpr,
                         STAGES: tl.constexpr, NOISE: tl.constexpr = False,
-                        PDL: tl.constexpr = False):  # fmt: skip
+                        FILTER: tl.constexpr = False, PDL: tl.constexpr = False):  # fmt: skip
     """Program (row, c): columns [c NB BLOCK, (c + 1) NB BLOCK) of the row (spans of NB
     blocks: their starts stay BLOCK-aligned, unspecialized) -> PART[0, row, c] its
     value (NaN where the span has one), PART[1, row, c] its index (the first NaN's, else the
     first maximum's); PART int64 [2, n, S], the value's float32 bits. NOISE: of the row's
-    Gumbel scores (temperature T[row], key of SEEDS[row], CTRS[row]; `sample_rows`)."""
+    Gumbel scores (temperature T[row], key of SEEDS[row], CTRS[row]; `sample_rows`); FILTER:
+    of the columns whose scaled value's key is at least THR[row] (int32)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     lo = c * NB * BLOCK
     t = 1.0
     key = 0
+    thr = 0
     if NOISE:
         t = tl.load(T + row)
         key = _row_key(tl.load(SEEDS + row), tl.load(CTRS + row))
+    if FILTER:
+        thr = tl.load(THR + row)
     best_v, best_i, nan_i = _argmax_span(X + row * sx, lo, tl.minimum(lo + NB * BLOCK, V), V,
-                                         BLOCK, STAGES, t, key, NOISE)  # fmt: skip
+                                         BLOCK, STAGES, t, key, NOISE, thr, FILTER)  # fmt: skip
     has_nan = nan_i < V
     v = tl.where(has_nan, float("nan"), best_v)
     at = PART + row * S + c
@@ -261,6 +278,153 @@ def _argmax_finish_kernel(PART, OUT, V, S, S_P2: tl.constexpr, PDL: tl.constexpr
     vmax = tl.max(v, axis=0)
     best = tl.min(tl.where((v == vmax) & m, i, V), axis=0)
     tl.store(OUT + row, tl.where(nan_i < V, nan_i, best).to(tl.int64))
+
+
+# The keep threshold of top-k / top-p (`sample_rows` with top_k / top_p): a program a row finds
+# the smallest int32 key tau of the scaled logits s = x / t such that the tokens with key(s) >=
+# tau are the ones `reference.top_k_top_p_keep` keeps, without sorting the row. W(k) = the
+# count (top-k) or the mass exp(s - max) (top-p) of the tokens with key >= k is non-increasing,
+# and tau + 1 is the smallest key with W < the goal (k, or p times the top-k set's mass). Each
+# pass over the row evaluates W at THR_PIVOTS keys of the bracket [lo, hi] (W(lo) >= goal >
+# W(hi)) at once and keeps the sub-bracket where W crosses the goal: the first pass at keys
+# spread geometrically below the row's max (2**-3 .. 2**6.75 nats), the later ones evenly, until
+# hi = lo + 1. Once the bracket holds at most THR_LIST tokens, the next pass copies them to a
+# scratch row and the passes after it read that list instead of the row.
+THR_PIVOTS = 8
+THR_LIST = 4096
+THR_BLOCK = 2048  # columns a step: [THR_PIVOTS, THR_BLOCK] per-lane sums, 32 a thread at 16 warps
+KEY_MIN = -(2**31)
+
+
+@triton.jit
+def _row_stats(base, V, t, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """(max of s = x / t, smallest and largest `_order_key`, 1 where s holds a NaN or +inf)."""
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    kmn = tl.full([BLOCK], 2147483647, tl.int32)
+    kmx = tl.full([BLOCK], -2147483648, tl.int32)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        m = cols < V
+        s = tl.math.div_rn(tl.load(base + cols, mask=m, other=0.0).to(tl.float32), t)
+        bad = bad | (m & ((s != s) | (s == float("inf")))).to(tl.int32)
+        k = _order_key(s)
+        kmn = tl.where(m, tl.minimum(kmn, k), kmn)
+        kmx = tl.where(m, tl.maximum(kmx, k), kmx)
+        mx = tl.where(m, tl.maximum(mx, s), mx)
+    return tl.max(mx, axis=0), tl.min(kmn, axis=0), tl.max(kmx, axis=0), tl.max(bad, axis=0)
+
+
+@triton.jit
+def _key_value(k):
+    """The float32 value of an `_order_key` (the key map is its own inverse on the bits)."""
+    return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _threshold_search(base, V, t, mx, lo, hi, goal, LIST, C, MASS: tl.constexpr,
+                      BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """lo at the end of the bracket search (block comment above) over the row at base (V
+    columns of x, s = x / t) from [lo, hi]; goal: k (counts) or p (MASS: the goal is p W(lo)).
+    LIST: the row's scratch of C elements (x's dtype). Pivots: the first pass's below the max;
+    then odd passes even in value (fast where tokens are dense), even passes even in key (a
+    bracket NP - 1 times narrower a pass at least: the search ends within 64 passes)."""
+    slot = tl.arange(0, NP)
+    src = base
+    n_src = V
+    listed = 0
+    above_c = 0
+    above_w = 0.0
+    inside = C + 1  # tokens in [lo, hi): not known before the first pass
+    target = goal.to(tl.float32)
+    passes = 0
+    while (hi.to(tl.int64) - lo.to(tl.int64) > 1) & (passes < 64):
+        if passes == 0:  # keys mx - u, u from 2 ** 6.75 down to 2 ** -3 nats over slots 1..NP-2
+            u = tl.exp2(9.75 * (NP - 2 - slot).to(tl.float32) / (NP - 3) - 3.0)
+            piv = _order_key(mx - u)
+        elif passes % 2 == 1:
+            v_lo = _key_value(lo)
+            v_hi = _key_value(tl.minimum(hi, 0x7F7FFFFF))  # (hi may be +inf's key)
+            piv = _order_key(v_lo + (v_hi - v_lo) * (slot.to(tl.float32) / (NP - 1)))
+        else:
+            span = hi.to(tl.int64) - lo.to(tl.int64)
+            piv = (lo.to(tl.int64) + span * slot.to(tl.int64) // (NP - 1)).to(tl.int32)
+        piv = tl.minimum(tl.maximum(piv, lo), hi)
+        piv = tl.where(slot == 0, lo, tl.where(slot == NP - 1, hi, piv))
+        copy = (listed == 0) & (inside <= C)
+        # per-lane sums, reduced once after the pass; pivots first, so that a thread holds
+        # every pivot of its columns (with the columns first, each column's s and key were
+        # computed by the NP threads sharing it: 16 divisions a column, sm_90 PTX)
+        cnt2 = tl.zeros([NP, BLOCK], tl.int32)
+        w2 = tl.zeros([NP, BLOCK], tl.float32)
+        written = 0
+        for start in tl.range(0, n_src, BLOCK, num_stages=STAGES):
+            cols = start + tl.arange(0, BLOCK)
+            m = cols < n_src
+            xv = tl.load(src + cols, mask=m, other=0.0)
+            s = tl.math.div_rn(xv.to(tl.float32), t)
+            k = _order_key(s)
+            ge = (k[None, :] >= piv[:, None]) & m[None, :]
+            cnt2 += ge.to(tl.int32)
+            if MASS:
+                w2 += tl.where(ge, tl.exp(s - mx)[None, :], 0.0)
+            if copy:
+                inb = m & (k >= lo) & (k < hi)
+                pos = written + tl.cumsum(inb.to(tl.int32), axis=0) - 1
+                tl.store(LIST + pos, xv, mask=inb)
+                written += tl.sum(inb.to(tl.int32), axis=0)
+        cnt = tl.sum(cnt2, axis=1) + above_c
+        w = tl.sum(w2, axis=1) + above_w
+        if MASS:
+            if passes == 0:
+                target = goal * tl.sum(tl.where(slot == 0, w, 0.0), axis=0)
+            ok = w >= target
+        else:
+            ok = cnt >= goal
+        j = tl.minimum(tl.maximum(tl.sum(ok.to(tl.int32), axis=0) - 1, 0), NP - 2)
+        if copy:  # later passes read the list: the tokens of [lo, hi), and those above hi
+            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)
+            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
+            src = LIST
+            n_src = written
+            listed = 1
+        inside = tl.sum(tl.where(slot == j, cnt, 0), axis=0) - tl.sum(
+            tl.where(slot == j + 1, cnt, 0), axis=0
+        )
+        lo = tl.sum(tl.where(slot == j, piv, 0), axis=0)
+        hi = tl.sum(tl.where(slot == j + 1, piv, 0), axis=0)
+        passes += 1
+    return lo
+
+
+@triton.jit(do_not_specialize=["C"])
+def _keep_threshold_kernel(X, THR, LIST, V, sx, C, T, TOPK, TOPP, BLOCK: tl.constexpr,
+                           NP: tl.constexpr, STAGES: tl.constexpr,
+                           PDL: tl.constexpr = False):  # fmt: skip
+    """Program row: THR[row] (int32) = the smallest `_order_key` of the tokens top-k (TOPK[row]
+    int64, on where 0 < k < V) and then top-p (TOPP[row] float32, on where p < 1) keep of
+    x / T[row]; KEY_MIN (every token) where T[row] <= 0, neither is on, or the row holds a
+    NaN or +inf. LIST: [n, C] scratch of x's dtype."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(T + row)
+    k = tl.load(TOPK + row)
+    p = tl.load(TOPP + row)
+    use_k = (k > 0) & (k < V)
+    use_p = p < 1.0
+    thr = -2147483648
+    if (t > 0) & (use_k | use_p):
+        base = X + row * sx
+        mx, kmin, kmax, bad = _row_stats(base, V, t, BLOCK, STAGES)
+        if bad == 0:
+            thr = kmin
+            if use_k:
+                thr = _threshold_search(base, V, t, mx, kmin, kmax + 1, k, LIST + row * C, C,
+                                        False, BLOCK, NP, STAGES)  # fmt: skip
+            if use_p:
+                thr = _threshold_search(base, V, t, mx, thr, kmax + 1, p, LIST + row * C, C,
+                                        True, BLOCK, NP, STAGES)  # fmt: skip
+    tl.store(THR + row, thr)
 
 
 # Programs a SM the split argmax aims at: each streams a span of ~BLOCK-column blocks.
@@ -302,15 +466,16 @@ def argmax_rows_triton(x, sms: int = DEFAULT_NUM_SMS):
     return out, _argmax_in_spans(x, out, (x, x, x), block, S, chunk, False, pdl)
 
 
-def _argmax_in_spans(x, out, noise, block, S, chunk, NOISE, pdl):
+def _argmax_in_spans(x, out, noise, block, S, chunk, NOISE, pdl, thr=None):
     """The (row, span) launch and the merge launch of `argmax_rows_triton` / `sample_rows_
-    triton` into `out`; noise: (temperature, seeds, counters), read with NOISE. Returns the
-    spans' partials."""
+    triton` into `out`; noise: (temperature, seeds, counters), read with NOISE; thr: the rows'
+    keep thresholds (int32 [n]) or None. Returns the spans' partials."""
     n, V = x.shape
     part = torch.empty(2, n, S, dtype=torch.int64, device=x.device)
     cached_launch(
         _argmax_part_kernel, (n, S), x, part, V, x.stride(0), chunk // block, S, *noise,
-        BLOCK=block, STAGES=3, NOISE=NOISE, num_warps=8, **pdl,
+        x if thr is None else thr,
+        BLOCK=block, STAGES=3, NOISE=NOISE, FILTER=thr is not None, num_warps=8, **pdl,
     )  # fmt: skip
     cached_launch(
         _argmax_finish_kernel, (n,), part, out, V, S,
@@ -320,14 +485,28 @@ def _argmax_in_spans(x, out, noise, block, S, chunk, NOISE, pdl):
     return part
 
 
-def sample_rows_triton(x, temperature, seeds, counters, sms: int = DEFAULT_NUM_SMS):
-    """x [n, V] float (rows contiguous), temperature [n] float32, seeds / counters [n] int64 ->
-    ([n] int64 as `ops.fused.sample_rows`, the spans' partials): the spans of `argmax_plan`
-    (one or more a row), each scoring its columns as it reads them, then the merge launch."""
+def sample_rows_triton(x, temperature, seeds, counters, sms: int = DEFAULT_NUM_SMS,
+                       top_k=None, top_p=None):  # fmt: skip
+    """x [n, V] float (rows contiguous), temperature [n] float32, seeds / counters [n] int64,
+    top_k [n] int64 / top_p [n] float32 or None -> ([n] int64 as `ops.fused.sample_rows`, the
+    spans' partials, the keep thresholds int32 [n] or None, their scratch or None): with top_k
+    or top_p, a launch of `_keep_threshold_kernel` (a program a row) first; then the spans of
+    `argmax_plan` (one or more a row), each scoring its columns as it reads them, and the
+    merge launch."""
     n, V = x.shape
     out = torch.empty(n, dtype=torch.int64, device=x.device)
     if n == 0:
-        return out, None
+        return out, None, None, None
+    pdl = pdl_chain_kwargs(x)
+    thr = lst = None
+    if top_k is not None:
+        thr = torch.empty(n, dtype=torch.int32, device=x.device)
+        lst = torch.empty(n, THR_LIST, dtype=x.dtype, device=x.device)
+        cached_launch(
+            _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), THR_LIST, temperature,
+            top_k, top_p, BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=16, **pdl,
+        )  # fmt: skip
     block, S, chunk = argmax_plan(n, V, sms)
     noise = (temperature, seeds, counters)
-    return out, _argmax_in_spans(x, out, noise, block, S, chunk, True, pdl_chain_kwargs(x))
+    part = _argmax_in_spans(x, out, noise, block, S, chunk, True, pdl, thr)
+    return out, part, thr, lst
