@@ -31,12 +31,13 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
   dropped together): top-k keeps j iff fewer than k tokens have a larger s (off where k <= 0
   or k >= V); top-p then keeps j iff the mass (exp(s - max), over the tokens top-k kept) of
   the tokens with a larger s is < p times the kept mass (off where p >= 1; the largest value
-  always stays); a row holding a NaN or +inf keeps every token. On CUDA a launch of a program
-  a row first finds each row's threshold without sorting it (`triton_fused`'s bracket search
-  over the values' int32 order keys: a pass or two over the row, then passes over the few
-  tokens near the boundary), and the draw skips the tokens below it. Its masses are float32
-  sums: a token whose larger-mass is within a few roundings of p times the kept mass may be
-  kept by one path and not the other.
+  always stays); a row holding a NaN or +inf keeps every token. On CUDA, from
+  `FILTER_MIN_ROWS` rows, kernels first find each row's threshold without sorting it
+  (`triton_fused`'s bracket search over the values' int32 order keys: passes over the row,
+  for few rows spread over (row, span) programs, then passes over the few tokens near the
+  boundary), and the draw skips the tokens below it; fewer rows sort each row for it. Its
+  masses are float32 sums: a token whose larger-mass is within a few roundings of p times
+  the kept mass may be kept by one path and not the other.
 
 Backends (`ops.dispatch`): "reference" runs transformers' torch ops one by one (so a CPU
 model equals transformers bit for bit); "triton" computes in float32 and rounds once, so it
@@ -275,10 +276,14 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
     zeros = torch.zeros(1, dtype=torch.int64, device=device)
     x, t = torch.randn(1, vocab, device=device), torch.ones(1, device=device)
     sample_rows(x, t, zeros, zeros)
-    rows = FILTER_MIN_ROWS  # the keep-threshold kernel (fewer rows sort: nothing to compile)
-    z = torch.zeros(rows, dtype=torch.int64, device=device)
-    sample_rows(torch.randn(rows, vocab, device=device), torch.ones(rows, device=device), z, z,
-                top_k=z + 1, top_p=torch.full((rows,), 0.5, device=device))  # fmt: skip
+    # the keep-threshold kernels: the chain of span passes, and one program a row (fewer rows
+    # sort: nothing to compile)
+    from .triton_fused import THR_CHAIN_MAX_ROWS  # noqa: PLC0415
+
+    for rows in (FILTER_MIN_ROWS, THR_CHAIN_MAX_ROWS + 1):
+        z = torch.zeros(rows, dtype=torch.int64, device=device)
+        sample_rows(torch.randn(rows, vocab, device=device), torch.ones(rows, device=device), z,
+                    z, top_k=z + 1, top_p=torch.full((rows,), 0.5, device=device))  # fmt: skip
     if torch.device(device).type == "cuda":
         from .triton_fused import ARGMAX_PROGRAMS_PER_SM  # noqa: PLC0415
 
@@ -287,11 +292,12 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
 
 
 # Fewer rows than this take top-k / top-p through a sort of each row (`_sample_sorted`), more
-# take the keep-threshold kernel: a program a row, so few rows leave the GPU idle (H200,
-# 128256 float32 logits, dev/topk_topp_probe.py, us a call, kernel / a sort of each row:
-# 1 row top_k 50 356 / 160, top_p 0.9 598 / 139; 32 rows 390 / 786, 791 / 765; 64 rows 431 /
-# 1283, 849 / 1267, top_p 0.999 1012 / 1271; 256 rows 901 / 4195, 1693 / 4185).
-FILTER_MIN_ROWS = 64
+# the keep-threshold kernels (`triton_fused._keep_thresholds`). H200, 128256 float32 logits,
+# dev/topk_topp_probe.py, us a call, kernels / sort (top_k 50, top_p 0.9, both, top_p 0.999):
+# 1 row 76 / 196, 110 / 177, 573 / 198, 472 / 178; 8 rows 98 / 463, 256 / 443, 597 / 464, 596
+# / 444; 32 rows 254 / 815, 543 / 796, 749 / 814, 762 / 797 (the kernels' search for both, or
+# for a mass deep in the tail, ends in passes of one program over the row).
+FILTER_MIN_ROWS = 32
 
 
 def _sample_sorted(x, temperature, seeds, counters, top_k, top_p):
@@ -318,11 +324,12 @@ def _sample_sorted(x, temperature, seeds, counters, top_k, top_p):
 
 def _sample_signature(x, temperature, seeds, counters, top_k, top_p, backend):
     """(key, sources, guarded) of a sample_rows call; sources x, temperature, seeds, counters,
-    top_k, top_p, out, the spans' partials, the keep thresholds, their scratch."""
+    top_k, top_p, out, the spans' partials, the keep thresholds, their scratch, workspace."""
     key = (backend, env_state(), current_device(x), top_k is None, top_p is None)
     guarded = (0, 1, 2, 3) + ((4,) if top_k is not None else ()) + ((5,) if top_p is not None
                                                                      else ())  # fmt: skip
-    return key, [x, temperature, seeds, counters, top_k, top_p, None, None, None, None], guarded
+    src = [x, temperature, seeds, counters, top_k, top_p, None, None, None, None, None]
+    return key, src, guarded
 
 
 def sample_rows(x, temperature, seeds, counters, *, top_k=None, top_p=None,
@@ -362,7 +369,7 @@ def sample_rows(x, temperature, seeds, counters, *, top_k=None, top_p=None,
     if _triton(backend, x) and x.stride(1) == 1 and top_k is not None and n < FILTER_MIN_ROWS:
         return _sample_sorted(x, temperature, seeds, counters, top_k, top_p)
     if _triton(backend, x) and x.stride(1) == 1:
-        from .triton_fused import sample_rows_triton  # noqa: PLC0415
+        from .triton_fused import keep_threshold_launches, sample_rows_triton  # noqa: PLC0415
 
         def c(t):
             return None if t is None else t.contiguous()
@@ -373,8 +380,9 @@ def sample_rows(x, temperature, seeds, counters, *, top_k=None, top_p=None,
         if n == 0 or torch.compiler.is_compiling():
             return run()[0]
         key, src, guarded = _sample_signature(*args, backend)
-        launches = 2 if top_k is None else 3
-        return PREPARED_SAMPLE_ROWS.prepare(key, src, guarded, run, (6, 7, 8, 9), launches)[0]
+        launches = 2 + (0 if top_k is None else keep_threshold_launches(n, V, sms))
+        return PREPARED_SAMPLE_ROWS.prepare(key, src, guarded, run, (6, 7, 8, 9, 10),
+                                            launches)[0]  # fmt: skip
     return sample_rows_reference(x, temperature, seeds, counters, top_k, top_p)
 
 
