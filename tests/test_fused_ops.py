@@ -240,7 +240,8 @@ def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
     the kept mass (float32 sums), and the draws of rows where only those differ or whose two
     best kept scores are within a rounding. Ties, -inf, NaN and +inf rows, greedy rows, rows
     longer than the threshold's list (THR_LIST), k and p at and beyond their ends; the draws
-    of both paths (a sort of each row below `FILTER_MIN_ROWS` rows, else the kernel)."""
+    of both paths (a sort of each row below `FILTER_MIN_ROWS` rows, else the kernels); both
+    forms of the threshold (the chain of span passes, a program a row), twice each."""
     from pagedattn.ops.fused.reference import top_k_top_p_keep
     from pagedattn.ops.fused.triton_fused import sample_rows_triton
 
@@ -261,13 +262,23 @@ def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
     if backend == "triton" and n:
         kk = on[4] if with_k else torch.zeros(n, dtype=torch.int64, device=dev)  # (off)
         pp = on[5] if with_p else torch.full((n,), float("inf"), device=dev)
-        thr = sample_rows_triton(*on[:4], 132, kk, pp)[2].cpu()
+        import pagedattn.ops.fused.triton_fused as TF
+
         b = s.view(torch.int32)
-        kept = torch.where(s == 0, 0, b ^ ((b >> 31) & 0x7FFFFFFF)) >= thr[:, None]
+        key = torch.where(s == 0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
         sampled = t > 0
-        wrong = (kept != keep) & ~loose & sampled[:, None]
-        assert not wrong.any(), [(i, int(kept[i].sum()), int(keep[i].sum())) for i in
-                                 wrong.any(1).nonzero().flatten().tolist()]  # fmt: skip
+        forms = {}
+        for form, most in (("chain", 2**31), ("a program a row", 0)):
+            monkeypatch.setattr(TF, "THR_CHAIN_MAX_ROWS", most)
+            thr = sample_rows_triton(*on[:4], 132, kk, pp)[2].cpu()
+            again = sample_rows_triton(*on[:4], 132, kk, pp)[2].cpu()
+            assert torch.equal(thr, again), form  # deterministic (the spans' sums in order)
+            wrong = (key >= thr[:, None]) != keep
+            wrong &= ~loose & sampled[:, None]
+            assert not wrong.any(), (form, wrong.any(1).nonzero().flatten().tolist())
+            forms[form] = thr
+        if not with_p:  # counts are exact: both forms find the same key
+            assert torch.equal(forms["chain"], forms["a program a row"])
     scores = (s.double() + gumbel_noise(seeds, counters, V).double()).masked_fill(~keep, -1e300)
     bad = ((got != want) | (got_kernel != want)).nonzero().flatten().tolist()
     for i in bad:
