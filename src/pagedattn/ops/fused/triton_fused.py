@@ -291,7 +291,7 @@ def _argmax_finish_kernel(PART, OUT, V, S, S_P2: tl.constexpr, PDL: tl.constexpr
 # hi = lo + 1. Once the bracket holds at most THR_LIST tokens, the next pass copies them to a
 # scratch row and the passes after it read that list instead of the row. A program a row runs
 # it (`_keep_threshold_kernel`), or, for few rows, a chain of launches runs its first passes
-# (below).
+# (below). Measurements: docs/kernels/keep_threshold.md.
 THR_PIVOTS = 8
 THR_LIST = 4096
 THR_BLOCK = 2048  # columns a step: [THR_PIVOTS, THR_BLOCK] per-lane sums, 32 a thread at 16 warps
