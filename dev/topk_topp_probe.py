@@ -1,7 +1,7 @@
 """The sampler with top-k / top-p (`engine.sampler.sample`: the keep thresholds, then the fused
 draw) against its draw without them and against the sort-based masking it replaced
 (`sorted_masking` below, the sampler's path until 2026-12-01: a sort of every row, then torch
-passes); the kernel with its span passes for few rows (`triton_fused.thr_plan`) and as one
+passes); the kernel with its span passes for few rows (`keep_threshold.thr_plan`) and as one
 program a row; the sort with the value threshold (`ops.fused._sample_sorted`). Graph replays
 of CALLS calls on fresh random float32 logits [n, V] (each call its own copy), us a call; and
 how often the draws agree. Logits: N(0, 1) * SCALE, peaked like a model's.
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from devtools import graph_us_per_call  # noqa: E402
 
 import pagedattn.ops.fused as F  # noqa: E402
-import pagedattn.ops.fused.triton_fused as TF  # noqa: E402
+import pagedattn.ops.fused.keep_threshold as KT  # noqa: E402
 from pagedattn.engine.sampler import SamplingTensors, sample  # noqa: E402
 from pagedattn.engine.sampling_params import SamplingParams  # noqa: E402
 from pagedattn.ops.fused import argmax_rows, sample_rows  # noqa: E402
@@ -69,11 +69,11 @@ def main() -> None:
                                                                  xs)  # fmt: skip
             F.PREPARED_SAMPLE_ROWS.cache.clear()
             F.FILTER_MIN_ROWS = 0
-            TF.THR_CHAIN_MAX_ROWS = 0
+            KT.THR_CHAIN_MAX_ROWS = 0
             row[name + " (kernel, a program a row)"] = graph_us_per_call(
                 lambda x, st=st: sample(x, st), xs)  # fmt: skip
             F.PREPARED_SAMPLE_ROWS.cache.clear()
-            TF.THR_CHAIN_MAX_ROWS = 2**31
+            KT.THR_CHAIN_MAX_ROWS = 2**31
             row[name + " (kernel)"] = graph_us_per_call(lambda x, st=st: sample(x, st), xs)
             same = sum(int((sample(x, st) == sorted_masking(x, st)).sum()) for x in xs)
             row[name + " (sort, before)"] = graph_us_per_call(

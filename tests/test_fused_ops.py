@@ -262,14 +262,14 @@ def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
     if backend == "triton" and n:
         kk = on[4] if with_k else torch.zeros(n, dtype=torch.int64, device=dev)  # (off)
         pp = on[5] if with_p else torch.full((n,), float("inf"), device=dev)
-        import pagedattn.ops.fused.triton_fused as TF
+        import pagedattn.ops.fused.keep_threshold as KT
 
         b = s.view(torch.int32)
         key = torch.where(s == 0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
         sampled = t > 0
         forms = {}
         for form, most in (("chain", 2**31), ("a program a row", 0)):
-            monkeypatch.setattr(TF, "THR_CHAIN_MAX_ROWS", most)
+            monkeypatch.setattr(KT, "THR_CHAIN_MAX_ROWS", most)
             thr = sample_rows_triton(*on[:4], 132, kk, pp)[2].cpu()
             again = sample_rows_triton(*on[:4], 132, kk, pp)[2].cpu()
             assert torch.equal(thr, again), form  # deterministic (the spans' sums in order)

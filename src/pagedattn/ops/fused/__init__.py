@@ -33,7 +33,7 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
   the tokens with a larger s is < p times the kept mass (off where p >= 1; the largest value
   always stays); a row holding a NaN or +inf keeps every token. On CUDA, from
   `FILTER_MIN_ROWS` rows, kernels first find each row's threshold without sorting it
-  (`triton_fused`'s bracket search over the values' int32 order keys: passes over the row,
+  (`keep_threshold`'s bracket search over the values' int32 order keys: passes over the row,
   for few rows spread over (row, span) programs, then passes over the few tokens near the
   boundary), and the draw skips the tokens below it; fewer rows sort each row for it. Its
   masses are float32 sums: a token whose larger-mass is within a few roundings of p times
@@ -278,7 +278,7 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
     sample_rows(x, t, zeros, zeros)
     # the keep-threshold kernels: the chain of span passes, and one program a row (fewer rows
     # sort: nothing to compile)
-    from .triton_fused import THR_CHAIN_MAX_ROWS  # noqa: PLC0415
+    from .keep_threshold import THR_CHAIN_MAX_ROWS  # noqa: PLC0415
 
     for rows in (FILTER_MIN_ROWS, THR_CHAIN_MAX_ROWS + 1):
         z = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -292,7 +292,7 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
 
 
 # Fewer rows than this take top-k / top-p through a sort of each row (`_sample_sorted`), more
-# the keep-threshold kernels (`triton_fused._keep_thresholds`). H200, 128256 float32 logits,
+# the keep-threshold kernels (`keep_threshold._keep_thresholds`). H200, 128256 float32 logits,
 # dev/topk_topp_probe.py, us a call, kernels / sort (top_k 50, top_p 0.9, both, top_p 0.999):
 # 1 row 76 / 196, 110 / 177, 573 / 198, 472 / 178; 8 rows 98 / 463, 256 / 443, 597 / 464, 596
 # / 444; 32 rows 254 / 815, 543 / 796, 749 / 814, 762 / 797 (the kernels' search for both, or
@@ -369,7 +369,8 @@ def sample_rows(x, temperature, seeds, counters, *, top_k=None, top_p=None,
     if _triton(backend, x) and x.stride(1) == 1 and top_k is not None and n < FILTER_MIN_ROWS:
         return _sample_sorted(x, temperature, seeds, counters, top_k, top_p)
     if _triton(backend, x) and x.stride(1) == 1:
-        from .triton_fused import keep_threshold_launches, sample_rows_triton  # noqa: PLC0415
+        from .keep_threshold import keep_threshold_launches  # noqa: PLC0415
+        from .triton_fused import sample_rows_triton  # noqa: PLC0415
 
         def c(t):
             return None if t is None else t.contiguous()

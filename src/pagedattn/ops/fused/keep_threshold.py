@@ -1,0 +1,465 @@
+"""The keep threshold of top-k / top-p for `sample_rows_triton` (`ops.fused.sample_rows` with
+top_k / top_p): each row's int32 order key tau of s = x / t such that the tokens with key(s) >=
+tau are the ones `reference.top_k_top_p_keep` keeps, found without sorting the row, by one
+program a row (`_keep_threshold_kernel`) or, for few rows, a chain of (row, span) launches
+first (`_keep_thresholds`). The draw kernel (`triton_fused._argmax_part_kernel`) then skips the
+tokens below tau, comparing `_order_key`s. Measurements: docs/kernels/keep_threshold.md."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_interpreter import install_interpreter_shim
+from ..pdl import pdl_wait
+from ..prepared import cached_launch
+
+install_interpreter_shim()
+
+# Programs a SM the chain's span passes aim at (as the split argmax's, `triton_fused`).
+THR_PROGRAMS_PER_SM = 2
+
+
+@triton.jit
+def _order_key(s):
+    """int32 keys of float32 s, in the order of the values (-0.0 and +0.0 one key; NaN above
+    +inf): key(a) >= key(b) iff a >= b for non-NaN a, b."""
+    b = s.to(tl.int32, bitcast=True)
+    return tl.where(s == 0.0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
+
+
+# The keep threshold of top-k / top-p (`sample_rows` with top_k / top_p): a row's search finds
+# the smallest int32 key tau of the scaled logits s = x / t such that the tokens with key(s) >=
+# tau are the ones `reference.top_k_top_p_keep` keeps, without sorting the row. W(k) = the
+# count (top-k) or the mass exp(s - max) (top-p) of the tokens with key >= k is non-increasing,
+# and tau + 1 is the smallest key with W < the goal (k, or p times the top-k set's mass). Each
+# pass over the row evaluates W at THR_PIVOTS keys of the bracket [lo, hi] (W(lo) >= goal >
+# W(hi)) at once and keeps the sub-bracket where W crosses the goal: the first pass at keys
+# spread geometrically below the row's max (2**-3 .. 2**6.75 nats), the later ones evenly, until
+# hi = lo + 1. Once the bracket holds at most THR_LIST tokens, the next pass copies them to a
+# scratch row and the passes after it read that list instead of the row. A program a row runs
+# it (`_keep_threshold_kernel`), or, for few rows, a chain of launches runs its first passes
+# (below). Measurements: docs/kernels/keep_threshold.md.
+THR_PIVOTS = 8
+THR_LIST = 4096
+THR_BLOCK = 2048  # columns a step: [THR_PIVOTS, THR_BLOCK] per-lane sums, 32 a thread at 16 warps
+
+
+@triton.jit
+def _row_stats(base, V, t, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """(max of s = x / t, smallest and largest `_order_key`, 1 where s holds a NaN or +inf)."""
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    kmn = tl.full([BLOCK], 2147483647, tl.int32)
+    kmx = tl.full([BLOCK], -2147483648, tl.int32)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        m = cols < V
+        s = tl.math.div_rn(tl.load(base + cols, mask=m, other=0.0).to(tl.float32), t)
+        bad = bad | (m & ((s != s) | (s == float("inf")))).to(tl.int32)
+        k = _order_key(s)
+        kmn = tl.where(m, tl.minimum(kmn, k), kmn)
+        kmx = tl.where(m, tl.maximum(kmx, k), kmx)
+        mx = tl.where(m, tl.maximum(mx, s), mx)
+    return tl.max(mx, axis=0), tl.min(kmn, axis=0), tl.max(kmx, axis=0), tl.max(bad, axis=0)
+
+
+@triton.jit
+def _key_value(k):
+    """The float32 value of an `_order_key` (the key map is its own inverse on the bits)."""
+    return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pivots(lo, hi, passes, mx, NP: tl.constexpr):
+    """The NP pivot keys of a pass over the bracket [lo, hi] (slot 0 lo, slot NP - 1 hi): the
+    first pass's below the max (keys of mx - u, u from 2 ** 6.75 down to 2 ** -3 nats); then
+    odd passes even in value (fast where tokens are dense), even passes even in key (a bracket
+    NP - 1 times narrower a pass at least: a search ends within 64 passes)."""
+    slot = tl.arange(0, NP)
+    if passes == 0:
+        u = tl.exp2(9.75 * (NP - 2 - slot).to(tl.float32) / (NP - 3) - 3.0)
+        piv = _order_key(mx - u)
+    elif passes % 2 == 1:
+        v_lo = _key_value(lo)
+        v_hi = _key_value(tl.minimum(hi, 0x7F7FFFFF))  # (hi may be +inf's key)
+        piv = _order_key(v_lo + (v_hi - v_lo) * (slot.to(tl.float32) / (NP - 1)))
+    else:
+        span = hi.to(tl.int64) - lo.to(tl.int64)
+        piv = (lo.to(tl.int64) + span * slot.to(tl.int64) // (NP - 1)).to(tl.int32)
+    piv = tl.minimum(tl.maximum(piv, lo), hi)
+    return tl.where(slot == 0, lo, tl.where(slot == NP - 1, hi, piv))
+
+
+@triton.jit
+def _pass_sums(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS, BLOCK: tl.constexpr,
+               NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """(count, mass) of the tokens of src[0, n_src) (x, s = x / t) at or above each pivot key,
+    and how many tokens of [lo, hi) it copied to LIST (where copy; none else). MASS: the masses
+    (else zeros). Per-lane sums, reduced once at the end; pivots first, so that a thread holds
+    every pivot of its columns (columns first had the NP threads sharing a column each compute
+    its division and key: 16 div.rn a column in the sm_90 PTX)."""
+    cnt2 = tl.zeros([NP, BLOCK], tl.int32)
+    w2 = tl.zeros([NP, BLOCK], tl.float32)
+    written = 0
+    for start in tl.range(0, n_src, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        m = cols < n_src
+        xv = tl.load(src + cols, mask=m, other=0.0)
+        s = tl.math.div_rn(xv.to(tl.float32), t)
+        k = _order_key(s)
+        ge = (k[None, :] >= piv[:, None]) & m[None, :]
+        cnt2 += ge.to(tl.int32)
+        w2 += tl.where(ge & MASS, tl.exp(s - mx)[None, :], 0.0)
+        if copy:
+            inb = m & (k >= lo) & (k < hi)
+            pos = written + tl.cumsum(inb.to(tl.int32), axis=0) - 1
+            tl.store(LIST + pos, xv, mask=inb)
+            written += tl.sum(inb.to(tl.int32), axis=0)
+    return tl.sum(cnt2, axis=1), tl.sum(w2, axis=1), written
+
+
+@triton.jit
+def _narrow(piv, cnt, w, goal, target, passes, mass, NP: tl.constexpr):
+    """The bracket a pass's sums leave: (lo, hi, tokens in [lo, hi), target). mass: top-p's
+    step (the target is goal (p) times the first pass's W at slot 0, W(lo)), else top-k's
+    (goal k)."""
+    slot = tl.arange(0, NP)
+    if mass & (passes == 0):
+        target = goal.to(tl.float32) * tl.sum(tl.where(slot == 0, w, 0.0), axis=0)
+    ok = tl.where(mass, w >= target, cnt >= goal)
+    j = tl.minimum(tl.maximum(tl.sum(ok.to(tl.int32), axis=0) - 1, 0), NP - 2)
+    inside = tl.sum(tl.where(slot == j, cnt, 0), axis=0) - tl.sum(
+        tl.where(slot == j + 1, cnt, 0), axis=0
+    )
+    lo = tl.sum(tl.where(slot == j, piv, 0), axis=0)
+    hi = tl.sum(tl.where(slot == j + 1, piv, 0), axis=0)
+    return lo, hi, inside, target
+
+
+@triton.jit
+def _threshold_search(src, n_src, t, mx, lo, hi, goal, LIST, C, MASS: tl.constexpr,
+                      BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr, passes=0,
+                      inside=-1, target=0.0, listed=0, above_c=0, above_w=0.0):  # fmt: skip
+    """lo at the end of the bracket search (block comment above) over src[0, n_src) (x, s = x /
+    t) from [lo, hi] after `passes` passes; goal: k (counts) or p (MASS: the goal is p W(lo)).
+    LIST: the row's scratch of C elements (x's dtype), which src is where `listed`; above_c /
+    above_w: the count / mass of the tokens above the list; inside: the tokens in [lo, hi)
+    (-1: not known, before a first pass)."""
+    slot = tl.arange(0, NP)
+    zi = tl.zeros([], tl.int32)  # (the defaults are constexprs: tensors for the loop's state)
+    zf = tl.zeros([], tl.float32)
+    passes = passes + zi
+    n_src = n_src + zi
+    listed = listed + zi
+    above_c = above_c + zi
+    above_w = above_w + zf
+    target = target + zf
+    inside = tl.where(inside < 0, C + 1, inside) + zi
+    while (hi.to(tl.int64) - lo.to(tl.int64) > 1) & (passes < 64):
+        piv = _pivots(lo, hi, passes, mx, NP)
+        copy = (listed == 0) & (inside <= C)
+        cnt, w, written = _pass_sums(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS, BLOCK,
+                                     NP, STAGES)  # fmt: skip
+        cnt += above_c
+        w += above_w
+        if copy:  # later passes read the list: the tokens of [lo, hi), and those above hi
+            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)
+            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
+            src = LIST
+            n_src = written
+            listed = 1
+        lo, hi, inside, target = _narrow(piv, cnt, w, goal, target, passes, MASS, NP)
+        passes += 1
+    return lo
+
+
+# The chain for few rows (`thr_plan`): the first passes over a row by THR_CHAIN_PASSES launches
+# of (row, span) programs, each followed by a program a row that merges the spans' sums in span
+# order (deterministic) and narrows the bracket (`_thr_decide_kernel`); the last pass that finds
+# the bracket small copies its tokens to a segment a span; then `_keep_threshold_kernel` goes on
+# from that state. The state a row (int32 words of WS, `_ST_*`): phase (0 top-k, 1 top-p,
+# 2 done), lo, hi, passes, inside, target (float32 bits), listed, list length, above_c,
+# above_w (bits), max (bits), largest key, k, p (bits).
+THR_CHAIN_PASSES = 3
+_ST = tl.constexpr(16)  # words of state a row
+
+
+@triton.jit(do_not_specialize=["NB", "S"])
+def _thr_stats_kernel(X, WS, V, sx, NB, S, T, BLOCK: tl.constexpr, STAGES: tl.constexpr,
+                      PDL: tl.constexpr = False):  # fmt: skip
+    """Program (row, span): `_row_stats` of the span's columns -> WS's span words."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    lo = c * NB * BLOCK
+    n = tl.minimum(V - lo, NB * BLOCK)
+    mx, kmin, kmax, bad = _row_stats(X + row * sx + lo, n, tl.load(T + row), BLOCK, STAGES)
+    at = WS + (tl.num_programs(0) * _ST + (row * S + c) * 4)
+    tl.store(at, mx.to(tl.int32, bitcast=True))
+    tl.store(at + 1, kmin)
+    tl.store(at + 2, kmax)
+    tl.store(at + 3, bad)
+
+
+@triton.jit
+def _thr_sums_at(WS, row, S, NP: tl.constexpr, S_P2: tl.constexpr):
+    """The spans' pass sums of a row (WS's sums region), summed in span order: (cnt, w)."""
+    n = tl.num_programs(0)
+    c = tl.arange(0, S_P2)
+    slot = tl.arange(0, NP)
+    m = (c < S)[:, None]
+    base = WS + (n * _ST + n * S * 4 + (row * S + c[:, None]) * (2 * NP + 1) + slot[None, :])
+    cnt = tl.sum(tl.load(base, mask=m, other=0), axis=0)
+    w = tl.sum(tl.load(base + NP, mask=m, other=0).to(tl.float32, bitcast=True), axis=0)
+    return cnt, w
+
+
+@triton.jit(do_not_specialize=["S"])
+def _thr_decide_kernel(WS, LIST, V, S, C, T, TOPK, TOPP, NP: tl.constexpr,
+                       S_P2: tl.constexpr, FIRST: tl.constexpr,
+                       PDL: tl.constexpr = False):  # fmt: skip
+    """Program row: FIRST, the row's state from its spans' stats; else the bracket the last
+    span pass's sums leave (a top-k search that ends hands over to top-p's where p < 1)."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    st = WS + row * _ST
+    if FIRST:
+        c = tl.arange(0, S_P2)
+        m = c < S
+        at = WS + (tl.num_programs(0) * _ST + (row * S + c) * 4)
+        mx = tl.max(tl.load(at, mask=m, other=0xFF800000).to(tl.float32, bitcast=True), axis=0)
+        kmin = tl.min(tl.load(at + 1, mask=m, other=2147483647), axis=0)
+        kmax = tl.max(tl.load(at + 2, mask=m, other=-2147483648), axis=0)
+        bad = tl.max(tl.load(at + 3, mask=m, other=0), axis=0)
+        t = tl.load(T + row)
+        k = tl.load(TOPK + row)
+        p = tl.load(TOPP + row)
+        use_k = (k > 0) & (k < V)
+        phase = tl.where((t > 0) & (use_k | (p < 1.0)) & (bad == 0), tl.where(use_k, 0, 1), 2)
+        tl.store(st, phase)
+        tl.store(st + 1, tl.where(phase == 2, -2147483648, kmin))
+        tl.store(st + 2, kmax + 1)
+        tl.store(st + 3, 0)
+        tl.store(st + 4, -1)
+        tl.store(st + 6, 0)
+        tl.store(st + 8, 0)
+        tl.store(st + 9, 0)
+        tl.store(st + 10, mx.to(tl.int32, bitcast=True))
+        tl.store(st + 11, kmax)
+        tl.store(st + 12, tl.where(use_k, k, V).to(tl.int32))
+        tl.store(st + 13, p.to(tl.int32, bitcast=True))
+    else:
+        phase = tl.load(st)
+        listed = tl.load(st + 6)
+        if (phase < 2) & (listed == 0):
+            lo = tl.load(st + 1)
+            hi = tl.load(st + 2)
+            passes = tl.load(st + 3)
+            inside = tl.load(st + 4)
+            target = tl.load(st + 5).to(tl.float32, bitcast=True)
+            mx = tl.load(st + 10).to(tl.float32, bitcast=True)
+            kmax = tl.load(st + 11)
+            k = tl.load(st + 12)
+            p = tl.load(st + 13).to(tl.float32, bitcast=True)
+            piv = _pivots(lo, hi, passes, mx, NP)
+            cnt, w = _thr_sums_at(WS, row, S, NP, S_P2)
+            slot = tl.arange(0, NP)
+            if (inside >= 0) & (inside <= C):  # the pass copied [lo, hi) to the segments
+                c = tl.arange(0, S_P2)
+                lens = tl.load(WS + (tl.num_programs(0) * _ST + tl.num_programs(0) * S * 4 +
+                                     (row * S + c) * (2 * NP + 1) + 2 * NP), mask=c < S,
+                               other=0)  # fmt: skip
+                tl.store(st + 6, 1)
+                tl.store(st + 7, tl.sum(lens, axis=0))
+                tl.store(st + 8, tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0))
+                wa = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
+                tl.store(st + 9, wa.to(tl.int32, bitcast=True))
+            goal = tl.where(phase == 1, p, k.to(tl.float32))
+            lo, hi, inside, target = _narrow(piv, cnt, w, goal, target, passes, phase == 1, NP)
+            passes += 1
+            if hi.to(tl.int64) - lo.to(tl.int64) <= 1:  # this search ended
+                if (phase == 0) & (p < 1.0):  # top-p's from top-k's threshold, on the row
+                    phase = 1
+                    hi = kmax + 1
+                    passes = 0
+                    inside = -1
+                    tl.store(st + 6, 0)
+                    tl.store(st + 8, 0)
+                    tl.store(st + 9, 0)
+                else:
+                    phase = 2
+            tl.store(st, phase)
+            tl.store(st + 1, lo)
+            tl.store(st + 2, hi)
+            tl.store(st + 3, passes)
+            tl.store(st + 4, inside)
+            tl.store(st + 5, target.to(tl.int32, bitcast=True))
+
+
+@triton.jit(do_not_specialize=["NB", "S", "C"])
+def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, C, T, BLOCK: tl.constexpr, NP: tl.constexpr,
+                     STAGES: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Program (row, span): the span's pass sums at the row state's pivots -> WS's sums
+    region; where the bracket holds at most C tokens, its tokens -> the span's segment of LIST
+    (and their number)."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    st = WS + row * _ST
+    phase = tl.load(st)
+    if (phase < 2) & (tl.load(st + 6) == 0):
+        lo = tl.load(st + 1)
+        hi = tl.load(st + 2)
+        inside = tl.load(st + 4)
+        mx = tl.load(st + 10).to(tl.float32, bitcast=True)
+        piv = _pivots(lo, hi, tl.load(st + 3), mx, NP)
+        start = c * NB * BLOCK
+        n = tl.minimum(V - start, NB * BLOCK)
+        copy = (inside >= 0) & (inside <= C)
+        seg = LIST + (row * (S + 1) + c) * C
+        cnt, w, written = _pass_sums(X + row * sx + start, n, tl.load(T + row), mx, piv, lo, hi,
+                                     copy, seg, phase == 1, BLOCK, NP, STAGES)  # fmt: skip
+        slot = tl.arange(0, NP)
+        at = WS + (tl.num_programs(0) * _ST + tl.num_programs(0) * S * 4 +
+                   (row * S + c) * (2 * NP + 1))  # fmt: skip
+        tl.store(at + slot, cnt)
+        tl.store(at + NP + slot, w.to(tl.int32, bitcast=True))
+        tl.store(at + 2 * NP, written)
+
+
+@triton.jit(do_not_specialize=["C", "S"])
+def _keep_threshold_kernel(X, THR, LIST, V, sx, C, T, TOPK, TOPP, WS, S, BLOCK: tl.constexpr,
+                           NP: tl.constexpr, STAGES: tl.constexpr, CHAIN: tl.constexpr = False,
+                           PDL: tl.constexpr = False):  # fmt: skip
+    """Program row: THR[row] (int32) = the smallest `_order_key` of the tokens top-k (TOPK[row]
+    int64, on where 0 < k < V) and then top-p (TOPP[row] float32, on where p < 1) keep of
+    x / T[row]; -2**31 (every token) where T[row] <= 0, neither is on, or the row holds a
+    NaN or +inf. LIST: the row's scratch, [n, C] of x's dtype (CHAIN: [n, S + 1, C], the
+    spans' segments then the list). CHAIN: go on from the row's state in WS (the chain's
+    launches, block comment above)."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(T + row)
+    k = tl.load(TOPK + row)
+    p = tl.load(TOPP + row)
+    use_k = (k > 0) & (k < V)
+    use_p = p < 1.0
+    base = X + row * sx
+    thr = -2147483648
+    if CHAIN:
+        lst = LIST + row * (S + 1) * C + S * C
+        st = WS + row * _ST
+        phase = tl.load(st)
+        lo = tl.load(st + 1)
+        thr = lo
+        if phase < 2:
+            hi = tl.load(st + 2)
+            passes = tl.load(st + 3)
+            inside = tl.load(st + 4)
+            target = tl.load(st + 5).to(tl.float32, bitcast=True)
+            listed = tl.load(st + 6)
+            mx = tl.load(st + 10).to(tl.float32, bitcast=True)
+            kmax = tl.load(st + 11)
+            src = base
+            n_src = V
+            if listed == 1:  # the spans' segments, in span order, into the list
+                n_src = 0
+                for c in range(0, S):
+                    seg = LIST + (row * (S + 1) + c) * C
+                    length = tl.load(WS + (tl.num_programs(0) * _ST + tl.num_programs(0) * S * 4
+                                           + (row * S + c) * (2 * NP + 1) + 2 * NP))  # fmt: skip
+                    for i in range(0, length, BLOCK):
+                        cols = i + tl.arange(0, BLOCK)
+                        m = cols < length
+                        tl.store(lst + n_src + cols, tl.load(seg + cols, mask=m), mask=m)
+                    n_src += length
+                src = lst
+            above_c = tl.load(st + 8)
+            above_w = tl.load(st + 9).to(tl.float32, bitcast=True)
+            if phase == 0:
+                thr = _threshold_search(src, n_src, t, mx, lo, hi, k, lst, C, False, BLOCK, NP,
+                                        STAGES, passes, inside, target, listed, above_c,
+                                        above_w)  # fmt: skip
+                if use_p:
+                    thr = _threshold_search(base, V, t, mx, thr, kmax + 1, p, lst, C, True,
+                                            BLOCK, NP, STAGES)  # fmt: skip
+            else:
+                thr = _threshold_search(src, n_src, t, mx, lo, hi, p, lst, C, True, BLOCK, NP,
+                                        STAGES, passes, inside, target, listed, above_c,
+                                        above_w)  # fmt: skip
+    elif (t > 0) & (use_k | use_p):
+        mx, kmin, kmax, bad = _row_stats(base, V, t, BLOCK, STAGES)
+        if bad == 0:
+            thr = kmin
+            if use_k:
+                thr = _threshold_search(base, V, t, mx, kmin, kmax + 1, k, LIST + row * C, C,
+                                        False, BLOCK, NP, STAGES)  # fmt: skip
+            if use_p:
+                thr = _threshold_search(base, V, t, mx, thr, kmax + 1, p, LIST + row * C, C,
+                                        True, BLOCK, NP, STAGES)  # fmt: skip
+    tl.store(THR + row, thr)
+
+
+# Rows at most this many take the chain of span passes (`thr_plan`), more the one program a row
+# (H200, 128256 float32 logits, dev/topk_topp_probe.py, us a call, chain / a program a row:
+# 1 row top_k 50 76 / 325, top_p 0.9 110 / 525; 32 rows 254 / 395, 543 / 767; 64 rows 399 /
+# 417, 743 / 811, top_k 50 + top_p 0.9 898 / 860; 256 rows (2 spans) 1284 / 898, 1744 / 1611).
+THR_CHAIN_MAX_ROWS = 64
+
+
+def thr_plan(n: int, V: int, sms: int) -> tuple[int, int]:
+    """(spans a row S, THR_BLOCK blocks a span) of the keep threshold's span passes for x [n,
+    V] on `sms` multiprocessors: spans of whole blocks until the grid holds
+    THR_PROGRAMS_PER_SM programs a SM; S 1 (no chain: a program a row) where the rows fill
+    that, or over THR_CHAIN_MAX_ROWS rows."""
+    blocks = triton.cdiv(V, THR_BLOCK)
+    want = triton.cdiv(THR_PROGRAMS_PER_SM * sms, max(n, 1))
+    nb = triton.cdiv(blocks, max(1, min(blocks, want)))
+    S = triton.cdiv(blocks, nb)
+    return (1, blocks) if n > THR_CHAIN_MAX_ROWS else (S, nb)
+
+
+def _keep_thresholds(x, temperature, top_k, top_p, sms, pdl):
+    """The rows' keep thresholds (int32 [n]) and the scratch they used (LIST of x's dtype, WS
+    int32 or x's placeholder): the chain where `thr_plan` gives spans, else one launch."""
+    n, V = x.shape
+    S, nb = thr_plan(n, V, sms)
+    thr = torch.empty(n, dtype=torch.int32, device=x.device)
+    common = dict(BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=16, **pdl)
+    if S == 1:
+        lst = torch.empty(n, THR_LIST, dtype=x.dtype, device=x.device)
+        cached_launch(
+            _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), THR_LIST, temperature,
+            top_k, top_p, x, 1, **common,
+        )  # fmt: skip
+        return thr, lst, None
+    lst = torch.empty(n, S + 1, THR_LIST, dtype=x.dtype, device=x.device)
+    ws = torch.empty(n * (_ST.value + S * (4 + 2 * THR_PIVOTS + 1)), dtype=torch.int32,
+                     device=x.device)  # fmt: skip
+    s_p2 = triton.next_power_of_2(triton.cdiv(V, THR_BLOCK))
+    small = dict(NP=THR_PIVOTS, S_P2=s_p2, num_warps=4, **pdl)
+    cached_launch(
+        _thr_stats_kernel, (n, S), x, ws, V, x.stride(0), nb, S, temperature, BLOCK=THR_BLOCK,
+        STAGES=3, num_warps=8, **pdl,
+    )  # fmt: skip
+    cached_launch(_thr_decide_kernel, (n,), ws, lst, V, S, THR_LIST, temperature, top_k, top_p,
+                  FIRST=True, **small)  # fmt: skip
+    for _ in range(THR_CHAIN_PASSES):
+        cached_launch(
+            _thr_pass_kernel, (n, S), x, ws, lst, V, x.stride(0), nb, S, THR_LIST, temperature,
+            BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=8, **pdl,
+        )  # fmt: skip
+        cached_launch(_thr_decide_kernel, (n,), ws, lst, V, S, THR_LIST, temperature, top_k,
+                      top_p, FIRST=False, **small)  # fmt: skip
+    cached_launch(
+        _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), THR_LIST, temperature, top_k,
+        top_p, ws, S, CHAIN=True, **common,
+    )  # fmt: skip
+    return thr, lst, ws
+
+
+def keep_threshold_launches(n: int, V: int, sms: int) -> int:
+    """How many launches `_keep_thresholds` makes for x [n, V]."""
+    return 1 if thr_plan(n, V, sms)[0] == 1 else 3 + 2 * THR_CHAIN_PASSES
