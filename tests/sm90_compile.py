@@ -363,6 +363,16 @@ def layer_cases():
             f"sample_rows {n} x {V}",
             partial(layer_launches, lambda lg=lg, t=t, sd=sd: F.sample_rows_triton(lg, t, sd, sd)),
         )
+    # top-k / top-p: the keep threshold's chain of span passes (32-64 rows) and one program a
+    # row (more rows; or a row of one span), as the engine's sampler calls them on an H200
+    for n, V in ((1, 128256), (64, 128256), (300, 128256), (3, 1000)):
+        lg, t = torch.randn(n, V), torch.rand(n)
+        sd, k, p = torch.zeros(n, dtype=torch.int64), torch.full((n,), 50), torch.full((n,), 0.9)
+        yield (
+            f"sample_rows top_k top_p {n} x {V}",
+            partial(layer_launches, lambda lg=lg, t=t, sd=sd, k=k, p=p:
+                    F.sample_rows_triton(lg, t, sd, sd, 132, k, p)),
+        )  # fmt: skip
     # routed experts (`ops.moe`): V2-Lite / V3 / gpt-oss decode, prefill chunks (64 / 128 rows)
     for T, k, E, H, inter, fp8 in ((64, 6, 64, 2048, 1408, False), (64, 8, 256, 7168, 2048, True),
                                    (512, 4, 32, 2880, 2880, False),
