@@ -240,6 +240,19 @@ def replay_vs_eager(llm, prompts, max_tokens, *, exact: bool, no_sync: bool = Fa
 TIE_GAP = 0.05  # bf16 logits of the same step at two batch sizes may differ by a few roundings
 
 
+def graph_vs_eager(graph, eager, run, args, what: str):
+    """The workload `args` through `run(llm, *args) -> (tokens, Recorder)` on the eager engine,
+    then on the one with graphs; the tokens compared (`compare_tokens`). Returns the graph
+    engine's `Recorder`, the eager one's, and the indices of the steps a graph served (printed
+    with the ties under `what`)."""
+    want, rec_e = run(eager, *args)
+    got, rec_g = run(graph, *args)
+    ties = compare_tokens(got, want, rec_e)
+    served = [i for i, (_, s, _) in enumerate(rec_g.steps) if s]
+    print(f"{what} {len(served)} of {len(rec_g.steps)} steps, bf16 ties {ties}")
+    return rec_g, rec_e, served
+
+
 def compare_tokens(got, want, rec_want) -> int:
     """Greedy tokens equal, except that a request may diverge where `want`'s top-2 logits sit
     within TIE_GAP (a bf16 tie, reported as a warning; compared up to there). Returns the
@@ -402,12 +415,7 @@ def test_cuda_graphs_match_eager_on_cuda(family, tmp_path):
     eager = LLM(str(path), enforce_eager=True, **kw)
     assert eager.runner.graphs is None
 
-    args = workload()
-    want, rec_e = run_workload(eager, *args)
-    got, rec_g = run_workload(graph, *args)
-    ties = compare_tokens(got, want, rec_e)
-    replayed = [i for i, (_, served, _) in enumerate(rec_g.steps) if served]
-    print(f"replayed steps {len(replayed)} of {len(rec_g.steps)}, bf16 ties {ties}")
+    rec_g, rec_e, replayed = graph_vs_eager(graph, eager, run_workload, workload(), "replayed")
     assert g.num_replays == len(replayed) >= 10
     first = replayed[0]
     for i in range(first + 1):  # the eager steps before the first replay, and that replay

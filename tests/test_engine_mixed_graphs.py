@@ -25,7 +25,7 @@ from test_engine_cuda_graphs import (
     VOCAB,
     EmulatedLLM,
     close,
-    compare_tokens,
+    graph_vs_eager,
     replays_vs_eager,
     same,
 )
@@ -249,11 +249,7 @@ def test_pieces_match_eager_on_cuda(tmp_path):
                for b in m.captured.values())  # fmt: skip
     eager = LLM(str(tmp_path), enforce_eager=True, **kw)
     args = workload()
-    want, rec_e = run(eager, *args)
-    got, rec_g = run(graph, *args)
-    ties = compare_tokens(got, want, rec_e)
-    served = [i for i, (_, s, _) in enumerate(rec_g.steps) if s]
-    print(f"pieces served {len(served)} of {len(rec_g.steps)} steps, bf16 ties {ties}")
+    rec_g, rec_e, served = graph_vs_eager(graph, eager, run, args, "pieces served")
     assert m.num_replays == len(served) >= 4
     close(rec_g.steps[0][2], rec_e.steps[0][2])  # the first step: both from the same cache
 

@@ -179,11 +179,37 @@ def _threshold_search(src, n_src, t, mx, lo, hi, goal, LIST, C, MASS: tl.constex
 # of (row, span) programs, each followed by a program a row that merges the spans' sums in span
 # order (deterministic) and narrows the bracket (`_thr_decide_kernel`); the last pass that finds
 # the bracket small copies its tokens to a segment a span; then `_keep_threshold_kernel` goes on
-# from that state. The state a row (int32 words of WS, `_ST_*`): phase (0 top-k, 1 top-p,
-# 2 done), lo, hi, passes, inside, target (float32 bits), listed, list length, above_c,
-# above_w (bits), max (bits), largest key, k, p (bits).
+# from that state. WS (int32): a row's state (_ST words at the `_W_*` offsets), then each
+# (row, span)'s stats (4 words: max's bits, smallest and largest key, bad; `_stats_at`), then
+# each (row, span)'s pass sums (NP counts, NP masses' bits, the tokens it copied; `_sums_at`).
 THR_CHAIN_PASSES = 3
 _ST = tl.constexpr(16)  # words of state a row
+_W_PHASE = tl.constexpr(0)  # 0 top-k's search, 1 top-p's, 2 done (lo is the threshold)
+_W_LO = tl.constexpr(1)
+_W_HI = tl.constexpr(2)
+_W_PASSES = tl.constexpr(3)
+_W_INSIDE = tl.constexpr(4)  # tokens in [lo, hi), -1 before a first pass
+_W_TARGET = tl.constexpr(5)  # top-p's goal mass (float32 bits)
+_W_LISTED = tl.constexpr(6)  # 1: the spans' segments hold [lo, hi) of a pass
+_W_ABOVE_C = tl.constexpr(7)  # count of the tokens above the segments
+_W_ABOVE_W = tl.constexpr(8)  # their mass (float32 bits)
+_W_MAX = tl.constexpr(9)  # the row's max of s (float32 bits)
+_W_KMAX = tl.constexpr(10)  # its largest key
+_W_K = tl.constexpr(11)  # k (V where top-k is off)
+_W_P = tl.constexpr(12)  # p (float32 bits)
+
+
+@triton.jit
+def _stats_at(WS, row, S):
+    """Where (row, span 0)'s stats start in WS (a span's 4 words follow its predecessor's)."""
+    return WS + (tl.num_programs(0) * _ST + row * S * 4)
+
+
+@triton.jit
+def _sums_at(WS, row, S, NP: tl.constexpr):
+    """Where (row, span 0)'s pass sums start in WS (2 NP + 1 words a span)."""
+    n = tl.num_programs(0)
+    return WS + (n * _ST + n * S * 4 + row * S * (2 * NP + 1))
 
 
 @triton.jit(do_not_specialize=["NB", "S"])
@@ -196,7 +222,7 @@ def _thr_stats_kernel(X, WS, V, sx, NB, S, T, BLOCK: tl.constexpr, STAGES: tl.co
     lo = c * NB * BLOCK
     n = tl.minimum(V - lo, NB * BLOCK)
     mx, kmin, kmax, bad = _row_stats(X + row * sx + lo, n, tl.load(T + row), BLOCK, STAGES)
-    at = WS + (tl.num_programs(0) * _ST + (row * S + c) * 4)
+    at = _stats_at(WS, row, S) + c * 4
     tl.store(at, mx.to(tl.int32, bitcast=True))
     tl.store(at + 1, kmin)
     tl.store(at + 2, kmax)
@@ -206,11 +232,9 @@ def _thr_stats_kernel(X, WS, V, sx, NB, S, T, BLOCK: tl.constexpr, STAGES: tl.co
 @triton.jit
 def _thr_sums_at(WS, row, S, NP: tl.constexpr, S_P2: tl.constexpr):
     """The spans' pass sums of a row (WS's sums region), summed in span order: (cnt, w)."""
-    n = tl.num_programs(0)
     c = tl.arange(0, S_P2)
-    slot = tl.arange(0, NP)
     m = (c < S)[:, None]
-    base = WS + (n * _ST + n * S * 4 + (row * S + c[:, None]) * (2 * NP + 1) + slot[None, :])
+    base = _sums_at(WS, row, S, NP) + c[:, None] * (2 * NP + 1) + tl.arange(0, NP)[None, :]
     cnt = tl.sum(tl.load(base, mask=m, other=0), axis=0)
     w = tl.sum(tl.load(base + NP, mask=m, other=0).to(tl.float32, bitcast=True), axis=0)
     return cnt, w
@@ -228,7 +252,7 @@ def _thr_decide_kernel(WS, LIST, V, S, C, T, TOPK, TOPP, NP: tl.constexpr,
     if FIRST:
         c = tl.arange(0, S_P2)
         m = c < S
-        at = WS + (tl.num_programs(0) * _ST + (row * S + c) * 4)
+        at = _stats_at(WS, row, S) + c * 4
         mx = tl.max(tl.load(at, mask=m, other=0xFF800000).to(tl.float32, bitcast=True), axis=0)
         kmin = tl.min(tl.load(at + 1, mask=m, other=2147483647), axis=0)
         kmax = tl.max(tl.load(at + 2, mask=m, other=-2147483648), axis=0)
@@ -238,44 +262,39 @@ def _thr_decide_kernel(WS, LIST, V, S, C, T, TOPK, TOPP, NP: tl.constexpr,
         p = tl.load(TOPP + row)
         use_k = (k > 0) & (k < V)
         phase = tl.where((t > 0) & (use_k | (p < 1.0)) & (bad == 0), tl.where(use_k, 0, 1), 2)
-        tl.store(st, phase)
-        tl.store(st + 1, tl.where(phase == 2, -2147483648, kmin))
-        tl.store(st + 2, kmax + 1)
-        tl.store(st + 3, 0)
-        tl.store(st + 4, -1)
-        tl.store(st + 6, 0)
-        tl.store(st + 8, 0)
-        tl.store(st + 9, 0)
-        tl.store(st + 10, mx.to(tl.int32, bitcast=True))
-        tl.store(st + 11, kmax)
-        tl.store(st + 12, tl.where(use_k, k, V).to(tl.int32))
-        tl.store(st + 13, p.to(tl.int32, bitcast=True))
+        tl.store(st + _W_PHASE, phase)
+        tl.store(st + _W_LO, tl.where(phase == 2, -2147483648, kmin))
+        tl.store(st + _W_HI, kmax + 1)
+        tl.store(st + _W_PASSES, 0)
+        tl.store(st + _W_INSIDE, -1)
+        tl.store(st + _W_TARGET, 0)
+        tl.store(st + _W_LISTED, 0)
+        tl.store(st + _W_ABOVE_C, 0)
+        tl.store(st + _W_ABOVE_W, 0)
+        tl.store(st + _W_MAX, mx.to(tl.int32, bitcast=True))
+        tl.store(st + _W_KMAX, kmax)
+        tl.store(st + _W_K, tl.where(use_k, k, V).to(tl.int32))
+        tl.store(st + _W_P, p.to(tl.int32, bitcast=True))
     else:
-        phase = tl.load(st)
-        listed = tl.load(st + 6)
-        if (phase < 2) & (listed == 0):
-            lo = tl.load(st + 1)
-            hi = tl.load(st + 2)
-            passes = tl.load(st + 3)
-            inside = tl.load(st + 4)
-            target = tl.load(st + 5).to(tl.float32, bitcast=True)
-            mx = tl.load(st + 10).to(tl.float32, bitcast=True)
-            kmax = tl.load(st + 11)
-            k = tl.load(st + 12)
-            p = tl.load(st + 13).to(tl.float32, bitcast=True)
+        phase = tl.load(st + _W_PHASE)
+        if (phase < 2) & (tl.load(st + _W_LISTED) == 0):
+            lo = tl.load(st + _W_LO)
+            hi = tl.load(st + _W_HI)
+            passes = tl.load(st + _W_PASSES)
+            inside = tl.load(st + _W_INSIDE)
+            target = tl.load(st + _W_TARGET).to(tl.float32, bitcast=True)
+            mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
+            kmax = tl.load(st + _W_KMAX)
+            k = tl.load(st + _W_K)
+            p = tl.load(st + _W_P).to(tl.float32, bitcast=True)
             piv = _pivots(lo, hi, passes, mx, NP)
             cnt, w = _thr_sums_at(WS, row, S, NP, S_P2)
             slot = tl.arange(0, NP)
             if (inside >= 0) & (inside <= C):  # the pass copied [lo, hi) to the segments
-                c = tl.arange(0, S_P2)
-                lens = tl.load(WS + (tl.num_programs(0) * _ST + tl.num_programs(0) * S * 4 +
-                                     (row * S + c) * (2 * NP + 1) + 2 * NP), mask=c < S,
-                               other=0)  # fmt: skip
-                tl.store(st + 6, 1)
-                tl.store(st + 7, tl.sum(lens, axis=0))
-                tl.store(st + 8, tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0))
+                tl.store(st + _W_LISTED, 1)
+                tl.store(st + _W_ABOVE_C, tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0))
                 wa = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
-                tl.store(st + 9, wa.to(tl.int32, bitcast=True))
+                tl.store(st + _W_ABOVE_W, wa.to(tl.int32, bitcast=True))
             goal = tl.where(phase == 1, p, k.to(tl.float32))
             lo, hi, inside, target = _narrow(piv, cnt, w, goal, target, passes, phase == 1, NP)
             passes += 1
@@ -285,17 +304,17 @@ def _thr_decide_kernel(WS, LIST, V, S, C, T, TOPK, TOPP, NP: tl.constexpr,
                     hi = kmax + 1
                     passes = 0
                     inside = -1
-                    tl.store(st + 6, 0)
-                    tl.store(st + 8, 0)
-                    tl.store(st + 9, 0)
+                    tl.store(st + _W_LISTED, 0)
+                    tl.store(st + _W_ABOVE_C, 0)
+                    tl.store(st + _W_ABOVE_W, 0)
                 else:
                     phase = 2
-            tl.store(st, phase)
-            tl.store(st + 1, lo)
-            tl.store(st + 2, hi)
-            tl.store(st + 3, passes)
-            tl.store(st + 4, inside)
-            tl.store(st + 5, target.to(tl.int32, bitcast=True))
+            tl.store(st + _W_PHASE, phase)
+            tl.store(st + _W_LO, lo)
+            tl.store(st + _W_HI, hi)
+            tl.store(st + _W_PASSES, passes)
+            tl.store(st + _W_INSIDE, inside)
+            tl.store(st + _W_TARGET, target.to(tl.int32, bitcast=True))
 
 
 @triton.jit(do_not_specialize=["NB", "S", "C"])
@@ -308,13 +327,13 @@ def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, C, T, BLOCK: tl.constexpr, NP: t
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     st = WS + row * _ST
-    phase = tl.load(st)
-    if (phase < 2) & (tl.load(st + 6) == 0):
-        lo = tl.load(st + 1)
-        hi = tl.load(st + 2)
-        inside = tl.load(st + 4)
-        mx = tl.load(st + 10).to(tl.float32, bitcast=True)
-        piv = _pivots(lo, hi, tl.load(st + 3), mx, NP)
+    phase = tl.load(st + _W_PHASE)
+    if (phase < 2) & (tl.load(st + _W_LISTED) == 0):
+        lo = tl.load(st + _W_LO)
+        hi = tl.load(st + _W_HI)
+        inside = tl.load(st + _W_INSIDE)
+        mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
+        piv = _pivots(lo, hi, tl.load(st + _W_PASSES), mx, NP)
         start = c * NB * BLOCK
         n = tl.minimum(V - start, NB * BLOCK)
         copy = (inside >= 0) & (inside <= C)
@@ -322,8 +341,7 @@ def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, C, T, BLOCK: tl.constexpr, NP: t
         cnt, w, written = _pass_sums(X + row * sx + start, n, tl.load(T + row), mx, piv, lo, hi,
                                      copy, seg, phase == 1, BLOCK, NP, STAGES)  # fmt: skip
         slot = tl.arange(0, NP)
-        at = WS + (tl.num_programs(0) * _ST + tl.num_programs(0) * S * 4 +
-                   (row * S + c) * (2 * NP + 1))  # fmt: skip
+        at = _sums_at(WS, row, S, NP) + c * (2 * NP + 1)
         tl.store(at + slot, cnt)
         tl.store(at + NP + slot, w.to(tl.int32, bitcast=True))
         tl.store(at + 2 * NP, written)
@@ -351,33 +369,32 @@ def _keep_threshold_kernel(X, THR, LIST, V, sx, C, T, TOPK, TOPP, WS, S, BLOCK: 
     if CHAIN:
         lst = LIST + row * (S + 1) * C + S * C
         st = WS + row * _ST
-        phase = tl.load(st)
-        lo = tl.load(st + 1)
+        phase = tl.load(st + _W_PHASE)
+        lo = tl.load(st + _W_LO)
         thr = lo
         if phase < 2:
-            hi = tl.load(st + 2)
-            passes = tl.load(st + 3)
-            inside = tl.load(st + 4)
-            target = tl.load(st + 5).to(tl.float32, bitcast=True)
-            listed = tl.load(st + 6)
-            mx = tl.load(st + 10).to(tl.float32, bitcast=True)
-            kmax = tl.load(st + 11)
+            hi = tl.load(st + _W_HI)
+            passes = tl.load(st + _W_PASSES)
+            inside = tl.load(st + _W_INSIDE)
+            target = tl.load(st + _W_TARGET).to(tl.float32, bitcast=True)
+            listed = tl.load(st + _W_LISTED)
+            mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
+            kmax = tl.load(st + _W_KMAX)
             src = base
             n_src = V
             if listed == 1:  # the spans' segments, in span order, into the list
                 n_src = 0
                 for c in range(0, S):
                     seg = LIST + (row * (S + 1) + c) * C
-                    length = tl.load(WS + (tl.num_programs(0) * _ST + tl.num_programs(0) * S * 4
-                                           + (row * S + c) * (2 * NP + 1) + 2 * NP))  # fmt: skip
+                    length = tl.load(_sums_at(WS, row, S, NP) + c * (2 * NP + 1) + 2 * NP)
                     for i in range(0, length, BLOCK):
                         cols = i + tl.arange(0, BLOCK)
                         m = cols < length
                         tl.store(lst + n_src + cols, tl.load(seg + cols, mask=m), mask=m)
                     n_src += length
                 src = lst
-            above_c = tl.load(st + 8)
-            above_w = tl.load(st + 9).to(tl.float32, bitcast=True)
+            above_c = tl.load(st + _W_ABOVE_C)
+            above_w = tl.load(st + _W_ABOVE_W).to(tl.float32, bitcast=True)
             if phase == 0:
                 thr = _threshold_search(src, n_src, t, mx, lo, hi, k, lst, C, False, BLOCK, NP,
                                         STAGES, passes, inside, target, listed, above_c,
@@ -423,7 +440,7 @@ def thr_plan(n: int, V: int, sms: int) -> tuple[int, int]:
 
 def _keep_thresholds(x, temperature, top_k, top_p, sms, pdl):
     """The rows' keep thresholds (int32 [n]) and the scratch they used (LIST of x's dtype, WS
-    int32 or x's placeholder): the chain where `thr_plan` gives spans, else one launch."""
+    int32 or None): the chain where `thr_plan` gives spans, else one launch."""
     n, V = x.shape
     S, nb = thr_plan(n, V, sms)
     thr = torch.empty(n, dtype=torch.int32, device=x.device)
