@@ -239,9 +239,9 @@ def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
     exactly the reference's tokens, except tokens whose larger mass is within 1e-4 of p times
     the kept mass (float32 sums), and the draws of rows where only those differ or whose two
     best kept scores are within a rounding. Ties, -inf, NaN and +inf rows, greedy rows, rows
-    longer than the threshold's list (THR_LIST), k and p at and beyond their ends; the draws
-    of both paths (a sort of each row below `FILTER_MIN_ROWS` rows, else the kernels); both
-    forms of the threshold (the chain of span passes, a program a row), twice each."""
+    longer than the threshold's list (THR_LIST), k and p at and beyond their ends; both forms
+    of the threshold (the chain of span passes, a program a row), twice each, and the draws of
+    each."""
     from pagedattn.ops.fused.reference import top_k_top_p_keep
     from pagedattn.ops.fused.triton_fused import sample_rows_triton
 
@@ -253,17 +253,19 @@ def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
     want = sample_rows_reference(x, t, seeds, counters, k, p)
     got = sample_rows(*on[:4], top_k=on[4], top_p=on[5], backend=backend).cpu()
     import pagedattn.ops.fused as F
+    import pagedattn.ops.fused.keep_threshold as KT
 
-    monkeypatch.setattr(F, "FILTER_MIN_ROWS", 0)  # the keep-threshold kernel at any n
+    monkeypatch.setattr(KT, "THR_CHAIN_MAX_ROWS", 0)  # the other form (n <= 64: the chain)
+    F.PREPARED_SAMPLE_ROWS.cache.clear()
     got_kernel = sample_rows(*on[:4], top_k=on[4], top_p=on[5], backend=backend).cpu()
+    monkeypatch.undo()
+    F.PREPARED_SAMPLE_ROWS.cache.clear()
     s = x / torch.where(t > 0, t, 1.0)[:, None]
     keep, margin = top_k_top_p_keep(s, k, p, margins=True)
     loose = margin.abs() <= 1e-4
     if backend == "triton" and n:
         kk = on[4] if with_k else torch.zeros(n, dtype=torch.int64, device=dev)  # (off)
         pp = on[5] if with_p else torch.full((n,), float("inf"), device=dev)
-        import pagedattn.ops.fused.keep_threshold as KT
-
         b = s.view(torch.int32)
         key = torch.where(s == 0, 0, b ^ ((b >> 31) & 0x7FFFFFFF))
         sampled = t > 0

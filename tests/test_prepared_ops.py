@@ -144,7 +144,6 @@ def same(a, b):
 @pytest.mark.parametrize("case", list(FUSED))
 def test_fused_hits_equal_the_full_path(case, monkeypatch):
     make, kw, name = FUSED[case]
-    monkeypatch.setattr(F, "FILTER_MIN_ROWS", 0)  # top-k / top-p through the kernel at 5 rows
     full = count(monkeypatch, TF, name)
     for seed in range(3):  # new tensors: hits after the first call
         op, direct = make(5, seed=seed, **kw)

@@ -31,13 +31,12 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
   dropped together): top-k keeps j iff fewer than k tokens have a larger s (off where k <= 0
   or k >= V); top-p then keeps j iff the mass (exp(s - max), over the tokens top-k kept) of
   the tokens with a larger s is < p times the kept mass (off where p >= 1; the largest value
-  always stays); a row holding a NaN or +inf keeps every token. On CUDA, from
-  `FILTER_MIN_ROWS` rows, kernels first find each row's threshold without sorting it
-  (`keep_threshold`'s bracket search over the values' int32 order keys: passes over the row,
-  for few rows spread over (row, span) programs, then passes over the few tokens near the
-  boundary), and the draw skips the tokens below it; fewer rows sort each row for it. Its
-  masses are float32 sums: a token whose larger-mass is within a few roundings of p times
-  the kept mass may be kept by one path and not the other.
+  always stays); a row holding a NaN or +inf keeps every token. On CUDA, kernels first find
+  each row's threshold without sorting it (`keep_threshold`'s bracket search over the values'
+  int32 order keys: passes over the row, for up to 64 rows spread over (row, span) programs,
+  until the bracket holds at most 4096 tokens, then a radix select over those), and the draw
+  skips the tokens below it. Its masses are float32 sums: a token whose larger-mass is within
+  a few roundings of p times the kept mass may be kept by one path and not the other.
 
 Backends (`ops.dispatch`): "reference" runs transformers' torch ops one by one (so a CPU
 model equals transformers bit for bit); "triton" computes in float32 and rounds once, so it
@@ -276,11 +275,10 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
     zeros = torch.zeros(1, dtype=torch.int64, device=device)
     x, t = torch.randn(1, vocab, device=device), torch.ones(1, device=device)
     sample_rows(x, t, zeros, zeros)
-    # the keep-threshold kernels: the chain of span passes, and one program a row (fewer rows
-    # sort: nothing to compile)
+    # the keep-threshold kernels: the chain of span passes, and one program a row
     from .keep_threshold import THR_CHAIN_MAX_ROWS  # noqa: PLC0415
 
-    for rows in (FILTER_MIN_ROWS, THR_CHAIN_MAX_ROWS + 1):
+    for rows in (1, THR_CHAIN_MAX_ROWS + 1):
         z = torch.zeros(rows, dtype=torch.int64, device=device)
         sample_rows(torch.randn(rows, vocab, device=device), torch.ones(rows, device=device), z,
                     z, top_k=z + 1, top_p=torch.full((rows,), 0.5, device=device))  # fmt: skip
@@ -289,37 +287,6 @@ def warm_up_sampling(vocab: int, device: str | torch.device) -> None:
 
         rows = ARGMAX_PROGRAMS_PER_SM * num_sms(device)
         argmax_rows(torch.randn(rows, vocab, device=device))
-
-
-# Fewer rows than this take top-k / top-p through a sort of each row (`_sample_sorted`), more
-# the keep-threshold kernels (`keep_threshold._keep_thresholds`). H200, 128256 float32 logits,
-# dev/topk_topp_probe.py, us a call, kernels / sort (top_k 50, top_p 0.9, both, top_p 0.999):
-# 1 row 76 / 196, 110 / 177, 573 / 198, 472 / 178; 8 rows 98 / 463, 256 / 443, 597 / 464, 596
-# / 444; 32 rows 254 / 815, 543 / 796, 749 / 814, 762 / 797 (the kernels' search for both, or
-# for a mass deep in the tail, ends in passes of one program over the row).
-FILTER_MIN_ROWS = 32
-
-
-def _sample_sorted(x, temperature, seeds, counters, top_k, top_p):
-    """`sample_rows` with top_k / top_p for a few rows on CUDA: each row's threshold value from
-    a sort of its scaled logits (float32: the last rank top-k and top-p keep; the tokens of
-    that value or above are `reference.top_k_top_p_keep`'s, ties kept together), then the
-    fused draw over the masked scaled logits (the same scores: s / 1 is s)."""
-    t = temperature
-    n, V = x.shape
-    scaled = x.to(torch.float32) / torch.where(t > 0, t, 1.0)[:, None]
-    desc = scaled.sort(dim=-1, descending=True).values
-    k = torch.where((top_k > 0) & (top_k < V), top_k, V)
-    keep = torch.arange(V, device=x.device)[None, :] < k[:, None]
-    probs = desc.masked_fill(~keep, float("-inf")).softmax(dim=-1)
-    keep &= (probs.cumsum(dim=-1) - probs < top_p[:, None]) | ~(top_p < 1)[:, None]
-    last = (keep.sum(dim=-1, keepdim=True) - 1).clamp(min=0)
-    thr = desc.gather(1, last)
-    top = desc[:, :1]  # (a descending sort puts a NaN first, then +inf)
-    bad = top.isnan() | (top == float("inf"))
-    masked = scaled.masked_fill(~((scaled >= thr) | bad), float("-inf"))
-    drawn = sample_rows(masked, torch.ones_like(t), seeds, counters)
-    return torch.where(t > 0, drawn, argmax_rows(x))
 
 
 def _sample_signature(x, temperature, seeds, counters, top_k, top_p, backend):
@@ -366,8 +333,6 @@ def sample_rows(x, temperature, seeds, counters, *, top_k=None, top_p=None,
         "[n] tensors (either may be None)",
         Described(top_k if top_p is None else top_p),
     )
-    if _triton(backend, x) and x.stride(1) == 1 and top_k is not None and n < FILTER_MIN_ROWS:
-        return _sample_sorted(x, temperature, seeds, counters, top_k, top_p)
     if _triton(backend, x) and x.stride(1) == 1:
         from .keep_threshold import keep_threshold_launches  # noqa: PLC0415
         from .triton_fused import sample_rows_triton  # noqa: PLC0415

@@ -38,9 +38,9 @@ def _order_key(s):
 # W(hi)) at once and keeps the sub-bracket where W crosses the goal: the first pass at keys
 # spread geometrically below the row's max (2**-3 .. 2**6.75 nats), the later ones evenly, until
 # hi = lo + 1. Once the bracket holds at most THR_LIST tokens, the next pass copies them to a
-# scratch row and the passes after it read that list instead of the row. A program a row runs
-# it (`_keep_threshold_kernel`), or, for few rows, a chain of launches runs its first passes
-# (below). Measurements: docs/kernels/keep_threshold.md.
+# scratch row, and a radix select over that list ends the search (`_list_select`). A program a
+# row runs it (`_keep_threshold_kernel`), or, for up to THR_CHAIN_MAX_ROWS rows, a chain of
+# launches (below). Measurements: docs/kernels/keep_threshold.md.
 THR_PIVOTS = 8
 THR_LIST = 4096
 THR_BLOCK = 2048  # columns a step: [THR_PIVOTS, THR_BLOCK] per-lane sums, 32 a thread at 16 warps
@@ -93,13 +93,15 @@ def _pivots(lo, hi, passes, mx, NP: tl.constexpr):
 
 
 @triton.jit
-def _pass_sums(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS, BLOCK: tl.constexpr,
-               NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+def _pass_sums(src, n_src, t, mx, piv, lo, hi, LIST, MASS: tl.constexpr, COPY: tl.constexpr,
+               BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
     """(count, mass) of the tokens of src[0, n_src) (x, s = x / t) at or above each pivot key,
-    and how many tokens of [lo, hi) it copied to LIST (where copy; none else). MASS: the masses
+    and how many tokens of [lo, hi) it copied to LIST (COPY; none else). MASS: the masses
     (else zeros). Per-lane sums, reduced once at the end; pivots first, so that a thread holds
     every pivot of its columns (columns first had the NP threads sharing a column each compute
-    its division and key: 16 div.rn a column in the sm_90 PTX)."""
+    its division and key: 16 div.rn a column in the sm_90 PTX). A column past n_src gets the
+    key -2**31, below every pivot (a pivot is at least the row's smallest key, and a row with
+    a NaN, whose key could be that, takes no search)."""
     cnt2 = tl.zeros([NP, BLOCK], tl.int32)
     w2 = tl.zeros([NP, BLOCK], tl.float32)
     written = 0
@@ -108,11 +110,12 @@ def _pass_sums(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS, BLOCK: tl.const
         m = cols < n_src
         xv = tl.load(src + cols, mask=m, other=0.0)
         s = tl.math.div_rn(xv.to(tl.float32), t)
-        k = _order_key(s)
-        ge = (k[None, :] >= piv[:, None]) & m[None, :]
+        k = tl.where(m, _order_key(s), -2147483648)
+        ge = k[None, :] >= piv[:, None]
         cnt2 += ge.to(tl.int32)
-        w2 += tl.where(ge & MASS, tl.exp(s - mx)[None, :], 0.0)
-        if copy:
+        if MASS:
+            w2 += tl.where(ge, tl.exp(s - mx)[None, :], 0.0)
+        if COPY:
             inb = m & (k >= lo) & (k < hi)
             pos = written + tl.cumsum(inb.to(tl.int32), axis=0) - 1
             tl.store(LIST + pos, xv, mask=inb)
@@ -121,10 +124,25 @@ def _pass_sums(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS, BLOCK: tl.const
 
 
 @triton.jit
+def _pass_sums_copy(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS: tl.constexpr,
+                    BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """`_pass_sums` where copy is known at run time: two loops, so that the passes that do not
+    copy (all but one a search) run without the copy's scan and stores (in one loop with a
+    run-time branch, the sm_90 SASS of the span pass's loop was ~3x longer than without)."""
+    if copy:
+        cnt, w, written = _pass_sums(src, n_src, t, mx, piv, lo, hi, LIST, MASS, True, BLOCK, NP,
+                                     STAGES)  # fmt: skip
+    else:
+        cnt, w, written = _pass_sums(src, n_src, t, mx, piv, lo, hi, LIST, MASS, False, BLOCK,
+                                     NP, STAGES)  # fmt: skip
+    return cnt, w, written
+
+
+@triton.jit
 def _narrow(piv, cnt, w, goal, target, passes, mass, NP: tl.constexpr):
-    """The bracket a pass's sums leave: (lo, hi, tokens in [lo, hi), target). mass: top-p's
-    step (the target is goal (p) times the first pass's W at slot 0, W(lo)), else top-k's
-    (goal k)."""
+    """The bracket a pass's sums leave: (lo, hi, tokens in [lo, hi), target, the slot j of
+    lo: [lo, hi) = [piv[j], piv[j + 1])). mass: top-p's step (the target is goal (p) times
+    the first pass's W at slot 0, W(lo)), else top-k's (goal k)."""
     slot = tl.arange(0, NP)
     if mass & (passes == 0):
         target = goal.to(tl.float32) * tl.sum(tl.where(slot == 0, w, 0.0), axis=0)
@@ -135,68 +153,108 @@ def _narrow(piv, cnt, w, goal, target, passes, mass, NP: tl.constexpr):
     )
     lo = tl.sum(tl.where(slot == j, piv, 0), axis=0)
     hi = tl.sum(tl.where(slot == j + 1, piv, 0), axis=0)
-    return lo, hi, inside, target
+    return lo, hi, inside, target, j
 
 
 @triton.jit
-def _threshold_search(src, n_src, t, mx, lo, hi, goal, LIST, C, MASS: tl.constexpr,
-                      BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr, passes=0,
-                      inside=-1, target=0.0, listed=0, above_c=0, above_w=0.0):  # fmt: skip
+def _list_select(LIST, n, t, mx, lo, hi, goal, above_c, above_w, MASS: tl.constexpr,
+                 C: tl.constexpr):  # fmt: skip
+    """The largest key tau in [lo, hi) with W(tau) >= goal, where W(k) is the count (MASS: the
+    mass) of the tokens with key >= k: the list's n tokens (LIST[0, n), x's dtype, s = x / t,
+    all of one earlier bracket [lo0, hi0) that holds [lo, hi)) plus above_c / above_w (those
+    at or above hi0). A radix select in registers over the bits of key - lo, from the highest
+    that [lo, hi) spans: a reduction a bit, instead of the passes that would close a bracket
+    of few tokens but a wide key range down to one key."""
+    i = tl.arange(0, C)
+    m = i < n
+    s = tl.math.div_rn(tl.load(LIST + i, mask=m, other=0.0).to(tl.float32), t)
+    key = _order_key(s)
+    if MASS:
+        wt = tl.exp(s - mx)
+        acc = above_w + tl.sum(tl.where(m & (key >= hi), wt, 0.0), axis=0)
+    else:
+        wt = tl.full([C], 1, tl.int32)
+        acc = above_c + tl.sum(tl.where(m & (key >= hi), wt, 0), axis=0)
+    d = key.to(tl.int64) - lo.to(tl.int64)
+    inb = m & (key >= lo) & (key < hi)
+    span = hi.to(tl.int64) - lo.to(tl.int64)
+    b = tl.zeros([], tl.int64)
+    while (tl.full([], 1, tl.int64) << (b + 1)) < span:  # 2 ** (b + 1) >= span
+        b += 1
+    prefix = tl.zeros([], tl.int64)  # tau - lo in [prefix, prefix + 2 ** (b + 1)); acc: W there
+    while b >= 0:
+        half = prefix + (tl.full([], 1, tl.int64) << b)
+        w1 = acc + tl.sum(tl.where(inb & (d >= half) & (d < half + (half - prefix)), wt, 0),
+                          axis=0)  # fmt: skip
+        up = w1 >= goal
+        prefix = tl.where(up, half, prefix)
+        acc = tl.where(up, acc, w1)
+        b -= 1
+    return tl.minimum(lo.to(tl.int64) + prefix, hi.to(tl.int64) - 1).to(tl.int32)
+
+
+@triton.jit
+def _threshold_search(src, n_src, t, mx, lo, hi, goal, LIST, C: tl.constexpr,
+                      MASS: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr,
+                      STAGES: tl.constexpr, passes=0, inside=-1, target=0.0):  # fmt: skip
     """lo at the end of the bracket search (block comment above) over src[0, n_src) (x, s = x /
     t) from [lo, hi] after `passes` passes; goal: k (counts) or p (MASS: the goal is p W(lo)).
-    LIST: the row's scratch of C elements (x's dtype), which src is where `listed`; above_c /
-    above_w: the count / mass of the tokens above the list; inside: the tokens in [lo, hi)
-    (-1: not known, before a first pass)."""
+    LIST: the row's scratch of C elements (x's dtype); inside: the tokens in [lo, hi) (-1: not
+    known, before a first pass). The pass that finds at most C tokens in the bracket copies
+    them to LIST, and `_list_select` ends the search there."""
     slot = tl.arange(0, NP)
     zi = tl.zeros([], tl.int32)  # (the defaults are constexprs: tensors for the loop's state)
-    zf = tl.zeros([], tl.float32)
     passes = passes + zi
-    n_src = n_src + zi
-    listed = listed + zi
-    above_c = above_c + zi
-    above_w = above_w + zf
-    target = target + zf
+    target = target + tl.zeros([], tl.float32)
     inside = tl.where(inside < 0, C + 1, inside) + zi
     while (hi.to(tl.int64) - lo.to(tl.int64) > 1) & (passes < 64):
         piv = _pivots(lo, hi, passes, mx, NP)
-        copy = (listed == 0) & (inside <= C)
-        cnt, w, written = _pass_sums(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS, BLOCK,
-                                     NP, STAGES)  # fmt: skip
-        cnt += above_c
-        w += above_w
-        if copy:  # later passes read the list: the tokens of [lo, hi), and those above hi
-            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)
-            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
-            src = LIST
-            n_src = written
-            listed = 1
-        lo, hi, inside, target = _narrow(piv, cnt, w, goal, target, passes, MASS, NP)
+        copy = inside <= C
+        cnt, w, written = _pass_sums_copy(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS,
+                                          BLOCK, NP, STAGES)  # fmt: skip
+        lo, hi, inside, target, _ = _narrow(piv, cnt, w, goal, target, passes, MASS, NP)
         passes += 1
+        if copy & (hi.to(tl.int64) - lo.to(tl.int64) > 1):  # the list holds the old bracket
+            g = goal
+            if MASS:
+                g = target
+            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)  # W(the old hi)
+            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
+            lo = _list_select(LIST, written, t, mx, lo, hi, g, above_c, above_w, MASS, C)
+            hi = lo + 1
     return lo
 
 
-# The chain for few rows (`thr_plan`): the first passes over a row by THR_CHAIN_PASSES launches
-# of (row, span) programs, each followed by a program a row that merges the spans' sums in span
-# order (deterministic) and narrows the bracket (`_thr_decide_kernel`); the last pass that finds
-# the bracket small copies its tokens to a segment a span; then `_keep_threshold_kernel` goes on
-# from that state. WS (int32): a row's state (_ST words at the `_W_*` offsets), then each
-# (row, span)'s stats (4 words: max's bits, smallest and largest key, bad; `_stats_at`), then
-# each (row, span)'s pass sums (NP counts, NP masses' bits, the tokens it copied; `_sums_at`).
-THR_CHAIN_PASSES = 3
-_ST = tl.constexpr(16)  # words of state a row
+# The chain for few rows (`thr_plan`): the search's passes as THR_CHAIN_PASSES rounds of two
+# launches, a (row, span) launch of pass sums, then a program a row that merges its spans' sums
+# in span order (deterministic) and narrows the bracket (`_thr_decide_kernel`); then
+# `_keep_threshold_kernel` finishes a search still going, from the row's state. Once the
+# bracket holds at most THR_LIST tokens, the decide writes each span's offset in the row's list
+# (the prefix of the spans' counts in the new bracket, which the same pass's sums hold), the
+# next pass copies the bracket's tokens there (in column order), and the decide after it ends
+# the search on the list (`_list_select`). A top-k search that ends hands over to top-p's (where
+# p < 1), which starts over the row. WS (int32): a row's state (_ST words at the `_W_*`
+# offsets), then each (row, span)'s stats (4 words: max's bits, smallest and largest key, bad;
+# `_stats_at`), each (row, span)'s pass sums (NP counts, NP masses' bits, the tokens it copied;
+# `_sums_at`), and each (row, span)'s offset in the list (`_offset_at`).
+# (6 rounds: top_p 0.999 at 32 / 64 rows 251 / 410 us against 263 / 476 with 5, which were
+# 2-3 us faster elsewhere; the pass at 16 warps 3-10% faster than at 8. H200, 128256 float32
+# logits, dev/topk_topp_probe.py.)
+THR_CHAIN_PASSES = 6
+THR_PASS_WARPS = 16
+_ST = tl.constexpr(12)  # words of state a row
 _W_PHASE = tl.constexpr(0)  # 0 top-k's search, 1 top-p's, 2 done (lo is the threshold)
 _W_LO = tl.constexpr(1)
 _W_HI = tl.constexpr(2)
 _W_PASSES = tl.constexpr(3)
 _W_INSIDE = tl.constexpr(4)  # tokens in [lo, hi), -1 before a first pass
 _W_TARGET = tl.constexpr(5)  # top-p's goal mass (float32 bits)
-_W_LISTED = tl.constexpr(6)  # 1: the spans' segments hold [lo, hi) of a pass
-_W_ABOVE_C = tl.constexpr(7)  # count of the tokens above the segments
-_W_ABOVE_W = tl.constexpr(8)  # their mass (float32 bits)
-_W_MAX = tl.constexpr(9)  # the row's max of s (float32 bits)
-_W_KMAX = tl.constexpr(10)  # its largest key
-_W_K = tl.constexpr(11)  # k (V where top-k is off)
-_W_P = tl.constexpr(12)  # p (float32 bits)
+_W_COPY = tl.constexpr(6)  # 1: the next pass copies [lo, hi) to the list (`_offset_at`)
+_W_MAX = tl.constexpr(7)  # the row's max of s (float32 bits)
+_W_KMAX = tl.constexpr(8)  # its largest key
+_W_K = tl.constexpr(9)  # k (V where top-k is off)
+_W_P = tl.constexpr(10)  # p (float32 bits)
+_SPAN_WORDS = 4 + 2 * THR_PIVOTS + 2  # a (row, span)'s words: stats, pass sums, list offset
 
 
 @triton.jit
@@ -210,6 +268,13 @@ def _sums_at(WS, row, S, NP: tl.constexpr):
     """Where (row, span 0)'s pass sums start in WS (2 NP + 1 words a span)."""
     n = tl.num_programs(0)
     return WS + (n * _ST + n * S * 4 + row * S * (2 * NP + 1))
+
+
+@triton.jit
+def _offset_at(WS, row, S, NP: tl.constexpr):
+    """Where (row, span 0)'s offset in the row's list is in WS (a word a span)."""
+    n = tl.num_programs(0)
+    return WS + (n * _ST + n * S * (4 + 2 * NP + 1) + row * S)
 
 
 @triton.jit(do_not_specialize=["NB", "S"])
@@ -229,29 +294,20 @@ def _thr_stats_kernel(X, WS, V, sx, NB, S, T, BLOCK: tl.constexpr, STAGES: tl.co
     tl.store(at + 3, bad)
 
 
-@triton.jit
-def _thr_sums_at(WS, row, S, NP: tl.constexpr, S_P2: tl.constexpr):
-    """The spans' pass sums of a row (WS's sums region), summed in span order: (cnt, w)."""
-    c = tl.arange(0, S_P2)
-    m = (c < S)[:, None]
-    base = _sums_at(WS, row, S, NP) + c[:, None] * (2 * NP + 1) + tl.arange(0, NP)[None, :]
-    cnt = tl.sum(tl.load(base, mask=m, other=0), axis=0)
-    w = tl.sum(tl.load(base + NP, mask=m, other=0).to(tl.float32, bitcast=True), axis=0)
-    return cnt, w
-
-
 @triton.jit(do_not_specialize=["S"])
-def _thr_decide_kernel(WS, LIST, V, S, C, T, TOPK, TOPP, NP: tl.constexpr,
+def _thr_decide_kernel(WS, LIST, V, S, T, TOPK, TOPP, C: tl.constexpr, NP: tl.constexpr,
                        S_P2: tl.constexpr, FIRST: tl.constexpr,
                        PDL: tl.constexpr = False):  # fmt: skip
     """Program row: FIRST, the row's state from its spans' stats; else the bracket the last
-    span pass's sums leave (a top-k search that ends hands over to top-p's where p < 1)."""
+    pass's sums leave (block comment above: the search ends on the list the pass copied, or
+    the list's offsets are written where the bracket holds at most C tokens; a top-k search
+    that ends hands over to top-p's where p < 1)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     st = WS + row * _ST
+    c = tl.arange(0, S_P2)
+    m = c < S
     if FIRST:
-        c = tl.arange(0, S_P2)
-        m = c < S
         at = _stats_at(WS, row, S) + c * 4
         mx = tl.max(tl.load(at, mask=m, other=0xFF800000).to(tl.float32, bitcast=True), axis=0)
         kmin = tl.min(tl.load(at + 1, mask=m, other=2147483647), axis=0)
@@ -268,78 +324,98 @@ def _thr_decide_kernel(WS, LIST, V, S, C, T, TOPK, TOPP, NP: tl.constexpr,
         tl.store(st + _W_PASSES, 0)
         tl.store(st + _W_INSIDE, -1)
         tl.store(st + _W_TARGET, 0)
-        tl.store(st + _W_LISTED, 0)
-        tl.store(st + _W_ABOVE_C, 0)
-        tl.store(st + _W_ABOVE_W, 0)
+        tl.store(st + _W_COPY, 0)
         tl.store(st + _W_MAX, mx.to(tl.int32, bitcast=True))
         tl.store(st + _W_KMAX, kmax)
         tl.store(st + _W_K, tl.where(use_k, k, V).to(tl.int32))
         tl.store(st + _W_P, p.to(tl.int32, bitcast=True))
     else:
         phase = tl.load(st + _W_PHASE)
-        if (phase < 2) & (tl.load(st + _W_LISTED) == 0):
+        if phase < 2:
             lo = tl.load(st + _W_LO)
             hi = tl.load(st + _W_HI)
             passes = tl.load(st + _W_PASSES)
-            inside = tl.load(st + _W_INSIDE)
+            n_list = tl.load(st + _W_INSIDE)  # (what the pass copied, where it did)
             target = tl.load(st + _W_TARGET).to(tl.float32, bitcast=True)
             mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
-            kmax = tl.load(st + _W_KMAX)
             k = tl.load(st + _W_K)
             p = tl.load(st + _W_P).to(tl.float32, bitcast=True)
             piv = _pivots(lo, hi, passes, mx, NP)
-            cnt, w = _thr_sums_at(WS, row, S, NP, S_P2)
+            base = _sums_at(WS, row, S, NP) + c[:, None] * (2 * NP + 1)
+            slots = tl.arange(0, NP)[None, :]
+            cnt = tl.sum(tl.load(base + slots, mask=m[:, None], other=0), axis=0)
+            w = tl.sum(tl.load(base + NP + slots, mask=m[:, None], other=0).to(tl.float32,
+                       bitcast=True), axis=0)  # fmt: skip
             slot = tl.arange(0, NP)
-            if (inside >= 0) & (inside <= C):  # the pass copied [lo, hi) to the segments
-                tl.store(st + _W_LISTED, 1)
-                tl.store(st + _W_ABOVE_C, tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0))
-                wa = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
-                tl.store(st + _W_ABOVE_W, wa.to(tl.int32, bitcast=True))
+            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)  # W(hi) of the pass
+            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
             goal = tl.where(phase == 1, p, k.to(tl.float32))
-            lo, hi, inside, target = _narrow(piv, cnt, w, goal, target, passes, phase == 1, NP)
+            lo, hi, inside, target, j = _narrow(piv, cnt, w, goal, target, passes, phase == 1,
+                                                NP)  # fmt: skip
             passes += 1
+            if (tl.load(st + _W_COPY) == 1) & (hi.to(tl.int64) - lo.to(tl.int64) > 1):
+                t = tl.load(T + row)
+                if phase == 1:
+                    lo = _list_select(LIST + row * C, n_list, t, mx, lo, hi, target, above_c,
+                                      above_w, True, C)  # fmt: skip
+                else:
+                    lo = _list_select(LIST + row * C, n_list, t, mx, lo, hi, k, above_c,
+                                      above_w, False, C)  # fmt: skip
+                hi = lo + 1
+            copy = 0
             if hi.to(tl.int64) - lo.to(tl.int64) <= 1:  # this search ended
                 if (phase == 0) & (p < 1.0):  # top-p's from top-k's threshold, on the row
                     phase = 1
-                    hi = kmax + 1
+                    hi = tl.load(st + _W_KMAX) + 1
                     passes = 0
                     inside = -1
-                    tl.store(st + _W_LISTED, 0)
-                    tl.store(st + _W_ABOVE_C, 0)
-                    tl.store(st + _W_ABOVE_W, 0)
                 else:
                     phase = 2
+            elif inside <= C:  # the next pass copies [lo, hi) to the list
+                at = _sums_at(WS, row, S, NP) + c * (2 * NP + 1) + j
+                d = tl.load(at, mask=m, other=0) - tl.load(at + 1, mask=m, other=0)
+                tl.store(_offset_at(WS, row, S, NP) + c, tl.cumsum(d, axis=0) - d, mask=m)
+                copy = 1
             tl.store(st + _W_PHASE, phase)
             tl.store(st + _W_LO, lo)
             tl.store(st + _W_HI, hi)
             tl.store(st + _W_PASSES, passes)
             tl.store(st + _W_INSIDE, inside)
             tl.store(st + _W_TARGET, target.to(tl.int32, bitcast=True))
+            tl.store(st + _W_COPY, copy)
 
 
-@triton.jit(do_not_specialize=["NB", "S", "C"])
-def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, C, T, BLOCK: tl.constexpr, NP: tl.constexpr,
-                     STAGES: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+@triton.jit(do_not_specialize=["NB", "S"])
+def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, T, C: tl.constexpr, BLOCK: tl.constexpr,
+                     NP: tl.constexpr, STAGES: tl.constexpr,
+                     PDL: tl.constexpr = False):  # fmt: skip
     """Program (row, span): the span's pass sums at the row state's pivots -> WS's sums
-    region; where the bracket holds at most C tokens, its tokens -> the span's segment of LIST
-    (and their number)."""
+    region; where the state says so, the span's tokens in [lo, hi) -> the row's list (LIST
+    [n, C]) from the span's offset, in column order."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     st = WS + row * _ST
     phase = tl.load(st + _W_PHASE)
-    if (phase < 2) & (tl.load(st + _W_LISTED) == 0):
+    if phase < 2:
         lo = tl.load(st + _W_LO)
         hi = tl.load(st + _W_HI)
-        inside = tl.load(st + _W_INSIDE)
         mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
         piv = _pivots(lo, hi, tl.load(st + _W_PASSES), mx, NP)
         start = c * NB * BLOCK
         n = tl.minimum(V - start, NB * BLOCK)
-        copy = (inside >= 0) & (inside <= C)
-        seg = LIST + (row * (S + 1) + c) * C
-        cnt, w, written = _pass_sums(X + row * sx + start, n, tl.load(T + row), mx, piv, lo, hi,
-                                     copy, seg, phase == 1, BLOCK, NP, STAGES)  # fmt: skip
+        copy = tl.load(st + _W_COPY) == 1
+        dest = LIST + row * C
+        if copy:
+            dest += tl.load(_offset_at(WS, row, S, NP) + c)
+        src = X + row * sx + start
+        t = tl.load(T + row)
+        if phase == 1:  # (two forms: top-k's passes skip the masses)
+            cnt, w, written = _pass_sums_copy(src, n, t, mx, piv, lo, hi, copy, dest, True,
+                                              BLOCK, NP, STAGES)  # fmt: skip
+        else:
+            cnt, w, written = _pass_sums_copy(src, n, t, mx, piv, lo, hi, copy, dest, False,
+                                              BLOCK, NP, STAGES)  # fmt: skip
         slot = tl.arange(0, NP)
         at = _sums_at(WS, row, S, NP) + c * (2 * NP + 1)
         tl.store(at + slot, cnt)
@@ -347,16 +423,15 @@ def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, C, T, BLOCK: tl.constexpr, NP: t
         tl.store(at + 2 * NP, written)
 
 
-@triton.jit(do_not_specialize=["C", "S"])
-def _keep_threshold_kernel(X, THR, LIST, V, sx, C, T, TOPK, TOPP, WS, S, BLOCK: tl.constexpr,
-                           NP: tl.constexpr, STAGES: tl.constexpr, CHAIN: tl.constexpr = False,
-                           PDL: tl.constexpr = False):  # fmt: skip
+@triton.jit(do_not_specialize=["S"])
+def _keep_threshold_kernel(X, THR, LIST, V, sx, T, TOPK, TOPP, WS, S, C: tl.constexpr,
+                           BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr,
+                           CHAIN: tl.constexpr = False, PDL: tl.constexpr = False):  # fmt: skip
     """Program row: THR[row] (int32) = the smallest `_order_key` of the tokens top-k (TOPK[row]
     int64, on where 0 < k < V) and then top-p (TOPP[row] float32, on where p < 1) keep of
     x / T[row]; -2**31 (every token) where T[row] <= 0, neither is on, or the row holds a
-    NaN or +inf. LIST: the row's scratch, [n, C] of x's dtype (CHAIN: [n, S + 1, C], the
-    spans' segments then the list). CHAIN: go on from the row's state in WS (the chain's
-    launches, block comment above)."""
+    NaN or +inf. LIST: the rows' scratch, [n, C] of x's dtype. CHAIN: go on from the row's
+    state in WS (the chain's launches, block comment above)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(T + row)
@@ -365,9 +440,9 @@ def _keep_threshold_kernel(X, THR, LIST, V, sx, C, T, TOPK, TOPP, WS, S, BLOCK: 
     use_k = (k > 0) & (k < V)
     use_p = p < 1.0
     base = X + row * sx
+    lst = LIST + row * C
     thr = -2147483648
     if CHAIN:
-        lst = LIST + row * (S + 1) * C + S * C
         st = WS + row * _ST
         phase = tl.load(st + _W_PHASE)
         lo = tl.load(st + _W_LO)
@@ -377,52 +452,33 @@ def _keep_threshold_kernel(X, THR, LIST, V, sx, C, T, TOPK, TOPP, WS, S, BLOCK: 
             passes = tl.load(st + _W_PASSES)
             inside = tl.load(st + _W_INSIDE)
             target = tl.load(st + _W_TARGET).to(tl.float32, bitcast=True)
-            listed = tl.load(st + _W_LISTED)
             mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
-            kmax = tl.load(st + _W_KMAX)
-            src = base
-            n_src = V
-            if listed == 1:  # the spans' segments, in span order, into the list
-                n_src = 0
-                for c in range(0, S):
-                    seg = LIST + (row * (S + 1) + c) * C
-                    length = tl.load(_sums_at(WS, row, S, NP) + c * (2 * NP + 1) + 2 * NP)
-                    for i in range(0, length, BLOCK):
-                        cols = i + tl.arange(0, BLOCK)
-                        m = cols < length
-                        tl.store(lst + n_src + cols, tl.load(seg + cols, mask=m), mask=m)
-                    n_src += length
-                src = lst
-            above_c = tl.load(st + _W_ABOVE_C)
-            above_w = tl.load(st + _W_ABOVE_W).to(tl.float32, bitcast=True)
             if phase == 0:
-                thr = _threshold_search(src, n_src, t, mx, lo, hi, k, lst, C, False, BLOCK, NP,
-                                        STAGES, passes, inside, target, listed, above_c,
-                                        above_w)  # fmt: skip
+                thr = _threshold_search(base, V, t, mx, lo, hi, k, lst, C, False, BLOCK, NP,
+                                        STAGES, passes, inside, target)  # fmt: skip
                 if use_p:
-                    thr = _threshold_search(base, V, t, mx, thr, kmax + 1, p, lst, C, True,
-                                            BLOCK, NP, STAGES)  # fmt: skip
+                    thr = _threshold_search(base, V, t, mx, thr, tl.load(st + _W_KMAX) + 1, p,
+                                            lst, C, True, BLOCK, NP, STAGES)  # fmt: skip
             else:
-                thr = _threshold_search(src, n_src, t, mx, lo, hi, p, lst, C, True, BLOCK, NP,
-                                        STAGES, passes, inside, target, listed, above_c,
-                                        above_w)  # fmt: skip
+                thr = _threshold_search(base, V, t, mx, lo, hi, p, lst, C, True, BLOCK, NP,
+                                        STAGES, passes, inside, target)  # fmt: skip
     elif (t > 0) & (use_k | use_p):
         mx, kmin, kmax, bad = _row_stats(base, V, t, BLOCK, STAGES)
         if bad == 0:
             thr = kmin
             if use_k:
-                thr = _threshold_search(base, V, t, mx, kmin, kmax + 1, k, LIST + row * C, C,
-                                        False, BLOCK, NP, STAGES)  # fmt: skip
+                thr = _threshold_search(base, V, t, mx, kmin, kmax + 1, k, lst, C, False, BLOCK,
+                                        NP, STAGES)  # fmt: skip
             if use_p:
-                thr = _threshold_search(base, V, t, mx, thr, kmax + 1, p, LIST + row * C, C,
-                                        True, BLOCK, NP, STAGES)  # fmt: skip
+                thr = _threshold_search(base, V, t, mx, thr, kmax + 1, p, lst, C, True, BLOCK,
+                                        NP, STAGES)  # fmt: skip
     tl.store(THR + row, thr)
 
 
 # Rows at most this many take the chain of span passes (`thr_plan`), more the one program a row
-# (H200, 128256 float32 logits, dev/topk_topp_probe.py, us a call, chain / a program a row:
-# 1 row top_k 50 76 / 325, top_p 0.9 110 / 525; 32 rows 254 / 395, 543 / 767; 64 rows 399 /
-# 417, 743 / 811, top_k 50 + top_p 0.9 898 / 860; 256 rows (2 spans) 1284 / 898, 1744 / 1611).
+# (H200, 128256 float32 logits, dev/topk_topp_probe.py, us a call, chain / a program a row,
+# top_k 50, top_p 0.9, both, top_p 0.999: 64 rows 256 / 314, 354 / 444, 437 / 551, 410 / 534;
+# 128 rows 425 / 379, 573 / 489, 723 / 613, 665 / 580).
 THR_CHAIN_MAX_ROWS = 64
 
 
@@ -444,35 +500,33 @@ def _keep_thresholds(x, temperature, top_k, top_p, sms, pdl):
     n, V = x.shape
     S, nb = thr_plan(n, V, sms)
     thr = torch.empty(n, dtype=torch.int32, device=x.device)
-    common = dict(BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=16, **pdl)
+    lst = torch.empty(n, THR_LIST, dtype=x.dtype, device=x.device)
+    common = dict(C=THR_LIST, BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=16, **pdl)
     if S == 1:
-        lst = torch.empty(n, THR_LIST, dtype=x.dtype, device=x.device)
         cached_launch(
-            _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), THR_LIST, temperature,
-            top_k, top_p, x, 1, **common,
+            _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), temperature, top_k, top_p,
+            x, 1, **common,
         )  # fmt: skip
         return thr, lst, None
-    lst = torch.empty(n, S + 1, THR_LIST, dtype=x.dtype, device=x.device)
-    ws = torch.empty(n * (_ST.value + S * (4 + 2 * THR_PIVOTS + 1)), dtype=torch.int32,
-                     device=x.device)  # fmt: skip
-    s_p2 = triton.next_power_of_2(triton.cdiv(V, THR_BLOCK))
-    small = dict(NP=THR_PIVOTS, S_P2=s_p2, num_warps=4, **pdl)
+    ws = torch.empty(n * (_ST.value + S * _SPAN_WORDS), dtype=torch.int32, device=x.device)
+    decide = dict(C=THR_LIST, NP=THR_PIVOTS, S_P2=triton.next_power_of_2(triton.cdiv(V, THR_BLOCK)),
+                  num_warps=16, **pdl)  # fmt: skip
     cached_launch(
         _thr_stats_kernel, (n, S), x, ws, V, x.stride(0), nb, S, temperature, BLOCK=THR_BLOCK,
         STAGES=3, num_warps=8, **pdl,
     )  # fmt: skip
-    cached_launch(_thr_decide_kernel, (n,), ws, lst, V, S, THR_LIST, temperature, top_k, top_p,
-                  FIRST=True, **small)  # fmt: skip
+    cached_launch(_thr_decide_kernel, (n,), ws, lst, V, S, temperature, top_k, top_p,
+                  FIRST=True, **decide)  # fmt: skip
     for _ in range(THR_CHAIN_PASSES):
         cached_launch(
-            _thr_pass_kernel, (n, S), x, ws, lst, V, x.stride(0), nb, S, THR_LIST, temperature,
-            BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=8, **pdl,
+            _thr_pass_kernel, (n, S), x, ws, lst, V, x.stride(0), nb, S, temperature, C=THR_LIST,
+            BLOCK=THR_BLOCK, NP=THR_PIVOTS, STAGES=3, num_warps=THR_PASS_WARPS, **pdl,
         )  # fmt: skip
-        cached_launch(_thr_decide_kernel, (n,), ws, lst, V, S, THR_LIST, temperature, top_k,
-                      top_p, FIRST=False, **small)  # fmt: skip
+        cached_launch(_thr_decide_kernel, (n,), ws, lst, V, S, temperature, top_k, top_p,
+                      FIRST=False, **decide)  # fmt: skip
     cached_launch(
-        _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), THR_LIST, temperature, top_k,
-        top_p, ws, S, CHAIN=True, **common,
+        _keep_threshold_kernel, (n,), x, thr, lst, V, x.stride(0), temperature, top_k, top_p, ws,
+        S, CHAIN=True, **common,
     )  # fmt: skip
     return thr, lst, ws
 
