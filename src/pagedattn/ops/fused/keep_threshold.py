@@ -93,49 +93,46 @@ def _pivots(lo, hi, passes, mx, NP: tl.constexpr):
 
 
 @triton.jit
-def _pass_sums(src, n_src, t, mx, piv, lo, hi, LIST, MASS: tl.constexpr, COPY: tl.constexpr,
-               BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    """(count, mass) of the tokens of src[0, n_src) (x, s = x / t) at or above each pivot key,
-    and how many tokens of [lo, hi) it copied to LIST (COPY; none else). MASS: the masses
-    (else zeros). Per-lane sums, reduced once at the end; pivots first, so that a thread holds
-    every pivot of its columns (columns first had the NP threads sharing a column each compute
-    its division and key: 16 div.rn a column in the sm_90 PTX). A column past n_src gets the
-    key -2**31, below every pivot (a pivot is at least the row's smallest key, and a row with
-    a NaN, whose key could be that, takes no search)."""
+def _pass_sums(src, n_src, t, mx, piv, MASS: tl.constexpr, BLOCK: tl.constexpr,
+               NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    """(count, mass) of the tokens of src[0, n_src) (x, s = x / t) at or above each pivot key.
+    MASS: the masses (else zeros). Per-lane sums, reduced once at the end; pivots first, so
+    that a thread holds every pivot of its columns (columns first had the NP threads sharing a
+    column each compute its division and key: 16 div.rn a column in the sm_90 PTX). A column
+    past n_src gets the key -2**31, below every pivot (a pivot is at least the row's smallest
+    key, and a row with a NaN, whose key could be that, takes no search)."""
     cnt2 = tl.zeros([NP, BLOCK], tl.int32)
     w2 = tl.zeros([NP, BLOCK], tl.float32)
-    written = 0
     for start in tl.range(0, n_src, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         m = cols < n_src
-        xv = tl.load(src + cols, mask=m, other=0.0)
-        s = tl.math.div_rn(xv.to(tl.float32), t)
+        s = tl.math.div_rn(tl.load(src + cols, mask=m, other=0.0).to(tl.float32), t)
         k = tl.where(m, _order_key(s), -2147483648)
         ge = k[None, :] >= piv[:, None]
         cnt2 += ge.to(tl.int32)
         if MASS:
             w2 += tl.where(ge, tl.exp(s - mx)[None, :], 0.0)
-        if COPY:
-            inb = m & (k >= lo) & (k < hi)
-            pos = written + tl.cumsum(inb.to(tl.int32), axis=0) - 1
-            tl.store(LIST + pos, xv, mask=inb)
-            written += tl.sum(inb.to(tl.int32), axis=0)
-    return tl.sum(cnt2, axis=1), tl.sum(w2, axis=1), written
+    return tl.sum(cnt2, axis=1), tl.sum(w2, axis=1)
 
 
 @triton.jit
-def _pass_sums_copy(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS: tl.constexpr,
-                    BLOCK: tl.constexpr, NP: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
-    """`_pass_sums` where copy is known at run time: two loops, so that the passes that do not
-    copy (all but one a search) run without the copy's scan and stores (in one loop with a
-    run-time branch, the sm_90 SASS of the span pass's loop was ~3x longer than without)."""
-    if copy:
-        cnt, w, written = _pass_sums(src, n_src, t, mx, piv, lo, hi, LIST, MASS, True, BLOCK, NP,
-                                     STAGES)  # fmt: skip
-    else:
-        cnt, w, written = _pass_sums(src, n_src, t, mx, piv, lo, hi, LIST, MASS, False, BLOCK,
-                                     NP, STAGES)  # fmt: skip
-    return cnt, w, written
+def _copy_bracket(src, n_src, t, lo, hi, LIST, BLOCK: tl.constexpr, STAGES: tl.constexpr):
+    """Copy the tokens of src[0, n_src) whose key of s = x / t is in [lo, hi) to LIST, in
+    column order; returns how many. A pass of its own, without the pivots' sums: in one loop
+    with them (the copy behind a flag) the sm_90 SASS loop of the span pass was 933-1,128
+    instructions against 270-358 without the copy, the division and key computed in two
+    layouts."""
+    written = 0
+    for start in tl.range(0, n_src, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        m = cols < n_src
+        xv = tl.load(src + cols, mask=m, other=0.0)
+        k = _order_key(tl.math.div_rn(xv.to(tl.float32), t))
+        inb = m & (k >= lo) & (k < hi)
+        pos = written + tl.cumsum(inb.to(tl.int32), axis=0) - 1
+        tl.store(LIST + pos, xv, mask=inb)
+        written += tl.sum(inb.to(tl.int32), axis=0)
+    return written
 
 
 @triton.jit
@@ -160,11 +157,12 @@ def _narrow(piv, cnt, w, goal, target, passes, mass, NP: tl.constexpr):
 def _list_select(LIST, n, t, mx, lo, hi, goal, above_c, above_w, MASS: tl.constexpr,
                  C: tl.constexpr):  # fmt: skip
     """The largest key tau in [lo, hi) with W(tau) >= goal, where W(k) is the count (MASS: the
-    mass) of the tokens with key >= k: the list's n tokens (LIST[0, n), x's dtype, s = x / t,
-    all of one earlier bracket [lo0, hi0) that holds [lo, hi)) plus above_c / above_w (those
-    at or above hi0). A radix select in registers over the bits of key - lo, from the highest
-    that [lo, hi) spans: a reduction a bit, instead of the passes that would close a bracket
-    of few tokens but a wide key range down to one key."""
+    mass) of the tokens with key >= k: the list's n tokens (LIST[0, n), x's dtype, s = x / t;
+    every token of the row in [lo, hi), and maybe others of a wider bracket) plus above_c /
+    above_w (the tokens at or above hi, or above the wider bracket). A radix select in
+    registers over the bits of key - lo, from the highest that [lo, hi) spans: a reduction a
+    bit, instead of the passes that would close a bracket of few tokens but a wide key range
+    down to one key."""
     i = tl.arange(0, C)
     m = i < n
     s = tl.math.div_rn(tl.load(LIST + i, mask=m, other=0.0).to(tl.float32), t)
@@ -196,53 +194,57 @@ def _list_select(LIST, n, t, mx, lo, hi, goal, above_c, above_w, MASS: tl.conste
 @triton.jit
 def _threshold_search(src, n_src, t, mx, lo, hi, goal, LIST, C: tl.constexpr,
                       MASS: tl.constexpr, BLOCK: tl.constexpr, NP: tl.constexpr,
-                      STAGES: tl.constexpr, passes=0, inside=-1, target=0.0):  # fmt: skip
+                      STAGES: tl.constexpr, passes=0, inside=-1, target=0.0, above_c=0,
+                      above_w=0.0):  # fmt: skip
     """lo at the end of the bracket search (block comment above) over src[0, n_src) (x, s = x /
     t) from [lo, hi] after `passes` passes; goal: k (counts) or p (MASS: the goal is p W(lo)).
     LIST: the row's scratch of C elements (x's dtype); inside: the tokens in [lo, hi) (-1: not
-    known, before a first pass). The pass that finds at most C tokens in the bracket copies
-    them to LIST, and `_list_select` ends the search there."""
+    known, before a first pass); above_c / above_w: W(hi). Once the bracket holds at most C
+    tokens, a pass copies them to LIST and `_list_select` ends the search there."""
     slot = tl.arange(0, NP)
     zi = tl.zeros([], tl.int32)  # (the defaults are constexprs: tensors for the loop's state)
     passes = passes + zi
     target = target + tl.zeros([], tl.float32)
+    above_c = above_c + zi
+    above_w = above_w + tl.zeros([], tl.float32)
     inside = tl.where(inside < 0, C + 1, inside) + zi
     while (hi.to(tl.int64) - lo.to(tl.int64) > 1) & (passes < 64):
-        piv = _pivots(lo, hi, passes, mx, NP)
-        copy = inside <= C
-        cnt, w, written = _pass_sums_copy(src, n_src, t, mx, piv, lo, hi, copy, LIST, MASS,
-                                          BLOCK, NP, STAGES)  # fmt: skip
-        lo, hi, inside, target, _ = _narrow(piv, cnt, w, goal, target, passes, MASS, NP)
-        passes += 1
-        if copy & (hi.to(tl.int64) - lo.to(tl.int64) > 1):  # the list holds the old bracket
+        if inside <= C:
+            written = _copy_bracket(src, n_src, t, lo, hi, LIST, BLOCK, STAGES)
             g = goal
             if MASS:
                 g = target
-            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)  # W(the old hi)
-            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
             lo = _list_select(LIST, written, t, mx, lo, hi, g, above_c, above_w, MASS, C)
             hi = lo + 1
+        else:
+            piv = _pivots(lo, hi, passes, mx, NP)
+            cnt, w = _pass_sums(src, n_src, t, mx, piv, MASS, BLOCK, NP, STAGES)
+            lo, hi, inside, target, j = _narrow(piv, cnt, w, goal, target, passes, MASS, NP)
+            above_c = tl.sum(tl.where(slot == j + 1, cnt, 0), axis=0)  # W(hi)
+            above_w = tl.sum(tl.where(slot == j + 1, w, 0.0), axis=0)
+            passes += 1
     return lo
 
 
 # The chain for few rows (`thr_plan`): the search's passes as THR_CHAIN_PASSES rounds of two
-# launches, a (row, span) launch of pass sums, then a program a row that merges its spans' sums
-# in span order (deterministic) and narrows the bracket (`_thr_decide_kernel`); then
-# `_keep_threshold_kernel` finishes a search still going, from the row's state. Once the
-# bracket holds at most THR_LIST tokens, the decide writes each span's offset in the row's list
-# (the prefix of the spans' counts in the new bracket, which the same pass's sums hold), the
-# next pass copies the bracket's tokens there (in column order), and the decide after it ends
-# the search on the list (`_list_select`). A top-k search that ends hands over to top-p's (where
-# p < 1), which starts over the row. WS (int32): a row's state (_ST words at the `_W_*`
-# offsets), then each (row, span)'s stats (4 words: max's bits, smallest and largest key, bad;
-# `_stats_at`), each (row, span)'s pass sums (NP counts, NP masses' bits, the tokens it copied;
-# `_sums_at`), and each (row, span)'s offset in the list (`_offset_at`).
-# (6 rounds: top_p 0.999 at 32 / 64 rows 251 / 410 us against 263 / 476 with 5, which were
-# 2-3 us faster elsewhere; the pass at 16 warps 3-10% faster than at 8. H200, 128256 float32
+# launches, a (row, span) launch, then a program a row (`_thr_decide_kernel`); then
+# `_keep_threshold_kernel` finishes a search still going, from the row's state. A round's
+# spans sum the pivots' counts (and masses), and its decide merges them in span order
+# (deterministic) and narrows the bracket; once the bracket holds at most THR_LIST tokens, the
+# decide writes each span's offset in the row's list (the prefix of the spans' counts in the
+# new bracket, which the same pass's sums hold), the next round's spans copy the bracket's
+# tokens there (in column order), and its decide ends the search on the list
+# (`_list_select`). A top-k search that ends hands over to top-p's (where p < 1), which starts
+# over the row. WS (int32): a row's state (_ST words at the `_W_*` offsets), then each (row,
+# span)'s stats (4 words: max's bits, smallest and largest key, bad; `_stats_at`), each (row,
+# span)'s pass sums (NP counts, NP masses' bits; `_sums_at`), and each (row, span)'s offset
+# in the list (`_offset_at`).
+# (6 rounds: top_p 0.999 at 32 / 64 rows 227 / 354 us against 244 / 378 with 5, which were
+# 1-4 us faster elsewhere; the pass at 16 warps 3-10% faster than at 8. H200, 128256 float32
 # logits, dev/topk_topp_probe.py.)
 THR_CHAIN_PASSES = 6
 THR_PASS_WARPS = 16
-_ST = tl.constexpr(12)  # words of state a row
+_ST = tl.constexpr(14)  # words of state a row
 _W_PHASE = tl.constexpr(0)  # 0 top-k's search, 1 top-p's, 2 done (lo is the threshold)
 _W_LO = tl.constexpr(1)
 _W_HI = tl.constexpr(2)
@@ -254,7 +256,9 @@ _W_MAX = tl.constexpr(7)  # the row's max of s (float32 bits)
 _W_KMAX = tl.constexpr(8)  # its largest key
 _W_K = tl.constexpr(9)  # k (V where top-k is off)
 _W_P = tl.constexpr(10)  # p (float32 bits)
-_SPAN_WORDS = 4 + 2 * THR_PIVOTS + 2  # a (row, span)'s words: stats, pass sums, list offset
+_W_ABOVE_C = tl.constexpr(11)  # W(hi): the count of the tokens at or above hi
+_W_ABOVE_W = tl.constexpr(12)  # their mass (float32 bits)
+_SPAN_WORDS = 4 + 2 * THR_PIVOTS + 1  # a (row, span)'s words: stats, pass sums, list offset
 
 
 @triton.jit
@@ -265,16 +269,16 @@ def _stats_at(WS, row, S):
 
 @triton.jit
 def _sums_at(WS, row, S, NP: tl.constexpr):
-    """Where (row, span 0)'s pass sums start in WS (2 NP + 1 words a span)."""
+    """Where (row, span 0)'s pass sums start in WS (2 NP words a span)."""
     n = tl.num_programs(0)
-    return WS + (n * _ST + n * S * 4 + row * S * (2 * NP + 1))
+    return WS + (n * _ST + n * S * 4 + row * S * (2 * NP))
 
 
 @triton.jit
 def _offset_at(WS, row, S, NP: tl.constexpr):
     """Where (row, span 0)'s offset in the row's list is in WS (a word a span)."""
     n = tl.num_programs(0)
-    return WS + (n * _ST + n * S * (4 + 2 * NP + 1) + row * S)
+    return WS + (n * _ST + n * S * (4 + 2 * NP) + row * S)
 
 
 @triton.jit(do_not_specialize=["NB", "S"])
@@ -325,6 +329,8 @@ def _thr_decide_kernel(WS, LIST, V, S, T, TOPK, TOPP, C: tl.constexpr, NP: tl.co
         tl.store(st + _W_INSIDE, -1)
         tl.store(st + _W_TARGET, 0)
         tl.store(st + _W_COPY, 0)
+        tl.store(st + _W_ABOVE_C, 0)
+        tl.store(st + _W_ABOVE_W, 0)
         tl.store(st + _W_MAX, mx.to(tl.int32, bitcast=True))
         tl.store(st + _W_KMAX, kmax)
         tl.store(st + _W_K, tl.where(use_k, k, V).to(tl.int32))
@@ -335,33 +341,36 @@ def _thr_decide_kernel(WS, LIST, V, S, T, TOPK, TOPP, C: tl.constexpr, NP: tl.co
             lo = tl.load(st + _W_LO)
             hi = tl.load(st + _W_HI)
             passes = tl.load(st + _W_PASSES)
-            n_list = tl.load(st + _W_INSIDE)  # (what the pass copied, where it did)
+            inside = tl.load(st + _W_INSIDE)
             target = tl.load(st + _W_TARGET).to(tl.float32, bitcast=True)
+            above_c = tl.load(st + _W_ABOVE_C)
+            above_w = tl.load(st + _W_ABOVE_W).to(tl.float32, bitcast=True)
             mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
             k = tl.load(st + _W_K)
             p = tl.load(st + _W_P).to(tl.float32, bitcast=True)
-            piv = _pivots(lo, hi, passes, mx, NP)
-            base = _sums_at(WS, row, S, NP) + c[:, None] * (2 * NP + 1)
-            slots = tl.arange(0, NP)[None, :]
-            cnt = tl.sum(tl.load(base + slots, mask=m[:, None], other=0), axis=0)
-            w = tl.sum(tl.load(base + NP + slots, mask=m[:, None], other=0).to(tl.float32,
-                       bitcast=True), axis=0)  # fmt: skip
-            slot = tl.arange(0, NP)
-            above_c = tl.sum(tl.where(slot == NP - 1, cnt, 0), axis=0)  # W(hi) of the pass
-            above_w = tl.sum(tl.where(slot == NP - 1, w, 0.0), axis=0)
-            goal = tl.where(phase == 1, p, k.to(tl.float32))
-            lo, hi, inside, target, j = _narrow(piv, cnt, w, goal, target, passes, phase == 1,
-                                                NP)  # fmt: skip
-            passes += 1
-            if (tl.load(st + _W_COPY) == 1) & (hi.to(tl.int64) - lo.to(tl.int64) > 1):
+            j = tl.zeros([], tl.int32)
+            if tl.load(st + _W_COPY) == 1:  # the pass copied [lo, hi): the search ends there
                 t = tl.load(T + row)
                 if phase == 1:
-                    lo = _list_select(LIST + row * C, n_list, t, mx, lo, hi, target, above_c,
+                    lo = _list_select(LIST + row * C, inside, t, mx, lo, hi, target, above_c,
                                       above_w, True, C)  # fmt: skip
                 else:
-                    lo = _list_select(LIST + row * C, n_list, t, mx, lo, hi, k, above_c,
+                    lo = _list_select(LIST + row * C, inside, t, mx, lo, hi, k, above_c,
                                       above_w, False, C)  # fmt: skip
                 hi = lo + 1
+            else:
+                piv = _pivots(lo, hi, passes, mx, NP)
+                base = _sums_at(WS, row, S, NP) + c[:, None] * (2 * NP) + tl.arange(0, NP)[None, :]
+                cnt = tl.sum(tl.load(base, mask=m[:, None], other=0), axis=0)
+                w = tl.sum(tl.load(base + NP, mask=m[:, None], other=0).to(tl.float32,
+                           bitcast=True), axis=0)  # fmt: skip
+                goal = tl.where(phase == 1, p, k.to(tl.float32))
+                lo, hi, inside, target, j = _narrow(piv, cnt, w, goal, target, passes,
+                                                    phase == 1, NP)  # fmt: skip
+                slot = tl.arange(0, NP)
+                above_c = tl.sum(tl.where(slot == j + 1, cnt, 0), axis=0)  # W(hi)
+                above_w = tl.sum(tl.where(slot == j + 1, w, 0.0), axis=0)
+                passes += 1
             copy = 0
             if hi.to(tl.int64) - lo.to(tl.int64) <= 1:  # this search ended
                 if (phase == 0) & (p < 1.0):  # top-p's from top-k's threshold, on the row
@@ -369,10 +378,13 @@ def _thr_decide_kernel(WS, LIST, V, S, T, TOPK, TOPP, C: tl.constexpr, NP: tl.co
                     hi = tl.load(st + _W_KMAX) + 1
                     passes = 0
                     inside = -1
+                    above_c = 0
+                    above_w = 0.0
                 else:
                     phase = 2
-            elif inside <= C:  # the next pass copies [lo, hi) to the list
-                at = _sums_at(WS, row, S, NP) + c * (2 * NP + 1) + j
+            elif inside <= C:  # the next pass copies [lo, hi) to the list (a pass of sums
+                # just ran: its spans' counts at the bracket's ends give their offsets)
+                at = _sums_at(WS, row, S, NP) + c * (2 * NP) + j
                 d = tl.load(at, mask=m, other=0) - tl.load(at + 1, mask=m, other=0)
                 tl.store(_offset_at(WS, row, S, NP) + c, tl.cumsum(d, axis=0) - d, mask=m)
                 copy = 1
@@ -382,6 +394,8 @@ def _thr_decide_kernel(WS, LIST, V, S, T, TOPK, TOPP, C: tl.constexpr, NP: tl.co
             tl.store(st + _W_PASSES, passes)
             tl.store(st + _W_INSIDE, inside)
             tl.store(st + _W_TARGET, target.to(tl.int32, bitcast=True))
+            tl.store(st + _W_ABOVE_C, above_c)
+            tl.store(st + _W_ABOVE_W, above_w.to(tl.int32, bitcast=True))
             tl.store(st + _W_COPY, copy)
 
 
@@ -390,8 +404,8 @@ def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, T, C: tl.constexpr, BLOCK: tl.co
                      NP: tl.constexpr, STAGES: tl.constexpr,
                      PDL: tl.constexpr = False):  # fmt: skip
     """Program (row, span): the span's pass sums at the row state's pivots -> WS's sums
-    region; where the state says so, the span's tokens in [lo, hi) -> the row's list (LIST
-    [n, C]) from the span's offset, in column order."""
+    region; or, where the state says so, the span's tokens in [lo, hi) -> the row's list
+    (LIST [n, C]) from the span's offset, in column order (`_copy_bracket`)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -400,27 +414,24 @@ def _thr_pass_kernel(X, WS, LIST, V, sx, NB, S, T, C: tl.constexpr, BLOCK: tl.co
     if phase < 2:
         lo = tl.load(st + _W_LO)
         hi = tl.load(st + _W_HI)
-        mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
-        piv = _pivots(lo, hi, tl.load(st + _W_PASSES), mx, NP)
         start = c * NB * BLOCK
         n = tl.minimum(V - start, NB * BLOCK)
-        copy = tl.load(st + _W_COPY) == 1
-        dest = LIST + row * C
-        if copy:
-            dest += tl.load(_offset_at(WS, row, S, NP) + c)
         src = X + row * sx + start
         t = tl.load(T + row)
-        if phase == 1:  # (two forms: top-k's passes skip the masses)
-            cnt, w, written = _pass_sums_copy(src, n, t, mx, piv, lo, hi, copy, dest, True,
-                                              BLOCK, NP, STAGES)  # fmt: skip
+        if tl.load(st + _W_COPY) == 1:
+            dest = LIST + row * C + tl.load(_offset_at(WS, row, S, NP) + c)
+            _copy_bracket(src, n, t, lo, hi, dest, BLOCK, STAGES)
         else:
-            cnt, w, written = _pass_sums_copy(src, n, t, mx, piv, lo, hi, copy, dest, False,
-                                              BLOCK, NP, STAGES)  # fmt: skip
-        slot = tl.arange(0, NP)
-        at = _sums_at(WS, row, S, NP) + c * (2 * NP + 1)
-        tl.store(at + slot, cnt)
-        tl.store(at + NP + slot, w.to(tl.int32, bitcast=True))
-        tl.store(at + 2 * NP, written)
+            mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
+            piv = _pivots(lo, hi, tl.load(st + _W_PASSES), mx, NP)
+            if phase == 1:  # (two forms: top-k's passes skip the masses)
+                cnt, w = _pass_sums(src, n, t, mx, piv, True, BLOCK, NP, STAGES)
+            else:
+                cnt, w = _pass_sums(src, n, t, mx, piv, False, BLOCK, NP, STAGES)
+            slot = tl.arange(0, NP)
+            at = _sums_at(WS, row, S, NP) + c * (2 * NP)
+            tl.store(at + slot, cnt)
+            tl.store(at + NP + slot, w.to(tl.int32, bitcast=True))
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -453,15 +464,19 @@ def _keep_threshold_kernel(X, THR, LIST, V, sx, T, TOPK, TOPP, WS, S, C: tl.cons
             inside = tl.load(st + _W_INSIDE)
             target = tl.load(st + _W_TARGET).to(tl.float32, bitcast=True)
             mx = tl.load(st + _W_MAX).to(tl.float32, bitcast=True)
+            above_c = tl.load(st + _W_ABOVE_C)
+            above_w = tl.load(st + _W_ABOVE_W).to(tl.float32, bitcast=True)
             if phase == 0:
                 thr = _threshold_search(base, V, t, mx, lo, hi, k, lst, C, False, BLOCK, NP,
-                                        STAGES, passes, inside, target)  # fmt: skip
+                                        STAGES, passes, inside, target, above_c,
+                                        above_w)  # fmt: skip
                 if use_p:
                     thr = _threshold_search(base, V, t, mx, thr, tl.load(st + _W_KMAX) + 1, p,
                                             lst, C, True, BLOCK, NP, STAGES)  # fmt: skip
             else:
                 thr = _threshold_search(base, V, t, mx, lo, hi, p, lst, C, True, BLOCK, NP,
-                                        STAGES, passes, inside, target)  # fmt: skip
+                                        STAGES, passes, inside, target, above_c,
+                                        above_w)  # fmt: skip
     elif (t > 0) & (use_k | use_p):
         mx, kmin, kmax, bad = _row_stats(base, V, t, BLOCK, STAGES)
         if bad == 0:
@@ -477,8 +492,8 @@ def _keep_threshold_kernel(X, THR, LIST, V, sx, T, TOPK, TOPP, WS, S, C: tl.cons
 
 # Rows at most this many take the chain of span passes (`thr_plan`), more the one program a row
 # (H200, 128256 float32 logits, dev/topk_topp_probe.py, us a call, chain / a program a row,
-# top_k 50, top_p 0.9, both, top_p 0.999: 64 rows 256 / 314, 354 / 444, 437 / 551, 410 / 534;
-# 128 rows 425 / 379, 573 / 489, 723 / 613, 665 / 580).
+# top_k 50, top_p 0.9, both, top_p 0.999: 64 rows 227 / 277, 303 / 391, 362 / 466, 354 / 474;
+# 128 rows 370 / 336, 490 / 441, 588 / 522, 582 / 536).
 THR_CHAIN_MAX_ROWS = 64
 
 
