@@ -85,19 +85,24 @@ def checkpoint_shapes(cfg_dict: dict) -> dict[str, tuple[int, ...]]:
     # state_dict: the parameters and the persistent buffers a checkpoint holds (DeepSeek-V3's
     # router keeps `e_score_correction_bias` as a buffer)
     shapes = {name: tuple(t.shape) for name, t in hf.state_dict().items()}
-    # transformers 5 fuses DeepSeek's experts in memory ([E, 2I, H] / [E, H, I]) but saves
-    # them per expert (`experts.{e}.gate_proj.weight` ...), the names the loader reads.
+    # transformers 5 fuses the experts of DeepSeek and the Llama family's MoE models in memory
+    # ([E, 2I, H] / [E, H, I]) but saves them per expert (`experts.{e}.gate_proj.weight` ...),
+    # the names the loader reads (the fused ones would be tensors no parameter takes, which
+    # the loader refuses); gpt-oss saves its fused tensors, which its loader reads.
+    fused_saved = cfg_dict["architectures"][0] == "GptOssForCausalLM"
     for name, shape in list(shapes.items()):
         base, _, last = name.rpartition(".")
-        if not base.endswith("experts") or len(shape) != 3:
+        if fused_saved or not base.endswith("experts") or len(shape) != 3:
             continue
         if last == "gate_up_proj":
             for e in range(shape[0]):
                 for part in ("gate_proj", "up_proj"):
                     shapes[f"{base}.{e}.{part}.weight"] = (shape[1] // 2, shape[2])
+            del shapes[name]
         elif last == "down_proj":
             for e in range(shape[0]):
                 shapes[f"{base}.{e}.down_proj.weight"] = (shape[1], shape[2])
+            del shapes[name]
     block = fp8_block(cfg_dict)
     if block is not None:
         n, k = block

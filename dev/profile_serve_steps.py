@@ -9,7 +9,9 @@ mixed steps under cProfile (the host's functions by own time) and one under torc
 (the device's kernels by total time).
 
 Usage (GPU): python dev/profile_serve_steps.py [--shape llama3.2-1b] [--requests 400]
-             [--ckpt DIR] [--out F.json] [--eager]
+             [--ckpt DIR] [--out F.json] [--eager | --no-pieces] [--layers N]
+(--no-pieces: decode graphs, mixed steps eager; --layers: the shape cut to N layers, a
+smaller checkpoint to write.)
 """
 
 from __future__ import annotations
@@ -47,11 +49,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048, help="max_num_batched_tokens")
     ap.add_argument("--out", default=None)
     ap.add_argument("--eager", action="store_true", help="enforce_eager")
+    ap.add_argument("--no-pieces", action="store_true",
+                    help="decode graphs, but mixed steps eager (no piecewise graphs)")  # fmt: skip
+    ap.add_argument("--layers", type=int, default=None, help="the shape with this many layers")
     a = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"  # (the CPU: the dry shape, to check the probe runs)
     dtype = torch.bfloat16 if cuda else torch.float32
     cfg = bench_serve.checkpoint_config(a.shape, not cuda, dtype)
+    if a.layers is not None:
+        cfg["num_hidden_layers"] = a.layers
     folder = Path(a.ckpt or tempfile.mkdtemp(prefix=f"pagedattn-{a.shape}-"))
     bench_serve.write_checkpoint(folder, cfg, dev, dtype, 0)
     work_cfg = {} if cuda else dict(prompt_mean=24, output_mean=8)
@@ -60,7 +67,11 @@ def main() -> None:
 
     work = demo.synthetic_workload(bench, ModelConfig.from_hf(folder).vocab_size)
     max_len = max(len(w["prompt_token_ids"]) + w["output_len"] for w in work) + 64
-    llm = LLM(
+
+    class Engine(LLM):
+        _piecewise_graphs = not a.no_pieces  # (the engine's A/B switch)
+
+    llm = Engine(
         str(folder),
         device=dev,
         dtype=dtype,
@@ -154,14 +165,16 @@ def main() -> None:
     mix = [s for s in steps if not s["graph"]]
     res = dict(
         shape=a.shape,
+        layers=cfg.get("num_hidden_layers"),
+        pieces=llm.runner.mixed is not None,
         requests=a.requests,
         total_s=total,
         decode=summ(dec),
         mixed=summ(mix),
         device=torch.cuda.get_device_name() if cuda else "cpu",
     )
-    st = pstats.Stats(prof)
-    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:30] if st.stats else []
+    st = pstats.Stats(prof) if mixed_seen > 20 else None  # (a short run profiled none)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:30] if st and st.stats else []
     res["mixed_host_top"] = [
         dict(fn=f"{Path(k[0]).name}:{k[1]}({k[2]})", calls=v[1] / 20, own_us=v[2] / 20 * 1e6,
              cum_us=v[3] / 20 * 1e6)

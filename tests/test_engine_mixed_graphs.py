@@ -1,6 +1,7 @@
 """Piecewise CUDA graphs for steps with prefill chunks (engine/mixed_graphs.py), on tiny random
-Llama-family checkpoints (Llama, Mistral with a sliding window, Qwen3 with q/k norms and a
-sliding layer, Qwen2-MoE and gpt-oss with their experts as grouped matmuls on the CPU).
+checkpoints (Llama, Mistral with a sliding window, Qwen3 with q/k norms and a sliding layer,
+Qwen2-MoE and gpt-oss with their experts as grouped matmuls on the CPU, DeepSeek-V3 with its
+MLA attention and experts).
 
 CPU: the pieces emulated (`MixedGraphRunner(emulate=True)`: the static buffers, the padding to
 a token bucket, the pad row that owns the pad tokens, each layer's attention on the step's own
@@ -12,8 +13,9 @@ the step's and the pad page; a replay equals a fresh eager call of the same step
 which models get pieces; the hook's typed error.
 
 GPU (`-m gpu`): the engine with captured pieces against `enforce_eager=True` on a tiny bf16
-Llama (tokens equal up to bf16 ties), and every replay, made under
-`torch.cuda.set_sync_debug_mode("error")` (no host sync), against a fresh eager call.
+Llama and DeepSeek (plain and FP8 weights) (tokens equal up to bf16 ties), and every replay
+against a fresh eager call (Llama's made under `torch.cuda.set_sync_debug_mode("error")`: no
+host sync).
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def save_arch(path, arch: str, seed: int) -> None:
     hf.save_pretrained(path)
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "qwen3", "qwen2_moe", "gpt_oss"])
+@pytest.fixture(
+    scope="module", params=["llama", "mistral", "qwen3", "qwen2_moe", "gpt_oss", "deepseek"]
+)
 def ckpt(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"{request.param}_mixed")
     if request.param in SAVERS:  # (the MoE families: test_engine_cuda_graphs' savers)
@@ -228,26 +232,61 @@ def test_which_models_get_pieces(tmp_path):
     off = NoPieces(str(tmp_path / "llama"), device="cpu", dtype=torch.float32, **KW)
     assert off.runner.mixed is None and off.runner.graphs is not None
     ds = EmulatedLLM(str(tmp_path / "ds"), device="cpu", dtype=torch.float32, **KW)
-    assert not supports_piecewise_graphs(ds.model) and ds.runner.mixed is None
-    assert ds.runner.graphs is not None  # its decode steps are still captured
-    # a hook on a model whose attention is its own: a typed error, before any work
-    (inp,) = ds.manager.runtime_inputs([PAD_REQUEST])
-    one = torch.zeros(1, dtype=torch.int64)
-    with pytest.raises(InvalidArgumentError, match="attention_hook"):
-        ds.model(one, one, inp, torch.tensor([0, 1], dtype=torch.int32), one,
-                 attention_hook=lambda q, *a, **k: q)  # fmt: skip
+    assert supports_piecewise_graphs(ds.model) and ds.runner.mixed is not None
+    assert ds.runner.graphs is not None
+    # a hook on a model whose steps are not captured in pieces: a typed error, before any work
+    type(llama.model).supports_piecewise_graphs = False  # (the class's: restored below)
+    try:
+        assert not supports_piecewise_graphs(llama.model)
+        (inp,) = llama.manager.runtime_inputs([PAD_REQUEST])
+        one = torch.zeros(1, dtype=torch.int64)
+        with pytest.raises(InvalidArgumentError, match="attention_hook"):
+            llama.model(one, one, inp, torch.tensor([0, 1], dtype=torch.int32), one,
+                        attention_hook=lambda q, *a, **k: q)  # fmt: skip
+    finally:
+        del type(llama.model).supports_piecewise_graphs
+
+
+def test_fp8_branch_steps_stay_eager(tmp_path):
+    """DeepSeek with the fused FP8 branch: a step whose every request has at most
+    MLA_ABSORBED_MAX_Q queries stays eager (its eager attention takes the branch, whose
+    products round otherwise than the pieces' plain attention); a longer request makes it a
+    pieces step. Plain weights (no branch): every step."""
+    from test_models_deepseek import _fp8_checkpoints
+
+    from pagedattn.models import load_model
+    from pagedattn.models.deepseek import MLA_ABSORBED_MAX_Q as K
+
+    fp8, deq = _fp8_checkpoints(tmp_path)
+    m8, md = load_model(fp8), load_model(deq)
+    assert m8.model.layers[0].self_attn.takes_branch
+    assert m8.serves_in_pieces([0, 1, 2, 2 + K]) is False
+    assert m8.serves_in_pieces([0, 1, 3 + K]) is True
+    assert md.serves_in_pieces([0, 1, 2, 2 + K]) is True
 
 
 @pytest.mark.gpu
-def test_pieces_match_eager_on_cuda(tmp_path):
-    save_tiny_llama(tmp_path, 1357, VOCAB)
+@pytest.mark.parametrize("family", ["llama", "deepseek", "deepseek_fp8"])
+def test_pieces_match_eager_on_cuda(family, tmp_path):
+    """deepseek_fp8: FP8 block weights (the decode graphs take the fused FP8 MLA branch; the
+    pieces the plain MLA attention between them). DeepSeek's replays read the step's query
+    counts on the host (its MLA plan), as its eager steps do: the no-sync check is Llama's."""
+    if family == "deepseek_fp8":
+        from test_models_deepseek import _fp8_checkpoints
+
+        path = _fp8_checkpoints(tmp_path)[0]
+    else:
+        path = tmp_path
+        SAVERS[family](tmp_path, 1357, VOCAB)
     kw = dict(device="cuda", dtype=torch.bfloat16, **KW)
-    graph = LLM(str(tmp_path), **kw)
+    graph = LLM(str(path), **kw)
     m = graph.runner.mixed
     assert m is not None and not m.emulate and sorted(m.captured) == [16, 40]
-    assert all(len(b.pieces) == 3 and all(isinstance(p, torch.cuda.CUDAGraph) for p in b.pieces)
+    L = graph.model.config.num_layers
+    assert all(len(b.pieces) == L + 1 and len(b.calls) == L
+               and all(isinstance(p, torch.cuda.CUDAGraph) for p in b.pieces)
                for b in m.captured.values())  # fmt: skip
-    eager = LLM(str(tmp_path), enforce_eager=True, **kw)
+    eager = LLM(str(path), enforce_eager=True, **kw)
     args = workload()
     rec_g, rec_e, served = graph_vs_eager(graph, eager, run, args, "pieces served")
     assert m.num_replays == len(served) >= 4
@@ -256,7 +295,10 @@ def test_pieces_match_eager_on_cuda(tmp_path):
     first, m1, second, m2 = args
     # other tokens than the first run's (whose pages the prefix cache would give back)
     prompts = [[(t + 1) % VOCAB for t in p] for p in first + second]
-    buckets = buckets_vs_eager(graph, prompts, m1 + m2, close, no_sync=True)
-    assert set(buckets) == {16, 40}
+    buckets = buckets_vs_eager(graph, prompts, m1 + m2, close, no_sync=family == "llama")
+    if family == "deepseek_fp8":  # (steps of short requests only stay eager: the FP8 branch)
+        assert 40 in buckets and set(buckets) <= {16, 40}
+    else:
+        assert set(buckets) == {16, 40}
     del graph, eager
     torch.cuda.empty_cache()

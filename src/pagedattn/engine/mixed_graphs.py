@@ -34,16 +34,20 @@ o_proj and MLP and layer i up to its attention; piece L the last layer's rest, t
 and the lm_head over the M logits rows.
 
 Replay (`run`): the step's arrays into the buffers (device copies, no host sync); then piece
-i, and layer i's attention (`models.layers.attend_cached`, what the eager path calls) on the
-step's own inputs: its kv inputs, q_row_offsets, num_decodes and `StepPlan`, the first T rows
-of the static q, into the first T rows of the static output; after the last layer, piece L.
+i, and layer i's attention (`model.attend_piece`, what the eager path calls: `models.layers.
+attend_cached` for the Llama family, `DeepseekMLA.attend` for DeepSeek) on the step's own
+inputs (`model.piece_context`: its kv inputs, q_row_offsets, num_decodes and `StepPlan`;
+DeepSeek's `MLAStepPlan`, which reads the step's query counts on the host as its eager step
+does), the first T rows of the static q, into the first T rows of the static output; after the
+last layer, piece L.
 Pad tokens stay in their own rows (row-wise ops; the KV store writes them to the pad page;
 attention never reads them), and the logits of rows past the step's are not returned.
 
-Models: `supports_piecewise_graphs` (the Llama family, its MoE variants and gpt-oss where
-their decode steps are captured: attention through `attend_cached`, an MLP or experts without
-host syncs at any token count; not DeepSeek, whose MLA attention plans the step itself); one
-device (tensor parallelism keeps these steps eager).
+Models: `supports_piecewise_graphs` (the Llama family, its MoE variants, gpt-oss and DeepSeek
+where their decode steps are captured: an MLP or experts without host syncs at any token
+count; DeepSeek's pieces end after each layer's latent rows are stored, its hook's q is [q_nope
+| q_pe] and its output [T, h, v_head_dim], the hook's `out_dim`); one device (tensor
+parallelism keeps these steps eager).
 
 `emulate=True` (tests, any device): a replay runs the model eagerly on the static buffers with
 a hook that runs the attention as a replay does (rows past T of its output NaN-poisoned), so
@@ -59,7 +63,6 @@ from collections.abc import Callable
 import torch
 
 from ..errors import check, check_bool, check_int
-from ..models.layers import StepContext, attend_cached
 from ..ops.mha import StepPlan
 from .cuda_graphs import (
     DecodeBuffers,
@@ -138,7 +141,7 @@ class MixedBuffers(DecodeBuffers):
 
 class _Bucket:
     """One bucket's capture: its pieces (CUDA graphs) and each layer's attention call (layer,
-    mask, scale, sinks)."""
+    the hook's keyword arguments: mask, scale, sinks; DeepSeek's out_dim)."""
 
     __slots__ = ("pieces", "calls")
 
@@ -199,13 +202,15 @@ class MixedGraphRunner:
         if y is not s.logits:
             s.logits.copy_(y)
 
-    def _statics(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _statics(self, q: torch.Tensor, out_dim: int | None = None) -> tuple[torch.Tensor, ...]:
         """The first q.shape[0] rows of the static q (into which each piece ends by copying its
         layer's q: one buffer, not a q kept for every layer of every bucket) and of the static
-        attention output; allocated at the first call (a warm-up, outside any capture)."""
+        attention output (q's shape, or out_dim last: DeepSeek's MLA); allocated at the first
+        call (a warm-up, outside any capture)."""
         if self._q is None:
             shape = (self.buffers.max_tokens, *q.shape[1:])
             self._q = torch.empty(shape, dtype=q.dtype, device=q.device)
+            shape = (*shape[:-1], shape[-1] if out_dim is None else out_dim)
             self._o = torch.empty(shape, dtype=q.dtype, device=q.device)
         return self._q[: q.shape[0]], self._o[: q.shape[0]]
 
@@ -214,8 +219,8 @@ class MixedGraphRunner:
         q and output are allocated), then capture its pieces into `pool`."""
         b = _Bucket()
 
-        def warm(q, layer_idx, **_):
-            qs, o = self._statics(q)
+        def warm(q, layer_idx, **call):
+            qs, o = self._statics(q, call.get("out_dim"))
             qs.copy_(q)
             return o
 
@@ -225,12 +230,12 @@ class MixedGraphRunner:
         torch.cuda.synchronize()
         graph = [torch.cuda.CUDAGraph()]
 
-        def cut(q, layer_idx, *, mask, scale, sinks):
-            qs, o = self._statics(q)
+        def cut(q, layer_idx, **call):
+            qs, o = self._statics(q, call.get("out_dim"))
             qs.copy_(q)  # (the piece's last kernel)
             graph[0].capture_end()
             b.pieces.append(graph[0])
-            b.calls.append((layer_idx, mask, scale, sinks))
+            b.calls.append((layer_idx, call))
             graph[0] = torch.cuda.CUDAGraph()
             graph[0].capture_begin(pool=pool)
             return o
@@ -251,7 +256,8 @@ class MixedGraphRunner:
 
     def serves(self, inputs: StepInputs) -> bool:
         """Whether the pieces replay `inputs`: 1 to M requests and max_tokens tokens on one
-        device, at most M rows sampled, its pad tokens within the pad row's reach."""
+        device, at most M rows sampled, its pad tokens within the pad row's reach, and a step
+        the model runs in pieces (`model.serves_in_pieces` of its host query offsets)."""
         T, s = inputs.num_tokens, self.buffers
         return (
             1 <= inputs.batch_size <= s.max_requests
@@ -259,14 +265,15 @@ class MixedGraphRunner:
             and len(inputs.sample_index) <= s.max_requests
             and len(inputs.kv_inputs) == 1
             and self.bucket(T) - T <= s.reach
+            and self.model.serves_in_pieces(inputs.host.q_row_offsets)
         )
 
-    def _context(self, inputs: StepInputs) -> StepContext:
-        """The step's own attention context (the eager path's `mha` arguments)."""
+    def _context(self, inputs: StepInputs):
+        """The step's own attention context (`model.piece_context`: the eager path's `mha`
+        arguments; DeepSeek's, its MLA plan of the step)."""
         plan = StepPlan(inputs.host.cache_lengths) if self._plan else None
         nd = inputs.num_decodes if self._hint else None
-        return StepContext(inputs.kv_inputs[0], self.model.kv_params, inputs.q_row_offsets,
-                           None, None, nd, plan)  # fmt: skip
+        return self.model.piece_context(inputs.kv_inputs[0], inputs.q_row_offsets, nd, plan)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
@@ -280,21 +287,20 @@ class MixedGraphRunner:
         ctx = self._context(inputs)
         if self.emulate:
 
-            def attend(q, layer_idx, *, mask, scale, sinks):
-                qs, o = self._statics(q)
+            def attend(q, layer_idx, **call):
+                qs, o = self._statics(q, call.get("out_dim"))
                 qs.copy_(q)
                 o.fill_(float("nan"))  # (rows past T: never written)
-                attend_cached(qs[:T], layer_idx, ctx, mask=mask, scale=scale, sinks=sinks,
-                              out=o[:T])  # fmt: skip
+                self.model.attend_piece(qs[:T], layer_idx, ctx, out=o[:T], **call)
                 return o
 
             self._call(tb, attend)
         else:
             b = self.captured[tb]
             q, o = self._q[:T], self._o[:T]
-            for piece, (layer_idx, mask, scale, sinks) in zip(b.pieces, b.calls):
+            for piece, (layer_idx, call) in zip(b.pieces, b.calls):
                 piece.replay()
-                attend_cached(q, layer_idx, ctx, mask=mask, scale=scale, sinks=sinks, out=o)
+                self.model.attend_piece(q, layer_idx, ctx, out=o, **call)
             b.pieces[-1].replay()
         self.num_replays += 1
         return s.logits[:R]

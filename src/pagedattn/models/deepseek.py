@@ -46,9 +46,11 @@ parallelism; the multi-token-prediction layers of real checkpoints
 (`model.layers.{num_layers}...`) are ignored on load. A mixed step reads the queries-per-request
 and cache lengths on the host; a pure decode step (`num_decodes` = the batch) does not, and
 in bf16 / fp16 on CUDA the routed experts run through `ops.moe` (plan, products and sums on
-the device, plain or FP8 weights), so decode steps replay CUDA graphs (`supports_cuda_graphs`).
-On the CPU plain weights run as grouped matmuls, FP8 ones loop over the experts with tokens
-(their counts read on the host).
+the device, plain or FP8 weights), so decode steps replay CUDA graphs (`supports_cuda_graphs`),
+and mixed steps replay pieces around each layer's attention (`forward(attention_hook=)`: the
+pieces end after the latent rows' store, `DeepseekMLA.attend` runs between them with the
+step's plan). On the CPU plain weights run as grouped matmuls, FP8 ones loop over the experts
+with tokens (their counts read on the host).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -232,6 +235,11 @@ class MLAStepContext:
     # float32 [max_pos, rope] (cos, sin) pairs of every position (the fused branch's RoPE
     # table, `DeepseekV3ForCausalLM.freqs_cis`); None when no layer takes the branch.
     freqs_cis: torch.Tensor | None = None
+    # None, or what each layer calls instead of its attention once its latent rows are in the
+    # cache: `attend(q [T, h, nope + rope] (q_pe after RoPE), layer_idx, out_dim=v)` returns
+    # [T, h, v] (the engine's piecewise graphs, engine/mixed_graphs.py; the plan is then a
+    # placeholder, and the engine runs `DeepseekMLA.attend` between the pieces)
+    attend: Callable[..., torch.Tensor] | None = None
 
 
 class DeepseekMLA(nn.Module):
@@ -296,7 +304,8 @@ class DeepseekMLA(nn.Module):
         q = q.view(T, self.h, self.nope + self.rope)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
-        if ctx.plan.all_absorbed and ctx.freqs_cis is not None and self.takes_branch:
+        hooked = ctx.attend is not None
+        if not hooked and ctx.plan.all_absorbed and ctx.freqs_cis is not None and self.takes_branch:
             o = self._branch(q_nope, q_pe, c, k_pe, ctx)
             return self.o_proj(o.reshape(T, self.h * self.v))
         q_pe = self._rope(q_pe, ctx.cos, ctx.sin)
@@ -305,18 +314,32 @@ class DeepseekMLA(nn.Module):
         params = ctx.kv_params
         row = torch.cat((c[:, None, :], k_pe), dim=-1).to(params.dtype)  # [T, 1, 576]
         store_kv(row, None, ctx.kv_inputs, params, self.layer_idx, ctx.q_row_offsets)
-
-        plan = ctx.plan
-        if plan.all_absorbed:
-            o = self._absorbed(q_nope, q_pe, ctx.kv_inputs, ctx.q_row_offsets, params)
+        if hooked:  # (the engine's piecewise graphs: `attend` runs between the pieces)
+            o = ctx.attend(torch.cat((q_nope, q_pe), dim=-1), self.layer_idx, out_dim=self.v)
         else:
-            o = x.new_empty(T, self.h, self.v)
-            if plan.dec_tokens is not None:
-                t = plan.dec_tokens
-                o[t] = self._absorbed(q_nope[t], q_pe[t], plan.dec_inputs, plan.dec_offsets, params)
-            t = plan.pre_tokens
-            o[t] = self._expanded(q_nope[t], q_pe[t], ctx)
+            o = self._attend(q_nope, q_pe, ctx)
         return self.o_proj(o.reshape(T, self.h * self.v))
+
+    def attend(self, q: torch.Tensor, ctx: MLAStepContext, out: torch.Tensor | None = None):
+        """The attention `forward` runs once the step's latent rows are in the cache: [T, h, v]
+        of the step's q [T, h, nope + rope] (q_pe after RoPE) on ctx (its plan made for the
+        step), into `out` where given (the engine's piecewise graphs, between the pieces)."""
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        o = self._attend(q_nope, q_pe, ctx)
+        return o if out is None else out.copy_(o)
+
+    def _attend(self, q_nope, q_pe, ctx: MLAStepContext) -> torch.Tensor:
+        """[T, h, v]: each request in its form (`MLAStepPlan`)."""
+        plan, params = ctx.plan, ctx.kv_params
+        if plan.all_absorbed:
+            return self._absorbed(q_nope, q_pe, ctx.kv_inputs, ctx.q_row_offsets, params)
+        o = q_nope.new_empty(q_nope.shape[0], self.h, self.v)
+        if plan.dec_tokens is not None:
+            t = plan.dec_tokens
+            o[t] = self._absorbed(q_nope[t], q_pe[t], plan.dec_inputs, plan.dec_offsets, params)
+        t = plan.pre_tokens
+        o[t] = self._expanded(q_nope[t], q_pe[t], ctx)
+        return o
 
     def _pairs(self, x: torch.Tensor) -> torch.Tensor:
         """x's RoPE dims in the layout `_rope` rotates as halves: DeepSeek's interleaved pairs
@@ -521,7 +544,6 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     `KVCacheParams` (`kv_cache_params(config, ...)`: is_mla, one head of 576, mla_rope_dim 64)."""
 
     packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
-    supports_piecewise_graphs = False  # (its MLA attention plans the step itself)
 
     @property
     def supports_cuda_graphs(self) -> bool:
@@ -613,17 +635,44 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         return t
 
     def step_context(
-        self, kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan=None
+        self, kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan=None, attend=None
     ) -> MLAStepContext:
         """The MLA layers' step context: the request split (`MLAStepPlan`; num_decodes equal to
         the batch size, a pure decode step, builds it without a host sync, otherwise the query
         counts are read on the host) and, for the fused branch, the RoPE table. attention_plan
-        (the MHA layers' `StepPlan`) is not read: the MLA layers plan the step themselves."""
+        (the MHA layers' `StepPlan`) is not read: the MLA layers plan the step themselves.
+        attend (`forward`'s attention_hook): no plan is made (no layer attends here: the
+        engine's pieces are captured without a host read) and no layer takes the branch."""
         if q_row_offsets.shape[0] < 2:
             raise InvalidArgumentError("q_row_offsets: a step needs at least one request")
+        if attend is not None:
+            return MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin,
+                                  MLAStepPlan(all_absorbed=False), attend=attend)  # fmt: skip
         plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets, num_decodes)
         freqs = self.freqs_cis() if plan.all_absorbed and self._branch_layers() else None
         return MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, plan, freqs)
+
+    def piece_context(self, kv_inputs, q_row_offsets, num_decodes, attention_plan):
+        """The context of `attend_piece` for one step of the engine's piecewise graphs: the
+        step's `MLAStepPlan` (the query counts read on the host where not a pure decode step,
+        as the eager step reads them); no RoPE (the pieces applied it)."""
+        plan = MLAStepPlan.build(kv_inputs, self.kv_params, q_row_offsets, num_decodes)
+        return MLAStepContext(kv_inputs, self.kv_params, q_row_offsets, None, None, plan)
+
+    def serves_in_pieces(self, q_row_offsets) -> bool:
+        """Where the layers take the fused FP8 branch, a step whose every request attends
+        absorbed (at most MLA_ABSORBED_MAX_Q queries) stays eager, as it takes the branch there:
+        the pieces run the plain attention, whose products round otherwise (FP8 w_uk / w_uv
+        against the dequantized kv_b_proj). Any other step replays the pieces."""
+        if not self._branch_layers():
+            return True
+        offs = [int(v) for v in q_row_offsets]
+        return any(b - a > MLA_ABSORBED_MAX_Q for a, b in zip(offs, offs[1:]))
+
+    def attend_piece(self, q, layer_idx, ctx, *, out, out_dim):
+        """Layer `layer_idx`'s attention (`DeepseekMLA.attend`) of the q its hook received, into
+        `out` ([T, h, out_dim]), on `piece_context`'s ctx."""
+        return self.model.layers[layer_idx].self_attn.attend(q, ctx, out=out)
 
 
 class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):

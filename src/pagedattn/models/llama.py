@@ -290,12 +290,29 @@ class DecoderForCausalLM(nn.Module):
         ):
             check(t.device == dev, f"{name}.device", str(dev), t.device)
 
-    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan=None):
+    def step_context(self, kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan=None,
+                     attend=None):  # fmt: skip
         """What every layer of the step reads (`layers.StepContext`; a subclass with its own
-        attention builds its own)."""
-        return StepContext(
-            kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes, attention_plan
-        )
+        attention builds its own); attend: `forward`'s attention_hook."""
+        return StepContext(kv_inputs, self.kv_params, q_row_offsets, cos, sin, num_decodes,
+                           attention_plan, attend)  # fmt: skip
+
+    def piece_context(self, kv_inputs, q_row_offsets, num_decodes, attention_plan):
+        """The context of `attend_piece` for one step (the engine's piecewise graphs: each
+        layer's attention run eagerly between the captured pieces, as the eager step runs it)."""
+        return StepContext(kv_inputs, self.kv_params, q_row_offsets, None, None, num_decodes,
+                           attention_plan)  # fmt: skip
+
+    def serves_in_pieces(self, q_row_offsets) -> bool:
+        """Whether a step of these host query offsets ([b + 1] ints) replays the engine's
+        pieces: every step (a model whose eager attention takes another path for some steps
+        says which)."""
+        return True
+
+    def attend_piece(self, q, layer_idx, ctx, *, out, **call):
+        """Layer `layer_idx`'s attention of the step's q (what its hook received, with the
+        hook's keyword arguments `call`) into `out`, on `piece_context`'s ctx."""
+        return attend_cached(q, layer_idx, ctx, out=out, **call)
 
     @torch.inference_mode()
     def forward(
@@ -329,9 +346,12 @@ class DecoderForCausalLM(nn.Module):
         logits_out: None, or a float32 [n, vocab] tensor on the model's device that receives
           the logits (the lm_head's output converted in one copy: a decode graph's static
           output, without the float32 temporary and a second copy); it is returned.
-        attention_hook: None, or what each layer calls instead of its paged attention
-          (`layers.StepContext.attend`: `hook(q, layer_idx, mask=, scale=, sinks=)` returns
-          [T, h_q, d]; the engine's piecewise graphs of mixed steps, engine/mixed_graphs.py).
+        attention_hook: None, or what each layer calls instead of its paged attention, once its
+          step's K/V are in the cache (`layers.StepContext.attend`: `hook(q, layer_idx,
+          **call)` returns the attention's output, [T, h_q, d] with `call` mask=, scale=,
+          sinks=; a model with its own attention passes its own `call`, which its
+          `attend_piece` takes; the engine's piecewise graphs of mixed steps,
+          engine/mixed_graphs.py).
         Returns logits [n, vocab] float32.
         """
         self._check_step(input_ids, positions, kv_inputs, q_row_offsets, logits_rows)
@@ -343,16 +363,16 @@ class DecoderForCausalLM(nn.Module):
                 "logits_out", f"None or a float32 [{n}, {V}] tensor on {input_ids.device}",
                 _desc(logits_out),
             )  # fmt: skip
-        cos, sin = self.rotary_emb(positions, self.dtype)
-        ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan)
         if attention_hook is not None:
             check(
-                self.supports_piecewise_graphs is True and isinstance(ctx, StepContext),
+                self.supports_piecewise_graphs is True,
                 "attention_hook",
-                f"None for {type(self).__name__} (its attention is not `attend_cached`'s)",
+                f"None for {type(self).__name__} (its steps are not captured in pieces)",
                 "a hook",
             )
-            ctx.attend = attention_hook
+        cos, sin = self.rotary_emb(positions, self.dtype)
+        ctx = self.step_context(kv_inputs, q_row_offsets, cos, sin, num_decodes, attention_plan,
+                                attend=attention_hook)  # fmt: skip
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer in self.model.layers:
