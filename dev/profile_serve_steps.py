@@ -9,9 +9,9 @@ mixed steps under cProfile (the host's functions by own time) and one under torc
 (the device's kernels by total time).
 
 Usage (GPU): python dev/profile_serve_steps.py [--shape llama3.2-1b] [--requests 400]
-             [--ckpt DIR] [--out F.json] [--eager | --no-pieces] [--layers N]
+             [--ckpt DIR] [--out F.json] [--eager | --no-pieces] [--layers N] [--compiles]
 (--no-pieces: decode graphs, mixed steps eager; --layers: the shape cut to N layers, a
-smaller checkpoint to write.)
+smaller checkpoint to write; --compiles: the Triton kernels compiled while serving, by step.)
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--no-pieces", action="store_true",
                     help="decode graphs, but mixed steps eager (no piecewise graphs)")  # fmt: skip
     ap.add_argument("--layers", type=int, default=None, help="the shape with this many layers")
+    ap.add_argument("--compiles", action="store_true",
+                    help="list the Triton kernels compiled while serving, by step")  # fmt: skip
     a = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"  # (the CPU: the dry shape, to check the probe runs)
@@ -116,6 +118,18 @@ def main() -> None:
         return out
 
     sched.schedule, runner.execute = schedule, execute
+    compiled: list[tuple] = []  # (step, kernel, specialization) of each compile while serving
+    if a.compiles:
+        from triton import knobs
+
+        prev_hook = knobs.runtime.jit_post_compile_hook
+
+        def on_compile(**kw):
+            compiled.append((len(steps), kw["fn"].name, str(kw.get("repr", ""))[:300]))
+            if prev_hook is not None:
+                prev_hook(**kw)
+
+        knobs.runtime.jit_post_compile_hook = on_compile
     prof = cProfile.Profile()
     tprof = None
     mixed_seen = 0
@@ -186,7 +200,13 @@ def main() -> None:
             dict(name=e.key[:90], us_a_step=e.self_device_time_total / 5, calls=e.count / 5)
             for e in ka
         ]
-    print(json.dumps({k: v for k, v in res.items() if k not in ("mixed_host_top",)}, indent=1))
+    if a.compiles:
+        res["compiles"] = compiled
+        print(f"{len(compiled)} compiles while serving ({len(steps)} steps):")
+        for step, name, spec in compiled:
+            print(f"  step {step:4d}  {name}  {spec[:160]}")
+    print(json.dumps({k: v for k, v in res.items() if k not in ("mixed_host_top", "compiles")},
+                     indent=1))  # fmt: skip
     for r in res["mixed_host_top"][:20]:
         print(f"{r['own_us']:9.1f} {r['cum_us']:9.1f} {r['calls']:6.1f}  {r['fn']}")
     if a.out:
