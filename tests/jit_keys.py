@@ -12,8 +12,10 @@ new binary met while serving was a compile mid-stream (a Gluon prefill variant ~
 
 And MLA decode (`mla_decode_triton`, bf16 h_q 16, which specializes on its request count and
 table stride): the binaries of 1..MLA_MAX one-token requests at table widths 1 to 40, and
-those that the decode graphs' buckets and the engine's warm-up (`cuda_graphs.warm_up_steps`)
-run at start-up."""
+those that the decode graphs' buckets and the engine's warm-up (`cuda_graphs.warm_up_steps`
+of DeepSeek's expanded chunk length: the decodes beside it attend as a batch of their own) run
+at start-up. (Until 2026-12-01 the warm-up's chunks were of 2 tokens only, which DeepSeek
+attends absorbed with the decodes: its one-token batches were not what this checked.)"""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from sm90_compile import MC, TM, WL, Device, M, offline  # tests/ is on sys.path
 
 from pagedattn import KVCacheParams, PagedOperand
 from pagedattn.engine.cuda_graphs import decode_buckets, warm_up_steps
+from pagedattn.models.deepseek import DeepseekV3ForCausalLM
 from pagedattn.ops.mha import StepPlan
 from pagedattn.ops.mha import work_plan as WP
 from pagedattn.ops.mla import worklist as MW
@@ -34,6 +37,7 @@ H_Q, H_KV, D, PAGE = 32, 8, 128, 16
 GRAPH_COLS = 512  # the decode graphs' table width (pages of the engine's max_seq_len)
 MLA_MAX = 40  # MLA decode counts checked: 1..40 (request-count classes up to 64)
 MLA_POOL = 192  # pages of the MLA pool (an engine's is fixed; the kernels take its size)
+EXPANDED = max(DeepseekV3ForCausalLM.warm_up_chunk_lengths)  # the warm-up's expanded chunk
 
 # (decodes, chunks, the longest request's cache length: the table's width)
 # (2256 keys: a table of 144 columns, a multiple of 16; d 16: a request count that is one)
@@ -131,10 +135,12 @@ def main() -> None:
     out["planned warm-up d16 n1"] = launches([0] * 17, [1] * 16 + [2], 16, cols=3, planned=True)
     cl = torch.randint(20, 400, (16,), generator=g).tolist()
     out["graph decode b16"] = launches(cl, [1] * 16, 16, cols=GRAPH_COLS)
-    # MLA decode over d decodes: what the decode graphs and the engine's warm-up compile, and
-    # what mixed steps of 1..MLA_MAX decodes run
+    # MLA decode over d decodes: what the decode graphs and the engine's warm-up compile (its
+    # steps of d decodes beside a chunk DeepSeek expands, `warm_up_chunk_lengths`: the
+    # decodes attend as their own batch; beside a chunk of 2, all attend absorbed, several
+    # tokens a request), and what mixed steps of 1..MLA_MAX decodes run
     start = {(b, GRAPH_COLS) for b in decode_buckets(MLA_MAX)}
-    start |= {(d, w) for d, _, w in warm_up_steps(MLA_MAX, 8192, GRAPH_COLS, 64) if d}
+    start |= {(d, w) for d, _, w in warm_up_steps(MLA_MAX, 8192, GRAPH_COLS, 64, EXPANDED) if d}
     widths = [1, 2, 3, 9, 16, 17, 32, 40]
     out["mla"] = {
         "start": sorted({h for d, w in sorted(start) for h in mla_binaries(d, d, w)}),

@@ -329,8 +329,12 @@ def test_prefill_warm_up_touches_the_pad_page_only(any_ckpt):
     state = {rid: mgr.pages(rid) for rid in mgr.request_ids}
     cols = g.buffers.kv.lookup_table.shape[1]
     ran = g.warm_up_eager(KW["max_num_batched_tokens"])
-    assert ran == warm_up_steps(8, KW["max_num_batched_tokens"], cols, KW["page_size"])
-    assert len(ran) == 21 and (7, 1, 3) in ran and (0, 8, cols) in ran
+    lengths = emu.model.warm_up_chunk_lengths  # (DeepSeek's: (2, 9))
+    assert lengths[0] == 2 and ran == sum(
+        (warm_up_steps(8, KW["max_num_batched_tokens"], cols, KW["page_size"], c)
+         for c in lengths), ()
+    )  # fmt: skip
+    assert len(ran) >= 21 and (7, 1, 3) in ran and (0, 8, cols) in ran
     others = [p for p in range(blocks.shape[0]) if p != g.pad_page]
     assert torch.equal(blocks[others], before[others])
     assert not torch.equal(blocks[g.pad_page], before[g.pad_page])  # it did run
@@ -354,6 +358,15 @@ def test_warm_up_steps():
     assert warm_up_steps(1, 2, 1, 16) == ((0, 1, 1),)
     with pytest.raises(InvalidArgumentError, match="max_tokens"):
         warm_up_steps(8, 1, 40, 4)
+    # chunks of 9 tokens (DeepSeek's expanded chunk) on pages of 4: widths of 3 pages at least,
+    # 16 tokens a step: 1 chunk, 7 decodes beside one
+    steps = warm_up_steps(8, 16, 40, 4, 9)
+    assert {w for _, _, w in steps} == {3, 40}
+    assert {(d, n) for d, n, _ in steps} == {(0, 1), (1, 1), (3, 1), (7, 1)}
+    with pytest.raises(InvalidArgumentError, match="max_tokens"):
+        warm_up_steps(8, 8, 40, 4, 9)
+    with pytest.raises(InvalidArgumentError, match="chunk"):
+        warm_up_steps(8, 16, 40, 4, 1)
 
 
 def test_buckets():

@@ -63,25 +63,28 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
 
 
 def warm_up_steps(
-    max_batch: int, max_tokens: int, graph_cols: int, page_size: int
+    max_batch: int, max_tokens: int, graph_cols: int, page_size: int, chunk: int = 2
 ) -> tuple[tuple[int, int, int], ...]:
-    """The (decodes, chunks of 2 tokens, lookup-table width) of `GraphRunner.warm_up_eager`'s
-    steps, for decode graphs of up to `max_batch` requests with tables `graph_cols` wide (ints
-    >= 1), steps of at most `max_tokens` tokens (an int >= 2) and pages of `page_size`.
+    """The (decodes, chunks of `chunk` tokens, lookup-table width) of `GraphRunner.
+    warm_up_eager`'s steps, for decode graphs of up to `max_batch` requests with tables
+    `graph_cols` wide (ints >= 1), steps of at most `max_tokens` tokens (an int >= chunk),
+    pages of `page_size` and chunks of `chunk` tokens (an int >= 2; the model's
+    `warm_up_chunk_lengths`).
 
     Request counts: `ops.specialize.int_class_counts` (every class of a count a kernel
     specializes on), as n chunks, then as n decodes and one chunk (at most max_batch
     requests). Widths: the graphs', 3 and 1 (a multiple of 16 or not, and 1: the classes of
-    the table's row stride, which the MLA kernels specialize on; 2 at least for pages of 1 row,
-    which 2 tokens fill)."""
+    the table's row stride, which the MLA kernels specialize on), those a chunk's pages fit
+    in (2 at least for 2 tokens on pages of 1 row)."""
     max_batch = check_int("max_batch", max_batch, 1)
-    max_tokens = check_int("max_tokens", max_tokens, 2)
+    chunk = check_int("chunk", chunk, 2)
+    max_tokens = check_int("max_tokens", max_tokens, chunk)
     graph_cols = check_int("graph_cols", graph_cols, 1)
-    need = 2 if check_int("page_size", page_size, 1) < 2 else 1
+    need = -(-chunk // check_int("page_size", page_size, 1))  # the pages a chunk fills
     widths = sorted({w for w in (graph_cols, 3, 1) if need <= w <= graph_cols})
     counts = int_class_counts(max_batch)
-    chunks = sorted({min(n, max_tokens // 2) for n in counts})
-    decodes = sorted({min(d, max_batch - 1, max_tokens - 2) for d in counts} - {0})
+    chunks = sorted({min(n, max_tokens // chunk) for n in counts})
+    decodes = sorted({min(d, max_batch - 1, max_tokens - chunk) for d in counts} - {0})
     return tuple(
         [(0, n, w) for n in chunks for w in widths] + [(d, 1, w) for d in decodes for w in widths]
     )
@@ -328,35 +331,44 @@ class GraphRunner:
         that takes the step's `attention_plan`, each count of decodes once more with a work plan
         (`ModelRunner.eager` passes a plan of the step's host lengths, which the decode launch
         uses where it splits into more than one wave, `StepPlan`; the MHA kernels do not
-        specialize on the table's width). Touches the pad page only. Returns the (decodes,
-        chunks, width) of the steps run without a plan."""
+        specialize on the table's width). The chunks hold 2 tokens, and for a model that
+        names more lengths (`warm_up_chunk_lengths`: DeepSeek's 9, a chunk its attention
+        expands, beside decodes it absorbs) each length's steps run in turn. Touches the pad
+        page only. Returns the (decodes, chunks, width) of the steps run without a plan, length
+        after length."""
         s = self.buffers
-        steps = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
-                              s.kv.kv_blocks.shape[3])  # fmt: skip
+        steps: tuple = ()
         planned = set() if takes_attention_plan(self.model) else None
-        for d, n, cols in steps:
-            self._pad_step(d, n, cols)
-            if planned is not None and d and d not in planned:
-                planned.add(d)
-                self._pad_step(d, n, cols, planned=True)
+        for c in getattr(self.model, "warm_up_chunk_lengths", (2,)):
+            if c > max(max_tokens, 2):  # (steps this small never hold such a chunk)
+                continue
+            ran = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
+                                s.kv.kv_blocks.shape[3], c)  # fmt: skip
+            for d, n, cols in ran:
+                self._pad_step(d, n, cols, chunk=c)
+                if planned is not None and d and d not in planned:
+                    planned.add(d)
+                    self._pad_step(d, n, cols, planned=True, chunk=c)
+            steps += ran
         return steps
 
-    def _pad_step(self, decodes: int, chunks: int, cols: int, planned: bool = False) -> None:
-        """One eager model step of `decodes` one-token requests, then `chunks` requests of 2
-        new tokens, every one at cache length 0 on the pad page, with a lookup table `cols`
-        wide (contiguous); planned: with a work plan made on the device (always used, so its
-        kernel variants compile whatever the pad lengths)."""
+    def _pad_step(self, decodes: int, chunks: int, cols: int, planned: bool = False,
+                  chunk: int = 2) -> None:  # fmt: skip
+        """One eager model step of `decodes` one-token requests, then `chunks` requests of
+        `chunk` new tokens, every one at cache length 0 on the pad page, with a lookup table
+        `cols` wide (contiguous); planned: with a work plan made on the device (always used,
+        so its kernel variants compile whatever the pad lengths)."""
         s, d, n = self.buffers, decodes, chunks
         dev = s.input_ids.device
         kv = s.kv_rows(d + n)
         lut = torch.full((d + n, cols), int(s.pad_lookup_row[-1]), dtype=torch.int32, device=dev)
-        lut[:, : 2 if s.kv.kv_blocks.shape[3] < 2 else 1] = self.pad_page  # 2 tokens' pages
+        lut[:, : -(-chunk // s.kv.kv_blocks.shape[3])] = self.pad_page  # a chunk's pages
         kv = dataclasses.replace(kv, lookup_table=lut)
-        q_lens = torch.tensor([1] * d + [2] * n, device=dev)
+        q_lens = torch.tensor([1] * d + [chunk] * n, device=dev)
         offs = torch.zeros(d + n + 1, dtype=torch.int32, device=dev)
         offs[1:] = q_lens.cumsum(0)
         pos = torch.cat([torch.zeros(d, dtype=torch.int64, device=dev),
-                         torch.arange(2, device=dev).repeat(n)])  # fmt: skip
+                         torch.arange(chunk, device=dev).repeat(n)])  # fmt: skip
         ids = torch.zeros_like(pos)
         rows = (offs[1:] - 1).to(torch.int64)  # each request's last token
         hint = {"num_decodes": d} if self._takes_hint else {}

@@ -544,6 +544,13 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     `KVCacheParams` (`kv_cache_params(config, ...)`: is_mla, one head of 576, mla_rope_dim 64)."""
 
     packed_modules = {"gate_up_proj": ("gate_proj", "up_proj")}
+    # The start-up steps' chunk lengths (`GraphRunner.warm_up_eager`): chunks of 2 attend
+    # absorbed with the step's decodes (mla_decode of several tokens a request); chunks of
+    # MLA_ABSORBED_MAX_Q + 1 are expanded, so the decodes beside them attend as a batch of
+    # their own (one token a request, the step's table width): H200, bench-serve's workload on
+    # DeepSeek-V2-Lite (8 layers) compiled `_mla_decode_sm90_t` 4 times in its first 41 steps
+    # with chunks of 2 alone (~1.4 s each; docs/kernels/jit_specializations.md).
+    warm_up_chunk_lengths = (2, MLA_ABSORBED_MAX_Q + 1)
 
     @property
     def supports_cuda_graphs(self) -> bool:

@@ -154,6 +154,9 @@ class DecoderForCausalLM(nn.Module):
     # The step makes no host sync and no data-dependent allocation: the engine may capture it
     # in a CUDA graph (engine/cuda_graphs.py).
     supports_cuda_graphs = True
+    # The prefill chunks' lengths of the engine's start-up steps (`GraphRunner.warm_up_eager`):
+    # 2 tokens make every kernel variant a chunk of any length takes.
+    warm_up_chunk_lengths: tuple[int, ...] = (2,)
 
     @property
     def supports_piecewise_graphs(self) -> bool:
