@@ -464,24 +464,15 @@ def test_pdl_chain_changes_no_bit(tmp_path, monkeypatch):
         assert torch.equal(a[2], b[2])
 
 
-@pytest.mark.gpu
-def test_serving_compiles_no_kernel_after_start_up(tmp_path):
-    """After start-up (decode graphs captured, `warm_up_eager` run), a stream of mixed steps
-    (decodes with prefill chunks, at batch sizes, chunk counts and lookup-table widths that
-    change from step to step, views at any element offset) compiles no Triton/Gluon kernel: a
-    compile in the middle of serving stalled a step for ~5 s (docs/kernels/
-    jit_specializations.md). Head dim 128 and pages of 16 take the sm_90 kernels an 8B Llama
-    takes."""
+def _serve_waves_compiles(llm, seed: int) -> tuple[int, list]:
+    """Serve requests in waves (chunk counts and decode counts that vary from step to step,
+    prompts of 1-700 tokens); the Triton/Gluon kernels compiled meanwhile, and the steps."""
     from pagedattn.ops.launch import jit_compiles
 
-    save_tiny_llama(tmp_path, 97, VOCAB, hidden_size=256, num_attention_heads=2,
-                    num_key_value_heads=1, head_dim=128)  # fmt: skip
-    llm = LLM(str(tmp_path), device="cuda", dtype=torch.bfloat16, page_size=16, num_pages=4096,
-              max_num_batched_tokens=384, max_num_seqs=40)  # fmt: skip
-    g = torch.Generator().manual_seed(12)
+    g = torch.Generator().manual_seed(seed)
     steps = 0
     with jit_compiles() as compiled:
-        for _wave in range(4):  # requests arrive in waves: chunk counts and decode counts vary
+        for _wave in range(4):
             for _ in range(int(torch.randint(5, 30, (1,), generator=g))):
                 n = int(torch.randint(1, 700, (1,), generator=g))
                 m = int(torch.randint(1, 40, (1,), generator=g))
@@ -495,6 +486,49 @@ def test_serving_compiles_no_kernel_after_start_up(tmp_path):
             llm.step()
             steps += 1
     print(f"{steps} steps, {llm.runner.graphs.num_replays} replays")
+    return steps, list(compiled)
+
+
+@pytest.mark.gpu
+def test_serving_compiles_no_kernel_after_start_up(tmp_path):
+    """After start-up (decode graphs captured, `warm_up_eager` run), a stream of mixed steps
+    (decodes with prefill chunks, at batch sizes, chunk counts and lookup-table widths that
+    change from step to step, views at any element offset) compiles no Triton/Gluon kernel: a
+    compile in the middle of serving stalled a step for ~5 s (docs/kernels/
+    jit_specializations.md). Head dim 128 and pages of 16 take the sm_90 kernels an 8B Llama
+    takes."""
+    save_tiny_llama(tmp_path, 97, VOCAB, hidden_size=256, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=128)  # fmt: skip
+    llm = LLM(str(tmp_path), device="cuda", dtype=torch.bfloat16, page_size=16, num_pages=4096,
+              max_num_batched_tokens=384, max_num_seqs=40)  # fmt: skip
+    steps, compiled = _serve_waves_compiles(llm, 12)
+    assert steps > 50 and not compiled, compiled
+
+
+@pytest.mark.gpu
+def test_deepseek_serving_compiles_no_kernel_after_start_up(tmp_path):
+    """The same for DeepSeek's MLA at V2-Lite's attention geometry (16 heads, kv_lora_rank
+    512, rope 64: the sm_90 MLA kernels, pages of 64): decodes beside a chunk its attention
+    expands attend as a one-token batch of their own at the eager table width, which the
+    warm-up's chunks of 9 tokens cover (`warm_up_chunk_lengths`; before them, 4 compiles of
+    `_mla_decode_sm90_t` in bench-serve's first 41 steps on an H200)."""
+    import transformers
+
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=384, moe_intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
+        kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=64,
+        v_head_dim=64, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+        n_shared_experts=1, first_k_dense_replace=1, max_position_embeddings=4096,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(98)
+    hf = transformers.DeepseekV3ForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    hf.save_pretrained(tmp_path)
+    del hf
+    llm = LLM(str(tmp_path), device="cuda", dtype=torch.bfloat16, page_size=64, num_pages=512,
+              max_num_batched_tokens=384, max_num_seqs=40)  # fmt: skip
+    steps, compiled = _serve_waves_compiles(llm, 13)
     assert steps > 50 and not compiled, compiled
 
 
