@@ -2,7 +2,9 @@
 copies in turn inside one CUDA graph), us a call and its fraction of the copy roofline; run
 under different cuBLAS settings (e.g. CUBLASLT_WORKSPACE_SIZE in KiB, set before the process
 starts, or BLAS=cublaslt: torch.backends.cuda.preferred_blas_library) to see whether the
-library's choice changes; HOT=1 times one L2-resident weight instead.
+library's choice changes; HOT=1 times one L2-resident weight instead. MODES (comma list, in one
+process): linear (F.linear), addmm (torch.addmm with a zero bias: cuBLASLt's bias epilogue),
+lt (F.linear with cuBLASLt preferred, then the default again).
     python dev/cublas_shapes.py [M ...]
 """
 
@@ -40,12 +42,23 @@ def main() -> None:
         ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(R)]
         if os.environ.get("HOT"):  # one weight R times: L2-resident after its first call
             ws = ws[:1] * R
+        zero = torch.zeros(N, device=dev, dtype=torch.bfloat16)
         for M in ms:
             x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
-            us = graph_us_per_call(lambda w, x=x: F.linear(x, w), ws, rounds=11)
             floor = (N * K + M * K + M * N) * 2 / bw / 1e3
             tag = f"{tag} hot" if os.environ.get("HOT") and not tag.endswith("hot") else tag
-            print(f"workspace {tag:>8} {name:11s} M{M:<4d} {us:7.2f} us  {floor / us:.2f} of copy")
+            for mode in os.environ.get("MODES", "linear").split(","):
+                if mode == "addmm":
+                    fn = lambda w, x=x: torch.addmm(zero, x, w.t())  # noqa: E731
+                else:
+                    fn = lambda w, x=x: F.linear(x, w)  # noqa: E731
+                if mode == "lt":
+                    torch.backends.cuda.preferred_blas_library("cublaslt")
+                us = graph_us_per_call(fn, ws, rounds=11)
+                if mode == "lt":
+                    torch.backends.cuda.preferred_blas_library("default")
+                print(f"workspace {tag:>8} {mode:6s} {name:11s} M{M:<4d} {us:7.2f} us  "
+                      f"{floor / us:.2f} of copy")  # fmt: skip
         del ws
 
 

@@ -119,7 +119,7 @@ def randomize_(hf) -> None:
             p.normal_(0, 1.0)
         elif name.endswith("mlp.gate.weight"):
             p.normal_(0, 0.5)
-        else:
+        elif p.numel():  # (an empty shared expert: nothing to draw)
             p.normal_(0, 1.5 / p.shape[-1] ** 0.5)
     for m in hf.modules():
         if hasattr(m, "e_score_correction_bias"):
@@ -252,6 +252,28 @@ def test_unsupported_deepseek_configs_are_typed(tmp_path):
         ModelConfig.from_hf(cfg | {"quantization_config": static})
     with pytest.raises(UnsupportedModelError, match="quant_method"):
         ModelConfig.from_hf(cfg | {"quantization_config": {"quant_method": "gptq"}})
+
+
+def test_v3_ignores_the_fields_transformers_v3_ignores(tmp_path):
+    """DeepseekV3 routes noaux_tc and has no MLP biases whatever a config.json says
+    (`topk_method`, `mlp_bias` are V2's fields), and with no shared experts transformers still
+    saves an empty one: such a checkpoint loads and gives transformers' logits."""
+    torch.manual_seed(78)
+    hf = transformers.DeepseekV3ForCausalLM._from_config(
+        hf_config(VARIANTS[0], n_shared_experts=0), dtype=torch.float32
+    ).eval()
+    randomize_(hf)
+    hf.config.topk_method, hf.config.mlp_bias = "greedy", True
+    hf.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path))
+    assert model.config.topk_method == "noaux_tc" and model.config.n_shared_experts == 0
+    prompts = prompts_of([13, 1, 29], seed=7)
+    drv = GreedyDriver(model, page_size=16)
+    ids, pos, inputs, offs = prefill_step(drv.mgr, prompts)
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    assert float((logits - ref).abs().max()) <= 2e-5 * max(float(ref.abs().max()), 1.0)
 
 
 def test_mtp_layers_are_ignored_on_load(ckpt, tmp_path):
@@ -498,20 +520,29 @@ def hf_v2_config(method: str):
     return transformers.DeepseekV2Config(**common)
 
 
-@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy"])
+@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy", "greedy-quirks"])
 def test_deepseek_v2_greedy_matches_hf_generate(method, tmp_path, plans):
     """DeepSeek-V2 (softmax routing; pair-wise RoPE) through the same model: the first step's
     logits and greedy tokens under chunked prefill with prefix hits, against transformers'
-    DeepseekV2ForCausalLM."""
+    DeepseekV2ForCausalLM. "greedy-quirks": a config.json that says `rope_interleave: false`
+    (a V3 field, which V2 ignores: its RoPE always rotates pairs) and has no shared experts
+    (transformers still saves an empty one, which adds 0)."""
+    quirks = method.endswith("-quirks")
+    method = method.removesuffix("-quirks")
     torch.manual_seed(77)
-    hf = transformers.DeepseekV2ForCausalLM._from_config(
-        hf_v2_config(method), dtype=torch.float32
-    ).eval()
+    cfg = hf_v2_config(method)
+    if quirks:
+        cfg.n_shared_experts = 0
+    hf = transformers.DeepseekV2ForCausalLM._from_config(cfg, dtype=torch.float32).eval()
     randomize_(hf)
+    if quirks:
+        hf.config.rope_interleave = False
+        assert any(".mlp.shared_experts." in n for n, _ in hf.named_parameters())
     hf.save_pretrained(tmp_path)
     model = load_model(str(tmp_path))
     assert type(model) is ds.DeepseekV2ForCausalLM
     assert model.config.topk_method == method
+    assert model.config.rope_interleave
     base = prompts_of([37], seed=3)[0]
     other = prompts_of([30, 12, 5], seed=5)
     prompts = [base, other[0], base[:21] + other[1], base + other[2], base[:9]]

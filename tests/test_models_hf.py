@@ -428,6 +428,28 @@ def test_fp8_kv_cache_logits_close_to_hf(ckpt):
     assert cd < 1e-2 and agree >= 0.75, (cd, agree)
 
 
+def test_qwen2_moe_without_a_shared_expert_matches_hf(tmp_path):
+    """shared_expert_intermediate_size 0: transformers still builds and saves the shared expert
+    (0 features) and its gate, which add 0; the checkpoint loads and gives HF's logits."""
+    torch.manual_seed(4321)
+    cfg = tiny_qwen2_moe_config(**tiny_common(VOCAB))
+    cfg.shared_expert_intermediate_size = 0
+    hf = transformers.Qwen2MoeForCausalLM._from_config(cfg, dtype=torch.float32)
+    randomize_(hf)
+    hf.eval().save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    prompts = prompts_of([13, 1, 29], seed=7)
+    drv = GreedyDriver(model, page_size=4)
+    ids, pos, inputs, offs = prefill_step(drv.mgr, prompts)
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    assert float((logits - ref).abs().max()) <= 2e-5 * max(float(ref.abs().max()), 1.0)
+    ours, _ = GreedyDriver(model, page_size=16).generate(prompts, NEW_TOKENS)
+    compare_greedy("qwen2_moe no shared", "ragged batch", ours,
+                   [hf_greedy(hf, p, NEW_TOKENS) for p in prompts])  # fmt: skip
+
+
 # Errors -------------------------------------------------------------------------------------
 def test_unsupported_architecture_lists_supported(tmp_path):
     cfg = {"architectures": ["FalconForCausalLM"], "model_type": "falcon", "hidden_size": 64}

@@ -23,7 +23,7 @@ def randomize_(model) -> None:
             p.normal_(0, 1.0)
         elif p.ndim == 1 or name.endswith("_bias"):
             p.normal_(0, 0.1)
-        else:
+        elif p.numel():  # (an empty shared expert: nothing to draw)
             p.normal_(0, 1.5 / p.shape[-1] ** 0.5 if p.ndim == 2 else 0.15)
 
 

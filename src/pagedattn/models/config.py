@@ -609,14 +609,16 @@ def _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos
             f"kv_lora_rank + qk_rope_head_dim <= {MLA_MAX_D_QK} (DeepSeek's: 512 + 64)"
         )
     v2 = mt == "deepseek_v2"
-    method = str(d.get("topk_method") or ("greedy" if v2 else "noaux_tc"))
+    # DeepseekV3Config has neither topk_method nor mlp_bias: DeepseekV3TopkRouter always routes
+    # noaux_tc and DeepseekV3MLP has no biases, whatever a config.json says (V2 reads both).
+    method = str(d.get("topk_method") or "greedy") if v2 else "noaux_tc"
     allowed = ("greedy", "group_limited_greedy") if v2 else ("noaux_tc",)
     if method not in allowed:
         raise UnsupportedModelError(
             f"config.topk_method: {method!r} is not supported for {mt!r} (supported: {allowed})"
         )
-    if d.get("mlp_bias"):
-        raise UnsupportedModelError("config.mlp_bias: MLP biases are not supported for DeepSeek")
+    if v2 and d.get("mlp_bias"):
+        raise UnsupportedModelError("config.mlp_bias: MLP biases are not supported for DeepSeek-V2")
     q_lora = d.get("q_lora_rank", 1536)
     E = int(d.get("n_routed_experts", d.get("num_local_experts", 64 if v2 else 256)) or 0)
     n_group = int(d.get("n_group") or 1)
@@ -662,7 +664,9 @@ def _parse_deepseek(d, arch, mt, hidden, heads, layers, max_pos, act, dtype, eos
         qk_nope_head_dim=int(d.get("qk_nope_head_dim", 128)),
         qk_rope_head_dim=rope_dim,
         v_head_dim=int(d.get("v_head_dim") or 128),
-        rope_interleave=bool(d.get("rope_interleave", True)),
+        # DeepseekV2Config has no rope_interleave: its RoPE always rotates pairs (2i, 2i + 1)
+        # (apply_rotary_emb over complex pairs), whatever a config.json may say
+        rope_interleave=True if v2 else bool(d.get("rope_interleave", True)),
         moe_intermediate_size=int(d.get("moe_intermediate_size") or 2048),
         n_shared_experts=int(d.get("n_shared_experts") or 0),
         n_group=n_group,

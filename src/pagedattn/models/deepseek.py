@@ -595,9 +595,13 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
         return expert_weight_source(base, which, self.config.num_experts, suffix=suffix)
 
     def ignores_checkpoint_tensor(self, name: str) -> bool:
-        """The multi-token-prediction layers (`model.layers.{i}.` with i >= num_layers)."""
+        """The multi-token-prediction layers (`model.layers.{i}.` with i >= num_layers); with
+        n_shared_experts 0, the empty shared experts transformers still saves (an MLP of 0
+        intermediate features: it adds zero)."""
         m = _LAYER_OF.match(name)
-        return m is not None and int(m.group(1)) >= self.config.num_layers
+        if m is not None and int(m.group(1)) >= self.config.num_layers:
+            return True
+        return self.config.n_shared_experts == 0 and ".mlp.shared_experts." in name
 
     # Cache ---------------------------------------------------------------------------------
     def attach_kv_cache(self, params: KVCacheParams) -> None:

@@ -28,6 +28,7 @@ from .weights import WeightSource
 
 _EXPERTS = re.compile(r"^(model\.layers\.\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _MLP = re.compile(r"^(model\.layers\.\d+)\.mlp\.")
+_SHARED = re.compile(r"^model\.layers\.\d+\.mlp\.shared_expert(_gate)?\.")
 
 
 class SoftmaxMoEDecoder(DecoderForCausalLM):
@@ -70,6 +71,16 @@ class SoftmaxMoEDecoder(DecoderForCausalLM):
             if self.config.layer_is_moe(layer):
                 return WeightSource((f"{m.group(1)}.{self.moe_block}.{name[m.end() :]}",))
         return None
+
+    def ignores_checkpoint_tensor(self, name: str) -> bool:
+        """Qwen2-MoE with shared_expert_intermediate_size 0: the shared expert transformers
+        still builds and saves (0 intermediate features, so it adds sigmoid(gate) * 0 = 0) and
+        its gate."""
+        return (
+            self.config.model_type == "qwen2_moe"
+            and self.config.shared_expert_intermediate_size == 0
+            and _SHARED.match(name) is not None
+        )
 
 
 class MixtralForCausalLM(SoftmaxMoEDecoder):
