@@ -10,12 +10,16 @@ request-count class (d in 16..31, n in 1..14); and a pure decode step of 16 requ
 decode graphs' table width (the bucket-16 graph). docs/kernels/jit_specializations.md: each
 new binary met while serving was a compile mid-stream (a Gluon prefill variant ~5 s).
 
-And MLA decode (`mla_decode_triton`, bf16 h_q 16, which specializes on its request count and
-table stride): the binaries of 1..MLA_MAX one-token requests at table widths 1 to 40, and
-those that the decode graphs' buckets and the engine's warm-up (`cuda_graphs.warm_up_steps`
-of DeepSeek's expanded chunk length: the decodes beside it attend as a batch of their own) run
-at start-up. (Until 2026-12-01 the warm-up's chunks were of 2 tokens only, which DeepSeek
-attends absorbed with the decodes: its one-token batches were not what this checked.)"""
+And MLA decode (`mla_decode_triton`, bf16 h_q 16, which specializes on its request count, its
+query-row count and table stride): the binaries of 1..MLA_MAX one-token requests at table
+widths 1 to 40, and of absorbed batches (DeepSeek attends requests of at most 8 queries
+together: d = 0..MLA_MAX - 1 decodes beside 1-3 chunks of 2-8 tokens), against those that the
+decode graphs' buckets and the engine's warm-up run at start-up: `cuda_graphs.warm_up_steps`
+of DeepSeek's expanded chunk length (the decodes beside it attend as a batch of their own) and
+of chunks of 2 (attended absorbed with the decodes), and `cuda_graphs.aligned_row_steps`
+(absorbed batches of 16k rows). (Until 2026-12-01 the warm-up's chunks were of 2 tokens only:
+its one-token batches were not what this checked; and 4 of 120 absorbed layouts whose row
+count is a multiple of 16 met a binary no start-up step made.)"""
 
 from __future__ import annotations
 
@@ -26,8 +30,8 @@ import torch
 from sm90_compile import MC, TM, WL, Device, M, offline  # tests/ is on sys.path
 
 from pagedattn import KVCacheParams, PagedOperand
-from pagedattn.engine.cuda_graphs import decode_buckets, warm_up_steps
-from pagedattn.models.deepseek import DeepseekV3ForCausalLM
+from pagedattn.engine.cuda_graphs import aligned_row_steps, decode_buckets, warm_up_steps
+from pagedattn.models.deepseek import MLA_ABSORBED_MAX_Q, DeepseekV3ForCausalLM
 from pagedattn.ops.mha import StepPlan
 from pagedattn.ops.mha import work_plan as WP
 from pagedattn.ops.mla import worklist as MW
@@ -94,19 +98,20 @@ def launches(cache_lens, q_lens, num_decodes, cols=None, planned=False):
     return {m.name: offline.cache_hash(m) for m in made}
 
 
-def mla_binaries(decodes: int, seed: int, cols: int) -> list[str]:
-    """The binaries ("kernel hash") of an MLA decode call over `decodes` one-token requests
-    (bf16, h_q 16, pages of 64, a contiguous lookup table `cols` wide) and of its work-list
-    combine, as on an H200."""
+def mla_binaries(q_lens: list[int], seed: int, cols: int) -> list[str]:
+    """The binaries ("kernel hash") of an MLA decode call over requests of `q_lens` queries
+    (bf16, h_q 16, pages of 64, a contiguous lookup table `cols` wide) and of its combine, as on
+    an H200."""
     g = torch.Generator().manual_seed(seed)
-    cl = torch.randint(0, 64 * min(cols, 4) - 1, (decodes,), generator=g).tolist()
+    cl = [int(torch.randint(0, 64 * min(cols, 4) - n, (1,), generator=g)) for n in q_lens]
     params = KVCacheParams(torch.bfloat16, 2, 1, 576, 64, is_mla=True, num_q_heads=16,
                            mla_rope_dim=64)  # fmt: skip
-    needed = sum(-(-(c + 1) // 64) for c in cl)  # a pool of MLA_POOL pages, as an engine's
-    inputs = make_paged_cache(params, cl, [1] * decodes, extra_pages=MLA_POOL - needed).inputs
+    needed = sum(-(-(c + n) // 64) for c, n in zip(cl, q_lens, strict=True))
+    # (a pool of MLA_POOL pages, as an engine's)
+    inputs = make_paged_cache(params, cl, q_lens, extra_pages=MLA_POOL - needed).inputs
     kv = PagedOperand(with_width(inputs, cols), params, 1, "k")
-    q = torch.randn(decodes, 16, 576).to(torch.bfloat16)
-    offs = ragged_offsets([1] * decodes, "cpu")
+    q = torch.randn(sum(q_lens), 16, 576).to(torch.bfloat16)
+    offs = ragged_offsets(q_lens, "cpu")
     made = []
 
     def call():
@@ -139,16 +144,27 @@ def main() -> None:
     # steps of d decodes beside a chunk DeepSeek expands, `warm_up_chunk_lengths`: the
     # decodes attend as their own batch; beside a chunk of 2, all attend absorbed, several
     # tokens a request), and what mixed steps of 1..MLA_MAX decodes run
-    start = {(b, GRAPH_COLS) for b in decode_buckets(MLA_MAX)}
-    start |= {(d, w) for d, _, w in warm_up_steps(MLA_MAX, 8192, GRAPH_COLS, 64, EXPANDED) if d}
+    start = {((1,) * b, GRAPH_COLS) for b in decode_buckets(MLA_MAX)}
+    start |= {((1,) * d, w) for d, _, w in warm_up_steps(MLA_MAX, 8192, GRAPH_COLS, 64, EXPANDED)
+              if d}  # fmt: skip
+    start |= {((1,) * d + (2,) * n, w) for d, n, w in warm_up_steps(MLA_MAX, 8192, GRAPH_COLS, 64)}
+    start |= {(q, w) for q in aligned_row_steps(MLA_MAX, 8192, MLA_ABSORBED_MAX_Q)
+              for w in (1, 3, GRAPH_COLS)}  # fmt: skip
     widths = [1, 2, 3, 9, 16, 17, 32, 40]
+    served = {
+        f"{d} x {w}": mla_binaries([1] * d, 1000 + d, w)
+        for d in range(1, MLA_MAX + 1)
+        for w in (widths[d % 8], widths[(3 * d + 1) % 8])
+    }
+    g = torch.Generator().manual_seed(5)
+    for d in range(MLA_MAX):  # absorbed: d decodes beside 1-3 chunks of 2-8 tokens
+        for w in (widths[d % 8], widths[(3 * d + 2) % 8]):
+            n = min(int(torch.randint(1, 4, (1,), generator=g)), MLA_MAX - d)
+            chunks = torch.randint(2, MLA_ABSORBED_MAX_Q + 1, (n,), generator=g).tolist()
+            served[f"{d} + {chunks} x {w}"] = mla_binaries([1] * d + chunks, 2000 + d, w)
     out["mla"] = {
-        "start": sorted({h for d, w in sorted(start) for h in mla_binaries(d, d, w)}),
-        "served": {
-            f"{d} x {w}": mla_binaries(d, 1000 + d, w)
-            for d in range(1, MLA_MAX + 1)
-            for w in (widths[d % 8], widths[(3 * d + 1) % 8])
-        },
+        "start": sorted({h for q, w in sorted(start) for h in mla_binaries(list(q), len(q), w)}),
+        "served": served,
     }
     print(json.dumps(out))
 

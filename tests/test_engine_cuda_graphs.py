@@ -25,7 +25,13 @@ import torch
 from tiny_llama import save_tiny_deepseek, save_tiny_gpt_oss, save_tiny_llama, save_tiny_qwen2_moe
 
 from pagedattn.engine import LLM, SamplingParams
-from pagedattn.engine.cuda_graphs import PAD_REQUEST, decode_buckets, graph_mode, warm_up_steps
+from pagedattn.engine.cuda_graphs import (
+    PAD_REQUEST,
+    aligned_row_steps,
+    decode_buckets,
+    graph_mode,
+    warm_up_steps,
+)
 from pagedattn.errors import InvalidArgumentError
 from pagedattn.models.layers import fused_experts_ok, grouped_experts_ok
 from pagedattn.models.llama import LlamaForCausalLM
@@ -367,6 +373,24 @@ def test_warm_up_steps():
         warm_up_steps(8, 8, 40, 4, 9)
     with pytest.raises(InvalidArgumentError, match="chunk"):
         warm_up_steps(8, 16, 40, 4, 1)
+
+
+def test_aligned_row_steps():
+    # request counts 3, 7, 8 (int_class_counts(8), 1 has no 16 rows): 16 rows each, decodes
+    # first, chunks of at most 8 last
+    assert aligned_row_steps(8, 64, 8) == ((1, 7, 8), (1, 1, 1, 1, 1, 3, 8),
+                                           (1, 1, 1, 1, 1, 1, 2, 8))  # fmt: skip
+    steps = aligned_row_steps(64, 4096, 8)
+    assert [len(q) for q in steps] == [3, 7, 15, 16, 31, 32, 63, 64]
+    for q in steps:
+        assert sum(q) % 16 == 0 and sum(q) > len(q) and max(q) <= 8
+        assert list(q) == sorted(q)  # (the engine's order: decodes first)
+    assert [sum(q) for q in steps] == [16, 16, 16, 32, 32, 48, 64, 80]
+    assert aligned_row_steps(64, 40, 8)[-1] == (1,) * 30 + (2,)  # 48 rows and more: too many
+    # 2 queries a request at most: 16 rows need 8 requests (3 and 7 have no such step)
+    assert [len(q) for q in aligned_row_steps(64, 4096, 2)] == [15, 16, 31, 32, 63, 64]
+    with pytest.raises(InvalidArgumentError, match="max_q"):
+        aligned_row_steps(8, 64, 1)
 
 
 def test_buckets():

@@ -90,6 +90,34 @@ def warm_up_steps(
     )
 
 
+def aligned_row_steps(max_batch: int, max_tokens: int, max_q: int) -> tuple[tuple[int, ...], ...]:
+    """Query lengths of `GraphRunner.warm_up_eager`'s steps whose query-row count is a multiple
+    of 16, for a model that attends requests of at most `max_q` queries together in one
+    kernel (`warm_up_absorbed_max_q`: DeepSeek's absorbed MLA, which specializes on the row
+    count, Triton's class of the int, and on the request count): one step for each request
+    count r of `ops.specialize.int_class_counts(max_batch)` (r >= 2), of 16 * ceil((r + 1) /
+    16) rows where they fit in r * max_q and `max_tokens`: decodes of 1 query first, then the
+    chunks of up to max_q (the engine's order). The other row classes come from
+    `warm_up_steps`' steps."""
+    max_batch = check_int("max_batch", max_batch, 1)
+    max_tokens = check_int("max_tokens", max_tokens, 1)
+    max_q = check_int("max_q", max_q, 2)
+    steps = []
+    for r in int_class_counts(max_batch):
+        rows = 16 * -(-(r + 1) // 16)
+        if r < 2 or rows > min(r * max_q, max_tokens):
+            continue
+        q_lens = [1] * r
+        extra, i = rows - r, r - 1
+        while extra:  # fill the last requests up to max_q queries each
+            add = min(extra, max_q - 1)
+            q_lens[i] += add
+            extra -= add
+            i -= 1
+        steps.append(tuple(q_lens))
+    return tuple(steps)
+
+
 def takes_num_decodes(model: torch.nn.Module) -> bool:
     """Whether the model's step forward takes the `num_decodes` hint (`StepInputs`)."""
     return "num_decodes" in inspect.signature(model.forward).parameters
@@ -333,45 +361,52 @@ class GraphRunner:
         uses where it splits into more than one wave, `StepPlan`; the MHA kernels do not
         specialize on the table's width). The chunks hold 2 tokens, and for a model that
         names more lengths (`warm_up_chunk_lengths`: DeepSeek's 9, a chunk its attention
-        expands, beside decodes it absorbs) each length's steps run in turn. Touches the pad
-        page only. Returns the (decodes, chunks, width) of the steps run without a plan, length
-        after length."""
+        expands, beside decodes it absorbs) each length's steps run in turn; a model that
+        attends short requests together in a kernel specializing on the row count
+        (`warm_up_absorbed_max_q`: DeepSeek) also runs `aligned_row_steps` at each width.
+        Touches the pad page only. Returns the (decodes, chunks, width) of the
+        `warm_up_steps` run without a plan, length after length."""
         s = self.buffers
         steps: tuple = ()
         planned = set() if takes_attention_plan(self.model) else None
+        graph_cols, page = s.kv.lookup_table.shape[1], s.kv.kv_blocks.shape[3]
         for c in getattr(self.model, "warm_up_chunk_lengths", (2,)):
             if c > max(max_tokens, 2):  # (steps this small never hold such a chunk)
                 continue
-            ran = warm_up_steps(self.buckets[-1], max_tokens, s.kv.lookup_table.shape[1],
-                                s.kv.kv_blocks.shape[3], c)  # fmt: skip
+            ran = warm_up_steps(self.buckets[-1], max_tokens, graph_cols, page, c)
             for d, n, cols in ran:
-                self._pad_step(d, n, cols, chunk=c)
+                self._pad_step([1] * d + [c] * n, d, cols)
                 if planned is not None and d and d not in planned:
                     planned.add(d)
-                    self._pad_step(d, n, cols, planned=True, chunk=c)
+                    self._pad_step([1] * d + [c] * n, d, cols, planned=True)
             steps += ran
+        max_q = getattr(self.model, "warm_up_absorbed_max_q", None)
+        if max_q:  # row counts that are multiples of 16 (`aligned_row_steps`)
+            need = -(-max_q // page)
+            widths = sorted({w for w in (graph_cols, 3, 1) if need <= w <= graph_cols})
+            for q_lens in aligned_row_steps(self.buckets[-1], max_tokens, max_q):
+                for cols in widths:
+                    self._pad_step(list(q_lens), q_lens.count(1), cols)
         return steps
 
-    def _pad_step(self, decodes: int, chunks: int, cols: int, planned: bool = False,
-                  chunk: int = 2) -> None:  # fmt: skip
-        """One eager model step of `decodes` one-token requests, then `chunks` requests of
-        `chunk` new tokens, every one at cache length 0 on the pad page, with a lookup table
-        `cols` wide (contiguous); planned: with a work plan made on the device (always used,
-        so its kernel variants compile whatever the pad lengths)."""
-        s, d, n = self.buffers, decodes, chunks
+    def _pad_step(self, q_lens: list[int], decodes: int, cols: int, planned: bool = False) -> None:
+        """One eager model step of requests of `q_lens` new tokens (the first `decodes` of
+        them one-token decodes), every one at cache length 0 on the pad page, with a lookup
+        table `cols` wide (contiguous); planned: with a work plan made on the device (always
+        used, so its kernel variants compile whatever the pad lengths)."""
+        s, r = self.buffers, len(q_lens)
         dev = s.input_ids.device
-        kv = s.kv_rows(d + n)
-        lut = torch.full((d + n, cols), int(s.pad_lookup_row[-1]), dtype=torch.int32, device=dev)
-        lut[:, : -(-chunk // s.kv.kv_blocks.shape[3])] = self.pad_page  # a chunk's pages
+        kv = s.kv_rows(r)
+        lut = torch.full((r, cols), int(s.pad_lookup_row[-1]), dtype=torch.int32, device=dev)
+        lut[:, : -(-max(q_lens) // s.kv.kv_blocks.shape[3])] = self.pad_page  # a chunk's pages
         kv = dataclasses.replace(kv, lookup_table=lut)
-        q_lens = torch.tensor([1] * d + [chunk] * n, device=dev)
-        offs = torch.zeros(d + n + 1, dtype=torch.int32, device=dev)
-        offs[1:] = q_lens.cumsum(0)
-        pos = torch.cat([torch.zeros(d, dtype=torch.int64, device=dev),
-                         torch.arange(chunk, device=dev).repeat(n)])  # fmt: skip
+        lens = torch.tensor(q_lens, device=dev)
+        offs = torch.zeros(r + 1, dtype=torch.int32, device=dev)
+        offs[1:] = lens.cumsum(0)
+        pos = torch.cat([torch.arange(n, device=dev) for n in q_lens])
         ids = torch.zeros_like(pos)
         rows = (offs[1:] - 1).to(torch.int64)  # each request's last token
-        hint = {"num_decodes": d} if self._takes_hint else {}
+        hint = {"num_decodes": decodes} if self._takes_hint else {}
         if planned:
             hint["attention_plan"] = StepPlan()
         self.model(ids, pos, kv, offs, rows, **hint)
@@ -407,6 +442,7 @@ __all__ = [
     "PAD_REQUEST",
     "DecodeBuffers",
     "GraphRunner",
+    "aligned_row_steps",
     "decode_buckets",
     "graph_mode",
     "supports_cuda_graphs",

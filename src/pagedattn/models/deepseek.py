@@ -551,6 +551,11 @@ class DeepseekV3ForCausalLM(DecoderForCausalLM):
     # DeepSeek-V2-Lite (8 layers) compiled `_mla_decode_sm90_t` 4 times in its first 41 steps
     # with chunks of 2 alone (~1.4 s each; docs/kernels/jit_specializations.md).
     warm_up_chunk_lengths = (2, MLA_ABSORBED_MAX_Q + 1)
+    # The absorbed batches' row counts that are multiples of 16 (`cuda_graphs.
+    # aligned_row_steps`): mla_decode specializes on the row count's class, and the steps above
+    # make few such counts (24 decodes beside a chunk of 8 are 32 rows; offline, 4 of 120 such
+    # layouts met a binary no start-up step made, docs/kernels/jit_specializations.md).
+    warm_up_absorbed_max_q = MLA_ABSORBED_MAX_Q
 
     @property
     def supports_cuda_graphs(self) -> bool:
