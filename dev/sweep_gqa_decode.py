@@ -50,6 +50,13 @@ SHAPES = [
         for m, d in (("1b", 64), ("8b", 128))
         for b in (1, 4, 8, 16, 32)
     ),  # fmt: skip
+    # the fixed cost and the marginal rate (b64, every row N keys), run only when SHAPES names
+    # them
+    *(
+        (f"{m} b64 x{n}", d, 64, f"x{n}")
+        for m, d in (("1b", 64), ("8b", 128))
+        for n in (1, 64, 256, 512, 1024, 2048, 4096)
+    ),  # fmt: skip
     ("8b b1 x1k", 128, 1, "1k"),
     ("8b b8 x1k", 128, 8, "1k"),
     ("8b skew b32", 128, 32, "skew"),
@@ -161,6 +168,8 @@ def lengths(kind: str, b: int, rng: np.random.Generator) -> list[int]:
         return br.draw_lengths(spec, b, 0)
     if kind == "1k":  # bench_real's host-cost cases
         return [1024] * b
+    if kind.startswith("x"):  # every row the same N keys
+        return [int(kind[1:])] * b
     x = np.exp(rng.normal(np.log(600), 0.6, b))
     return [int(v) for v in np.clip(x, 32, 4096)]
 
