@@ -27,6 +27,10 @@ SHAPES = {  # (N, K): Llama-3.2-1B and Llama-3-8B projections
     "1b_down": (2048, 8192), "8b_qkv": (6144, 4096), "8b_o": (4096, 4096),
     "8b_gate_up": (28672, 4096), "8b_down": (4096, 14336),
 }  # fmt: skip
+MORE = {  # SHAPES=more: other checkpoints' MLP projections (Qwen3-8B, Qwen2.5-7B, a 70B TP-2 slice)
+    "q3_8b_down": (4096, 12288), "q3_8b_gate_up": (24576, 4096), "q25_7b_down": (3584, 18944),
+    "70b_tp2_down": (8192, 14336), "70b_tp2_gate_up": (28672, 8192),
+}  # fmt: skip
 
 
 def main() -> None:
@@ -37,7 +41,8 @@ def main() -> None:
     if os.environ.get("BLAS"):
         torch.backends.cuda.preferred_blas_library(os.environ["BLAS"])
         tag = os.environ["BLAS"]
-    for name, (N, K) in SHAPES.items():
+    shapes = {**SHAPES, **MORE} if os.environ.get("SHAPES") == "more" else SHAPES
+    for name, (N, K) in shapes.items():
         R = max(2, -(-512 * 2**20 // (N * K * 2)))
         ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) for _ in range(R)]
         if os.environ.get("HOT"):  # one weight R times: L2-resident after its first call
