@@ -345,20 +345,28 @@ def prefill_step(mgr, prompts: list[list[int]], device="cpu"):
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
+def first_step_logits_match(model, hf, prompts: list[list[int]], what: str):
+    """One ragged prefill step of `prompts` (every row's logits) against one HF forward per
+    prompt, within 2e-5 of the logits' scale; returns the step's (ids, pos, inputs, offsets,
+    logits)."""
+    drv = GreedyDriver(model, page_size=4)
+    ids, pos, inputs, offs = prefill_step(drv.mgr, prompts)
+    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
+    with torch.no_grad():
+        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    err = float((logits - ref).abs().max())
+    scale = float(ref.abs().max())
+    print(f"{what}: first-step logits max abs err {err:.2e} (logit scale {scale:.1f})")
+    assert err <= 2e-5 * max(scale, 1.0), f"{what}: max abs err {err:.3g}"
+    return ids, pos, inputs, offs, logits
+
+
 def test_first_step_logits_match_hf_forward(ckpt):
     """Every row's logits of one ragged prefill step vs one HF forward per prompt."""
     model = load_model(ckpt.path)
     assert model.config.architecture == HF_CLASSES[ckpt.arch]
     prompts = prompts_of([13, 1, 29, 6], seed=7)
-    drv = GreedyDriver(model, page_size=4)
-    ids, pos, inputs, offs = prefill_step(drv.mgr, prompts)
-    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
-    with torch.no_grad():
-        ref = torch.cat([ckpt.hf(torch.tensor([p])).logits[0] for p in prompts])
-    err = float((logits - ref).abs().max())
-    scale = float(ref.abs().max())
-    print(f"{ckpt.arch}: first-step logits max abs err {err:.2e} (logit scale {scale:.1f})")
-    assert err <= 2e-5 * max(scale, 1.0), f"{ckpt.arch}: max abs err {err:.3g}"
+    ids, pos, inputs, offs, logits = first_step_logits_match(model, ckpt.hf, prompts, ckpt.arch)
     # the same step with the logits written into a given (poisoned) buffer, as a decode graph
     # does: equal bit for bit, and that buffer returned (the step rewrites the same K/V)
     out = torch.full((len(ids), model.config.vocab_size), float("nan"))
@@ -439,12 +447,7 @@ def test_qwen2_moe_without_a_shared_expert_matches_hf(tmp_path):
     hf.eval().save_pretrained(tmp_path)
     model = load_model(tmp_path)
     prompts = prompts_of([13, 1, 29], seed=7)
-    drv = GreedyDriver(model, page_size=4)
-    ids, pos, inputs, offs = prefill_step(drv.mgr, prompts)
-    logits = model(ids, pos, inputs, offs, torch.arange(len(ids)))
-    with torch.no_grad():
-        ref = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
-    assert float((logits - ref).abs().max()) <= 2e-5 * max(float(ref.abs().max()), 1.0)
+    first_step_logits_match(model, hf, prompts, "qwen2_moe no shared")
     ours, _ = GreedyDriver(model, page_size=16).generate(prompts, NEW_TOKENS)
     compare_greedy("qwen2_moe no shared", "ragged batch", ours,
                    [hf_greedy(hf, p, NEW_TOKENS) for p in prompts])  # fmt: skip
