@@ -71,6 +71,24 @@ BASE = {
     "DeepseekV3": dict(MLA, n_group=4, topk_group=2),
     "DeepseekV2": dict(MLA, topk_method="greedy"),
 }
+SW_PROMPTS = [9, 17, 30]  # prompts longer than the windows of 4
+
+
+def sliding(family: str) -> list:
+    """Qwen2 / Qwen3's sliding-window settings: the window below layer 1, on no layer (mwl 0),
+    set but not used, and by `layer_types`."""
+    sw = dict(use_sliding_window=True, sliding_window=4)
+    name = family.lower()
+    return [
+        (f"{name}/sw_mwl1", family, dict(sw, max_window_layers=1), SW_PROMPTS),
+        (f"{name}/sw_mwl0", family, dict(sw, max_window_layers=0), SW_PROMPTS),
+        (f"{name}/sw_not_used", family, dict(sw, use_sliding_window=False, max_window_layers=0),
+         SW_PROMPTS),
+        (f"{name}/sw_layer_types", family,
+         dict(sw, layer_types=["sliding_attention", "full_attention"]), SW_PROMPTS),
+    ]  # fmt: skip
+
+
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
 
 # (name, family, overrides, prompt lengths)
@@ -168,34 +186,6 @@ V = [
     ("qwen2/base", "Qwen2", {}, None),
     ("qwen2/tie_true", "Qwen2", dict(tie_word_embeddings=True), None),
     ("qwen2/tie_false", "Qwen2", dict(tie_word_embeddings=False), None),
-    (
-        "qwen2/sw_mwl1",
-        "Qwen2",
-        dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
-        [9, 17, 30],
-    ),
-    (
-        "qwen2/sw_mwl0",
-        "Qwen2",
-        dict(use_sliding_window=True, sliding_window=4, max_window_layers=0),
-        [9, 17, 30],
-    ),
-    (
-        "qwen2/sw_not_used",
-        "Qwen2",
-        dict(use_sliding_window=False, sliding_window=4, max_window_layers=0),
-        [9, 17, 30],
-    ),
-    (
-        "qwen2/sw_layer_types",
-        "Qwen2",
-        dict(
-            use_sliding_window=True,
-            sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"],
-        ),
-        [9, 17, 30],
-    ),
     ("qwen2/head_dim32", "Qwen2", dict(head_dim=32), None),
     ("qwen2/attention_bias_false", "Qwen2", dict(attention_bias=False), None),
     ("qwen3/base", "Qwen3", {}, None),
@@ -203,29 +193,9 @@ V = [
     ("qwen3/tie_true", "Qwen3", dict(tie_word_embeddings=True), None),
     ("qwen3/head_dim32", "Qwen3", dict(head_dim=32), None),
     ("qwen3/head_dim_default", "Qwen3", dict(head_dim=None), None),
-    (
-        "qwen3/sw_mwl1",
-        "Qwen3",
-        dict(use_sliding_window=True, sliding_window=4, max_window_layers=1),
-        [9, 17, 30],
-    ),
-    (
-        "qwen3/sw_mwl0",
-        "Qwen3",
-        dict(use_sliding_window=True, sliding_window=4, max_window_layers=0),
-        [9, 17, 30],
-    ),
-    (
-        "qwen3/sw_layer_types",
-        "Qwen3",
-        dict(
-            use_sliding_window=True,
-            sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"],
-        ),
-        [9, 17, 30],
-    ),
     ("qwen3/mha", "Qwen3", dict(num_key_value_heads=4), None),
+    *sliding("Qwen2"),
+    *sliding("Qwen3"),
     ("mixtral/base_sw_none", "Mixtral", dict(sliding_window=None), None),
     ("mixtral/sw4", "Mixtral", dict(sliding_window=4), [9, 17, 30]),
     ("mixtral/top1", "Mixtral", dict(num_experts_per_tok=1), None),
