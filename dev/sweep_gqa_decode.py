@@ -84,6 +84,7 @@ VARIANTS = {
     "st4": {"num_stages": 4},
     "st2": {"num_stages": 2},
     "w2": {"num_warps": 2},
+    "w4": {"num_warps": 4},
     "w8": {"num_warps": 8},
     "nohilo": {"hi_lo": False},
     "bn32 st3": {"BLOCK_N": 32, "num_stages": 3},
@@ -91,6 +92,8 @@ VARIANTS = {
     "bn128 st2": {"BLOCK_N": 128, "num_stages": 2},
     "bn16 tma": {"BLOCK_N": 16, "tma": True},
     "bn16 tma st8": {"BLOCK_N": 16, "tma": True, "num_stages": 8},
+    "order0": {"list_order": 0},
+    "one P st2": {"balanced": False, "num_stages": 2},
     "min64": {"min_chunk": 64},
     "combine launch min128": {"fused_merge": False, "min_chunk": 128, "small_min_chunk": 128},
     # one item a row (no row split)

@@ -298,13 +298,17 @@ def decode_config(
     elif kv_kind == "fp8_block":  # 319 us; a hi + lo K/V pair (kv_lo) costs 2x
         cfg = DecodeConfig(BLOCK_N=64, num_warps=4, num_stages=5)
     else:
-        # ~16 KB of K+V a stage (one wave at ~5 CTAs a SM); 2 warps for padded head dims; H100:
+        # ~16 KB of K+V a stage (one wave at ~5 CTAs a SM); 2 warps for padded head dims and
+        # for d <= 64 (H200, Llama-3.2-1B's and gpt-oss's heads, b1-b256: level at b1, 1-5% faster
+        # from b64, 13-16% at b8-b32 than 4 warps; docs/kernels/mha_decode.md "The fixed cost of
+        # a decode launch"); H100:
         # 4 stages at a full grid of pages >= 16 (+1%), else 5 (H200: 5, 7-8% over 4)
         block_n = max(16, min(128, _pow2_floor(16 * 1024 // ((dk + dv) * kv_bytes))))
         padded = dk != triton.next_power_of_2(dk) or dv != triton.next_power_of_2(dv)
         full_grid = ctas_per_sm >= 3 and (page_size == 0 or page_size >= 16)
         stages = 4 if full_grid and not hbm3e else 5
-        cfg = DecodeConfig(BLOCK_N=block_n, num_warps=2 if padded else 4, num_stages=stages)
+        warps = 2 if padded or dk + dv <= 128 else 4
+        cfg = DecodeConfig(BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     cfg = replace(cfg, **tuning.decode)
     order = cfg.list_order
     check(type(order) is int and order in (0, 1), "config.decode['list_order']", "0 or 1", order)
