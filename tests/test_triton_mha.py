@@ -421,10 +421,10 @@ def test_tuning_overrides(monkeypatch, gen):
         return made.kwargs["BLOCK_N"], made.kwargs["NUM_STAGES"], made.kwargs["num_warps"]
 
     monkeypatch.delenv("PAGEDATTN_MHA_TUNING", raising=False)
-    assert decode_launch() == (64, 5, 4)  # bf16 d64: 16 KB of K+V a stage
+    assert decode_launch() == (64, 5, 2)  # bf16 d64: 16 KB of K+V a stage, 2 warps
     monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"BLOCK_N": 16, "num_stages": 3}}')
-    assert decode_launch() == (16, 3, 4)
-    assert decode_launch(config=MHATuning(decode=dict(num_stages=2, num_warps=2))) == (16, 2, 2)
+    assert decode_launch() == (16, 3, 2)
+    assert decode_launch(config=MHATuning(decode=dict(num_stages=2, num_warps=4))) == (16, 2, 4)
     monkeypatch.setenv("PAGEDATTN_MHA_TUNING", '{"decode": {"stages": 3}}')
     with pytest.raises(InvalidArgumentError, match="stages"):
         decode_launch()
