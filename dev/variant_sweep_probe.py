@@ -89,6 +89,13 @@ def sliding(family: str) -> list:
     ]  # fmt: skip
 
 
+def llama3_rope(theta: float) -> dict:
+    """Llama 3's rope scaling (factor 8 over 16 original positions: the scaling shows at the
+    probe's lengths)."""
+    return dict(rope_type="llama3", rope_theta=theta, factor=8.0, low_freq_factor=1.0,
+                high_freq_factor=4.0, original_max_position_embeddings=16)  # fmt: skip
+
+
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
 
 # (name, family, overrides, prompt lengths)
@@ -145,16 +152,7 @@ V = [
     (
         "llama/rope_llama3",
         "Llama",
-        dict(
-            rope_parameters=dict(
-                rope_type="llama3",
-                rope_theta=500000.0,
-                factor=8.0,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=16,
-            )
-        ),
+        dict(rope_parameters=llama3_rope(500000.0)),
         None,
     ),
     (
@@ -439,16 +437,7 @@ V = [
     (
         "mixtral/rope_llama3",
         "Mixtral",
-        dict(
-            rope_parameters=dict(
-                rope_type="llama3",
-                rope_theta=1e6,
-                factor=8.0,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=16,
-            )
-        ),
+        dict(rope_parameters=llama3_rope(1e6)),
         None,
     ),
     ("mistral/attention_bias", "Mistral", dict(attention_bias=True, sliding_window=None), None),

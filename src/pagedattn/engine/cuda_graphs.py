@@ -62,6 +62,15 @@ def decode_buckets(max_batch: int) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
+def warm_up_widths(graph_cols: int, tokens: int, page_size: int) -> list[int]:
+    """The lookup-table widths a warm-up step runs at: the graphs' `graph_cols`, 3 and 1 (a
+    multiple of 16 or not, and 1: the classes of the table's row stride, which the MLA kernels
+    specialize on), those that a request of `tokens` new tokens on pages of `page_size` fits
+    in, ascending."""
+    need = -(-tokens // page_size)  # the pages such a request fills
+    return sorted({w for w in (graph_cols, 3, 1) if need <= w <= graph_cols})
+
+
 def warm_up_steps(
     max_batch: int, max_tokens: int, graph_cols: int, page_size: int, chunk: int = 2
 ) -> tuple[tuple[int, int, int], ...]:
@@ -73,15 +82,13 @@ def warm_up_steps(
 
     Request counts: `ops.specialize.int_class_counts` (every class of a count a kernel
     specializes on), as n chunks, then as n decodes and one chunk (at most max_batch
-    requests). Widths: the graphs', 3 and 1 (a multiple of 16 or not, and 1: the classes of
-    the table's row stride, which the MLA kernels specialize on), those a chunk's pages fit
-    in (2 at least for 2 tokens on pages of 1 row)."""
+    requests). Widths: `warm_up_widths` of a chunk (2 at least for 2 tokens on pages of 1
+    row)."""
     max_batch = check_int("max_batch", max_batch, 1)
     chunk = check_int("chunk", chunk, 2)
     max_tokens = check_int("max_tokens", max_tokens, chunk)
     graph_cols = check_int("graph_cols", graph_cols, 1)
-    need = -(-chunk // check_int("page_size", page_size, 1))  # the pages a chunk fills
-    widths = sorted({w for w in (graph_cols, 3, 1) if need <= w <= graph_cols})
+    widths = warm_up_widths(graph_cols, chunk, check_int("page_size", page_size, 1))
     counts = int_class_counts(max_batch)
     chunks = sorted({min(n, max_tokens // chunk) for n in counts})
     decodes = sorted({min(d, max_batch - 1, max_tokens - chunk) for d in counts} - {0})
@@ -375,26 +382,26 @@ class GraphRunner:
                 continue
             ran = warm_up_steps(self.buckets[-1], max_tokens, graph_cols, page, c)
             for d, n, cols in ran:
-                self._pad_step([1] * d + [c] * n, d, cols)
+                self._pad_step([1] * d + [c] * n, cols)
                 if planned is not None and d and d not in planned:
                     planned.add(d)
-                    self._pad_step([1] * d + [c] * n, d, cols, planned=True)
+                    self._pad_step([1] * d + [c] * n, cols, planned=True)
             steps += ran
         max_q = getattr(self.model, "warm_up_absorbed_max_q", None)
         if max_q:  # row counts that are multiples of 16 (`aligned_row_steps`)
-            need = -(-max_q // page)
-            widths = sorted({w for w in (graph_cols, 3, 1) if need <= w <= graph_cols})
             for q_lens in aligned_row_steps(self.buckets[-1], max_tokens, max_q):
-                for cols in widths:
-                    self._pad_step(list(q_lens), q_lens.count(1), cols)
+                for cols in warm_up_widths(graph_cols, max_q, page):
+                    self._pad_step(list(q_lens), cols)
         return steps
 
-    def _pad_step(self, q_lens: list[int], decodes: int, cols: int, planned: bool = False) -> None:
-        """One eager model step of requests of `q_lens` new tokens (the first `decodes` of
-        them one-token decodes), every one at cache length 0 on the pad page, with a lookup
-        table `cols` wide (contiguous); planned: with a work plan made on the device (always
-        used, so its kernel variants compile whatever the pad lengths)."""
+    def _pad_step(self, q_lens: list[int], cols: int, planned: bool = False) -> None:
+        """One eager model step of requests of `q_lens` new tokens, its leading requests of
+        one token the step's decodes (`num_decodes`) and the rest chunks (of >= 2 tokens),
+        every one at cache length 0 on the pad page, with a lookup table `cols` wide
+        (contiguous); planned: with a work plan made on the device (always used, so its kernel
+        variants compile whatever the pad lengths)."""
         s, r = self.buffers, len(q_lens)
+        decodes = next((i for i, n in enumerate(q_lens) if n > 1), r)
         dev = s.input_ids.device
         kv = s.kv_rows(r)
         lut = torch.full((r, cols), int(s.pad_lookup_row[-1]), dtype=torch.int32, device=dev)
@@ -448,4 +455,5 @@ __all__ = [
     "supports_cuda_graphs",
     "takes_num_decodes",
     "warm_up_steps",
+    "warm_up_widths",
 ]
