@@ -70,8 +70,15 @@ def device_timeline(eng, trace_dir: str) -> dict:
     busy_graph = busy_out = 0.0
     outside: dict[str, list[float]] = {}
     end = t0
+    gaps: dict[str, list[float]] = {}  # idle before an event, by (the last one, this one)
+    last = "start"
     for e in dev:  # union of intervals (PDL overlaps kernels), attributed to the later one
         s_, d_ = e["ts"], e["dur"]
+        name = "graph" if e["args"].get("correlation") in graph_corr else e["name"][:60]
+        if s_ > end and end > t0:
+            gaps.setdefault(f"{last} -> {name}", []).append(s_ - end)
+        if s_ + d_ > end:
+            last = name
         add = max(0.0, s_ + d_ - max(s_, end))
         end = max(end, s_ + d_)
         if e["args"].get("correlation") in graph_corr:
@@ -92,13 +99,23 @@ def device_timeline(eng, trace_dir: str) -> dict:
         (dict(name=k, us=sum(v) / STEPS, calls=len(v) / STEPS) for k, v in outside.items()),
         key=lambda r: -r["us"],
     )
+    gap_rows = sorted(
+        (dict(pair=k, us=sum(v) / STEPS, calls=len(v) / STEPS) for k, v in gaps.items()),
+        key=lambda r: -r["us"],
+    )[:16]
     summary = dict(
         span_us=span / STEPS,
         graph_busy_us=busy_graph / STEPS,
         outside_busy_us=busy_out / STEPS,
         idle_us=(span - busy_graph - busy_out) / STEPS,
     )
-    return dict(summary=summary, outside_graph=rows, host_cuda_calls=api_rows, trace=path)
+    return dict(
+        summary=summary,
+        outside_graph=rows,
+        idle_gaps=gap_rows,
+        host_cuda_calls=api_rows,
+        trace=path,
+    )
 
 
 def main() -> None:
@@ -167,6 +184,9 @@ def main() -> None:
         print("device timeline a step (us):", json.dumps(trace["summary"]))
         for r in trace["outside_graph"][:20]:
             print(f"  {r['us']:8.1f} us {r['calls']:5.1f}x  {r['name'][:90]}")
+        print("idle gaps a step, by (the last work, the next) (us):")
+        for r in trace["idle_gaps"]:
+            print(f"  {r['us']:8.1f} us {r['calls']:5.1f}x  {r['pair'][:110]}")
         print("host CUDA API calls a step (us):")
         for r in trace["host_cuda_calls"][:15]:
             print(f"  {r['us']:8.1f} us {r['calls']:5.1f}x  {r['name'][:90]}")

@@ -397,6 +397,24 @@ def layer_cases():
             f"moe {T} x top-{k} of {E}, {H} / {inter}{' fp8' if fp8 else ''}",
             partial(layer_launches, moe),
         )
+    # the decode graphs' first kernel (`engine.cuda_graphs.StepStaging`): with and without
+    # the dispatch metadata words, tables of one block of columns and of several
+    import pagedattn.ops.step_rows as SR  # noqa: PLC0415
+
+    for rows, C, K in ((256, 64, 4), (8, 4100, 0)):
+        L = SR.StagedRows(rows, C, K)
+        i32, i64 = torch.int32, torch.int64
+        bufs = (torch.zeros(rows, dtype=i32), torch.zeros(rows, C, dtype=i32),
+                torch.zeros(rows, dtype=i64), torch.zeros(rows, dtype=i64),
+                torch.zeros(K, dtype=i64) if K else None,
+                torch.zeros((), dtype=i32), torch.zeros(C, dtype=i32))  # fmt: skip
+        stage = torch.zeros(L.size, dtype=i64)
+        yield (
+            f"unpack_step_rows {rows} x {C}, {K} meta words",
+            partial(offline.capture, SR,
+                    lambda L=L, bufs=bufs, stage=stage: SR.unpack_step_rows(stage, L, 4, *bufs, 9),
+                    choose_backend=lambda device, backend=None: "triton"),
+        )  # fmt: skip
     quants = {"bf16": None, "token": KVQuantConfig.per_token(), "g32": KVQuantConfig.blockwise(32)}
     for (h_q, h, d), page, norm in itertools.product(
         ((32, 8, 64), (32, 8, 128), (4, 1, 32)), (16, 5), (False, True)

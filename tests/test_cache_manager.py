@@ -100,6 +100,35 @@ def test_runtime_inputs_staged_equals_runtime_inputs_plus_arrays():
         m.runtime_inputs_staged(["a", "zz"], arrays)
 
 
+def test_host_runtime_inputs_are_runtime_inputs_arrays_on_the_host():
+    """The host form: runtime_inputs' device fields as numpy (dtypes, values), the same
+    argument checks, and a typed error for a cache on more than one device."""
+    m = mgr(pages=8, page_size=4, enable_dispatch_metadata=True)
+    m.claim("a", list(range(6)))
+    m.alloc("a", 6)
+    m.claim("b", list(range(50, 59)))
+    m.alloc("b", 9)
+    for cols in (None, m.max_pages_per_request):
+        (want,) = m.runtime_inputs(["b", "a"], padded_cols=cols)
+        got = m.host_runtime_inputs(["b", "a"], padded_cols=cols)
+        for name in ("cache_lengths", "lookup_table", "attention_dispatch_metadata",
+                     "max_lengths"):  # fmt: skip
+            t = getattr(want, name)
+            assert got[name].dtype == t.numpy().dtype and np.array_equal(got[name], t), name
+    with pytest.raises(UnknownRequestError):
+        m.host_runtime_inputs(["a", "zz"])
+    with pytest.raises(InvalidArgumentError, match="padded_cols"):
+        m.host_runtime_inputs(["a", "b"], padded_cols=1)
+    m.claim("c", [1, 2])
+    with pytest.raises(InvalidArgumentError, match="no allocation"):
+        m.host_runtime_inputs(["a", "c"])
+    tp = PagedKVCacheManager(KVCacheParams(BF16, 1, 4, 8, 4, devices=["cpu", "cpu"]), 8)
+    tp.claim("a", [1])
+    tp.alloc("a", 1)
+    with pytest.raises(InvalidArgumentError, match="one device"):
+        tp.host_runtime_inputs(["a"])
+
+
 def test_hash_chain_matches_hand_computation():
     m = mgr(pages=8, page_size=3)
     toks = [5, 9, 2, 7, 7, 1, 3, 8]
@@ -600,6 +629,29 @@ def test_staging_ring_round_trips_and_reuses_its_buffers():
     assert np.array_equal(t.numpy(), big[0])  # grown past the 4 KiB first buffer
     with pytest.raises(InvalidArgumentError):
         StagingRing("cpu", depth=0)
+
+
+def test_staging_ring_copies_into_a_fixed_destination():
+    """copy_into: what `fill` writes into the slot's host bytes lands in the first nbytes of
+    the destination (the rest untouched), slots in turn under the same guard, the host buffer
+    grown for a larger copy; no device buffer of the ring's own is made."""
+    from pagedattn.cache.buffers import StagingRing  # noqa: PLC0415
+
+    _FakeEvent.log = []
+    ring = StagingRing("cpu", depth=2, event=_FakeEvent)
+    dst = torch.full((1000,), -1, dtype=torch.int64)
+    for k, n in enumerate((10, 7, 600)):  # words; the third grows the 4 KiB buffer
+
+        def fill(host, n=n, k=k):
+            host[: n * 8].view(np.int64)[:] = np.arange(n) + 100 * k
+
+        ring.copy_into(dst, n * 8, fill)
+        assert dst[:n].tolist() == list(range(100 * k, 100 * k + n))
+        if k == 1:  # words past the copy keep the earlier one's
+            assert dst[7:10].tolist() == [7, 8, 9]
+        assert (dst[max(n, 10) :] == -1).all()
+    assert ring.num_waits == 1  # the third copy reused slot 0 before its event was done
+    assert all(slot[2] is None for slot in ring._slots)
 
 
 def test_staging_ring_waits_only_for_a_slot_whose_copy_has_not_run():

@@ -80,27 +80,38 @@ class Recorder:
 
     def __init__(self, llm) -> None:
         self.llm, self.runner = llm, llm.runner
+        self.graphs = llm.runner.graphs  # (the engine stages decode steps into them)
         self.steps: list[tuple[list, bool, torch.Tensor]] = []
+        self.num_staged = 0
 
     def execute(self, inputs):
         g = self.runner.graphs
         served = g is not None and g.serves(inputs)
+        staged = g is not None and inputs.staged is g.staging
+        assert not staged or served
+        self.num_staged += staged
         out = self.runner.execute(inputs)
         ids = [inputs.request_ids[i] for i in inputs.sample_index]
         self.steps.append((ids, served, out.detach().cpu().clone()))
         if served:
-            check_pad_rows(g, self.llm.manager, inputs.batch_size)
+            check_pad_rows(g, self.llm.manager, inputs.batch_size, staged)
         return out
 
 
-def check_pad_rows(g, mgr, n: int) -> None:
+def check_pad_rows(g, mgr, n: int, staged: bool = False) -> None:
+    """Rows [n, upto) of the static buffers are pad rows after a replay of n requests: up to
+    the bucket's end where the step was staged (its graph's unpack writes rows [0, bucket);
+    the rows past it, which that graph does not read, keep older steps' values), else to the
+    end (`DecodeBuffers.load` resets every row an earlier step used)."""
     s = g.buffers
-    assert s._dirty == n
+    upto = g.bucket(n) if staged else s.max_batch
+    assert s._dirty >= upto if staged else s._dirty == n
     pad_row = torch.full_like(s.kv.lookup_table[0], mgr.total_num_pages)
     pad_row[0] = g.pad_page
-    assert torch.equal(s.kv.lookup_table[n:].cpu(), pad_row.cpu().expand_as(s.kv.lookup_table[n:]))
-    assert not s.kv.cache_lengths[n:].any()
-    assert not s.input_ids[n:].any() and not s.positions[n:].any()
+    lut = s.kv.lookup_table[n:upto].cpu()
+    assert torch.equal(lut, pad_row.cpu().expand_as(lut))
+    assert not s.kv.cache_lengths[n:upto].any()
+    assert not s.input_ids[n:upto].any() and not s.positions[n:upto].any()
     assert torch.equal(s.q_row_offsets.cpu(), torch.arange(s.max_batch + 1, dtype=torch.int32))
     for rid in mgr.request_ids:  # the pad page is the pad request's alone
         assert (rid is PAD_REQUEST) == (g.pad_page in mgr.pages(rid))
@@ -181,6 +192,7 @@ def test_emulated_graphs_give_the_eager_tokens_and_logits(any_ckpt, async_schedu
     sizes = [n for n, s in served if s]
     print("steps (batch, replayed):", served)
     assert g.num_replays == len(sizes) >= 10
+    assert rec_g.num_staged == len(sizes)  # every replayed step staged into the buffers
     assert {g.bucket(n) for n in sizes} == {1, 2, 4, 8}  # every bucket replayed
     assert any(b > a for a, b in zip(sizes, sizes[1:]))  # grew again after shrinking
     first = next(i for i, (_, s) in enumerate(served) if s)
@@ -199,6 +211,10 @@ def replays_vs_eager(llm, prompts, max_tokens, replayer, compare, *, no_sync: bo
     seen = []
 
     class Checker:
+        # the engine stages its decode steps into the decode graphs' buffers (their replay
+        # unpacks them; the eager call after it reads the same buffers)
+        graphs = runner.graphs if replayer is runner.graphs else None
+
         def execute(self, inputs):
             if not replayer.serves(inputs) or (
                 replayer is not runner.graphs and runner.graphs.serves(inputs)

@@ -155,13 +155,36 @@ class StagingRing:
         self._next = 0
         self.num_waits = 0  # stages that waited for a slot's previous copy (tests, probes)
 
-    def _buffers(self, slot: list, nbytes: int) -> None:
-        if slot[0] is not None and slot[0].numel() >= nbytes:
+    def _buffers(self, slot: list, nbytes: int, device: bool = True) -> None:
+        if slot[0] is None or slot[0].numel() < nbytes:
+            size = max(4096, 1 << (nbytes - 1).bit_length())
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=self._pin)
+            slot[0], slot[1], slot[2] = host, host.numpy(), None
+        if device and slot[2] is None:
+            slot[2] = torch.empty(slot[0].numel(), dtype=torch.uint8, device=self.device)
+
+    def _slot(self) -> list:
+        """The next slot, once its previous copy has read its host buffer."""
+        slot = self._slots[self._next]
+        self._next = (self._next + 1) % self.depth
+        if slot[4]:
+            if not slot[3].query():
+                self.num_waits += 1
+                slot[3].synchronize()
+            slot[4] = False
+        return slot
+
+    def _copied(self, slot: list) -> None:
+        """Record the slot's event after the copy just queued."""
+        if self._event is None:
             return
-        size = max(4096, 1 << (nbytes - 1).bit_length())
-        host = torch.empty(size, dtype=torch.uint8, pin_memory=self._pin)
-        slot[0], slot[1] = host, host.numpy()
-        slot[2] = torch.empty(size, dtype=torch.uint8, device=self.device)
+        if slot[3] is None:
+            slot[3] = self._event()
+        if self._pin:  # after the copy, on the stream it was queued on
+            slot[3].record(torch.cuda.current_stream(self.device))
+        else:
+            slot[3].record()
+        slot[4] = True
 
     def stage(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The arrays (int32 / int64 / float32 / uint8 numpy) on the device, each a view of
@@ -169,27 +192,25 @@ class StagingRing:
         stay valid)."""
         arrays = [np.ascontiguousarray(a) for a in arrays]
         offs, n = packed_layout([a.nbytes for a in arrays])
-        slot = self._slots[self._next]
-        self._next = (self._next + 1) % self.depth
-        ev = slot[3]
-        if slot[4]:  # the slot's previous copy must have read its host buffer
-            if not ev.query():
-                self.num_waits += 1
-                ev.synchronize()
-            slot[4] = False
+        slot = self._slot()
         self._buffers(slot, n)
         _pack_into(slot[1], arrays, offs)
         dev = slot[2][:n]
         dev.copy_(slot[0][:n], non_blocking=True)
-        if self._event is not None:
-            if ev is None:
-                ev = slot[3] = self._event()
-            if self._pin:  # after the copy, on the stream it was queued on
-                ev.record(torch.cuda.current_stream(self.device))
-            else:
-                ev.record()
-            slot[4] = True
+        self._copied(slot)
         return _typed_views(dev, arrays, offs)
+
+    def copy_into(self, dst: torch.Tensor, nbytes: int, fill) -> None:
+        """`fill(host)` writes the first `nbytes` bytes of the next slot's host buffer (a uint8
+        numpy array of at least that size); they are then copied, non-blocking, into the
+        first `nbytes` bytes of `dst` (a contiguous tensor on this ring's device, of at least
+        `nbytes` bytes): a fixed destination, a captured graph's input buffer, instead of the
+        slot's own. The same reuse guard as `stage`."""
+        slot = self._slot()
+        self._buffers(slot, nbytes, device=False)
+        fill(slot[1])
+        dst.view(-1).view(torch.uint8)[:nbytes].copy_(slot[0][:nbytes], non_blocking=True)
+        self._copied(slot)
 
 
 _TORCH_DTYPE = {"<i8": torch.int64, "<i4": torch.int32, "<f4": torch.float32, "|u1": torch.uint8}

@@ -627,14 +627,33 @@ class PagedKVCacheManager:
         returns tensors of their own. Elsewhere as `buffers.hosts_to_device`."""
         return self._runtime_inputs(request_ids, arrays, num_steps, padded_cols, True)
 
-    def _runtime_inputs(
+    def host_runtime_inputs(
         self,
         request_ids: Sequence[Hashable],
-        arrays: Sequence[np.ndarray],
-        num_steps: int,
-        padded_cols: int | None,
-        ring: bool,
-    ) -> tuple[list[KVCacheInputsPerDevice], list[torch.Tensor]]:
+        num_steps: int = 1,
+        *,
+        padded_cols: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """`runtime_inputs`' arrays on the host, for a cache on one device: numpy arrays by
+        field name, "cache_lengths" [b] int32, "lookup_table" [b, padded_cols] int32 (its
+        unused entries the sentinel), "max_lengths" [num_steps, 2] int32 and, where the params
+        enable them, "attention_dispatch_metadata" int64 (and the draft, MLA fields
+        `runtime_inputs` has). For a caller that places them itself (the engine's decode
+        graphs stage them into their own buffers). The same arguments and checks as
+        `runtime_inputs`; a cache on more than one device raises InvalidArgumentError."""
+        check(
+            len(self.params.devices) == 1,
+            "host_runtime_inputs",
+            "a cache on one device",
+            f"{len(self.params.devices)} devices",
+        )
+        _, slots, steps, padded_cols = self._checked_batch(request_ids, num_steps, padded_cols)
+        return self._host_inputs(slots, steps, padded_cols)
+
+    def _checked_batch(
+        self, request_ids: Sequence[Hashable], num_steps: int, padded_cols: int | None
+    ) -> tuple[list, np.ndarray, int, int | None]:
+        """(the requests, their slots, num_steps, padded_cols) after `runtime_inputs`' checks."""
         steps = check_int("num_steps", num_steps, 1)
         reqs, slots = self._get_all(request_ids)
         idle = self._allocs.pending[slots] == 0
@@ -653,6 +672,17 @@ class PagedKVCacheManager:
         if padded_cols is not None:
             need = int(self._num_pages[slots].max()) if len(reqs) else 0
             padded_cols = check_int("padded_cols", padded_cols, need, self.max_pages_per_request)
+        return reqs, slots, steps, padded_cols
+
+    def _runtime_inputs(
+        self,
+        request_ids: Sequence[Hashable],
+        arrays: Sequence[np.ndarray],
+        num_steps: int,
+        padded_cols: int | None,
+        ring: bool,
+    ) -> tuple[list[KVCacheInputsPerDevice], list[torch.Tensor]]:
+        reqs, slots, steps, padded_cols = self._checked_batch(request_ids, num_steps, padded_cols)
         arrays = list(arrays)
         p = self.params
         out: list[KVCacheInputsPerDevice] = []

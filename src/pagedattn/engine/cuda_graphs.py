@@ -12,9 +12,20 @@ through views of its first B rows:
   cache_lengths [M] int32 and lookup_table [M, max_pages_per_request] int32 (`padded_cols`
   fixed to the pages of max_seq_len), plus the step's max_lengths / dispatch metadata.
 
-A replay copies the step's device arrays into rows [0, n) (`KVCacheInputsPerDevice.copy_`
-sentinel-pads the narrower table), runs `graph.replay()`, and returns `logits[:n]`: no host
-sync, no allocation. Rows [n, B) are pad rows, each a request of one query (token 0 at
+The engine stages a decode step straight into them (`StepStaging`): it packs the step's host
+arrays (the manager's `host_runtime_inputs`, the tokens and positions) into one int64 buffer
+of fixed address with one host-to-device copy, and each graph's first kernel
+(`ops.step_rows.unpack_step_rows`) writes rows [0, B) of the static buffers from it (rows
+[n, B) pad rows, lookup columns past the step's width the sentinel). The deferred tokens (a
+decode whose input is the previous step's sample) are written into input_ids on the device
+before the replay (`InFlightStep.feed`), and the unpack leaves those rows alone. Outside the
+graph a decode step then runs that copy, the feed and the replay, where copying its device
+arrays into the buffers took six more device copies, each a host call and an idle gap on the
+device (H200, Llama-3.2-1B b64: 70-80 us of its 1.6 ms step idle outside the graph,
+`dev/profile_engine_step.py`). Steps built otherwise (`run` of `build_step_inputs`' arrays)
+are copied in with device copies (`DecodeBuffers.load`, `KVCacheInputsPerDevice.copy_`
+sentinel-pads the narrower table) and the unpack told to skip. A replay returns `logits[:n]`:
+no host sync, no allocation. Rows [n, B) are pad rows, each a request of one query (token 0 at
 position 0) over cache length 0, whose lookup row is [pad page, sentinel, ...]: the pad page is
 one page `GraphRunner` claims in the manager for `PAD_REQUEST` and never commits. Pad rows thus
 read and write that page only (the same values: same token, same position), and nothing a real
@@ -42,15 +53,18 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
+from ..cache.buffers import StagingRing
 from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import check, check_bool, check_int
 from ..models import parallel
 from ..ops.mha import StepPlan
 from ..ops.specialize import int_class_counts
-from .step_inputs import StepInputs
+from ..ops.step_rows import StagedRows, unpack_step_rows
+from .step_inputs import HostStepInputs, StepInputs
 
 
 def decode_buckets(max_batch: int) -> tuple[int, ...]:
@@ -188,6 +202,7 @@ class DecodeBuffers:
     (module docstring). Rows [0, n) hold the last loaded step, rows [n, max_batch) pad rows."""
 
     BATCH_FIELDS = ("cache_lengths", "lookup_table")  # the kv fields with a batch dimension
+    META_FIELDS = ("attention_dispatch_metadata", "draft_attention_dispatch_metadata")
 
     def __init__(self, pad: KVCacheInputsPerDevice, max_batch: int, vocab_size: int,
                  logits: torch.Tensor | None = None) -> None:  # fmt: skip
@@ -205,13 +220,20 @@ class DecodeBuffers:
         self.logits = logits
         self.pad_cache_length = pad.cache_lengths[0].clone()
         self.pad_lookup_row = pad.lookup_table[0].clone()
-        fields = {}
+        # the device metadata fields, views of one int64 tensor (`StepStaging` writes it whole)
+        self.meta_fields = [n for n in self.META_FIELDS if getattr(pad, n) is not None]
+        metas = [getattr(pad, n).reshape(-1).to(torch.int64) for n in self.meta_fields]
+        self.meta = torch.cat(metas) if metas else None
+        fields, at = {}, 0
         for name in FIELD_ORDER:
             v = getattr(pad, name)
             if name in self.BATCH_FIELDS:  # every row a pad row
                 fields[name] = v.expand(M, *v.shape[1:]).contiguous()
             elif name in ("kv_blocks", "kv_scales") or v is None:
                 fields[name] = v  # the cache itself (shared)
+            elif name in self.meta_fields:
+                fields[name] = self.meta[at : at + v.numel()].view(v.shape)
+                at += v.numel()
             else:
                 fields[name] = v.clone()
         self.kv = KVCacheInputsPerDevice(**fields)
@@ -220,6 +242,12 @@ class DecodeBuffers:
 
     def kv_rows(self, n: int) -> KVCacheInputsPerDevice:
         """A view of rows [0, n) of the static kv inputs (the other fields as they are)."""
+        rows = self._kv_rows.get(n)
+        if rows is None:  # (the views of rows [0, n) are the same every step: made once)
+            rows = self._kv_rows[n] = self._kv_view(n)
+        return rows
+
+    def _kv_view(self, n: int) -> KVCacheInputsPerDevice:
         kv = self.kv
         return KVCacheInputsPerDevice(
             **{
@@ -250,15 +278,81 @@ class DecodeBuffers:
     def load_kv(self, inputs: StepInputs, n: int) -> None:
         """The step's kv inputs (n requests) into rows [0, n) of the static ones, and rows
         [n, the last load's n) pad rows again. Device copies only."""
-        rows = self._kv_rows.get(n)
-        if rows is None:  # (the views of rows [0, n) are the same every step: made once)
-            rows = self._kv_rows[n] = self.kv_rows(n)
-        rows.copy_(inputs.kv_inputs[0])  # checks every field first
+        self.kv_rows(n).copy_(inputs.kv_inputs[0])  # checks every field first
         if self._dirty > n:
             pad = slice(n, self._dirty)
             self.kv.cache_lengths[pad].copy_(self.pad_cache_length)
             self.kv.lookup_table[pad].copy_(self.pad_lookup_row)
         self._dirty = n
+
+
+class StepStaging:
+    """A decode step's host arrays staged straight into `buffers` (module docstring): one
+    int64 buffer of fixed address (`StagedRows` layout, sized for the largest bucket and the
+    static table's width), written by one non-blocking host-to-device copy a step through a
+    `StagingRing` (CUDA; elsewhere a plain copy), and `unpack(b)`, the captured graphs' first
+    kernel. The buffer starts with n = -1 (unpack nothing)."""
+
+    def __init__(self, buffers: DecodeBuffers) -> None:
+        s = self.buffers = buffers
+        dev = s.input_ids.device
+        meta = 0 if s.meta is None else s.meta.numel()
+        self.layout = StagedRows(s.max_batch, s.kv.lookup_table.shape[1], meta)
+        self.stage = torch.zeros(self.layout.size, dtype=torch.int64, device=dev)
+        self.stage[0] = -1
+        self.sentinel = int(s.kv.kv_blocks.shape[0])  # the lookup table's unused entry
+        self._ring = StagingRing(dev) if dev.type == "cuda" else None
+        self._host_fields = [n for n in ("max_lengths", "mla_num_partitions",
+                                         "draft_mla_num_partitions")
+                             if getattr(s.kv, n) is not None]  # fmt: skip
+
+    def unpack(self, rows: int) -> None:
+        """Rows [0, rows) of the buffers from the staged step (a graph's first kernel)."""
+        s = self.buffers
+        kv = s.kv
+        unpack_step_rows(self.stage, self.layout, rows, kv.cache_lengths, kv.lookup_table,
+                         s.input_ids, s.positions, s.meta, s.pad_cache_length,
+                         s.pad_lookup_row, self.sentinel)  # fmt: skip
+
+    def skip(self) -> None:
+        """Make the next unpack write nothing (a step loaded with device copies instead)."""
+        self.stage[:1].fill_(-1)
+
+    def write(self, kv_host: dict, host: HostStepInputs, deferred: np.ndarray) -> torch.Tensor:
+        """Stage a decode step of n rows: `kv_host` (`host_runtime_inputs` of its requests),
+        its tokens and positions (`host`; a deferred token's id is negative), and `deferred`
+        [d, 2] int64 (batch index, source row). Returns the deferred pairs on the device, [2 d]
+        int64 (the d rows, then their d sources: `StepInputs.deferred`), a view of the staging
+        buffer valid until the next write."""
+        L, M = self.layout, self.layout.max_rows
+        lut = kv_host["lookup_table"]
+        n, w = lut.shape
+        d = len(deferred)
+        metas = [kv_host[name].reshape(-1) for name in self.buffers.meta_fields]
+        words = L.words(n, w)
+
+        def fill(host_bytes: np.ndarray) -> None:
+            h = host_bytes[: words * 8].view(np.int64)
+            h[0], h[1] = n, w
+            at = L.rows_at
+            h[at : at + n] = kv_host["cache_lengths"]
+            h[at + M : at + M + n] = host.input_ids
+            h[at + 2 * M : at + 2 * M + n] = host.positions
+            if metas:
+                h[L.meta_at : L.meta_at + L.meta] = np.concatenate(metas)
+            if d:
+                h[L.deferred_at : L.deferred_at + 2 * d] = deferred.T.reshape(-1)
+            h[L.lut_at : words] = lut.reshape(-1)
+
+        if self._ring is not None:
+            self._ring.copy_into(self.stage, words * 8, fill)
+        else:
+            tmp = np.empty(words * 8, np.uint8)
+            fill(tmp)
+            self.stage[:words].copy_(torch.from_numpy(tmp.view(np.int64)))
+        for name in self._host_fields:  # host tensors: read on the host, never by a graph
+            getattr(self.buffers.kv, name).numpy()[...] = kv_host[name]
+        return self.stage[L.deferred_at : L.deferred_at + 2 * d]
 
 
 class _EmulatedGraph:
@@ -322,6 +416,7 @@ class GraphRunner:
         self.pad_page = manager.pages(PAD_REQUEST)[0]
         (pad,) = manager.runtime_inputs([PAD_REQUEST], padded_cols=manager.max_pages_per_request)
         self.buffers = DecodeBuffers(pad, self.buckets[-1], model.config.vocab_size)
+        self.staging = StepStaging(self.buffers)
         self.num_replays = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EmulatedGraph] = {}
         if self.emulate:
@@ -350,6 +445,7 @@ class GraphRunner:
             hint["logits_out"] = out
 
         def forward() -> None:
+            self.staging.unpack(b)
             y = self.model(ids, pos, kv, offs, rows, **hint)
             if y is not out:
                 out.copy_(y)
@@ -422,6 +518,46 @@ class GraphRunner:
         """The captured batch size that serves n requests (n <= the largest bucket)."""
         return self.buckets[bisect.bisect_left(self.buckets, n)]
 
+    def stages(self, host: HostStepInputs) -> bool:
+        """Whether the step of `host` (`host_step_inputs`) is one `stage_step` takes: a pure
+        decode step of 1 to max_batch requests, every one sampling."""
+        n = len(host.cache_lengths)
+        return 1 <= n <= self.buckets[-1] and len(host.input_ids) == n == len(host.sample_index)
+
+    @torch.inference_mode()  # (the static buffers are inference tensors)
+    def stage_step(
+        self,
+        manager: PagedKVCacheManager,
+        request_ids: list,
+        host: HostStepInputs,
+        deferred: np.ndarray,
+    ) -> StepInputs:
+        """The inputs of a step that `stages` accepts, staged into the static buffers
+        (`StepStaging.write`): its tensors are views of them, which the replay's first kernel
+        fills (`run` replays without a copy). deferred: [d, 2] (batch index, source row) of
+        the tokens the previous step's samples fill (`InFlightStep.feed`). Raises like
+        `runtime_inputs` for requests without an allocation, before anything is staged."""
+        n = len(request_ids)
+        kv_host = manager.host_runtime_inputs(request_ids)
+        dev = self.staging.write(kv_host, host, np.asarray(deferred, np.int64).reshape(-1, 2))
+        s = self.buffers
+        s._dirty = max(s._dirty, self.bucket(n))  # rows a later `load` makes pad rows again
+        return StepInputs(
+            request_ids=request_ids,
+            num_new_tokens=[1] * n,
+            input_ids=s.input_ids[:n],
+            positions=s.positions[:n],
+            q_row_offsets=s.q_row_offsets[: n + 1],
+            slots=None,
+            logits_rows=s.logits_rows[:n],
+            sample_index=host.sample_index,
+            kv_inputs=[s.kv_rows(n)],
+            host=host,
+            deferred=dev if dev.shape[0] else None,
+            num_decodes=n,
+            staged=self.staging,
+        )
+
     def serves(self, inputs: StepInputs) -> bool:
         """Whether `inputs` is a pure decode step a graph replays: 1 to max_batch requests of
         one new token each, every one sampling, on one device."""
@@ -439,7 +575,9 @@ class GraphRunner:
         output, valid until the next `run`."""
         check(self.serves(inputs), "inputs", "a decode step the graphs serve", inputs.batch_size)
         n = inputs.batch_size
-        self.buffers.load(inputs)
+        if inputs.staged is not self.staging:  # device arrays: copied in, the unpack skipped
+            self.buffers.load(inputs)
+            self.staging.skip()
         self.graphs[self.bucket(n)].replay()
         self.num_replays += 1
         return self.buffers.logits[:n]
@@ -449,6 +587,7 @@ __all__ = [
     "PAD_REQUEST",
     "DecodeBuffers",
     "GraphRunner",
+    "StepStaging",
     "aligned_row_steps",
     "decode_buckets",
     "graph_mode",

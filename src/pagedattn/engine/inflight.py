@@ -90,6 +90,7 @@ class InFlightStep:
         pairs[:, 0], pairs[:, 1] = idx, src[idx]
         return pairs
 
+    @torch.inference_mode()  # (staged inputs are views of the decode graphs' static buffers)
     def feed(self, inputs: StepInputs) -> None:
         """Fill the next step's device `input_ids` at its deferred rows (`inputs.deferred`,
         staged with its other arrays by `build_step_inputs` from `deferred_rows`) with this

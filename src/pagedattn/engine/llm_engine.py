@@ -525,6 +525,7 @@ class LLMEngine:
             [(s.request_id, s._tokens, n) for s, n in zip(batch.seqs, batch.num_new_tokens)],
             self.device,
             prev.deferred_rows(batch.seqs) if prev is not None else (),
+            graphs=getattr(self.runner, "graphs", None) if batch.all_decodes else None,
         )
         if prev is not None:
             prev.feed(inputs)

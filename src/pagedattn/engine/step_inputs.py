@@ -24,9 +24,11 @@ reserved them. It returns a `StepInputs`:
 
 The host arrays and the manager's cache inputs are packed into one buffer and copied to the
 device once (`manager.runtime_inputs_staged`, staged in pinned memory on CUDA,
-`cache.buffers.hosts_to_device`: the host does not wait for the stream). A decode step that a
-CUDA graph replays then has these device arrays (and kv_inputs) copied into the graph's static
-buffers (`cuda_graphs.DecodeBuffers`).
+`cache.buffers.hosts_to_device`: the host does not wait for the stream). A pure decode step
+that the CUDA decode graphs serve is instead staged straight into their static buffers
+(`build_step_inputs(..., graphs=)`, `cuda_graphs.GraphRunner.stage_step`: one copy, and the
+graph's first kernel unpacks it); its tensors are then views of those buffers and `slots` is
+None.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     q_row_offsets: torch.Tensor
-    slots: torch.Tensor
+    slots: torch.Tensor | None
     logits_rows: torch.Tensor
     sample_index: list[int]
     kv_inputs: list[KVCacheInputsPerDevice]
@@ -77,6 +79,10 @@ class StepInputs:
     # requests leading the batch with one new token each (the scheduler puts decodes first):
     # `mha`'s num_decodes hint
     num_decodes: int = 0
+    # the decode graphs' `StepStaging` where the step was staged into their static buffers
+    # (`GraphRunner.stage_step`: the tensors above are views of them, `slots` None); None:
+    # the tensors are the step's own
+    staged: object | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -140,14 +146,19 @@ def build_step_inputs(
     requests: Sequence[tuple[Hashable, Sequence[int], int]],
     device: str | torch.device,
     deferred: np.ndarray | Sequence[tuple[int, int]] = (),
+    graphs=None,
 ) -> StepInputs:
     """Everything a model step needs for `requests` (module docstring); `deferred`: (batch
     index, source row) of the inputs the previous step's samples fill on the device
-    (`InFlightStep.deferred_rows`; staged with the rest as `StepInputs.deferred`). Raises
-    InvalidArgumentError for a request without a fitting allocation, UnknownRequestError for
-    one the manager does not hold."""
+    (`InFlightStep.deferred_rows`; staged with the rest as `StepInputs.deferred`). graphs:
+    None, or the decode graphs (`cuda_graphs.GraphRunner`): a step they stage (`stages`: a
+    pure decode of at most their largest bucket) is staged straight into their buffers
+    (`stage_step`; `StepInputs.staged`). Raises InvalidArgumentError for a request without a
+    fitting allocation, UnknownRequestError for one the manager does not hold."""
     host = host_step_inputs(manager, requests)
     rids = list(map(_RID, requests))
+    if graphs is not None and graphs.stages(host):
+        return graphs.stage_step(manager, rids, host, deferred)
     arrays = [host.input_ids, host.positions, host.slots, host.q_row_offsets.astype(np.int32),
               host.logits_rows]  # fmt: skip
     if len(deferred):  # each deferred input's token row (its request's offset), then its source
