@@ -406,7 +406,7 @@ def layer_cases():
         i32, i64 = torch.int32, torch.int64
         bufs = (torch.zeros(rows, dtype=i32), torch.zeros(rows, C, dtype=i32),
                 torch.zeros(rows, dtype=i64), torch.zeros(rows, dtype=i64),
-                torch.zeros(K, dtype=i64) if K else None,
+                torch.zeros(rows, dtype=i64), torch.zeros(K, dtype=i64) if K else None,
                 torch.zeros((), dtype=i32), torch.zeros(C, dtype=i32))  # fmt: skip
         stage = torch.zeros(L.size, dtype=i64)
         yield (

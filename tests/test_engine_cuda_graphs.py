@@ -81,8 +81,10 @@ class Recorder:
     def __init__(self, llm) -> None:
         self.llm, self.runner = llm, llm.runner
         self.graphs = llm.runner.graphs  # (the engine stages decode steps into them)
+        self.greedy_tokens = llm.runner.greedy_tokens  # (and takes their replays' argmax)
         self.steps: list[tuple[list, bool, torch.Tensor]] = []
         self.num_staged = 0
+        self.num_gathered = 0  # staged steps whose deferred tokens the unpack took
 
     def execute(self, inputs):
         g = self.runner.graphs
@@ -90,6 +92,8 @@ class Recorder:
         staged = g is not None and inputs.staged is g.staging
         assert not staged or served
         self.num_staged += staged
+        deferred = bool((inputs.host.input_ids < 0).any())
+        self.num_gathered += staged and deferred and inputs.deferred is None
         out = self.runner.execute(inputs)
         ids = [inputs.request_ids[i] for i in inputs.sample_index]
         self.steps.append((ids, served, out.detach().cpu().clone()))
@@ -193,6 +197,8 @@ def test_emulated_graphs_give_the_eager_tokens_and_logits(any_ckpt, async_schedu
     print("steps (batch, replayed):", served)
     assert g.num_replays == len(sizes) >= 10
     assert rec_g.num_staged == len(sizes)  # every replayed step staged into the buffers
+    # overlapped: a replay after a replay takes its inputs from the one before's argmax
+    assert (rec_g.num_gathered > 0) == async_scheduling
     assert {g.bucket(n) for n in sizes} == {1, 2, 4, 8}  # every bucket replayed
     assert any(b > a for a, b in zip(sizes, sizes[1:]))  # grew again after shrinking
     first = next(i for i, (_, s) in enumerate(served) if s)

@@ -1,7 +1,8 @@
 """`ops.step_rows.unpack_step_rows`: the Triton kernel (the interpreter on the CPU, the GPU
 under the gpu marker) writes what the reference writes, on poisoned buffers, for steps that
-fill the bucket, leave pad rows, keep device-filled tokens, stage no lookup column and
-nothing at all (n < 0); bad arguments raise before anything is written."""
+fill the bucket, leave pad rows, keep device-filled tokens or take the previous step's,
+stage no lookup column and nothing at all (n < 0); bad arguments raise before anything is
+written."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from pagedattn.errors import InvalidArgumentError
-from pagedattn.ops.step_rows import StagedRows, unpack_step_rows
+from pagedattn.ops.step_rows import KEEP, StagedRows, unpack_step_rows
 
 POISON = -7
 
@@ -23,7 +24,10 @@ def _case(M, C, K, n, w, rows, dev, seed):
     if n > 0:
         stage[at : at + n] = torch.randint(0, 10**6, (n,), generator=g)
         ids = torch.randint(0, 50_000, (n,), generator=g)
-        ids[torch.rand(n, generator=g) < 0.4] = -(2**63)  # deferred: the device fills them
+        u = torch.rand(n, generator=g)
+        ids[u < 0.3] = KEEP  # deferred, fed on the device before the unpack
+        fed = u > 0.7  # deferred, taken from the previous step's tokens by the unpack
+        ids[fed] = -1 - torch.randint(0, 6, (int(fed.sum()),), generator=g)
         stage[at + M : at + M + n] = ids
         stage[at + 2 * M : at + 2 * M + n] = torch.randint(0, 10**6, (n,), generator=g)
         stage[L.lut_at : L.lut_at + n * w] = torch.randint(0, 999, (n * w,), generator=g)
@@ -32,6 +36,7 @@ def _case(M, C, K, n, w, rows, dev, seed):
         lookup_table=torch.full((M, C), POISON, dtype=torch.int32),
         input_ids=torch.randint(0, 9, (M,), generator=g),
         positions=torch.full((M,), POISON, dtype=torch.int64),
+        tokens=torch.randint(60_000, 70_000, (6,), generator=g),
         meta=torch.full((K,), POISON, dtype=torch.int64) if K else None,
     )
     pad = dict(
@@ -45,8 +50,8 @@ def _case(M, C, K, n, w, rows, dev, seed):
 def _run(L, stage, bufs, pad, rows, backend):
     out = {k: None if v is None else v.clone() for k, v in bufs.items()}
     unpack_step_rows(stage, L, rows, out["cache_lengths"], out["lookup_table"], out["input_ids"],
-                     out["positions"], out["meta"], pad["pad_cache_length"], pad["pad_lookup_row"],
-                     999, backend=backend)  # fmt: skip
+                     out["positions"], out["tokens"], out["meta"], pad["pad_cache_length"],
+                     pad["pad_lookup_row"], 999, backend=backend)  # fmt: skip
     return out
 
 
@@ -78,7 +83,10 @@ def _check(L, stage, bufs, pad, rows, dev):
         if i < n:
             assert int(r["cache_lengths"][i]) == int(st[at + i])
             tok = int(st[at + M + i])
-            assert int(r["input_ids"][i]) == (int(bufs["input_ids"][i]) if tok < 0 else tok)
+            want = int(bufs["input_ids"][i]) if tok == KEEP else tok
+            if KEEP < tok < 0:
+                want = int(bufs["tokens"][-1 - tok])
+            assert int(r["input_ids"][i]) == want
             assert int(r["positions"][i]) == int(st[at + 2 * M + i])
             row = r["lookup_table"][i].cpu()
             assert row[:w].tolist() == st[L.lut_at + i * w : L.lut_at + (i + 1) * w].tolist()
@@ -116,6 +124,7 @@ def test_unpack_step_rows_rejects_bad_arguments_before_writing():
         (dict(rows=9), "rows"),
         (dict(lookup_table=bufs["lookup_table"][:, :4]), "lookup_table"),
         (dict(input_ids=bufs["input_ids"].to(torch.int32)), "input_ids"),
+        (dict(tokens=bufs["tokens"][:0]), "tokens"),
         (dict(meta=None), "meta"),
         (dict(pad_lookup_row=pad["pad_lookup_row"][:2]), "pad_lookup_row"),
         (dict(layout=(8, 5, 4)), "layout"),

@@ -61,9 +61,10 @@ from ..cache.inputs import FIELD_ORDER, KVCacheInputsPerDevice
 from ..cache.manager import PagedKVCacheManager
 from ..errors import check, check_bool, check_int
 from ..models import parallel
+from ..ops.fused import argmax_rows
 from ..ops.mha import StepPlan
 from ..ops.specialize import int_class_counts
-from ..ops.step_rows import StagedRows, unpack_step_rows
+from ..ops.step_rows import KEEP, StagedRows, unpack_step_rows
 from .step_inputs import HostStepInputs, StepInputs
 
 
@@ -215,6 +216,7 @@ class DecodeBuffers:
         self.positions = torch.zeros(M, dtype=torch.int64, device=dev)
         self.q_row_offsets = torch.arange(M + 1, dtype=torch.int32, device=dev)
         self.logits_rows = torch.arange(M, dtype=torch.int64, device=dev)
+        self.tokens = torch.zeros(M, dtype=torch.int64, device=dev)  # a decode graph's argmax
         if logits is None:
             logits = torch.zeros(M, vocab_size, dtype=torch.float32, device=dev)
         self.logits = logits
@@ -311,22 +313,31 @@ class StepStaging:
         s = self.buffers
         kv = s.kv
         unpack_step_rows(self.stage, self.layout, rows, kv.cache_lengths, kv.lookup_table,
-                         s.input_ids, s.positions, s.meta, s.pad_cache_length,
+                         s.input_ids, s.positions, s.tokens, s.meta, s.pad_cache_length,
                          s.pad_lookup_row, self.sentinel)  # fmt: skip
 
     def skip(self) -> None:
         """Make the next unpack write nothing (a step loaded with device copies instead)."""
         self.stage[:1].fill_(-1)
 
-    def write(self, kv_host: dict, host: HostStepInputs, deferred: np.ndarray) -> torch.Tensor:
+    def write(
+        self, kv_host: dict, host: HostStepInputs, deferred: np.ndarray, gather: bool
+    ) -> torch.Tensor | None:
         """Stage a decode step of n rows: `kv_host` (`host_runtime_inputs` of its requests),
         its tokens and positions (`host`; a deferred token's id is negative), and `deferred`
-        [d, 2] int64 (batch index, source row). Returns the deferred pairs on the device, [2 d]
-        int64 (the d rows, then their d sources: `StepInputs.deferred`), a view of the staging
-        buffer valid until the next write."""
+        [d, 2] int64 (batch index, source row). gather: the sources are rows of the buffers'
+        `tokens` (the previous step was a replay that took its argmax there): the unpack
+        writes them, and None is returned. Otherwise the deferred rows keep their ids (`KEEP`)
+        and the pairs are returned on the device, [2 d] int64 (the d rows, then their d
+        sources: `StepInputs.deferred`, for the feed), a view of the staging buffer valid until
+        the next write."""
         L, M = self.layout, self.layout.max_rows
         lut = kv_host["lookup_table"]
         n, w = lut.shape
+        ids = np.where(host.input_ids < 0, KEEP, host.input_ids)
+        if gather and len(deferred):
+            ids[deferred[:, 0]] = -1 - deferred[:, 1]
+            deferred = deferred[:0]
         d = len(deferred)
         metas = [kv_host[name].reshape(-1) for name in self.buffers.meta_fields]
         words = L.words(n, w)
@@ -336,7 +347,7 @@ class StepStaging:
             h[0], h[1] = n, w
             at = L.rows_at
             h[at : at + n] = kv_host["cache_lengths"]
-            h[at + M : at + M + n] = host.input_ids
+            h[at + M : at + M + n] = ids
             h[at + 2 * M : at + 2 * M + n] = host.positions
             if metas:
                 h[L.meta_at : L.meta_at + L.meta] = np.concatenate(metas)
@@ -352,7 +363,7 @@ class StepStaging:
             self.stage[:words].copy_(torch.from_numpy(tmp.view(np.int64)))
         for name in self._host_fields:  # host tensors: read on the host, never by a graph
             getattr(self.buffers.kv, name).numpy()[...] = kv_host[name]
-        return self.stage[L.deferred_at : L.deferred_at + 2 * d]
+        return self.stage[L.deferred_at : L.deferred_at + 2 * d] if d else None
 
 
 class _EmulatedGraph:
@@ -444,11 +455,14 @@ class GraphRunner:
         if takes_logits_out(self.model):  # the logits converted straight into the output
             hint["logits_out"] = out
 
+        tokens = s.tokens[:b]
+
         def forward() -> None:
             self.staging.unpack(b)
             y = self.model(ids, pos, kv, offs, rows, **hint)
             if y is not out:
                 out.copy_(y)
+            tokens.copy_(argmax_rows(out))  # the greedy tokens (`greedy_tokens`)
 
         return forward
 
@@ -531,15 +545,28 @@ class GraphRunner:
         request_ids: list,
         host: HostStepInputs,
         deferred: np.ndarray,
+        source: torch.Tensor | None = None,
     ) -> StepInputs:
         """The inputs of a step that `stages` accepts, staged into the static buffers
         (`StepStaging.write`): its tensors are views of them, which the replay's first kernel
         fills (`run` replays without a copy). deferred: [d, 2] (batch index, source row) of
-        the tokens the previous step's samples fill (`InFlightStep.feed`). Raises like
-        `runtime_inputs` for requests without an allocation, before anything is staged."""
+        the tokens the previous step's samples fill; source: those samples (`InFlightStep.
+        sampled`): where they are this runner's `greedy_tokens` of the step before, the
+        replay's unpack takes them (no feed: `StepInputs.deferred` None), else the feed
+        writes them (`InFlightStep.feed`). Raises like `runtime_inputs` for requests without
+        an allocation, before anything is staged."""
         n = len(request_ids)
         kv_host = manager.host_runtime_inputs(request_ids)
-        dev = self.staging.write(kv_host, host, np.asarray(deferred, np.int64).reshape(-1, 2))
+        t = self.buffers.tokens
+        gather = (
+            source is not None
+            and source.dim() == 1
+            and source.dtype == t.dtype
+            and source.device == t.device
+            and source.data_ptr() == t.data_ptr()
+        )
+        pairs = np.asarray(deferred, np.int64).reshape(-1, 2)
+        dev = self.staging.write(kv_host, host, pairs, gather)
         s = self.buffers
         s._dirty = max(s._dirty, self.bucket(n))  # rows a later `load` makes pad rows again
         return StepInputs(
@@ -553,10 +580,18 @@ class GraphRunner:
             sample_index=host.sample_index,
             kv_inputs=[s.kv_rows(n)],
             host=host,
-            deferred=dev if dev.shape[0] else None,
+            deferred=dev,
             num_decodes=n,
             staged=self.staging,
         )
+
+    def greedy_tokens(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The argmax of each logits row of a replayed step that `stage_step` staged ([n]
+        int64, `ops.fused.argmax_rows`' tokens, taken by the graph after its logits: a view of
+        the buffers' `tokens`, valid until the next replay), or None for another step."""
+        if inputs.staged is not self.staging:
+            return None
+        return self.buffers.tokens[: inputs.batch_size]
 
     def serves(self, inputs: StepInputs) -> bool:
         """Whether `inputs` is a pure decode step a graph replays: 1 to max_batch requests of

@@ -5,11 +5,14 @@ with its samples deferred and schedules the next one before the tokens reach the
 object holds what links the two:
 - `seqs`: the requests that sample, in the order of `sampled` ([len(seqs)] int64 on the step's
   device);
-- at construction, on CUDA, a non-blocking copy of `sampled` into pinned host memory (a slot of
-  the engine's `TokenRing`, reused: pinning a fresh buffer a step cost the H200 host ~150 us of
-  a 1.5 ms Llama-3.2-1B b64 step, `dev/profile_engine_step.py`) and an event after it, so
-  reading the tokens (`tokens()`) waits for this step's work only, not for a step queued after
-  it;
+- at construction, a copy of `sampled`, which may be a view of the decode graphs' tokens that
+  the next replay overwrites: on CUDA a non-blocking copy into pinned host memory, queued
+  before that replay (a slot of the engine's `TokenRing`, reused: pinning a fresh buffer a
+  step cost the H200 host ~150 us of a 1.5 ms Llama-3.2-1B b64 step,
+  `dev/profile_engine_step.py`) and an event after it, so reading the tokens (`tokens()`)
+  waits for this step's work only, not for a step queued after it; elsewhere a copy at once;
+- where the next step is a decode replay and `sampled` those tokens, the replay's first kernel
+  takes its deferred inputs from them (`cuda_graphs.StepStaging`); otherwise:
 - `deferred_rows(seqs)` / `feed(inputs)`: the next step's input tokens that are deferred (a
   decode whose input is this step's sample, `Sequence.has_deferred`) are written into its
   device `input_ids` from `sampled` (one index copy on the stream, after this step's sampling;
@@ -55,7 +58,9 @@ class InFlightStep:
         """ring: the engine's pinned buffers (on CUDA; None: a fresh pinned buffer)."""
         self.seqs = seqs
         self.sampled = sampled
-        self._host = sampled
+        # (a copy: `sampled` may be a view of the decode graphs' tokens, which the next
+        # replay overwrites; on CUDA the copy is queued before that replay)
+        self._host = sampled.clone() if sampled.device.type != "cuda" else sampled
         self._event = None
         self._tokens: list[int] | None = None
         if sampled.device.type == "cuda":

@@ -526,6 +526,7 @@ class LLMEngine:
             self.device,
             prev.deferred_rows(batch.seqs) if prev is not None else (),
             graphs=getattr(self.runner, "graphs", None) if batch.all_decodes else None,
+            deferred_source=prev.sampled if prev is not None else None,
         )
         if prev is not None:
             prev.feed(inputs)
@@ -540,9 +541,13 @@ class LLMEngine:
             self.device,
             self._sampling_stage,
         )
+        greedy = getattr(self.runner, "greedy_tokens", None)
+        sampled = greedy(inputs) if greedy is not None and st.all_greedy else None
+        if sampled is None:  # (else the replay took the argmax: no launch here)
+            sampled = sample(logits, st)
         # Every rank has the same logits after the all-reduces; rank 0's tokens are taken
         # anyway, so no rounding difference can make the ranks' schedulers diverge.
-        sampled = parallel.broadcast(sample(logits, st), self.tp_size)
+        sampled = parallel.broadcast(sampled, self.tp_size)
         if not self.async_scheduling:  # read here: a device error raises before the commit
             sampled = sampled.cpu()
         if not batch.all_decodes:

@@ -55,6 +55,11 @@ class ModelRunner:
             return self.mixed.run(inputs)
         return self.eager(inputs)
 
+    def greedy_tokens(self, inputs: StepInputs) -> torch.Tensor | None:
+        """After `execute`: the greedy tokens of its logits ([n] int64) where the step's
+        graph computed them (a staged decode step, `GraphRunner.greedy_tokens`), else None."""
+        return None if self.graphs is None else self.graphs.greedy_tokens(inputs)
+
     @torch.inference_mode()
     def eager(self, inputs: StepInputs) -> torch.Tensor:
         """The step as one eager model call (what `execute` does without a graph)."""

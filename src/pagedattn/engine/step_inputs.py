@@ -147,18 +147,20 @@ def build_step_inputs(
     device: str | torch.device,
     deferred: np.ndarray | Sequence[tuple[int, int]] = (),
     graphs=None,
+    deferred_source: torch.Tensor | None = None,
 ) -> StepInputs:
     """Everything a model step needs for `requests` (module docstring); `deferred`: (batch
     index, source row) of the inputs the previous step's samples fill on the device
     (`InFlightStep.deferred_rows`; staged with the rest as `StepInputs.deferred`). graphs:
     None, or the decode graphs (`cuda_graphs.GraphRunner`): a step they stage (`stages`: a
     pure decode of at most their largest bucket) is staged straight into their buffers
-    (`stage_step`; `StepInputs.staged`). Raises InvalidArgumentError for a request without a
+    (`stage_step`, which takes `deferred_source`, the samples `deferred` points into;
+    `StepInputs.staged`). Raises InvalidArgumentError for a request without a
     fitting allocation, UnknownRequestError for one the manager does not hold."""
     host = host_step_inputs(manager, requests)
     rids = list(map(_RID, requests))
     if graphs is not None and graphs.stages(host):
-        return graphs.stage_step(manager, rids, host, deferred)
+        return graphs.stage_step(manager, rids, host, deferred, deferred_source)
     arrays = [host.input_ids, host.positions, host.slots, host.q_row_offsets.astype(np.int32),
               host.logits_rows]  # fmt: skip
     if len(deferred):  # each deferred input's token row (its request's offset), then its source

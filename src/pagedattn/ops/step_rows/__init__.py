@@ -8,7 +8,7 @@ one int64 staging buffer (`StagedRows` layout), moves them with one host-to-devi
 the graph's first kernel, this op, writes the buffers from it:
 
     unpack_step_rows(stage, layout, rows, cache_lengths, lookup_table, input_ids, positions,
-                     meta, pad_cache_length, pad_lookup_row, sentinel, *, backend=None)
+                     tokens, meta, pad_cache_length, pad_lookup_row, sentinel, *, backend=None)
 
 - stage: int64 [>= layout.size], contiguous; n = stage[0] the step's rows (negative: nothing
   is written, the buffers keep what another path loaded), w = stage[1] the staged lookup
@@ -17,8 +17,10 @@ the graph's first kernel, this op, writes the buffers from it:
   n <= r < rows a pad row: `pad_cache_length`, `pad_lookup_row`, token 0, position 0;
 - cache_lengths int32 [>= rows]; lookup_table int32 [>= rows, layout.cols] (unit column
   stride): a real row's columns >= w take `sentinel` (the cache's page count); input_ids /
-  positions int64 [>= rows]: a negative staged id leaves the row's id as it is (a token the
-  device fills: the engine's deferred samples);
+  positions int64 [>= rows]: a staged id `KEEP` leaves the row's id as it is (a token written
+  on the device before: the engine's feed of the previous step's samples), another negative
+  id -1 - j takes tokens[j];
+- tokens: int64 [>= 1] (the previous step's samples, where the graph computed them);
 - meta: int64 [layout.meta] (the metadata words, written when rows > 0), or None where
   layout.meta is 0; pad_cache_length: int32, one element; pad_lookup_row: int32
   [layout.cols].
@@ -38,7 +40,7 @@ from ...errors import InvalidArgumentError, check_int
 from .._checks import describe
 from ..dispatch import choose_backend
 from ..launch import launch
-from .layout import HEADER, StagedRows
+from .layout import HEADER, KEEP, StagedRows
 from .reference import unpack_step_rows_reference
 
 
@@ -60,7 +62,7 @@ def _vector(name, t, dtype, n, device, exact=False) -> None:
         raise _bad(name, f"a contiguous {dtype} tensor {size} on {device}", t)
 
 
-def _check(stage, layout, rows, cl, lut, ids, pos, meta, pad_cl, pad_row, sentinel) -> int:
+def _check(stage, layout, rows, cl, lut, ids, pos, tokens, meta, pad_cl, pad_row, sentinel) -> int:
     if not isinstance(layout, StagedRows):
         raise _bad("layout", "a StagedRows", layout)
     if not isinstance(stage, torch.Tensor):
@@ -83,6 +85,7 @@ def _check(stage, layout, rows, cl, lut, ids, pos, meta, pad_cl, pad_row, sentin
         raise _bad("lookup_table", want, lut)
     _vector("input_ids", ids, torch.int64, rows, dev)
     _vector("positions", pos, torch.int64, rows, dev)
+    _vector("tokens", tokens, torch.int64, 1, dev)
     if layout.meta:
         _vector("meta", meta, torch.int64, layout.meta, dev, exact=True)
     elif meta is not None:
@@ -107,6 +110,7 @@ def unpack_step_rows(
     lookup_table: torch.Tensor,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
+    tokens: torch.Tensor,
     meta: torch.Tensor | None,
     pad_cache_length: torch.Tensor,
     pad_lookup_row: torch.Tensor,
@@ -115,7 +119,7 @@ def unpack_step_rows(
     backend: str | None = None,
 ) -> None:
     """Module docstring."""
-    args = (stage, layout, rows, cache_lengths, lookup_table, input_ids, positions, meta,
+    args = (stage, layout, rows, cache_lengths, lookup_table, input_ids, positions, tokens, meta,
             pad_cache_length, pad_lookup_row, sentinel)  # fmt: skip
     rows = _check(*args)
     if choose_backend(stage.device, backend) == "reference":
@@ -128,12 +132,12 @@ def unpack_step_rows(
     C = layout.cols
     launch(
         _unpack_step_rows_kernel, (rows,),
-        stage, cache_lengths, lookup_table, lookup_table.stride(0), input_ids, positions,
+        stage, cache_lengths, lookup_table, lookup_table.stride(0), input_ids, positions, tokens,
         meta if meta is not None else stage, pad_cache_length, pad_lookup_row, int(sentinel),
-        M=layout.max_rows, C=C, K=layout.meta, HEADER=HEADER,
+        M=layout.max_rows, C=C, K=layout.meta, HEADER=HEADER, KEEP=KEEP,
         BLOCK_C=min(1024, triton.next_power_of_2(C)),
         BLOCK_K=max(16, triton.next_power_of_2(max(layout.meta, 1))), num_warps=1,
     )  # fmt: skip
 
 
-__all__ = ["HEADER", "StagedRows", "unpack_step_rows", "unpack_step_rows_reference"]
+__all__ = ["HEADER", "KEEP", "StagedRows", "unpack_step_rows", "unpack_step_rows_reference"]

@@ -11,6 +11,10 @@ from ...errors import check_int
 #: width; the rest 0.
 HEADER = 8
 
+#: A staged input id that leaves the row's id as it is (a token written on the device before
+#: the unpack); any other negative id -1 - j takes the unpack's `tokens[j]`.
+KEEP = -(2**63)
+
 
 @dataclass(frozen=True)
 class StagedRows:
@@ -18,8 +22,8 @@ class StagedRows:
     tables `cols` (C) wide, `meta` (K) metadata words. Word offsets:
 
     - [0, HEADER): n, w (`HEADER`);
-    - cache lengths [M], input ids [M] (a negative id: the row keeps its buffer value, a token
-      the device fills), positions [M], from `rows_at`;
+    - cache lengths [M], input ids [M] (`KEEP`: the row keeps its buffer value; -1 - j:
+      the unpack's `tokens[j]`), positions [M], from `rows_at`;
     - the metadata words [K], from `meta_at`;
     - the deferred tokens' pairs [2 M] (the engine's: d rows, then their d sources), from
       `deferred_at`; not read by the unpack;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import StagedRows
+from .layout import KEEP, StagedRows
 
 
 def unpack_step_rows_reference(
@@ -15,6 +15,7 @@ def unpack_step_rows_reference(
     lookup_table: torch.Tensor,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
+    tokens: torch.Tensor,
     meta: torch.Tensor | None,
     pad_cache_length: torch.Tensor,
     pad_lookup_row: torch.Tensor,
@@ -29,8 +30,10 @@ def unpack_step_rows_reference(
     cache_lengths[:real] = stage[at : at + real].to(torch.int32)
     cache_lengths[real:rows] = pad_cache_length
     ids = stage[at + M : at + M + real]
-    keep = ids < 0
-    input_ids[:real] = torch.where(keep, input_ids[:real], ids)
+    fed = (ids < 0) & (ids != KEEP)
+    src = torch.where(fed, -1 - ids, 0)
+    taken = tokens[src] if real else ids
+    input_ids[:real] = torch.where(ids == KEEP, input_ids[:real], torch.where(fed, taken, ids))
     input_ids[real:rows] = 0
     positions[:real] = stage[at + 2 * M : at + 2 * M + real]
     positions[real:rows] = 0

@@ -14,6 +14,7 @@ def _unpack_step_rows_kernel(
     stride_lut,
     IDS,
     POS,
+    TOKENS,
     META,
     PADCL,
     PADROW,
@@ -22,6 +23,7 @@ def _unpack_step_rows_kernel(
     C: tl.constexpr,
     K: tl.constexpr,
     HEADER: tl.constexpr,
+    KEEP: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -35,7 +37,11 @@ def _unpack_step_rows_kernel(
         cl = tl.where(real, cl, tl.load(PADCL).to(tl.int64))
         tl.store(CL + r, cl.to(tl.int32))
         tok = tl.load(at + M, mask=real, other=0)
-        tl.store(IDS + r, tok, mask=tok >= 0)  # (a negative id: the device fills the row)
+        # a negative id: KEEP leaves the row's id (the engine's feed wrote it), any other
+        # -1 - j takes TOKENS[j] (the previous step's sample j)
+        src = tl.where((tok < 0) & (tok != KEEP), -1 - tok, 0)
+        fed = tl.load(TOKENS + src, mask=(tok < 0) & (tok != KEEP), other=0)
+        tl.store(IDS + r, tl.where(tok < 0, fed, tok), mask=tok != KEEP)
         tl.store(POS + r, tl.load(at + 2 * M, mask=real, other=0))
         lut = S + (HEADER + 3 * M + K + 2 * M) + r.to(tl.int64) * w
         dst = LUT + r.to(tl.int64) * stride_lut
