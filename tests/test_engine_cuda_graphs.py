@@ -208,6 +208,35 @@ def test_emulated_graphs_give_the_eager_tokens_and_logits(any_ckpt, async_schedu
     assert emu.manager.request_ids == [PAD_REQUEST]
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_emulated_graphs_sampled_and_greedy_requests_give_the_eager_tokens(ckpt, async_scheduling):
+    """Requests drawn with temperature (seeded; two with top-k / top-p) beside greedy ones:
+    replayed steps with a drawn row sample outside the graph and feed the next step's inputs,
+    all-greedy ones take the graph's argmax (once the drawn requests finished, the next
+    replays take their inputs from it); the tokens equal the eager engine's, request by
+    request."""
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (7, 3, 9, 5, 6)]
+    params = [
+        SamplingParams(max_tokens=18, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=0.8, seed=1, ignore_eos=True),
+        SamplingParams(max_tokens=9, temperature=1.2, seed=2, top_k=20, ignore_eos=True),
+        SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=4, temperature=0.7, seed=3, top_p=0.8, ignore_eos=True),
+    ]
+    outs = []
+    for cls in (LLM, EmulatedLLM):
+        llm = cls(ckpt, device="cpu", dtype=torch.float32, async_scheduling=async_scheduling, **KW)
+        rec = Recorder(llm)
+        llm.runner = rec
+        res = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        outs.append([r.outputs[0].token_ids for r in res])
+        if cls is EmulatedLLM:
+            assert rec.num_staged >= 10 and (rec.num_gathered > 0) == async_scheduling
+    assert outs[0] == outs[1]
+    assert [len(t) for t in outs[1]] == [p.max_tokens for p in params]
+
+
 def replays_vs_eager(llm, prompts, max_tokens, replayer, compare, *, no_sync: bool = False):
     """Runs the prompts greedily; each step `replayer` (a runner's `GraphRunner` or
     `MixedGraphRunner`) serves, and the engine's other graphs do not, is replayed, then run
