@@ -8,7 +8,10 @@ overlap them (docs/performance.md). Green contexts confine each part's CTAs to i
 Each variant is captured in a CUDA graph (fork / join by events) and its replays timed
 (`common.time_ms`); its outputs must equal the serial step's.
 
-Usage: python dev/green_overlap_probe.py [--out DIR]
+Usage: python dev/green_overlap_probe.py [--out DIR] [--splits 16 24 ...]
+       python dev/green_overlap_probe.py --prefill-variants '{"gluon": false, "num_warps": 4}' ...
+(the second form: prefill launches that leave room on their SMs for the decode's CTAs, the
+two parts on two plain streams)
 """
 
 from __future__ import annotations
@@ -123,6 +126,11 @@ def forked(first, second, a, b):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--splits", type=int, nargs="*", default=[16, 24, 32, 40, 48],
+                    help="the decode partitions' SM counts")  # fmt: skip
+    ap.add_argument("--prefill-variants", nargs="*", default=None,
+                    help='prefill tunings (PAGEDATTN_MHA_TUNING "prefill" objects) timed with '
+                         "the decode on a second stream, instead of the splits")  # fmt: skip
     args = ap.parse_args()
     copy, mm = copy_bandwidth(), matmul_tflops()
     (dec, dec_out), (pre, pre_out), nbytes, flops = build(0)
@@ -152,8 +160,26 @@ def main() -> None:
     run("serial", lambda: (dec(), pre()))
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     run("plain streams, prefill first", forked(s1, s2, pre, dec))
+    for v in args.prefill_variants or ():
+        # a prefill launch that leaves room on its SMs for decode CTAs, on a second stream
+        os.environ["PAGEDATTN_MHA_TUNING"] = json.dumps({"prefill": json.loads(v)})
+        try:
+            pre_out.fill_(float("nan"))
+            pre()
+            torch.cuda.synchronize()
+            checks = [(dec_out, want[0]), (pre_out, pre_out.clone())]
+            run(f"prefill {v} alone", pre, checks=checks[1:], variant=v)
+            run(f"serial, prefill {v}", lambda: (dec(), pre()), checks=checks, variant=v)
+            run(f"streams, prefill {v} first", forked(s1, s2, pre, dec), checks=checks, variant=v)
+            run(f"streams, decode first, {v}", forked(s1, s2, dec, pre), checks=checks, variant=v)
+        except Exception as e:  # noqa: BLE001
+            print(f"variant {v}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        finally:
+            del os.environ["PAGEDATTN_MHA_TUNING"]
+    if args.prefill_variants:
+        args.splits = []
     drv = Driver()
-    for k in (16, 24, 32, 40, 48):
+    for k in args.splits:
         try:
             (nd, sd), (np_, sp) = drv.split([k])
         except Exception as e:  # noqa: BLE001
