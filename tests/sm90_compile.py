@@ -16,8 +16,7 @@
   range mask, sinks and the LSE, with the launch configurations the tests force;
 - layers: the decoder layers' ops as the models launch them (`ops.fused`: RMSNorm, RoPE,
   silu * up, the greedy argmax and the draw; `ops.store_kv`: store_kv for each K/V format and
-  the fused RoPE + store), Llama-3.2-1B and Llama-3-8B head shapes, Qwen3's head norm; the
-  few-row linear (`ops.linear.triton_small_m`) as a PDL link.
+  the fused RoPE + store), Llama-3.2-1B and Llama-3-8B head shapes, Qwen3's head norm.
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
 this file in a subprocess): `python tests/sm90_compile.py
@@ -415,17 +414,6 @@ def layer_cases():
             partial(offline.capture, SR,
                     lambda L=L, bufs=bufs, stage=stage: SR.unpack_step_rows(stage, L, 4, *bufs, 9),
                     choose_backend=lambda device, backend=None: "triton"),
-        )  # fmt: skip
-    # the few-row linear as the engine routes it: a PDL link, its weight prefetched (1B / 8B
-    # projections at 64 rows, a 5-row bucket)
-    import pagedattn.ops.linear.triton_small_m as SM  # noqa: PLC0415
-
-    for m, n, k in ((64, 2048, 2048), (64, 16384, 2048), (64, 4096, 14336), (5, 3072, 2048)):
-        x, w = torch.randn(m, k).to(bf), torch.randn(n, k).to(bf)
-        yield (
-            f"linear_small_m {m} x {n} x {k}",
-            partial(offline.capture, SM, lambda x=x, w=w: SM.linear_small_m_triton(x, w, sms=132),
-                    pdl_chain_kwargs=lambda t: {"PDL": True, "launch_pdl": True}),
         )  # fmt: skip
     quants = {"bf16": None, "token": KVQuantConfig.per_token(), "g32": KVQuantConfig.blockwise(32)}
     for (h_q, h, d), page, norm in itertools.product(

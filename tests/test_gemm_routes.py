@@ -1,11 +1,8 @@
-"""`models.gemm_routes` and `Linear.gemm_paths`: a bias-free linear routed to cuBLASLt's bias
-epilogue (`torch.addmm` with a zero bias) or to `ops.linear`'s few-row kernel at the row counts
-start-up measured, F.linear at the others; every path against a float64 reference, NaN rows
-included, and the engine's routes."""
+"""`models.gemm_routes` and `Linear.lt_rows`: a bias-free linear routed to cuBLASLt's bias
+epilogue (`torch.addmm` with a zero bias) at the row counts start-up measured, F.linear at the
+others; both paths against a float64 reference, NaN rows included, and the engine's routes."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -13,7 +10,6 @@ from tiny_llama import save_tiny_llama
 
 from pagedattn.models.gemm_routes import (
     apply_gemm_routes,
-    candidate_paths,
     describe_routes,
     measure_gemm_routes,
     routable_linears,
@@ -52,33 +48,13 @@ def test_routed_and_plain_rows_match_float64(cls):
     gen = torch.Generator().manual_seed(11)
     lin = _linear(cls, 48, 40, False, torch.float32, "cpu", gen)
     _check_rows(lin, "cpu", torch.float32, gen)  # nothing routed: F.linear
-    lin.set_gemm_paths({3: "lt", 8: "lt", 5: "linear"})
-    assert dict(lin.gemm_paths) == {3: "lt", 8: "lt"} and lin._zero_bias is not None
+    lin.set_lt_rows(frozenset({3, 8}))
+    assert lin.lt_rows == {3, 8} and lin._zero_bias is not None
     _check_rows(lin, "cpu", torch.float32, gen)  # 3 and 8 through addmm, 1 through F.linear
     x = torch.randn(2, 3, 48, generator=gen)  # 3-D: always F.linear
     torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight))
-    lin.set_gemm_paths({})
-    assert lin._zero_bias is None and not lin.gemm_paths
-
-
-@pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter (the CPU runs)"
-)
-def test_the_small_m_path_matches_float64_in_the_interpreter(monkeypatch):
-    """ "small_m" runs `linear_small_m_triton` (Triton's interpreter: bf16, ragged K; the GPU
-    test below runs it compiled)."""
-    import pagedattn.ops.linear.triton_small_m as S
-
-    calls = []
-    real = S.linear_small_m_triton
-    spy = lambda x, w: calls.append(x.shape) or real(x, w)  # noqa: E731
-    monkeypatch.setattr(S, "linear_small_m_triton", spy)
-    gen = torch.Generator().manual_seed(15)
-    lin = _linear(Linear, 72, 40, False, torch.bfloat16, "cpu", gen)
-    lin.set_gemm_paths({3: "small_m", 8: "lt"})
-    assert lin._zero_bias is not None
-    _check_rows(lin, "cpu", torch.bfloat16, gen)
-    assert calls == [(3, 72)]
+    lin.set_lt_rows(frozenset())
+    assert lin._zero_bias is None
 
 
 def test_a_routed_product_takes_addmm_and_a_biased_linear_never_does(monkeypatch):
@@ -86,7 +62,7 @@ def test_a_routed_product_takes_addmm_and_a_biased_linear_never_does(monkeypatch
     plain = _linear(Linear, 16, 24, False, torch.float32, "cpu", gen)
     biased = _linear(Linear, 16, 24, True, torch.float32, "cpu", gen)
     for lin in (plain, biased):
-        lin.set_gemm_paths({4: "lt"})
+        lin.set_lt_rows(frozenset({4}))
     calls = []
     real = torch.addmm
     spy = lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k)  # noqa: E731
@@ -101,11 +77,9 @@ def test_no_cuda_weights_no_routes():
     model = torch.nn.Sequential(_linear(Linear, 8, 8, False, torch.bfloat16, "cpu", gen))
     assert routable_linears(model) == {}
     assert measure_gemm_routes(model, [1, 2, 4]) == {}
-    assert apply_gemm_routes(model, {(8, 8, torch.bfloat16): {1: "lt"}}) == 0
-    assert not model[0].gemm_paths
-    assert candidate_paths(model[0].weight, 4) == ("linear", "lt")  # no PDL on the CPU
-    routes = {(8, 16, torch.bfloat16): {4: "lt", 1: "lt", 2: "small_m"}}
-    assert describe_routes(routes) == {"8 x 16": {"lt": [1, 4], "small_m": [2]}}
+    assert apply_gemm_routes(model, {(8, 8, torch.bfloat16): frozenset({1})}) == 0
+    assert model[0].lt_rows == frozenset()
+    assert describe_routes({(8, 16, torch.bfloat16): frozenset({4, 1})}) == {"8 x 16": [1, 4]}
 
 
 @pytest.mark.gpu
@@ -120,8 +94,8 @@ def test_gpu_routed_rows_match_float64_and_the_engine_routes_alike(tmp_path):
     for cls in (Linear, RowParallelLinear):
         lin = _linear(cls, 512, 384, False, torch.bfloat16, "cuda", gen)
         _check_rows(lin, "cuda", torch.bfloat16, gen, rows=(1, 64, 96))
-        lin.set_gemm_paths({1: "lt", 64: "small_m", 96: "lt", 16: "small_m"})
-        _check_rows(lin, "cuda", torch.bfloat16, gen, rows=(1, 16, 64, 96))
+        lin.set_lt_rows(frozenset({1, 64, 96}))
+        _check_rows(lin, "cuda", torch.bfloat16, gen, rows=(1, 64, 96))
 
     save_tiny_llama(tmp_path, 77, 256, hidden_size=256, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=64)  # fmt: skip
@@ -130,9 +104,9 @@ def test_gpu_routed_rows_match_float64_and_the_engine_routes_alike(tmp_path):
     buckets = set(decode_buckets(8))
     shapes = set(routable_linears(a.model))
     assert shapes and set(a.gemm_routes) == shapes
-    assert all(set(paths) <= buckets for paths in a.gemm_routes.values())
+    assert all(rows <= buckets for rows in a.gemm_routes.values())
     for key, mods in routable_linears(a.model).items():
-        assert all(dict(m.gemm_paths) == a.gemm_routes[key] for m in mods)
+        assert all(m.lt_rows == a.gemm_routes[key] for m in mods)
     b = LLM(str(tmp_path), enforce_eager=True, **kw)
     assert b.gemm_routes == a.gemm_routes
     prompts = [{"prompt_token_ids": [5 + i, 9, 33, 2 * i]} for i in range(6)]

@@ -42,8 +42,7 @@ def test_every_gpu_test_specialization_compiles_for_sm90(mode):
                   "_rope_qkv_kernel", "_store_kv_kernel", "_rope_store_kernel",
                   "_count_kernel", "_place_kernel", "_expert_mm_kernel",
                   "_moe_sum_kernel", "_keep_threshold_kernel", "_thr_stats_kernel",
-                  "_thr_decide_kernel", "_thr_pass_kernel", "_unpack_step_rows_kernel",
-                  "_linear_small_m_kernel"}  # fmt: skip
+                  "_thr_decide_kernel", "_thr_pass_kernel", "_unpack_step_rows_kernel"}  # fmt: skip
     elif mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
         served = {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
                   "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip

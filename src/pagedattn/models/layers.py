@@ -22,9 +22,8 @@ CUDA the routed experts run through `ops.moe` (`fused_experts_ok`, `fused_expert
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +41,6 @@ from ..ops.mha import StepPlan, mha
 from ..ops.moe import expert_matmul, moe_block_m, moe_plan, moe_sum
 from . import parallel
 from .config import ModelConfig, RopeConfig
-from .gemm_paths import run_path
 
 
 def _param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
@@ -52,13 +50,11 @@ def _param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x @ weight.T (+ bias); weight [out, in] as nn.Linear (and HF checkpoints) store it.
 
-    `gemm_paths`: {row count: path} of the bias-free products (2-D inputs with a last-dim
-    stride of 1) that take another kernel than `F.linear` ("lt": cuBLASLt's bias epilogue
-    through `torch.addmm` with a zero bias; "small_m": `ops.linear`'s PDL-chained few-row
-    kernel); empty (always F.linear) unless the engine measured and set it at start-up
-    (`models.gemm_routes`)."""
+    `lt_rows`: row counts at which a bias-free product takes cuBLASLt's bias epilogue
+    (`torch.addmm` with a zero bias) instead of `F.linear`; empty (always F.linear) unless the
+    engine measured and set it at start-up (`models.gemm_routes`)."""
 
-    gemm_paths: Mapping[int, str] = MappingProxyType({})
+    lt_rows: frozenset[int] = frozenset()
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype=None) -> None:
         super().__init__()
@@ -66,21 +62,19 @@ class Linear(nn.Module):
         self.bias = _param(out_features, dtype=dtype) if bias else None
         self._zero_bias: torch.Tensor | None = None
 
-    def set_gemm_paths(self, paths: Mapping[int, str]) -> None:
-        """Route the bias-free products of each row count of `paths` to its path."""
-        self.gemm_paths = MappingProxyType({int(m): p for m, p in paths.items() if p != "linear"})
+    def set_lt_rows(self, rows: frozenset[int]) -> None:
+        """Route the bias-free products of `rows` rows (2-D inputs) to cuBLASLt."""
+        self.lt_rows = frozenset(rows)
         self._zero_bias = (
             torch.zeros(self.weight.shape[0], dtype=self.weight.dtype, device=self.weight.device)
-            if "lt" in self.gemm_paths.values()
+            if self.lt_rows
             else None
         )
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """x @ weight.T, without the bias."""
-        if self.gemm_paths and x.dim() == 2 and x.stride(-1) == 1:
-            path = self.gemm_paths.get(x.shape[0])
-            if path is not None:
-                return run_path(path, x, self.weight, self._zero_bias)
+        if self._zero_bias is not None and x.dim() == 2 and x.shape[0] in self.lt_rows:
+            return torch.addmm(self._zero_bias, x, self.weight.t())
         return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

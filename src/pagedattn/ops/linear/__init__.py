@@ -1,7 +1,6 @@
 """Linear-algebra pieces of the MLA branch: FP8 batched matmul (DeepSeek's 128x128 weight
 blocks / 1x128 dynamic activation groups), RoPE and RMSNorm. See `reference.py` for the
-formats and the `freqs_cis` layout. And `linear_small_m`, a decode step's few-row product as a
-link of its PDL chain (`triton_small_m`).
+formats and the `freqs_cis` layout.
 
 `fp8_bmm` validates its arguments (`checks.check_fp8_bmm_args`: metadata only, no host sync;
 the values of weight scales only when they are on the CPU, where reading them costs no sync)
@@ -16,12 +15,11 @@ import torch
 
 from .._checks import typed_binding
 from ..dispatch import choose_backend
-from .checks import check_fp8_bmm_args, check_small_m_args
+from .checks import check_fp8_bmm_args
 from .reference import (
     dequantize_activation_groups,
     dequantize_weight_blocks,
     fp8_bmm_reference,
-    linear_small_m_reference,
     make_freqs_cis,
     quantize_activation_groups,
     quantize_weight_blocks,
@@ -65,41 +63,11 @@ def fp8_bmm(
     return fp8_bmm_reference(x, w, w_scale, k_gran=k_gran, n_gran=n_gran, out_dtype=out_dtype)
 
 
-@typed_binding
-def linear_small_m(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    *,
-    out: torch.Tensor | None = None,
-    backend: str | None = None,
-) -> torch.Tensor:
-    """y = x @ w.T for a decode step's few rows, float32 accumulation.
-
-    x: [M, K] bf16/fp16 with M <= 64 (`triton_small_m.MAX_M`) and a last-dim stride of 1;
-    w: [N, K] of x's dtype and device, last-dim stride 1; out: None or a contiguous [M, N]
-    tensor of x's dtype. backend: "triton" (CUDA: `linear_small_m_triton`, launched as a PDL
-    link with its weight prefetched into L2 before the wait) or "reference" (any device:
-    `linear_small_m_reference`); default by device, or $PAGEDATTN_BACKEND.
-    Returns out (or a new tensor) [M, N] in x's dtype. NaN and inf propagate as in x @ w.T.
-
-    Raises InvalidArgumentError naming the argument."""
-    from .triton_small_m import MAX_M
-
-    check_small_m_args(x, w, out, MAX_M)
-    if choose_backend(x.device, backend) == "triton":
-        from .triton_small_m import linear_small_m_triton
-
-        return linear_small_m_triton(x, w, out)
-    return linear_small_m_reference(x, w, out)
-
-
 __all__ = [
     "dequantize_activation_groups",
     "dequantize_weight_blocks",
     "fp8_bmm",
     "fp8_bmm_reference",
-    "linear_small_m",
-    "linear_small_m_reference",
     "make_freqs_cis",
     "quantize_activation_groups",
     "quantize_weight_blocks",

@@ -106,32 +106,3 @@ def check_fp8_bmm_args(
 
 
 __all__ = ["W_SCALE_DTYPES", "X_DTYPES", "check_fp8_bmm_args", "check_weight_scale_values"]
-
-
-def check_small_m_args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, max_m: int):
-    """Shape/dtype/device/stride checks of `linear_small_m(x, w, out=)` (metadata only)."""
-    check(
-        isinstance(x, torch.Tensor) and x.ndim == 2 and x.dtype in (torch.bfloat16, torch.float16)
-        and x.shape[0] <= max_m and (x.shape[1] <= 1 or x.stride(1) == 1),
-        "x",
-        f"a [M <= {max_m}, K] bf16/fp16 tensor with a last-dim stride of 1",
-        Lazy(lambda: _describe(x)),
-    )  # fmt: skip
-    check(
-        isinstance(w, torch.Tensor) and w.ndim == 2 and w.dtype == x.dtype
-        and w.shape[1] == x.shape[1] and w.device == x.device
-        and (w.shape[1] <= 1 or w.stride(1) == 1),
-        "w",
-        Lazy(lambda: f"an [N, {x.shape[1]}] {x.dtype} tensor on {x.device} with a last-dim "
-                     "stride of 1"),
-        Lazy(lambda: _describe(w)),
-    )  # fmt: skip
-    check(
-        out is None or isinstance(out, torch.Tensor) and out.dtype == x.dtype
-        and out.device == x.device and out.shape == (x.shape[0], w.shape[0])
-        and out.is_contiguous(),
-        "out",
-        Lazy(lambda: f"None or a contiguous [{x.shape[0]}, {w.shape[0]}] {x.dtype} tensor on "
-                     f"{x.device}"),
-        Lazy(lambda: _describe(out)),
-    )  # fmt: skip

@@ -271,11 +271,3 @@ def rmsnorm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     inv = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + float(eps))
     return (xf * inv * gamma.float()).to(x.dtype)
-
-
-def linear_small_m_reference(
-    x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """y = x @ w.T in float32, rounded to x's dtype (into `out` when given)."""
-    y = (x.float() @ w.float().T).to(x.dtype)
-    return y if out is None else out.copy_(y)
