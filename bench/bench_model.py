@@ -67,9 +67,6 @@ Usage:
   python bench/run_all.py --suite model                                   # the same
   python bench/bench_model.py --dry-run     # CPU: tiny shapes, float32, reference backend,
                                             # graphs emulated; no timing claims
-  BENCH_GEMM_ROUTES=0 python bench/bench_model.py ...   # every linear on F.linear (the A/B
-                                            # of `models.gemm_routes`; the record's
-                                            # "gemm_routes" says what was routed)
 Output: JSON (`common.save`, suite "model") and a PNG beside it, then a short table.
 """
 
@@ -95,7 +92,6 @@ from pagedattn import KVCacheParams, KVQuantConfig
 from pagedattn.engine import LLMEngine, SamplingParams
 from pagedattn.engine.cuda_graphs import supports_cuda_graphs
 from pagedattn.models import kv_cache_params
-from pagedattn.models.gemm_routes import describe_routes
 from pagedattn.models.loader import weight_sources
 
 SUITE = "model"
@@ -422,8 +418,6 @@ def make_engine(ctx: Ctx, model, case: Case, graphs: bool, overlap: bool = True)
     max_tokens = max_new_tokens(case)
     max_len = case.prompt + max_tokens + 1
     cls = _EmulatedGraphsEngine if (ctx.dry and graphs) else LLMEngine
-    if os.environ.get("BENCH_GEMM_ROUTES", "1") == "0":  # the A/B of `models.gemm_routes`
-        cls = type(cls.__name__, (cls,), {"_route_gemms": False})
     return cls(
         model,
         page_size=PAGE_SIZE,
@@ -885,7 +879,6 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
             ctx.error(case, f"component profile failed: {type(e).__name__}: {str(e)[:300]}")
     del call
     fused_branch = bool(getattr(model.model.layers[0].self_attn, "takes_branch", False))
-    routes = describe_routes(eng.gemm_routes)
     del eng
     _free(ctx)
     ms_eager = ms_sync = None
@@ -931,7 +924,6 @@ def run_case(ctx: Ctx, case: Case, model, cfg_dict: dict) -> None:
             else "eager, async scheduling (the model captures no CUDA graphs)"
         ),
         fused_fp8_branch=fused_branch,
-        gemm_routes=routes,  # {"N x K": batch sizes on cuBLASLt} (`models.gemm_routes`)
         ms_median=round(med, 5),
         ms_min=round(min(res["ms"]), 5),
         ms_max=round(max(res["ms"]), 5),

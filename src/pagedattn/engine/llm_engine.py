@@ -46,8 +46,7 @@ from ..errors import (
     check_int,
 )
 from ..models import ModelConfig, kv_cache_params, load_model, parallel
-from ..models.gemm_routes import apply_gemm_routes, measure_gemm_routes
-from .cuda_graphs import GraphRunner, decode_buckets, graph_mode
+from .cuda_graphs import GraphRunner, graph_mode
 from .errors import NoTokenizerError, NotSupportedYetError, PromptTooLongError
 from .inflight import InFlightStep, TokenRing
 from .metrics import EngineStats
@@ -117,11 +116,6 @@ class LLMEngine:
       sizes `decode_buckets(min(max_num_seqs, max_num_batched_tokens))`; the cache then holds
       one more page (the pad page, not counted in `num_pages` or the stats).
 
-    On CUDA, start-up times cuBLAS's two paths for each bias-free linear shape at the decode
-    batch sizes above (once a process) and routes each size to the faster, before capturing
-    anything (`models.gemm_routes`; `gemm_routes` holds the choice: {(out, in, dtype): the row
-    counts on cuBLASLt}).
-
     On CUDA, construction ends with `gc.unfreeze()`, `gc.collect()` and `gc.freeze()`: what
     start-up made (the model, graphs, caches, imported libraries) is left out of later full
     collections, whose scans stalled serving steps by up to ~270 ms (docs/engine.md).
@@ -132,8 +126,6 @@ class LLMEngine:
     #: Probes only: False keeps steps with prefill chunks eager where pieces would serve them
     #: (an A/B of the piecewise graphs, `dev/profile_engine_step.py --no-pieces`).
     _piecewise_graphs = True
-    #: Probes only: False keeps every linear on F.linear (an A/B of `models.gemm_routes`).
-    _route_gemms = True
 
     def __init__(
         self,
@@ -269,13 +261,6 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             eos_token_ids=self._eos_ids(folder),
         )
-        # the bias-free linears' cuBLAS path at the decode batch sizes, timed before any
-        # capture (eager engines too: every engine of a process then rounds alike)
-        self.gemm_routes: dict = {}
-        if dev.type == "cuda" and self._route_gemms:
-            rows = decode_buckets(min(max_num_seqs, max_num_batched_tokens))
-            self.gemm_routes = measure_gemm_routes(model, rows)
-            apply_gemm_routes(model, self.gemm_routes)
         graphs = (
             GraphRunner(model, self.manager, graph_batch, emulate=mode == "emulated")
             if mode

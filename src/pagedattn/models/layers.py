@@ -48,38 +48,14 @@ def _param(*shape: int, dtype: torch.dtype | None) -> nn.Parameter:
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T (+ bias); weight [out, in] as nn.Linear (and HF checkpoints) store it.
-
-    `lt_rows`: row counts at which a bias-free product takes cuBLASLt's bias epilogue
-    (`torch.addmm` with a zero bias) instead of `F.linear`; empty (always F.linear) unless the
-    engine measured and set it at start-up (`models.gemm_routes`)."""
-
-    lt_rows: frozenset[int] = frozenset()
+    """y = x @ weight.T (+ bias); weight [out, in] as nn.Linear (and HF checkpoints) store it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype=None) -> None:
         super().__init__()
         self.weight = _param(out_features, in_features, dtype=dtype)
         self.bias = _param(out_features, dtype=dtype) if bias else None
-        self._zero_bias: torch.Tensor | None = None
-
-    def set_lt_rows(self, rows: frozenset[int]) -> None:
-        """Route the bias-free products of `rows` rows (2-D inputs) to cuBLASLt."""
-        self.lt_rows = frozenset(rows)
-        self._zero_bias = (
-            torch.zeros(self.weight.shape[0], dtype=self.weight.dtype, device=self.weight.device)
-            if self.lt_rows
-            else None
-        )
-
-    def product(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ weight.T, without the bias."""
-        if self._zero_bias is not None and x.dim() == 2 and x.shape[0] in self.lt_rows:
-            return torch.addmm(self._zero_bias, x, self.weight.t())
-        return F.linear(x, self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias is None:
-            return self.product(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -143,8 +119,8 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return super().forward(x)
-        y = parallel.all_reduce(self.product(x), self.tp_size)
+            return F.linear(x, self.weight, self.bias)
+        y = parallel.all_reduce(F.linear(x, self.weight), self.tp_size)
         return y if self.bias is None else y + self.bias
 
 

@@ -382,11 +382,7 @@ class DecoderForCausalLM(nn.Module):
             h, residual = layer(h, residual, ctx)
         h = h[logits_rows] + residual[logits_rows]  # the final norm only on the rows needed
         h = self.model.norm(h)
-        logits = (
-            torch.nn.functional.linear(h, self.lm_head_weight)
-            if self.lm_head is None
-            else self.lm_head.product(h)
-        )
+        logits = torch.nn.functional.linear(h, self.lm_head_weight)
         return logits.float() if logits_out is None else logits_out.copy_(logits)
 
 

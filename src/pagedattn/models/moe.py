@@ -219,7 +219,7 @@ class SparseMoE(nn.Module):
             # this rank's partial shared expert (its down_proj shard without the reduce), so
             # one all-reduce below sums both parts
             se = self.shared_expert
-            shared = se.down_proj.product(silu_mul(se.gate_up_proj(x)))
+            shared = F.linear(silu_mul(se.gate_up_proj(x)), se.down_proj.weight)
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared
         return parallel.all_reduce(out, self.tp_size)
 
