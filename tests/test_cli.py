@@ -280,6 +280,13 @@ def test_generate_streams_the_greedy_completion(capsys):
     code, out, err = run([*GEN, "--prompt", "import os\n", "--no-echo"], capsys)
     assert code == 0, err
     assert out == want.outputs[0].text + "\n"
+    text = want.outputs[0].text
+    at = next(i for i in range(1, len(text) - 1) if text.find(text[i : i + 2]) == i)
+    stop = ["never there", text[at : at + 2]]
+    code, out, err = run([*GEN, "--prompt", "import os\n", "--no-echo", "--stop", stop[0],
+                          "--stop", stop[1]], capsys)  # fmt: skip
+    assert code == 0, err
+    assert out == text[:at] + "\n"
 
 
 @pytest.mark.parametrize(
@@ -291,6 +298,7 @@ def test_generate_streams_the_greedy_completion(capsys):
         (["--prompt", "x", "--top-k", "-2"], "--top-k"),
         (["--prompt", "x", "--model", "/nonexistent"], "--model"),
         (["--prompt", "x", "--device", "tpu"], "--device"),
+        (["--prompt", "x", "--stop", ""], "--stop"),
     ],
 )
 def test_generate_bad_options(args, option, capsys):

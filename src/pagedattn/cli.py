@@ -193,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: all)"
     )
     g.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="end the completion before this text (repeatable)",
+    )
+    g.add_argument(
         "--no-echo",
         action="store_true",
         help="print only the completion, not the prompt before it",
@@ -340,6 +346,8 @@ def _generate(args: argparse.Namespace) -> int:
         demo.check_float(args.top_p, "--top-p", 0.0, 1.0, low_open=True)
         demo.check_count(args.top_k, "--top-k", -1)
         demo.check_count(args.seed, "--seed", 0, demo.MAX_SEED)
+        if "" in args.stop:
+            raise InvalidArgumentError("--stop: expected some text, got ''")
 
     _checked(check, "generate")
     from .engine import LLM, SamplingParams
@@ -358,6 +366,7 @@ def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
+        stop=args.stop,
     )
     out = sys.stdout
     if not args.no_echo:

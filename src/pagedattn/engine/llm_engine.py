@@ -260,6 +260,7 @@ class LLMEngine:
             max_num_seqs=max_num_seqs,
             max_model_len=self.max_model_len,
             eos_token_ids=self._eos_ids(folder),
+            stop_text=self._stop_text,
         )
         graphs = (
             GraphRunner(model, self.manager, graph_batch, emulate=mode == "emulated")
@@ -426,6 +427,13 @@ class LLMEngine:
     def _new_sequence(self, prompt: Prompt, params: SamplingParams | None) -> Sequence:
         params = SamplingParams() if params is None else params
         check(isinstance(params, SamplingParams), "sampling_params", "a SamplingParams", params)
+        check(
+            not params.stop or self.tokenizer is not None,
+            "SamplingParams.stop",
+            "stop strings only on an engine with a tokenizer (this one has none: give "
+            "`tokenizer=`, or use stop_token_ids)",
+            repr(params.stop),
+        )
         tokens, text = self._prompt_tokens(prompt)
         seed = params.seed if params.seed is not None else self._rng.randrange(INT64_MAX)
         return Sequence(next(self._ids), tokens, params, seed, prompt=text)
@@ -602,6 +610,8 @@ class LLMEngine:
                 text = seq.text_sent
             else:
                 text = self.tokenizer.decode(toks)
+                if seq.text_end is not None:  # a stop string ended it
+                    text = text[: seq.text_end]
                 if delta:  # the last delta: whatever the whole text adds to what was sent
                     sent = seq.text_sent
                     new_text = text[len(sent) :] if text.startswith(sent) else text
@@ -626,6 +636,26 @@ class LLMEngine:
             seq.metrics,
         )
 
+    def _stop_text(self, seq: Sequence) -> str | None:
+        """The stop string (`SamplingParams.stop`) that the request's newest token completed,
+        or None; sets `seq.text_end`, where its text then ends. Each step decodes a window of
+        the last tokens (4 a character of the longest stop string, and 8 more: enough for the
+        new token's characters and a match ending in them); only a window that holds a stop
+        string decodes the whole output, whose earliest match is the one (no earlier step saw
+        one, so it ends in the new token)."""
+        p = seq.params
+        toks = seq.known_output_token_ids
+        window = self.tokenizer.decode(toks[-(4 * max(map(len, p.stop)) + 8) :])
+        if not any(t in window for t in p.stop):
+            return None
+        text = self.tokenizer.decode(toks)
+        found = [(text.find(t), k, t) for k, t in enumerate(p.stop) if t in text]
+        if not found:  # (the window decoded otherwise than the whole text)
+            return None
+        at, _, hit = min(found)
+        seq.text_end = at + (len(hit) if p.include_stop_str_in_output else 0)
+        return hit
+
     def _text_delta(self, seq: Sequence, toks: list[int]) -> str:
         """Incremental detokenization: the text `toks` add to what was sent, decoding only
         the tokens since the previous delta (a window that starts one delta back, so that a
@@ -639,6 +669,11 @@ class LLMEngine:
             return ""
         new = window[len(prefix) :]
         seq.detok_offsets = (read, len(toks))
+        hold = seq.params.stop_hold
+        if hold:  # what could still start a stop string waits (the finished text cuts it)
+            held = seq.text_held + new
+            cut = max(0, len(held) - hold)
+            new, seq.text_held = held[:cut], held[cut:]
         seq.text_sent += new
         return new
 

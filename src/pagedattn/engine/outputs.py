@@ -4,7 +4,8 @@
 so far (cumulative; `token_ids` is the request's own list of known tokens, shared by all its
 outputs and growing as it generates, so a streaming step copies nothing: read it, copy it to
 keep a snapshot), `new_token_ids` / `new_text` (what this step added: the streaming delta),
-and `finish_reason` ("stop": a stop or end-of-sequence token, kept as the last token; "length":
+and `finish_reason` ("stop": a stop or end-of-sequence token, kept as the last token, or a
+stop string, which the text ends before (`SamplingParams.stop`); "length":
 max_tokens, or max_model_len reached; None while running). `RequestMetrics` times a request
 with `time.perf_counter()` seconds.
 """
@@ -57,7 +58,7 @@ class CompletionOutput:
     token_ids: list[int]
     text: str | None
     finish_reason: str | None = None
-    stop_reason: int | None = None  # the stop token, when finish_reason == "stop"
+    stop_reason: int | str | None = None  # the stop token or string (finish_reason "stop")
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str | None = None
 

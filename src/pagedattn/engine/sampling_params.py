@@ -10,6 +10,11 @@
   seed and the same order of requests).
 - stop_token_ids: tokens that end the request (kept as its last token, finish_reason "stop").
 - ignore_eos: keep generating past the model's end-of-sequence tokens (stop_token_ids still stop).
+- stop: strings that end the request once its generated text contains one (a str or a list of
+  non-empty strs; the engine needs a tokenizer). The text ends before the earliest match (with
+  it, under include_stop_str_in_output); `token_ids` keep every token up to the one that
+  completed it; finish_reason "stop", stop_reason the string. A streamed text holds back its
+  last len(longest stop) - 1 characters until they cannot start a match (as vLLM does).
 
 Bad values raise `InvalidArgumentError` naming the field ("SamplingParams.<field>").
 """
@@ -31,6 +36,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default=())
     ignore_eos: bool = False
+    stop: tuple[str, ...] = field(default=())
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         def put(name: str, v: object) -> None:
@@ -64,10 +71,32 @@ class SamplingParams:
             tuple(check_int("SamplingParams.stop_token_ids[...]", t, 0) for t in stops),
         )
         put("ignore_eos", check_bool("SamplingParams.ignore_eos", self.ignore_eos))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        check(
+            isinstance(stop, (list, tuple)) and all(isinstance(t, str) and t for t in stop),
+            "SamplingParams.stop",
+            "a non-empty str or a list of them",
+            repr(self.stop),
+        )
+        put("stop", tuple(stop))
+        put(
+            "include_stop_str_in_output",
+            check_bool(
+                "SamplingParams.include_stop_str_in_output", self.include_stop_str_in_output
+            ),  # fmt: skip
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def stop_hold(self) -> int:
+        """Characters a streamed text holds back: the longest stop string's length - 1 (0
+        without stop strings, or when they are part of the output)."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(map(len, self.stop)) - 1
 
 
 __all__ = ["SamplingParams"]

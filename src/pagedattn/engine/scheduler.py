@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..cache.manager import DEFERRED, PagedKVCacheManager
@@ -86,8 +87,12 @@ class Scheduler:
         max_num_seqs: int,
         max_model_len: int,
         eos_token_ids: tuple[int, ...] = (),
+        stop_text: Callable[[Sequence], str | None] | None = None,
     ) -> None:
         self.manager = manager
+        # the stop string a request's new token completed, or None (the engine's, which holds
+        # the tokenizer; asked only for requests with `SamplingParams.stop`)
+        self.stop_text = stop_text
         self.max_num_batched_tokens = check_int("max_num_batched_tokens", max_num_batched_tokens, 1)
         self.max_num_seqs = check_int("max_num_seqs", max_num_seqs, 1, manager.max_batch_size)
         self.max_model_len = check_int("max_model_len", max_model_len, 1, manager.max_seq_len)
@@ -263,6 +268,8 @@ class Scheduler:
             p = seq.params
             if tok in p.stop_token_ids or (not p.ignore_eos and tok in eos):
                 seq.finish_reason, seq.stop_reason = "stop", tok
+            elif p.stop and self.stop_text and (hit := self.stop_text(seq)) is not None:
+                seq.finish_reason, seq.stop_reason = "stop", hit
             elif len(out) >= p.max_tokens or len(seq._tokens) >= max_len:
                 seq.finish_reason = "length"
             if seq.finish_reason is not None:

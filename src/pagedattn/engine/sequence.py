@@ -47,11 +47,13 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed = 0  # tokens whose K/V is cached (the manager's cache_length)
         self.finish_reason: str | None = None
-        self.stop_reason: int | None = None
+        self.stop_reason: int | str | None = None  # the stop token or stop string
+        self.text_end: int | None = None  # where a stop string cuts the output text
         self.metrics = RequestMetrics(
             arrival_time=time.perf_counter(), num_prompt_tokens=len(prompt_token_ids)
         )
         self.text_sent = ""  # detokenized text returned so far (streaming deltas)
+        self.text_held = ""  # decoded after text_sent, held back (`SamplingParams.stop_hold`)
         # incremental detokenization: the window [start, read) of output tokens decoded for
         # the previous delta (llm_engine.py, `_text_delta`)
         self.detok_offsets = (0, 0)
