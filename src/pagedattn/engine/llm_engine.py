@@ -645,7 +645,7 @@ class LLMEngine:
         one, so it ends in the new token)."""
         p = seq.params
         toks = seq.known_output_token_ids
-        window = self.tokenizer.decode(toks[-(4 * max(map(len, p.stop)) + 8) :])
+        window = self.tokenizer.decode(toks[-(4 * p.longest_stop + 8) :])
         if not any(t in window for t in p.stop):
             return None
         text = self.tokenizer.decode(toks)

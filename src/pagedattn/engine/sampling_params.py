@@ -79,6 +79,8 @@ class SamplingParams:
             repr(self.stop),
         )
         put("stop", tuple(stop))
+        # the longest stop string's length (0: none), read every step of such a request
+        put("longest_stop", max(map(len, self.stop), default=0))
         put(
             "include_stop_str_in_output",
             check_bool(
@@ -96,7 +98,7 @@ class SamplingParams:
         without stop strings, or when they are part of the output)."""
         if not self.stop or self.include_stop_str_in_output:
             return 0
-        return max(map(len, self.stop)) - 1
+        return self.longest_stop - 1
 
 
 __all__ = ["SamplingParams"]
