@@ -334,21 +334,6 @@ def layer_launches(call):
     return offline.capture(prepared, call, _fast_path=lambda kernel, grid: False)
 
 
-def _prefetching(call):
-    """`call` with `ops.l2_prefetch.l2_prefetch_enabled` true (a CUDA launch's prefetch)."""
-    from pagedattn.ops import l2_prefetch  # noqa: PLC0415
-
-    def run():
-        saved = l2_prefetch.l2_prefetch_enabled
-        l2_prefetch.l2_prefetch_enabled = lambda t: True
-        try:
-            return call()
-        finally:
-            l2_prefetch.l2_prefetch_enabled = saved
-
-    return run
-
-
 def layer_cases():
     """(name, launches thunk) of the decoder layers' ops (module docstring): their Triton entry
     points, as the public ops call them on CUDA."""
@@ -367,18 +352,6 @@ def layer_cases():
         )
         gu = torch.randn(T, 2 * H).to(bf)
         yield f"silu_mul {T} x {H}", partial(layer_launches, lambda gu=gu: F.silu_mul_triton(gu))
-        # with the next GEMM's weight prefetched (as on CUDA: `l2_prefetch_enabled` forced)
-        nxt = torch.ones(3 * H, H).to(bf)
-        yield (
-            f"rms_norm {T} x {H} prefetch",
-            partial(layer_launches, _prefetching(
-                lambda x=x, w=w, nxt=nxt: F.rms_norm_triton(x, w, 1e-5, x, prefetch=nxt))),
-        )  # fmt: skip
-        yield (
-            f"silu_mul {T} x {H} prefetch",
-            partial(layer_launches, _prefetching(
-                lambda gu=gu, nxt=nxt: F.silu_mul_triton(gu, prefetch=nxt))),
-        )  # fmt: skip
     for n, V in ((64, 128256), (3, 1000)):  # spans and their merge; one program a row
         lg = torch.randn(n, V)
         yield (

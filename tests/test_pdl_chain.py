@@ -32,19 +32,10 @@ CHAIN = {
 
 
 def _first_statement(kernel) -> ast.stmt:
-    """The kernel's first statement after its docstring and its L2 prefetch of a weight
-    (`ops.l2_prefetch`: a hint that loads nothing into the program and reads memory no kernel
-    of a step writes, so it may precede the wait; its pointer must be the PFP argument)."""
     fn = ast.parse(textwrap.dedent(inspect.getsource(kernel.fn))).body[0]
     body = fn.body
     if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring
-    while body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Call):
-        call = body[0].value
-        if ast.unparse(call.func) != "l2_prefetch":
-            break
-        assert ast.unparse(call.args[0]) == "PFP", ast.unparse(call)
-        body = body[1:]
     return body[0]
 
 

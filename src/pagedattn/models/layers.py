@@ -58,25 +58,6 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def l2_view(self, nbytes: int) -> torch.Tensor | None:
-        """The first `nbytes` of the weight as a flat view (what the kernel before this linear
-        asks the L2 to fetch: `ops.l2_prefetch`), or None where nbytes <= 0 or the weight is
-        not on CUDA. Made once a (weight, nbytes) and kept."""
-        w = self.weight
-        if nbytes <= 0 or not w.is_cuda:
-            return None
-        key = (w.data_ptr(), nbytes)
-        got = self.__dict__.get("_l2_view")
-        if got is None or got[0] != key:
-            got = (key, w.detach().view(-1)[: max(1, nbytes // w.element_size())])
-            self.__dict__["_l2_view"] = got
-        return got[1]
-
-
-def l2_view(linear: nn.Module, nbytes: int) -> torch.Tensor | None:
-    """`Linear.l2_view` of a plain linear; None for any other module (FP8 blocks, experts)."""
-    return linear.l2_view(nbytes) if isinstance(linear, Linear) and nbytes > 0 else None
-
 
 class Fp8BlockLinear(nn.Module):
     """y = x @ dequant(weight).T of an FP8 block-quantized weight, through `fp8_bmm` (x is
@@ -163,18 +144,11 @@ class RMSNorm(nn.Module):
         return self(x)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        prefetch: torch.Tensor | None = None,
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """prefetch: the next linear's `l2_view` (`ops.fused.rms_norm`'s hint), or None."""
         if x.ndim != 2:  # per-head norms (Qwen3's q/k outside `rope_qkv`): the torch ops
             return rms_norm_reference(x, self.weight, self.eps, residual, self.weight_first)
-        if prefetch is None:
-            return rms_norm(x, self.weight, self.eps, residual, weight_first=self.weight_first)
-        return rms_norm(x, self.weight, self.eps, residual, weight_first=self.weight_first,
-                        prefetch=prefetch)  # fmt: skip
+        return rms_norm(x, self.weight, self.eps, residual, weight_first=self.weight_first)
 
 
 # RoPE ---------------------------------------------------------------------------------------
@@ -289,15 +263,8 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(hidden, 2 * inter, bias, dtype)
         self.down_proj = RowParallelLinear(inter, hidden, bias, dtype, tp_size)
 
-    #: bytes of down_proj's weight that silu * up asks the L2 to fetch (`ops.l2_prefetch`;
-    #: set by the model, `DecoderForCausalLM.l2_prefetch_bytes`; 0: none)
-    l2_prefetch = 0
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gu = self.gate_up_proj(x)
-        view = l2_view(self.down_proj, self.l2_prefetch)
-        act = silu_mul(gu) if view is None else silu_mul(gu, prefetch=view)
-        return self.down_proj(act)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class GptOssRouter(nn.Module):
@@ -558,7 +525,6 @@ __all__ = [
     "GptOssMoE",
     "GptOssRouter",
     "grouped_experts_ok",
-    "l2_view",
     "sort_by_expert",
     "sum_in_expert_order",
     "Linear",

@@ -40,7 +40,6 @@ from .layers import (
     StepContext,
     SwiGLUMLP,
     attend_cached,
-    l2_view,
 )
 
 
@@ -107,20 +106,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm_kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **norm_kw)
 
-    #: bytes of the next linear's weight each norm asks the L2 to fetch (qkv_proj's, gate_up's;
-    #: `ops.l2_prefetch`); set by `DecoderForCausalLM.set_l2_prefetch`
-    l2_prefetch = 0
-
     def forward(self, h: torch.Tensor, residual: torch.Tensor | None, ctx: StepContext):
-        n = self.l2_prefetch
-        pf = l2_view(self.self_attn.qkv_proj, n)
         if residual is None:
-            residual, x = h, self.input_layernorm(h, None, pf)
+            residual, x = h, self.input_layernorm(h)
         else:
-            x, residual = self.input_layernorm(h, residual, pf)
+            x, residual = self.input_layernorm(h, residual)
         x = self.self_attn(x, ctx)
-        pf = l2_view(getattr(self.mlp, "gate_up_proj", None), n)
-        x, residual = self.post_attention_layernorm(x, residual, pf)
+        x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
 
@@ -165,10 +157,6 @@ class DecoderForCausalLM(nn.Module):
     # The prefill chunks' lengths of the engine's start-up steps (`GraphRunner.warm_up_eager`):
     # 2 tokens make every kernel variant a chunk of any length takes.
     warm_up_chunk_lengths: tuple[int, ...] = (2,)
-    # Bytes of each linear's weight that the small kernel before it (a norm, silu * up) asks
-    # the L2 to fetch on CUDA (`ops.l2_prefetch`, `set_l2_prefetch`); 0: none.
-    l2_prefetch_bytes: int = 16 << 20
-    l2_prefetch: int = 0  # the bytes in effect (`set_l2_prefetch`)
 
     @property
     def supports_piecewise_graphs(self) -> bool:
@@ -211,17 +199,6 @@ class DecoderForCausalLM(nn.Module):
         self.kv_params: KVCacheParams | None = None
         if kv_params is not None:
             self.attach_kv_cache(kv_params)
-        self.set_l2_prefetch(self.l2_prefetch_bytes)
-
-    def set_l2_prefetch(self, nbytes: int) -> None:
-        """Let the kernel before each of the layers' linears (and the lm_head) ask the L2 for
-        the first `nbytes` of its weight (0: none). A hint: no result changes. Set it before
-        an engine captures its graphs (a captured graph keeps the prefetches it was captured
-        with)."""
-        self.l2_prefetch = n = check_int("nbytes", nbytes, 0)
-        for m in self.modules():
-            if isinstance(m, (DecoderLayer, SwiGLUMLP)):
-                m.l2_prefetch = n
 
     def make_layer(self, cfg: ModelConfig, layer_idx: int, dtype, norm_kw: dict) -> nn.Module:
         """Decoder layer `layer_idx` (a subclass's own layer type overrides this)."""
@@ -404,8 +381,7 @@ class DecoderForCausalLM(nn.Module):
         for layer in self.model.layers:
             h, residual = layer(h, residual, ctx)
         h = h[logits_rows] + residual[logits_rows]  # the final norm only on the rows needed
-        h = self.model.norm(h, None, None if self.lm_head is None
-                            else l2_view(self.lm_head, self.l2_prefetch))  # fmt: skip
+        h = self.model.norm(h)
         logits = torch.nn.functional.linear(h, self.lm_head_weight)
         return logits.float() if logits_out is None else logits_out.copy_(logits)
 

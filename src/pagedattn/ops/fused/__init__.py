@@ -14,10 +14,6 @@ b64 decode replay: 353 binary element-wise, 192 add, 65 mean-reduce and 67 copy 
   after a per-head RMSNorm when q_norm / k_norm [d] are given (Qwen3), and v [T, h_kv, d].
   d even.
 - `silu_mul(gate_up)`: gate_up [T, 2 I] -> silu(gate) * up [T, I].
-- `prefetch=` (rms_norm, silu_mul): None or a contiguous tensor on x's device, the next
-  GEMM's weight (or its first bytes), whose bytes the CUDA launch asks the L2 to fetch
-  before its PDL wait (`ops.l2_prefetch`: at most 256 KB a program; a hint: no result
-  changes; the reference ignores it).
 - `argmax_rows(x)`: x [n, V] float -> [n] int64, each row's index of its largest value, as
   `torch.argmax(x, -1)`: the first of equal maxima, a row's first NaN where it has one, 0 for a
   row of -inf (the engine's greedy tokens; on the H200 torch's argmax of 64 x 128256 float32
@@ -118,33 +114,18 @@ def _hit(prep: PreparedOp, signature, *args):
     return prep.lookup(key, src)
 
 
-def _rms_signature(x, weight, eps, residual, weight_first, backend, prefetch=None):
+def _rms_signature(x, weight, eps, residual, weight_first, backend):
     """(key, sources, guarded) of an rms_norm call: every non-tensor value its checks and
-    launch read; sources x, weight, residual, prefetch, out, residual out."""
-    key = (type(eps), eps, type(weight_first), weight_first, residual is None,
-           prefetch is None, backend, env_state(), current_device(x))  # fmt: skip
-    guarded = (0, 1) if residual is None else (0, 1, 2)
-    return (
-        key,
-        [x, weight, residual, prefetch, None, None],
-        guarded + (() if prefetch is None else (3,)),
-    )
-
-
-def _check_prefetch(prefetch, like: torch.Tensor) -> None:
-    check(
-        prefetch is None or isinstance(prefetch, torch.Tensor) and prefetch.is_contiguous()
-        and prefetch.device == like.device,
-        "prefetch", Lazy(lambda: f"None or a contiguous tensor on {like.device}"),
-        Described(prefetch),
-    )  # fmt: skip
+    launch read; sources x, weight, residual, out, residual out."""
+    key = (type(eps), eps, type(weight_first), weight_first, residual is None, backend,
+           env_state(), current_device(x))  # fmt: skip
+    return key, [x, weight, residual, None, None], (0, 1) if residual is None else (0, 1, 2)
 
 
 def rms_norm(x, weight, eps: float, residual=None, *, weight_first: bool = False,
-             backend: str | None = None, prefetch=None):  # fmt: skip
+             backend: str | None = None):  # fmt: skip
     """RMSNorm of x's rows, after adding `residual` (module docstring)."""
-    hit = _hit(PREPARED_RMS_NORM, _rms_signature, x, weight, eps, residual, weight_first,
-               backend, prefetch)  # fmt: skip
+    hit = _hit(PREPARED_RMS_NORM, _rms_signature, x, weight, eps, residual, weight_first, backend)
     if hit is not MISS and hit is not UNPREPARED:
         return hit
     x = _float_matrix("x", x)
@@ -158,19 +139,17 @@ def rms_norm(x, weight, eps: float, residual=None, *, weight_first: bool = False
             "residual", Lazy(lambda: f"None or a tensor like x {tuple(x.shape)} {x.dtype}"),
             Described(residual),
         )  # fmt: skip
-    _check_prefetch(prefetch, x)
     if _triton(backend, x) and x.stride(1) == 1 and (residual is None or residual.stride(1) == 1):
         from .triton_fused import rms_norm_triton  # noqa: PLC0415 - triton imported lazily
 
         def run():
-            return rms_norm_triton(x, weight, eps, residual, weight_first, prefetch)
+            return rms_norm_triton(x, weight, eps, residual, weight_first)
 
         if x.shape[0] == 0 or torch.compiler.is_compiling():
             return run()
-        key, src, guarded = _rms_signature(x, weight, eps, residual, weight_first, backend,
-                                           prefetch)  # fmt: skip
-        return PREPARED_RMS_NORM.prepare(key, src, guarded, run, (4,) if residual is None
-                                         else (4, 5))  # fmt: skip
+        key, src, guarded = _rms_signature(x, weight, eps, residual, weight_first, backend)
+        return PREPARED_RMS_NORM.prepare(key, src, guarded, run, (3,) if residual is None
+                                         else (3, 4))  # fmt: skip
     return rms_norm_reference(x, weight, eps, residual, weight_first)
 
 
@@ -238,30 +217,25 @@ def rope_qkv(qkv, cos, sin, h_q: int, h_kv: int, *, q_norm=None, k_norm=None,
     return rope_qkv_reference(qkv, cos, sin, h_q, h_kv, q_norm, k_norm, eps)
 
 
-def _silu_signature(gate_up, backend, prefetch=None):
-    """(key, sources, guarded) of a silu_mul call; sources gate_up, prefetch, out."""
-    key = (prefetch is None, backend, env_state(), current_device(gate_up))
-    return key, [gate_up, prefetch, None], (0,) if prefetch is None else (0, 1)
+def _unary_signature(x, backend):
+    """(key, sources, guarded) of a silu_mul call; sources x, out."""
+    return (backend, env_state(), current_device(x)), [x, None], (0,)
 
 
-def silu_mul(gate_up, *, backend: str | None = None, prefetch=None) -> torch.Tensor:
+def silu_mul(gate_up, *, backend: str | None = None) -> torch.Tensor:
     """silu(gate) * up of a fused gate|up projection [T, 2 I]."""
-    hit = _hit(PREPARED_SILU_MUL, _silu_signature, gate_up, backend, prefetch)
+    hit = _hit(PREPARED_SILU_MUL, _unary_signature, gate_up, backend)
     if hit is not MISS and hit is not UNPREPARED:
         return hit
     gate_up = _float_matrix("gate_up", gate_up)
     check(gate_up.shape[1] % 2 == 0, "gate_up", "[T, 2 I] (an even width)", Described(gate_up))
-    _check_prefetch(prefetch, gate_up)
     if _triton(backend, gate_up) and gate_up.stride(1) == 1:
         from .triton_fused import silu_mul_triton  # noqa: PLC0415
 
-        def run():
-            return silu_mul_triton(gate_up, prefetch)
-
         if gate_up.shape[0] == 0 or torch.compiler.is_compiling():
-            return run()
-        key, src, guarded = _silu_signature(gate_up, backend, prefetch)
-        return PREPARED_SILU_MUL.prepare(key, src, guarded, run, (2,))
+            return silu_mul_triton(gate_up)
+        key, src, guarded = _unary_signature(gate_up, backend)
+        return PREPARED_SILU_MUL.prepare(key, src, guarded, lambda: silu_mul_triton(gate_up), (1,))
     return silu_mul_reference(gate_up)
 
 

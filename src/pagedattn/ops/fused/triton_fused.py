@@ -14,7 +14,6 @@ from triton.language.extra import libdevice
 
 from ...cache.dispatch import DEFAULT_NUM_SMS
 from .._triton_interpreter import install_interpreter_shim
-from ..l2_prefetch import l2_prefetch, prefetch_args
 from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
 from .keep_threshold import _keep_thresholds, _order_key
@@ -23,11 +22,9 @@ install_interpreter_shim()
 
 
 @triton.jit
-def _rms_norm_kernel(X, R, W, OUT, ROUT, H, sx, sr, so, sro, eps, PFP, pf_bytes,
+def _rms_norm_kernel(X, R, W, OUT, ROUT, H, sx, sr, so, sro, eps,
                      HAS_RES: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = False,
-                     PF: tl.constexpr = False):  # fmt: skip
-    l2_prefetch(PFP, pf_bytes, tl.program_id(0), tl.num_programs(0), PF)  # (a weight: no wait)
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -47,7 +44,7 @@ def _rms_norm_kernel(X, R, W, OUT, ROUT, H, sx, sr, so, sro, eps, PFP, pf_bytes,
     tl.store(OUT + row * so + cols, y.to(OUT.dtype.element_ty), mask=m)
 
 
-def rms_norm_triton(x, weight, eps, residual=None, weight_first=False, prefetch=None):
+def rms_norm_triton(x, weight, eps, residual=None, weight_first=False):
     T, H = x.shape
     out = torch.empty_like(x)
     rout = torch.empty_like(x) if residual is not None else out
@@ -55,12 +52,11 @@ def rms_norm_triton(x, weight, eps, residual=None, weight_first=False, prefetch=
         return out if residual is None else (out, rout)
     r = residual if residual is not None else x
     block = triton.next_power_of_2(H)
-    pf, pf_bytes, pf_on = prefetch_args(prefetch, x, T)
     cached_launch(
         _rms_norm_kernel, (T,),
         x, r, weight, out, rout, H, x.stride(0), r.stride(0), out.stride(0), rout.stride(0),
-        float(eps), pf, pf_bytes, HAS_RES=residual is not None, WEIGHT_FIRST=weight_first,
-        BLOCK=block, num_warps=min(16, max(1, block // 256)), PF=pf_on, **pdl_chain_kwargs(x),
+        float(eps), HAS_RES=residual is not None, WEIGHT_FIRST=weight_first, BLOCK=block,
+        num_warps=min(16, max(1, block // 256)), **pdl_chain_kwargs(x),
     )  # fmt: skip
     return out if residual is None else (out, rout)
 
@@ -131,15 +127,7 @@ def rope_qkv_triton(qkv, cos, sin, h_q, h_kv, q_norm=None, k_norm=None, eps=0.0)
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, I, sgu, so, PFP, pf_bytes, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr = False, PF: tl.constexpr = False):  # fmt: skip
-    l2_prefetch(
-        PFP,
-        pf_bytes,
-        tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-        tl.num_programs(0) * tl.num_programs(1),
-        PF,
-    )  # (a weight: before the wait)
+def _silu_mul_kernel(GU, OUT, I, sgu, so, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -150,19 +138,17 @@ def _silu_mul_kernel(GU, OUT, I, sgu, so, PFP, pf_bytes, BLOCK: tl.constexpr,
     tl.store(OUT + t * so + cols, y.to(OUT.dtype.element_ty), mask=m)
 
 
-def silu_mul_triton(gate_up, prefetch=None):
+def silu_mul_triton(gate_up):
     T, two_i = gate_up.shape
     inter = two_i // 2
     out = torch.empty(T, inter, dtype=gate_up.dtype, device=gate_up.device)
     if T == 0:
         return out
     block = min(2048, triton.next_power_of_2(inter))
-    grid = (T, triton.cdiv(inter, block))
-    pf, pf_bytes, pf_on = prefetch_args(prefetch, gate_up, grid[0] * grid[1])
     cached_launch(
-        _silu_mul_kernel, grid,
-        gate_up, out, inter, gate_up.stride(0), out.stride(0), pf, pf_bytes, BLOCK=block,
-        num_warps=max(1, min(8, block // 256)), PF=pf_on, **pdl_chain_kwargs(gate_up),
+        _silu_mul_kernel, (T, triton.cdiv(inter, block)),
+        gate_up, out, inter, gate_up.stride(0), out.stride(0), BLOCK=block,
+        num_warps=max(1, min(8, block // 256)), **pdl_chain_kwargs(gate_up),
     )  # fmt: skip
     return out
 
