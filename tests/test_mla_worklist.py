@@ -260,6 +260,39 @@ def test_the_list_is_taken_and_splits_a_long_request(gen, monkeypatch):
     assert not launch.kwargs.get("BALANCED") and launch.grid[1] == 2
 
 
+@pytest.mark.parametrize(
+    "cache_lens,q_lens,h_q,long_max,fine",
+    [
+        ([2000, 1, 0, 40], [1, 1, 1, 1], 16, 4, 4),  # one long token, slots left empty
+        ([1500, 3, 1200, 0, 900], [1, 1, 2, 1, 3], 16, 2, 2),  # more long tokens than slots
+        ([1800, 1], [1, 1], 20, 1, 8),  # heads not a power of two, 8 parts of the dims
+        ([1100, 5], [1, 1], 128, 4, 4),  # two head blocks
+    ],
+)
+@pytest.mark.parametrize("runs", [False, True], ids=["items", "runs"])
+def test_long_chains_merge_in_finer_programs(gen, monkeypatch, cache_lens, q_lens, h_q,
+                                             long_max, fine, runs):  # fmt: skip
+    """Both combines with their long-chain programs (`wl_long_*`): the first long_max tokens
+    of many items (pieces, on the runs) are merged in `fine` programs each, the grid's extra
+    programs (past the tokens) taking their parts and exiting where no long token is left;
+    sinks, the oracle and the launch's grid checked."""
+    knobs = {"wl_runs": runs, "wl_one_wave": False, "wl_run_min_blocks": 1, "wl_long_min": 3,
+             "wl_long_max": long_max, "wl_long_fine": fine}  # fmt: skip
+    set_tuning(monkeypatch, knobs)
+    q, cache, _, _ = _case(gen, "bf16", cache_lens, q_lens, h_q, True, True)
+    from pagedattn.ops import offline
+    from pagedattn.ops.mla import worklist
+
+    launches = offline.capture(
+        worklist,
+        lambda: triton_mla.mla_decode_triton(q, cache.operand(), ragged_offsets(q_lens, q.device)),
+    )
+    name = "_mla_runs_combine_kernel" if runs else "_mla_worklist_combine_kernel"
+    (comb,) = [x for x in launches if x.name == name]
+    assert comb.kwargs["LONG_MAX"] == long_max and comb.kwargs["FINE"] == fine
+    assert comb.grid[0] == sum(q_lens) + long_max * (fine - 1)
+
+
 def test_host_item_count_bounds_the_grid():
     """sum of items <= TARGET + tokens for any lengths (the CUDA grid's bound)."""
     g = torch.Generator().manual_seed(7)

@@ -176,6 +176,16 @@ class WorkListTuning:
     # request order, `worklist.mla_find_item`'s slot, and it does not); h_q 16 (the runs)
     # unchanged (docs/kernels/triton_mla.md, "Longest items first, by buckets")
     wl_order: int = 1
+    # the item list's combine (`worklist.MergeShape`): the first `wl_long_max` tokens whose
+    # tile was cut into >= `wl_long_min` items are merged by `wl_long_fine` programs a (16
+    # heads, 256 dims) instead of one; wl_long_max 0: none. H200, graph replays
+    # (`dev/profile_mla_skew.py`, three calls): h_q 128 one long among 63 x 300 66.0-66.9 ->
+    # 64.2-64.9 us; skewed b64 / b128 and the uniform control within their noise (1-2%); 2 or 8
+    # parts, 1-2 slots and 2-8 partials a step no better (docs/kernels/triton_mla.md, "The
+    # long chains' merge")
+    wl_long_min: int = 16
+    wl_long_max: int = 4
+    wl_long_fine: int = 4
 
 
 _FAMILIES = {

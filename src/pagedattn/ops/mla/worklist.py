@@ -307,6 +307,13 @@ class MergeShape:
     db: int
     stages: int
     num_warps: int = 4
+    # the item list's combine only: the first `long_max` tokens (in token order) whose tile was
+    # cut into >= `long_min` items are merged by `fine` programs a (head block, db dims), each
+    # db / fine dims, instead of one (their chains are long: one long request among short
+    # ones, docs/kernels/triton_mla.md, "The long chains' merge"); long_max 0: none
+    long_min: int = 0
+    long_max: int = 0
+    fine: int = 1
 
     def blocks(self, h_q: int, d_v: int) -> tuple[int, int]:
         """(heads, output dims) a program."""
@@ -381,18 +388,19 @@ def mla_merge_rows(PL, PO, n, r0, base, step, offs_h, hmask, offs_d, dmask, H_Q:
 
 @triton.jit
 def mla_merge_token(t, covered, n, r0, base, step, PL, PO, SINK, OUT, stride_ot, stride_oh,
-                    LSE, H_Q: tl.constexpr, BH: tl.constexpr, D_V: tl.constexpr,
+                    LSE, d0, H_Q: tl.constexpr, BH: tl.constexpr, D_V: tl.constexpr,
                     DB: tl.constexpr, NS: tl.constexpr, STAGES: tl.constexpr,
                     HAS_SINK: tl.constexpr):  # fmt: skip
-    """Both combines' program (token t; heads and output dims from program ids 1 and 2): a
+    """Both combines' program (token t; heads from program id 1, output dims [d0, d0 + DB)): a
     token outside the requests (not `covered`) gets output 0 and LSE -inf; a covered one whose
     tile was cut into n > 1 partials (rows as `mla_merge_rows` takes them) gets their merge
-    (sinks folded in); one of a single partial was written by the decode kernel."""
+    (sinks folded in); one of a single partial was written by the decode kernel. The program
+    of dims from 0 writes the LSE."""
     hb = tl.program_id(1)
-    dc = tl.program_id(2)
+    dc = d0
     t64 = t.to(tl.int64)
     offs_h = hb * BH + tl.arange(0, BH)
-    offs_d = dc * DB + tl.arange(0, DB)
+    offs_d = d0 + tl.arange(0, DB)
     hmask = offs_h < H_Q
     dmask = offs_d < D_V
     omask = hmask[:, None] & dmask[None, :]
@@ -411,10 +419,11 @@ def mla_merge_token(t, covered, n, r0, base, step, PL, PO, SINK, OUT, stride_ot,
             tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tok"])  # (the grid's tokens: no variant of its own)
 def _mla_runs_combine_kernel(
     QOFF,
     batch,
+    n_tok,
     META,  # [tokens, 4] int32: first slot, pieces, index in the tile (written by the decode)
     PO,  # [2 RUN_P * TPT, H_Q, D_V] f32
     PL,  # [2 RUN_P * TPT, H_Q] f32
@@ -433,27 +442,94 @@ def _mla_runs_combine_kernel(
     RUN_P: tl.constexpr,
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
+    LONG_MIN: tl.constexpr = 0,
+    LONG_MAX: tl.constexpr = 0,
+    FINE: tl.constexpr = 1,
 ):
     """One (token, block of BH heads, DB output dims): merge the partials of its tile when
     the tile was cut into several pieces (a tile of one piece was written by the decode
     kernel), `mla_merge_rows`; a token of no request (outside [q_row_offsets[0],
     q_row_offsets[batch])) gets output 0 and LSE -inf. META's values are clamped to the partial
     buffers (no access outside them whatever the offsets). The offsets are the launch's inputs,
-    read before the PDL wait; META is the decode kernel's, read after it."""
+    read before the PDL wait; META is the decode kernel's, read after it.
+
+    Long chains (LONG_MAX > 0), as `_mla_worklist_combine_kernel`'s: the first LONG_MAX tokens
+    (token order) of >= LONG_MIN pieces are merged in FINE programs of DB / FINE dims, the
+    grid's programs past n_tok taking the parts after the first (`runs_long_token`)."""
     t = tl.program_id(0)
+    q0 = tl.load(QOFF)
+    q1 = tl.load(QOFF + batch)
+    sub = t * 0
+    if LONG_MAX > 0:
+        if t >= n_tok:  # a slot's part `sub` of the long token of rank k (found after the wait)
+            pdl_wait(PDL)
+            sub = (t - n_tok) % (FINE - 1) + 1
+            t, found = runs_long_token(META, q0, q1, (t - n_tok) // (FINE - 1), LONG_MIN, RUN_P)
+            if not found:
+                return
+        else:
+            pdl_wait(PDL)
+    else:
+        pdl_wait(PDL)
     t64 = t.to(tl.int64)
-    covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
-    pdl_wait(PDL)
+    covered = (t >= q0) & (t < q1)
     # a token outside the requests has whatever its META entry holds, unused
     s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
     n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
     i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
     # piece k >= 1 is slot 2 (s0 // 2 + k) (its piece's first tile); n clamped so that the
     # last row is 2 RUN_P - 1 (n <= RUN_P - s0 // 2 for a list the decode wrote)
-    mla_merge_token(t, covered, tl.minimum(n, RUN_P - s0 // 2), s0.to(tl.int64) * TPT + i,
-                    (2 * (s0 // 2)).to(tl.int64) * TPT + i, 2 * TPT, PL, PO, SINK, OUT,
-                    stride_ot, stride_oh, LSE, H_Q, BH, D_V, DB, NS, STAGES,
-                    HAS_SINK)  # fmt: skip
+    n_use = tl.minimum(n, RUN_P - s0 // 2)
+    r0 = s0.to(tl.int64) * TPT + i
+    base = (2 * (s0 // 2)).to(tl.int64) * TPT + i
+    if LONG_MAX > 0:
+        fine = t < 0
+        if covered & (n >= LONG_MIN):  # (a long token: its rank among the long ones)
+            fine = runs_long_rank(META, q0, t, LONG_MIN, RUN_P) < LONG_MAX
+        if fine:
+            mla_merge_token(t, covered, n_use, r0, base, 2 * TPT, PL, PO, SINK, OUT, stride_ot,
+                            stride_oh, LSE, tl.program_id(2) * DB + sub * (DB // FINE), H_Q,
+                            BH, D_V, DB // FINE, NS, STAGES, HAS_SINK)  # fmt: skip
+        else:
+            mla_merge_token(t, covered, n_use, r0, base, 2 * TPT, PL, PO, SINK, OUT, stride_ot,
+                            stride_oh, LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS,
+                            STAGES, HAS_SINK)  # fmt: skip
+    else:
+        mla_merge_token(t, covered, n_use, r0, base, 2 * TPT, PL, PO, SINK, OUT, stride_ot,
+                        stride_oh, LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS, STAGES,
+                        HAS_SINK)  # fmt: skip
+
+
+@triton.jit
+def _runs_long(META, u, hi, LONG_MIN: tl.constexpr, RUN_P: tl.constexpr):
+    """[1024] whether tokens u (< hi) hold >= LONG_MIN pieces (META's count, clamped as the
+    combine clamps it)."""
+    n = tl.load(META + u.to(tl.int64) * 4 + 1, mask=u < hi, other=0)
+    return (u < hi) & (tl.minimum(tl.maximum(n, 1), RUN_P) >= LONG_MIN)
+
+
+@triton.jit
+def runs_long_rank(META, q0, t, LONG_MIN: tl.constexpr, RUN_P: tl.constexpr):
+    """The long tokens (>= LONG_MIN pieces) among tokens [q0, t): the rank of token t."""
+    count = t * 0
+    for c0 in range(q0, t, 1024):
+        u = c0 + tl.arange(0, 1024)
+        count += tl.sum(_runs_long(META, u, t, LONG_MIN, RUN_P).to(tl.int32), 0)
+    return count
+
+
+@triton.jit
+def runs_long_token(META, q0, q1, k, LONG_MIN: tl.constexpr, RUN_P: tl.constexpr):
+    """(the token of rank k among the long tokens of [q0, q1), whether there is one)."""
+    seen = k * 0
+    tok = k * 0
+    for c0 in range(q0, q1, 1024):
+        u = c0 + tl.arange(0, 1024)
+        long = _runs_long(META, u, q1, LONG_MIN, RUN_P)
+        rank = seen + tl.cumsum(long.to(tl.int32), 0) - 1
+        tok += tl.sum(tl.where(long & (rank == k), u, 0), 0)
+        seen += tl.sum(long.to(tl.int32), 0)
+    return tok, k < seen
 
 
 def mla_runs_combine_triton(
@@ -483,15 +559,27 @@ def mla_runs_combine_triton(
         return
     if merge is None:
         merge = RUNS_MERGE if h_q <= 16 else ITEMS_MERGE
-    _launch_merge(_mla_runs_combine_kernel, (q_row_offsets, batch, meta), partial_out,
-                  partial_lse, out, lse, sinks, merge, TPT=tpt, RUN_P=run_p)  # fmt: skip
+    long_max, fine, extra = _long_chains(merge, h_q, d_v)
+    _launch_merge(_mla_runs_combine_kernel, (q_row_offsets, batch, tokens, meta), partial_out,
+                  partial_lse, out, lse, sinks, merge, extra=extra, TPT=tpt, RUN_P=run_p,
+                  LONG_MIN=max(merge.long_min, 2), LONG_MAX=long_max, FINE=fine)  # fmt: skip
 
 
-@triton.jit
+def _long_chains(merge: MergeShape, h_q: int, d_v: int) -> tuple[int, int, int]:
+    """(LONG_MAX, FINE, the grid's extra programs along its token axis) of a combine of
+    `merge`'s shape: none where its long chains are off or its dims do not split in FINE."""
+    db = merge.blocks(h_q, d_v)[1]
+    if merge.long_max <= 0 or merge.fine <= 1 or db % merge.fine:
+        return 0, 1, 0
+    return merge.long_max, merge.fine, merge.long_max * (merge.fine - 1)
+
+
+@triton.jit(do_not_specialize=["n_tok"])  # (the grid's tokens: no variant of its own)
 def _mla_worklist_combine_kernel(
     QOFF,
     K_CL,
     batch,
+    n_tok,
     PO,  # [items * TPT, H_Q, D_V] f32
     PL,  # [items * TPT, H_Q] f32
     SINK,
@@ -512,6 +600,9 @@ def _mla_worklist_combine_kernel(
     B_P2: tl.constexpr,
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
+    LONG_MIN: tl.constexpr = 0,
+    LONG_MAX: tl.constexpr = 0,
+    FINE: tl.constexpr = 1,
 ):
     """One (token, block of BH heads, DB output dims): merge the partials of its tile's items
     when the tile has several (a tile of one item was written by the decode kernel),
@@ -519,9 +610,28 @@ def _mla_worklist_combine_kernel(
     -inf. The partials lie in request order whatever the decode's list order
     (`mla_find_item`'s slot), so the list is derived in request order. It comes from the launch's
     inputs, which the decode kernel does not write: it is derived before the PDL wait, while
-    the decode runs."""
+    the decode runs.
+
+    Long chains (LONG_MAX > 0): a token whose tile has c_b >= LONG_MIN items and which is
+    among the first LONG_MAX such tokens (token order) is merged in FINE programs of DB / FINE
+    dims each: its own program takes the first, and the grid's programs past n_tok along axis
+    0 ((FINE - 1) for each of the LONG_MAX slots) the others; a slot without a long token exits
+    before the wait."""
     t = tl.program_id(0)
     r, c, n, end, chunk, o_lo = mla_work_list(QOFF, K_CL, batch, TPT, BN, TARGET, MIN_BLOCKS, B_P2)
+    sub = t * 0
+    if LONG_MAX > 0:
+        # the long tokens, ranked in token order: request b's tokens hold ranks [lend - nl, lend)
+        q_len = tl.where(r < batch, tl.load(QOFF + r + 1, mask=r < batch, other=0) - o_lo, 0)
+        nl = tl.where((r < batch) & (c >= LONG_MIN), tl.maximum(q_len, 0), 0)
+        lend = tl.cumsum(nl, 0)
+        if t >= n_tok:  # a slot's sub-block: the long token of rank k, its dims' part `sub`
+            k = (t - n_tok) // (FINE - 1)
+            sub = (t - n_tok) % (FINE - 1) + 1
+            at_l = (lend - nl <= k) & (k < lend)
+            if tl.sum(at_l.to(tl.int32), 0) == 0:
+                return
+            t = tl.sum(tl.where(at_l, o_lo + k - (lend - nl), 0), 0)
     b = tl.sum(tl.where((o_lo <= t) & (r < batch), 1, 0), 0) - 1
     at = r == b
     c_b = tl.maximum(tl.sum(tl.where(at, c, 0), 0), 1)
@@ -530,9 +640,22 @@ def _mla_worklist_combine_kernel(
     covered = (b >= 0) & (i0 // TPT < n_b // c_b)  # (else no item has the token)
     first = tl.sum(tl.where(at, end, 0), 0) - n_b + (i0 // TPT) * c_b
     r0 = first.to(tl.int64) * TPT + i0 % TPT
-    pdl_wait(PDL)  # (the partials: the decode kernel's)
-    mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot, stride_oh, LSE,
-                    H_Q, BH, D_V, DB, NS, STAGES, HAS_SINK)  # fmt: skip
+    if LONG_MAX > 0:
+        rank = tl.sum(tl.where(at, lend - nl, 0), 0) + i0
+        pdl_wait(PDL)  # (the partials: the decode kernel's)
+        if covered & (c_b >= LONG_MIN) & (rank < LONG_MAX):
+            mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot,
+                            stride_oh, LSE, tl.program_id(2) * DB + sub * (DB // FINE), H_Q,
+                            BH, D_V, DB // FINE, NS, STAGES, HAS_SINK)  # fmt: skip
+        else:
+            mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot,
+                            stride_oh, LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS, STAGES,
+                            HAS_SINK)  # fmt: skip
+    else:
+        pdl_wait(PDL)  # (the partials: the decode kernel's)
+        mla_merge_token(t, covered, c_b, r0, r0, TPT, PL, PO, SINK, OUT, stride_ot, stride_oh,
+                        LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS, STAGES,
+                        HAS_SINK)  # fmt: skip
 
 
 def mla_worklist_combine_triton(
@@ -559,21 +682,24 @@ def mla_worklist_combine_triton(
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
-    _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch), partial_out,
-                  partial_lse, out, lse, sinks, merge, TPT=tpt, BN=bn, TARGET=target,
-                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1))  # fmt: skip
+    long_max, fine, extra = _long_chains(merge, h_q, d_v)
+    _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch, tokens),
+                  partial_out, partial_lse, out, lse, sinks, merge, extra=extra, TPT=tpt,
+                  BN=bn, TARGET=target,
+                  MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1),
+                  LONG_MIN=max(merge.long_min, 2), LONG_MAX=long_max, FINE=fine)  # fmt: skip
 
 
 def _launch_merge(kernel, lead: tuple, partial_out, partial_lse, out, lse, sinks,
-                  merge: MergeShape, **constexprs) -> None:  # fmt: skip
-    """Launch a combine (`mla_merge_token`'s grid: tokens x head blocks x dim blocks of
-    `merge`): its own leading arguments `lead` and constexprs, then the partials, sinks,
-    output and LSE that both take."""
+                  merge: MergeShape, extra: int = 0, **constexprs) -> None:  # fmt: skip
+    """Launch a combine (`mla_merge_token`'s grid: tokens (+ `extra`) x head blocks x dim
+    blocks of `merge`): its own leading arguments `lead` and constexprs, then the partials,
+    sinks, output and LSE that both take."""
     tokens, h_q, d_v = out.shape
     bh, db = merge.blocks(h_q, d_v)
     launch(
         kernel,
-        (tokens, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
+        (tokens + extra, triton.cdiv(h_q, bh), triton.cdiv(d_v, db)),
         *lead,
         partial_out,
         partial_lse,
