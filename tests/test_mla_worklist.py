@@ -269,15 +269,14 @@ def test_the_list_is_taken_and_splits_a_long_request(gen, monkeypatch):
         ([1100, 5], [1, 1], 128, 4, 4),  # two head blocks
     ],
 )
-@pytest.mark.parametrize("runs", [False, True], ids=["items", "runs"])
 def test_long_chains_merge_in_finer_programs(gen, monkeypatch, cache_lens, q_lens, h_q,
-                                             long_max, fine, runs):  # fmt: skip
-    """Both combines with their long-chain programs (`wl_long_*`): the first long_max tokens
-    of many items (pieces, on the runs) are merged in `fine` programs each, the grid's extra
-    programs (past the tokens) taking their parts and exiting where no long token is left;
-    sinks, the oracle and the launch's grid checked."""
-    knobs = {"wl_runs": runs, "wl_one_wave": False, "wl_run_min_blocks": 1, "wl_long_min": 3,
-             "wl_long_max": long_max, "wl_long_fine": fine}  # fmt: skip
+                                             long_max, fine):  # fmt: skip
+    """The item list's combine with its long-chain programs (`wl_long_*`): the first long_max
+    tokens of many items are merged in `fine` programs each, the grid's extra programs (past
+    the tokens) taking their parts and exiting where no long token is left; sinks, the oracle
+    and the launch's grid checked."""
+    knobs = {"wl_runs": False, "wl_long_min": 3, "wl_long_max": long_max,
+             "wl_long_fine": fine}  # fmt: skip
     set_tuning(monkeypatch, knobs)
     q, cache, _, _ = _case(gen, "bf16", cache_lens, q_lens, h_q, True, True)
     from pagedattn.ops import offline
@@ -287,8 +286,7 @@ def test_long_chains_merge_in_finer_programs(gen, monkeypatch, cache_lens, q_len
         worklist,
         lambda: triton_mla.mla_decode_triton(q, cache.operand(), ragged_offsets(q_lens, q.device)),
     )
-    name = "_mla_runs_combine_kernel" if runs else "_mla_worklist_combine_kernel"
-    (comb,) = [x for x in launches if x.name == name]
+    (comb,) = [x for x in launches if x.name == "_mla_worklist_combine_kernel"]
     assert comb.kwargs["LONG_MAX"] == long_max and comb.kwargs["FINE"] == fine
     assert comb.grid[0] == sum(q_lens) + long_max * (fine - 1)
 

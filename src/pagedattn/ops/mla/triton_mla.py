@@ -56,7 +56,6 @@ from .triton_mla_plan import LaunchPlan, plan_decode, sm90_serves
 from .tuning import MLATuning
 from .worklist import (
     ITEMS_MERGE,
-    RUNS_MERGE,
     mla_host_item_count,
     mla_host_run_programs,
     mla_runs_combine_triton,
@@ -181,17 +180,16 @@ def _full_path(q, kv, q_row_offsets, d_v, scale, causal, indices, topk_lengths, 
     launch(plan.kernel, plan.grid, *args, cluster=plan.cluster, smem_args=plan.smem_args,
            **plan.kwargs, **meta)  # fmt: skip
     combine = True
-    wl = config.wl
-    longs = dict(long_min=wl.wl_long_min, long_max=wl.wl_long_max, fine=wl.wl_long_fine)
     if plan.runs:
-        merge = dataclasses.replace(RUNS_MERGE if h_q <= 16 else ITEMS_MERGE, **longs)
         mla_runs_combine_triton(a.q_row_offsets, cut_t, po, pl, a.out, a.lse, a.sink, tpt=tpt,
-                                run_p=slots_p, merge=merge)  # fmt: skip
+                                run_p=slots_p)  # fmt: skip
     elif plan.balanced is not None:
+        wl = config.wl
+        merge = dataclasses.replace(ITEMS_MERGE, long_min=wl.wl_long_min,
+                                    long_max=wl.wl_long_max, fine=wl.wl_long_fine)  # fmt: skip
         mla_worklist_combine_triton(a.q_row_offsets, a.K.cl, po, pl, a.out, a.lse, a.sink, tpt=tpt,
                                     bn=plan.kwargs["BN"], target=target,
-                                    min_blocks=plan.balanced[1],
-                                    merge=dataclasses.replace(ITEMS_MERGE, **longs))  # fmt: skip
+                                    min_blocks=plan.balanced[1], merge=merge)  # fmt: skip
     elif plan.ps is not None and L % npr:  # else no cluster boundary cuts a token
         mla_combine_triton(po, pl, a.out, a.lse, a.sink, cut=(L, npr, cut_t))
     elif plan.ps is None and plan.partitions > 1:

@@ -307,10 +307,11 @@ class MergeShape:
     db: int
     stages: int
     num_warps: int = 4
-    # the item list's combine only: the first `long_max` tokens (in token order) whose tile was
-    # cut into >= `long_min` items are merged by `fine` programs a (head block, db dims), each
-    # db / fine dims, instead of one (their chains are long: one long request among short
-    # ones, docs/kernels/triton_mla.md, "The long chains' merge"); long_max 0: none
+    # the item list's combine only (the runs' keeps one program a chain): the first
+    # `long_max` tokens (in token order) whose tile was cut into >= `long_min` items are
+    # merged by `fine` programs a (head block, db dims), each db / fine dims, instead of one
+    # (their chains are long: one long request among short ones, docs/kernels/triton_mla.md,
+    # "The long chains' merge"); long_max 0: none
     long_min: int = 0
     long_max: int = 0
     fine: int = 1
@@ -419,11 +420,10 @@ def mla_merge_token(t, covered, n, r0, base, step, PL, PO, SINK, OUT, stride_ot,
             tl.store(LSE + t64 * H_Q + offs_h, mla_merge_lse(den, m), mask=hmask)
 
 
-@triton.jit(do_not_specialize=["n_tok"])  # (the grid's tokens: no variant of its own)
+@triton.jit
 def _mla_runs_combine_kernel(
     QOFF,
     batch,
-    n_tok,
     META,  # [tokens, 4] int32: first slot, pieces, index in the tile (written by the decode)
     PO,  # [2 RUN_P * TPT, H_Q, D_V] f32
     PL,  # [2 RUN_P * TPT, H_Q] f32
@@ -442,94 +442,29 @@ def _mla_runs_combine_kernel(
     RUN_P: tl.constexpr,
     HAS_SINK: tl.constexpr,
     PDL: tl.constexpr = False,
-    LONG_MIN: tl.constexpr = 0,
-    LONG_MAX: tl.constexpr = 0,
-    FINE: tl.constexpr = 1,
 ):
     """One (token, block of BH heads, DB output dims): merge the partials of its tile when
     the tile was cut into several pieces (a tile of one piece was written by the decode
     kernel), `mla_merge_rows`; a token of no request (outside [q_row_offsets[0],
     q_row_offsets[batch])) gets output 0 and LSE -inf. META's values are clamped to the partial
     buffers (no access outside them whatever the offsets). The offsets are the launch's inputs,
-    read before the PDL wait; META is the decode kernel's, read after it.
-
-    Long chains (LONG_MAX > 0), as `_mla_worklist_combine_kernel`'s: the first LONG_MAX tokens
-    (token order) of >= LONG_MIN pieces are merged in FINE programs of DB / FINE dims, the
-    grid's programs past n_tok taking the parts after the first (`runs_long_token`)."""
+    read before the PDL wait; META is the decode kernel's, read after it. (Its long chains
+    stay in one program: finer programs for them, as the item list's combine has, measured a
+    wash here: docs/kernels/triton_mla.md, "The long chains' merge".)"""
     t = tl.program_id(0)
-    q0 = tl.load(QOFF)
-    q1 = tl.load(QOFF + batch)
-    sub = t * 0
-    if LONG_MAX > 0:
-        if t >= n_tok:  # a slot's part `sub` of the long token of rank k (found after the wait)
-            pdl_wait(PDL)
-            sub = (t - n_tok) % (FINE - 1) + 1
-            t, found = runs_long_token(META, q0, q1, (t - n_tok) // (FINE - 1), LONG_MIN, RUN_P)
-            if not found:
-                return
-        else:
-            pdl_wait(PDL)
-    else:
-        pdl_wait(PDL)
     t64 = t.to(tl.int64)
-    covered = (t >= q0) & (t < q1)
+    covered = (t >= tl.load(QOFF)) & (t < tl.load(QOFF + batch))
+    pdl_wait(PDL)
     # a token outside the requests has whatever its META entry holds, unused
     s0 = tl.minimum(tl.maximum(tl.load(META + t64 * 4), 0), 2 * RUN_P - 1)
     n = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 1), 1), RUN_P)
     i = tl.minimum(tl.maximum(tl.load(META + t64 * 4 + 2), 0), TPT - 1)
     # piece k >= 1 is slot 2 (s0 // 2 + k) (its piece's first tile); n clamped so that the
     # last row is 2 RUN_P - 1 (n <= RUN_P - s0 // 2 for a list the decode wrote)
-    n_use = tl.minimum(n, RUN_P - s0 // 2)
-    r0 = s0.to(tl.int64) * TPT + i
-    base = (2 * (s0 // 2)).to(tl.int64) * TPT + i
-    if LONG_MAX > 0:
-        fine = t < 0
-        if covered & (n >= LONG_MIN):  # (a long token: its rank among the long ones)
-            fine = runs_long_rank(META, q0, t, LONG_MIN, RUN_P) < LONG_MAX
-        if fine:
-            mla_merge_token(t, covered, n_use, r0, base, 2 * TPT, PL, PO, SINK, OUT, stride_ot,
-                            stride_oh, LSE, tl.program_id(2) * DB + sub * (DB // FINE), H_Q,
-                            BH, D_V, DB // FINE, NS, STAGES, HAS_SINK)  # fmt: skip
-        else:
-            mla_merge_token(t, covered, n_use, r0, base, 2 * TPT, PL, PO, SINK, OUT, stride_ot,
-                            stride_oh, LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS,
-                            STAGES, HAS_SINK)  # fmt: skip
-    else:
-        mla_merge_token(t, covered, n_use, r0, base, 2 * TPT, PL, PO, SINK, OUT, stride_ot,
-                        stride_oh, LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS, STAGES,
-                        HAS_SINK)  # fmt: skip
-
-
-@triton.jit
-def _runs_long(META, u, hi, LONG_MIN: tl.constexpr, RUN_P: tl.constexpr):
-    """[1024] whether tokens u (< hi) hold >= LONG_MIN pieces (META's count, clamped as the
-    combine clamps it)."""
-    n = tl.load(META + u.to(tl.int64) * 4 + 1, mask=u < hi, other=0)
-    return (u < hi) & (tl.minimum(tl.maximum(n, 1), RUN_P) >= LONG_MIN)
-
-
-@triton.jit
-def runs_long_rank(META, q0, t, LONG_MIN: tl.constexpr, RUN_P: tl.constexpr):
-    """The long tokens (>= LONG_MIN pieces) among tokens [q0, t): the rank of token t."""
-    count = t * 0
-    for c0 in range(q0, t, 1024):
-        u = c0 + tl.arange(0, 1024)
-        count += tl.sum(_runs_long(META, u, t, LONG_MIN, RUN_P).to(tl.int32), 0)
-    return count
-
-
-@triton.jit
-def runs_long_token(META, q0, q1, k, LONG_MIN: tl.constexpr, RUN_P: tl.constexpr):
-    """(the token of rank k among the long tokens of [q0, q1), whether there is one)."""
-    seen = k * 0
-    tok = k * 0
-    for c0 in range(q0, q1, 1024):
-        u = c0 + tl.arange(0, 1024)
-        long = _runs_long(META, u, q1, LONG_MIN, RUN_P)
-        rank = seen + tl.cumsum(long.to(tl.int32), 0) - 1
-        tok += tl.sum(tl.where(long & (rank == k), u, 0), 0)
-        seen += tl.sum(long.to(tl.int32), 0)
-    return tok, k < seen
+    mla_merge_token(t, covered, tl.minimum(n, RUN_P - s0 // 2), s0.to(tl.int64) * TPT + i,
+                    (2 * (s0 // 2)).to(tl.int64) * TPT + i, 2 * TPT, PL, PO, SINK, OUT,
+                    stride_ot, stride_oh, LSE, tl.program_id(2) * DB, H_Q, BH, D_V, DB, NS,
+                    STAGES, HAS_SINK)  # fmt: skip
 
 
 def mla_runs_combine_triton(
@@ -559,10 +494,8 @@ def mla_runs_combine_triton(
         return
     if merge is None:
         merge = RUNS_MERGE if h_q <= 16 else ITEMS_MERGE
-    long_max, fine, extra = _long_chains(merge, h_q, d_v)
-    _launch_merge(_mla_runs_combine_kernel, (q_row_offsets, batch, tokens, meta), partial_out,
-                  partial_lse, out, lse, sinks, merge, extra=extra, TPT=tpt, RUN_P=run_p,
-                  LONG_MIN=max(merge.long_min, 2), LONG_MAX=long_max, FINE=fine)  # fmt: skip
+    _launch_merge(_mla_runs_combine_kernel, (q_row_offsets, batch, meta), partial_out,
+                  partial_lse, out, lse, sinks, merge, TPT=tpt, RUN_P=run_p)  # fmt: skip
 
 
 def _long_chains(merge: MergeShape, h_q: int, d_v: int) -> tuple[int, int, int]:
