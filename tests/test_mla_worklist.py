@@ -263,10 +263,10 @@ def test_the_list_is_taken_and_splits_a_long_request(gen, monkeypatch):
 @pytest.mark.parametrize(
     "cache_lens,q_lens,h_q,long_max,fine",
     [
-        ([2000, 1, 0, 40], [1, 1, 1, 1], 16, 4, 4),  # one long token, slots left empty
-        ([1500, 3, 1200, 0, 900], [1, 1, 2, 1, 3], 16, 2, 2),  # more long tokens than slots
-        ([1800, 1], [1, 1], 20, 1, 8),  # heads not a power of two, 8 parts of the dims
-        ([1100, 5], [1, 1], 128, 4, 4),  # two head blocks
+        ([700, 1, 0, 40], [1, 1, 1, 1], 16, 4, 4),  # one long token, slots left empty
+        ([500, 3, 400, 0, 300], [1, 1, 2, 1, 3], 16, 2, 2),  # more long tokens than slots
+        ([600, 1], [1, 1], 20, 1, 8),  # heads not a power of two, 8 parts of the dims
+        ([300, 5], [1, 1], 128, 4, 4),  # two head blocks
     ],
 )
 def test_long_chains_merge_in_finer_programs(gen, monkeypatch, cache_lens, q_lens, h_q,
