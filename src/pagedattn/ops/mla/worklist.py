@@ -161,6 +161,24 @@ def mla_host_item_count(
     return int((tiles * _host_chunks(tiles, w, target, min_blocks)).sum())
 
 
+def mla_host_long_tokens(
+    q_row_offsets: torch.Tensor,
+    cache_lens: torch.Tensor,
+    *,
+    tpt: int,
+    bn: int,
+    target: int,
+    min_blocks: int,
+    long_min: int,
+) -> int:
+    """The tokens whose tile the list cuts into >= long_min items (the item list's combine's
+    long chains), from host tensors."""
+    tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
+    offs = q_row_offsets.to(torch.int64)
+    q_len = (offs[1:] - offs[:-1]).clamp(min=0)
+    return int(q_len[_host_chunks(tiles, w, target, min_blocks) >= long_min].sum())
+
+
 def _host_tiles(q_row_offsets, cache_lens, tpt: int, bn: int):
     """Per request (tiles of tpt tokens, blocks of bn keys a tile reads), int64 (host mirror of
     `mla_requests`)."""
@@ -616,6 +634,11 @@ def mla_worklist_combine_triton(
     if tokens == 0 or batch == 0:
         return
     long_max, fine, extra = _long_chains(merge, h_q, d_v)
+    if long_max and not out.is_cuda:  # host lengths: slots for the long tokens there are only
+        long_max = min(long_max, mla_host_long_tokens(
+            q_row_offsets, cache_lens, tpt=tpt, bn=bn, target=target, min_blocks=min_blocks,
+            long_min=max(merge.long_min, 2)))  # fmt: skip
+        fine, extra = (fine, long_max * (fine - 1)) if long_max else (1, 0)
     _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch, tokens),
                   partial_out, partial_lse, out, lse, sinks, merge, extra=extra, TPT=tpt,
                   BN=bn, TARGET=target,
@@ -657,6 +680,7 @@ def _launch_merge(kernel, lead: tuple, partial_out, partial_lse, out, lse, sinks
 
 __all__ = [
     "mla_host_item_count",
+    "mla_host_long_tokens",
     "mla_host_run_programs",
     "mla_host_runs",
     "mla_runs_combine_triton",
