@@ -157,7 +157,7 @@ def mla_host_item_count(
     mirrors the kernel's). The launcher sizes the grid with it where the lengths are already on
     the host (the CPU, where Triton's interpreter would otherwise run every program of the
     bound)."""
-    tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
+    tiles, w, _ = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
     return int((tiles * _host_chunks(tiles, w, target, min_blocks)).sum())
 
 
@@ -173,19 +173,17 @@ def mla_host_long_tokens(
 ) -> int:
     """The tokens whose tile the list cuts into >= long_min items (the item list's combine's
     long chains), from host tensors."""
-    tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
-    offs = q_row_offsets.to(torch.int64)
-    q_len = (offs[1:] - offs[:-1]).clamp(min=0)
+    tiles, w, q_len = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
     return int(q_len[_host_chunks(tiles, w, target, min_blocks) >= long_min].sum())
 
 
 def _host_tiles(q_row_offsets, cache_lens, tpt: int, bn: int):
-    """Per request (tiles of tpt tokens, blocks of bn keys a tile reads), int64 (host mirror of
-    `mla_requests`)."""
+    """Per request (tiles of tpt tokens, blocks of bn keys a tile reads, query tokens), int64
+    (host mirror of `mla_requests`)."""
     offs = q_row_offsets.to(torch.int64)
     q_len = (offs[1:] - offs[:-1]).clamp(min=0)
     cl = cache_lens.to(torch.int64).clamp(min=0)
-    return (q_len + tpt - 1) // tpt, (cl + q_len + bn - 1) // bn
+    return (q_len + tpt - 1) // tpt, (cl + q_len + bn - 1) // bn, q_len
 
 
 def _host_chunks(tiles, w, target: int, min_blocks: int):
@@ -269,7 +267,7 @@ def mla_host_run_programs(q_row_offsets: torch.Tensor, cache_lens: torch.Tensor,
     `item_waves` waves of run_p and that many of its longest items take at most 9/8 of a run's
     S units (one wave: no item longer than 9/8 S; program p takes items p, p + run_p, ...),
     else the pieces of the runs that hold units."""
-    tiles, w = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
+    tiles, w, _ = _host_tiles(q_row_offsets, cache_lens, tpt, bn)
     total = int((tiles * (w + ovh)).sum())
     size = max(-(-total // run_p), run_min)
     if item_waves > 0:
