@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU tests in one device call on a multi-GPU host (nvidia-h200-x4): xdist workers spread over
+# GPU tests (and the `slow` CPU checks: the full offline sm_90 compiles) in one device call on a
+# multi-GPU host (nvidia-h200-x4) or one H200: xdist workers spread over
 # GPUS (tests/conftest.py, PAGEDATTN_TEST_GPUS); a line a test in $OUT/gpu_tests.log, and its
 # seconds and Triton compiles in $OUT/test_times.jsonl (PAGEDATTN_TEST_TIMES).
 #   [GPUS=0,1,2,3] [WORKERS=nproc] [TEST_S=520] [TESTS=tests] bash dev/gpu_tests_multi.sh [pytest args]
@@ -19,7 +20,7 @@ all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 export PAGEDATTN_TEST_GPUS=${GPUS:-$all} PAGEDATTN_TEST_TIMES=$OUT/test_times.jsonl
 nvidia-smi --query-gpu=index,name,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpus.txt"
 # shellcheck disable=SC2086
-timeout "${TEST_S:-520}" python3 -m pytest -v -m gpu -rfE -p no:cacheprovider \
+timeout "${TEST_S:-520}" python3 -m pytest -v -m "gpu or slow" -rfE -p no:cacheprovider \
     -W ignore::pytest.PytestWarning -n "${WORKERS:-$(nproc)}" --durations=30 \
     ${TESTS:-tests} "$@" >"$OUT/gpu_tests.log" 2>&1
 echo "rc $?: $(grep -c ' PASSED ' "$OUT/gpu_tests.log") passed," \

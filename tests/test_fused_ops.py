@@ -232,7 +232,7 @@ def filter_case(n, V, seed):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("with_k,with_p", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("n,V", [(0, 5), (1, 1), (3, 7), (10, 3000), (13, 30000)])
+@pytest.mark.parametrize("n,V", [(0, 5), (1, 1), (3, 7), (10, 3000), (13, 12000)])
 def test_sample_rows_top_k_top_p(backend, with_k, with_p, n, V, monkeypatch):
     """With top_k / top_p, the draws equal the reference's (an argmax over the tokens
     `top_k_top_p_keep` keeps, in float64), and on the Triton path each row's threshold keeps

@@ -23,44 +23,73 @@ from pagedattn.ops.gluon_imports import HAS_GLUON
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
-@pytest.mark.parametrize("mode", ["dense", "sparse", "persistent", "pages", "mha", "layers"])
-def test_every_gpu_test_specialization_compiles_for_sm90(mode):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(HERE, "..", "src"), env.get("PYTHONPATH", "")]
-    )
-    res = subprocess.run(
-        [sys.executable, os.path.join(HERE, "sm90_compile.py"), mode],
-        capture_output=True, text=True, env=env, timeout=900,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+MODES = ["dense", "sparse", "persistent", "pages", "mha", "layers"]
+MLA_MODES = ("dense", "sparse", "persistent", "pages")
+
+
+def _expected(mode: str) -> tuple[set, int | None]:
+    """(the kernels that `sm90_compile.py mode` must reach, its case count or None)."""
     if mode == "layers":  # the decoder layers' ops
-        served = {"_rms_norm_kernel", "_silu_mul_kernel", "_argmax_rows_kernel",
+        layers = {"_rms_norm_kernel", "_silu_mul_kernel", "_argmax_rows_kernel",
                   "_argmax_part_kernel", "_argmax_finish_kernel",
                   "_rope_qkv_kernel", "_store_kv_kernel", "_rope_store_kernel",
                   "_count_kernel", "_place_kernel", "_expert_mm_kernel",
                   "_moe_sum_kernel", "_keep_threshold_kernel", "_thr_stats_kernel",
                   "_thr_decide_kernel", "_thr_pass_kernel", "_unpack_step_rows_kernel"}  # fmt: skip
-    elif mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
-        served = {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
-                  "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}  # fmt: skip
-    elif mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
-        assert out["cases"] == 4 * 2 * 2
-        served = {"_mla_decode_sm90_ps"}
-    elif mode == "pages":  # V32 h_q 128, dense / sparse x 3 page sizes x s_q {1, 2}
-        assert out["cases"] == 2 * 3 * 2
-        served = {"_mla_decode_sm90_ss"}  # (no split-K combine: capture_mla drops it)
-    else:  # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest
-        import sm90_compile as S
+        return layers, None
+    if mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
+        return {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
+                "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}, None  # fmt: skip
+    if mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
+        return {"_mla_decode_sm90_ps"}, 4 * 2 * 2
+    if mode == "pages":  # V32 h_q 128, dense / sparse x 3 page sizes x s_q {1, 2}
+        return {"_mla_decode_sm90_ss"}, 2 * 3 * 2  # (no split-K combine: capture_mla drops it)
+    import sm90_compile as S
 
-        # formats x h_q x s_q x page sizes, and the rope-aware cases as on an H200
-        assert out["cases"] == 16 * 5 * 3 * 4 + len(S.H200_MLA_CASES)
-        served = {"_mla_decode_kernel", "_mla_decode_sm90", "_mla_decode_sm90_t",
-                  "_mla_decode_sm90_tw", "_mla_decode_sm90_ss"}  # fmt: skip
-        if mode == "dense":
-            served.add("_mla_decode_sm90_st")
+    # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest: formats x
+    # h_q x s_q x page sizes, and the rope-aware cases as on an H200
+    served = {"_mla_decode_kernel", "_mla_decode_sm90", "_mla_decode_sm90_t",
+              "_mla_decode_sm90_tw", "_mla_decode_sm90_ss"}  # fmt: skip
+    if mode == "dense":
+        served.add("_mla_decode_sm90_st")
+    return served, 16 * 5 * 3 * 4 + len(S.H200_MLA_CASES)
+
+
+@pytest.mark.skipif(not HAS_GLUON, reason="needs Triton with Gluon")
+@pytest.mark.parametrize(
+    "modes,cover",
+    [(MLA_MODES, "pairs"), (("mha",), "pairs"), (("layers",), "pairs")]
+    + [pytest.param((m,), "every", marks=pytest.mark.slow) for m in MODES],
+    ids=lambda v: "+".join(v) if isinstance(v, tuple) else v,
+)
+def test_every_gpu_test_specialization_compiles_for_sm90(modes, cover):
+    """The modes' distinct specializations: in `make test`, a pairwise covering set of each
+    kernel's (`sm90_compile.pairwise_cover`: every value of every constexpr, pointer type and
+    launch option, and every pair of them, that a specialization of the kernel has, over the
+    MLA modes together: 124 of the MLA kernels' 726, 157 of mha's 543, 56 of the layers' 68;
+    all of them took 344 of the 2-core suite's 1753 worker-s); each mode's all with the `slow`
+    tests (`pytest -m slow`; `dev/gpu_tests_multi.sh` runs them on the GPU host's cores)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "..", "src"), env.get("PYTHONPATH", "")]
+    )
+    flags = ["--every"] if cover == "every" else []
+    res = subprocess.run(
+        [sys.executable, os.path.join(HERE, "sm90_compile.py"), *modes, *flags],
+        capture_output=True, text=True, env=env, timeout=1800,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert 0 < out["compiled"] <= sum(out["kernels"].values())
+    if cover == "every":
+        assert out["compiled"] == sum(out["kernels"].values())
+    served, cases = set(), 0
+    for m in modes:
+        kernels, n = _expected(m)
+        served |= kernels
+        cases = None if n is None or cases is None else cases + n
+    if cases is not None:
+        assert out["cases"] == cases
     assert served == set(out["kernels"]), out["kernels"]
     msgs = [f"{e['case']} {e['kernel']}: {e['cause']}\n{e['error']}" for e in out["errors"]]
     assert not msgs, f"{len(msgs)} specializations do not compile:\n" + "\n\n".join(msgs[:3])
@@ -93,7 +122,8 @@ def test_gpu_runs_the_specializations_compiled_offline(mode):
     S.CHIP_H200 = fast_hbm("cuda")
     try:
         for i, (name, launches) in enumerate(cases()):
-            made = launches()
+            with S.pdl_as_on_sm90():
+                made = launches()
             # one case a (kernels, cluster, cache format or MHA path) combination, and every 40th
             key = (tuple(m.name for m in made), max((m.cluster for m in made), default=1),
                    tuple(name.split()[: 3 if mode == "mha" else 1]))  # fmt: skip
@@ -182,3 +212,21 @@ def test_serving_step_layouts_share_their_binaries():
     assert all(set(step) == kernels for step in steps.values()), steps
     one = next(iter(planned.values()))
     assert one["_mha_decode_kernel"] != graph["_mha_decode_kernel"]  # (PLAN: its own binary)
+
+
+def test_pairwise_cover_holds_every_pair_of_values():
+    """The covering set of `sm90_compile.pairwise_cover` holds every feature and every pair of
+    features that some specialization holds, and fewer specializations than all where they
+    repeat; a specialization with a pair no other has is always in it."""
+    import itertools
+
+    import sm90_compile as S
+
+    vals = [("w", 4), ("w", 8)], [("st", 2), ("st", 3)], [("ps", 1), ("ps", 16), ("ps", 64)]
+    specs = [set(c) for c in itertools.product(*vals)] * 2  # 12 distinct, each twice
+    specs.append({("w", 4), ("st", 2), ("ps", 128)})  # ps 128 only here
+    chosen = S.pairwise_cover(specs)
+    got = [specs[i] for i in chosen]
+    pairs = lambda f: f | {(a, b) for a in f for b in f if a < b}  # noqa: E731
+    assert set().union(*map(pairs, got)) == set().union(*map(pairs, specs))
+    assert len(specs) - 1 in chosen and len(chosen) < len(specs) // 2 + 1

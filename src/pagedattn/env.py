@@ -7,7 +7,10 @@ knows every variable the package reads; docs/env.md lists them with the test har
 - `PAGEDATTN_PDL` ("0" turns it off): programmatic dependent launch, on by default on sm_90
   (`ops.pdl`);
 - `PAGEDATTN_MLA_TUNING`, `PAGEDATTN_MHA_TUNING` (a JSON object): fields of the MLA / MHA
-  launch config that a development run overrides (`tuning_overrides`).
+  launch config that a development run overrides (`tuning_overrides`);
+- `PAGEDATTN_INTERPRET_OVERFLOW` ("1" turns them on): Triton's interpreter checks every int32
+  +, -, * for overflow, as a compiled kernel does only in Triton's debug mode
+  (`ops._triton_interpreter`).
 
 `triton_interpreter()` reads Triton's own `TRITON_INTERPRET` the way the package uses it (the
 kernels run in Triton's interpreter: CPU runs of the Triton path).
@@ -21,7 +24,7 @@ from typing import Any
 
 from .errors import InvalidArgumentError
 
-VARIABLES = ("BACKEND", "PDL", "MLA_TUNING", "MHA_TUNING", "MOE_TUNING")
+VARIABLES = ("BACKEND", "PDL", "MLA_TUNING", "MHA_TUNING", "MOE_TUNING", "INTERPRET_OVERFLOW")
 PREFIX = "PAGEDATTN_"
 
 
