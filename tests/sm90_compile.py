@@ -22,7 +22,8 @@ Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compi
 this file in a subprocess): `python tests/sm90_compile.py
 [dense|sparse|persistent|pages|mha|layers] [--full] [--every]`. Each
 launch is captured as an H100 would make it (`ops.offline.capture`, with
-`triton_mla_plan.sm90_serves` for the device check, and PDL on: `pdl_as_on_sm90`); each
+`triton_mla_plan.sm90_serves` for the device check, and PDL on: `ops.pdl.pdl_as_on_sm90`;
+before 2026-12-02 the CPU captures had PDL off, variants no GPU launches); each
 distinct specialization (with
 --every), or a pairwise covering set of each kernel's (`pairwise_cover`, by default), goes
 through the front end (`ops.offline.front_end`), or with --full through ptxas too. Prints one JSON
@@ -31,7 +32,6 @@ line: {"cases", "kernels": {name: specializations}, "errors": [{case, kernel, er
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import sys
@@ -56,6 +56,7 @@ from pagedattn.ops.mha import triton_worklist as WL
 from pagedattn.ops.mha.selection import Device, MHATuning
 from pagedattn.ops.mla import triton_mla as M
 from pagedattn.ops.mla import tuning as mla_tuning
+from pagedattn.ops.pdl import pdl_as_on_sm90
 from pagedattn.testing import make_paged_cache, ragged_offsets
 
 E8M0 = torch.float8_e8m0fnu
@@ -87,28 +88,6 @@ CHIP_H200 = False
 def as_on_h100(**serves):
     """The capture patches that stand in for the device checks on the CPU (none on a GPU)."""
     return serves if DEVICE == "cpu" else {}
-
-
-@contextlib.contextmanager
-def pdl_as_on_sm90():
-    """Inside: the package's `pdl_enabled` answers True, as on an sm_90 device (on the CPU
-    only; nothing is patched on a GPU, whose own answer is True). A launch captured on the CPU
-    then carries the PDL constexprs and `launch_pdl` that the same call gets on an H100 / H200:
-    the specializations a GPU runs (before 2026-12-02 the CPU captures had PDL off, so the check
-    compiled variants no GPU launches, and test_sm90_compile's GPU test found other hashes)."""
-    from pagedattn.ops import pdl
-
-    real = pdl.pdl_enabled
-    mods = [m for n, m in list(sys.modules.items())
-            if n.startswith("pagedattn.") and getattr(m, "pdl_enabled", None) is real]  # fmt: skip
-    if DEVICE == "cpu":
-        for m in mods:
-            m.pdl_enabled = lambda t: True
-    try:
-        yield
-    finally:
-        for m in mods:
-            m.pdl_enabled = real
 
 
 def chip(h200=None):
@@ -471,12 +450,12 @@ def layer_cases():
                 )
 
 
-def features(launch) -> set:
-    """What a specialization of `launch` is made of, as (kind, name, value) items: its
+def features(src, opts: dict) -> set:
+    """What a specialization (`offline.specialize`'s source and options) is made of, as (kind,
+    name, value) items: its
     constexprs (ints equal to 1 included), its pointers' element types and its launch options.
     (Integer argument widths and alignment attributes are left out: they change no
     Python-level path of the front end; with them the covering sets were 15-25% larger.)"""
-    src, opts = offline.specialize(launch)
     f = {("c", str(k), repr(v)) for k, v in src.constants.items()}
     f |= {("s", str(k), str(v)) for k, v in src.signature.items() if str(v).startswith("*")}
     f |= {("o", k, repr(opts[k])) for k in ("num_warps", "num_stages", "num_ctas", "maxnreg")
@@ -514,15 +493,15 @@ def main(suites: list[str], full: bool, every: bool) -> None:
                 src, opts = offline.specialize(launch)
                 key = (launch.name, src.hash(), json.dumps(opts, default=str))
                 if key not in seen:
-                    seen[key] = (case, launch)
+                    seen[key] = (case, launch, features(src, opts))
                     by_kernel.setdefault(launch.name, []).append(key)
     kernels, errors, compiled = {}, [], 0
     for name, keys in by_kernel.items():
         kernels[name] = len(keys)
         if not every:
-            keys = [keys[i] for i in pairwise_cover([features(seen[k][1]) for k in keys])]
+            keys = [keys[i] for i in pairwise_cover([seen[k][2] for k in keys])]
         for key in keys:
-            case, launch = seen[key]
+            case, launch, _ = seen[key]
             compiled += 1
             try:
                 (offline.compile_sm90 if full else offline.front_end)(launch)

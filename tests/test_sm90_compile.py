@@ -113,6 +113,7 @@ def test_gpu_runs_the_specializations_compiled_offline(mode):
     from pagedattn.cache.dispatch import fast_hbm
     from pagedattn.ops import offline
     from pagedattn.ops.launch import compiled_kernel
+    from pagedattn.ops.pdl import pdl_as_on_sm90
 
     def cases():
         every = S.mha_cases() if mode == "mha" else S.mla_cases(mode)
@@ -122,7 +123,7 @@ def test_gpu_runs_the_specializations_compiled_offline(mode):
     S.CHIP_H200 = fast_hbm("cuda")
     try:
         for i, (name, launches) in enumerate(cases()):
-            with S.pdl_as_on_sm90():
+            with pdl_as_on_sm90():  # (as the GPU pass below launches them)
                 made = launches()
             # one case a (kernels, cluster, cache format or MHA path) combination, and every 40th
             key = (tuple(m.name for m in made), max((m.cluster for m in made), default=1),

@@ -730,6 +730,29 @@ def test_pdl_off_on_cpu(monkeypatch):
     assert not pdl_enabled(torch.zeros(1))
 
 
+def test_pdl_as_on_sm90_for_offline_captures(monkeypatch):
+    """Inside `pdl_as_on_sm90` (the offline sm_90 captures) a CPU tensor's launches take PDL
+    as an sm_90 GPU's do, PAGEDATTN_PDL=0 included; outside, and after an error inside, the
+    CPU answer again; a capture inside gets the chain's PDL arguments."""
+    from pagedattn.ops import offline, prepared
+    from pagedattn.ops.fused import triton_fused as TF
+    from pagedattn.ops.pdl import pdl_as_on_sm90
+
+    monkeypatch.delenv("PAGEDATTN_PDL", raising=False)
+    x = torch.randn(2, 64)
+    with pdl_as_on_sm90():
+        assert pdl_enabled(x)
+        monkeypatch.setenv("PAGEDATTN_PDL", "0")
+        assert not pdl_enabled(x)
+        monkeypatch.delenv("PAGEDATTN_PDL")
+        (made,) = offline.capture(prepared, lambda: TF.argmax_rows_triton(x),
+                                  _fast_path=lambda kernel, grid: False)  # fmt: skip
+    assert made.kwargs.get("PDL") is True and made.kwargs.get("launch_pdl") is True
+    with pytest.raises(RuntimeError), pdl_as_on_sm90():
+        raise RuntimeError
+    assert not pdl_enabled(x)
+
+
 @pytest.mark.gpu
 def test_gpu_split_decode_pdl_matches_serial(monkeypatch):
     """The split-K decode with its combine launched dependent (PDL) gives the serial launch's

@@ -4,6 +4,8 @@ a kernel launch would compile on an H100, built from the launch's own arguments.
 - `capture(module, call, **patches)`: run `call` with `module.launch` (`ops.launch.launch`)
   recording instead of launching, and `module`'s attributes named in `patches` replaced
   meanwhile -> the `Launch`es it made, in order. CPU tensors will do: nothing is launched.
+  The device checks are the caller's patches; PDL's, which several modules import, is
+  `ops.pdl.pdl_as_on_sm90` (a capture inside it gets the PDL arguments a GPU launch gets).
 - `specialize(launch)`: (source, options) from Triton's own binder for a CUDA sm_90 target,
   as `JITFunction.run` builds them on the GPU: argument types, 16-byte alignment, ints equal
   to 1 as constants.

@@ -21,6 +21,10 @@ with and without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import triton
 import triton.language as tl
@@ -30,10 +34,28 @@ from .. import env
 from ..cache.dispatch import cuda_capability
 from .gluon_imports import HAS_GLUON, gl, gluon
 
+# Set inside `pdl_as_on_sm90` (the offline captures): PDL as on an sm_90 device, any tensor.
+_AS_SM90: ContextVar[bool] = ContextVar("pagedattn_pdl_as_sm90", default=False)
+
+
+@contextmanager
+def pdl_as_on_sm90() -> Iterator[None]:
+    """Inside: `pdl_enabled` answers as on an sm_90 device for any tensor, CPU ones included
+    (True unless PAGEDATTN_PDL=0), so that launches captured on a CPU (`ops.offline.capture`)
+    carry the PDL constexprs and `launch_pdl` that an H100 / H200 launch gets: the
+    specializations a GPU compiles (tests/sm90_compile.py)."""
+    token = _AS_SM90.set(True)
+    try:
+        yield
+    finally:
+        _AS_SM90.reset(token)
+
 
 def pdl_enabled(t: torch.Tensor) -> bool:
     """Whether launches on `t`'s device use PDL: CUDA sm_90 or newer, compiled kernels (not
-    Triton's interpreter), unless PAGEDATTN_PDL=0."""
+    Triton's interpreter), unless PAGEDATTN_PDL=0; inside `pdl_as_on_sm90`, any device."""
+    if _AS_SM90.get():
+        return env.read("PDL") != "0"
     if not t.is_cuda or env.triton_interpreter():
         return False
     if env.read("PDL") == "0":
