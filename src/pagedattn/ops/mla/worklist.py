@@ -514,13 +514,17 @@ def mla_runs_combine_triton(
                   partial_lse, out, lse, sinks, merge, TPT=tpt, RUN_P=run_p)  # fmt: skip
 
 
-def _long_chains(merge: MergeShape, h_q: int, d_v: int) -> tuple[int, int, int]:
+def _long_chains(
+    merge: MergeShape, h_q: int, d_v: int, present: int | None = None
+) -> tuple[int, int, int]:
     """(LONG_MAX, FINE, the grid's extra programs along its token axis) of a combine of
-    `merge`'s shape: none where its long chains are off or its dims do not split in FINE."""
+    `merge`'s shape: none where its long chains are off or its dims do not split in FINE.
+    present: the long tokens there are, where the host knows them (slots for those only)."""
     db = merge.blocks(h_q, d_v)[1]
-    if merge.long_max <= 0 or merge.fine <= 1 or db % merge.fine:
+    long_max = merge.long_max if present is None else min(merge.long_max, present)
+    if long_max <= 0 or merge.fine <= 1 or db % merge.fine:
         return 0, 1, 0
-    return merge.long_max, merge.fine, merge.long_max * (merge.fine - 1)
+    return long_max, merge.fine, long_max * (merge.fine - 1)
 
 
 @triton.jit(do_not_specialize=["n_tok"])  # (the grid's tokens: no variant of its own)
@@ -631,17 +635,16 @@ def mla_worklist_combine_triton(
     batch = q_row_offsets.shape[0] - 1
     if tokens == 0 or batch == 0:
         return
-    long_max, fine, extra = _long_chains(merge, h_q, d_v)
-    if long_max and not out.is_cuda:  # host lengths: slots for the long tokens there are only
-        long_max = min(long_max, mla_host_long_tokens(
-            q_row_offsets, cache_lens, tpt=tpt, bn=bn, target=target, min_blocks=min_blocks,
-            long_min=max(merge.long_min, 2)))  # fmt: skip
-        fine, extra = (fine, long_max * (fine - 1)) if long_max else (1, 0)
+    long_min, present = max(merge.long_min, 2), None
+    if not out.is_cuda and _long_chains(merge, h_q, d_v)[0]:  # host lengths: their long tokens
+        present = mla_host_long_tokens(q_row_offsets, cache_lens, tpt=tpt, bn=bn, target=target,
+                                       min_blocks=min_blocks, long_min=long_min)  # fmt: skip
+    long_max, fine, extra = _long_chains(merge, h_q, d_v, present)
     _launch_merge(_mla_worklist_combine_kernel, (q_row_offsets, cache_lens, batch, tokens),
                   partial_out, partial_lse, out, lse, sinks, merge, extra=extra, TPT=tpt,
                   BN=bn, TARGET=target,
                   MIN_BLOCKS=min_blocks, B_P2=triton.next_power_of_2(batch + 1),
-                  LONG_MIN=max(merge.long_min, 2), LONG_MAX=long_max, FINE=fine)  # fmt: skip
+                  LONG_MIN=long_min, LONG_MAX=long_max, FINE=fine)  # fmt: skip
 
 
 def _launch_merge(kernel, lead: tuple, partial_out, partial_lse, out, lse, sinks,
