@@ -9,7 +9,10 @@ rounds (median of each round's mean): the step's device time with only the knob 
 each variant's kernels of a replay by name (torch.profiler, us a replay).
 
 Usage (GPU): python dev/decode_variants_probe.py [--shape llama3.2-1b] [--b 64]
-             [--variants '[{"decode": {"early": 0}}, {}]'] [--rounds 7] [--out F.json]
+             [--variants '[{}, {"decode": {"num_stages": 4}}]'] [--rounds 7] [--out F.json]
+
+(First used for the decode's work item before its PDL wait, tried and reverted: commit
+0bdb019, docs/kernels/pdl.md.)
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="llama3.2-1b")
     ap.add_argument("--b", type=int, default=64)
-    ap.add_argument("--variants", default='[{"decode": {"early": 0}}, {}]')
+    ap.add_argument("--variants", default='[{}, {"decode": {"num_stages": 4}}]')
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()

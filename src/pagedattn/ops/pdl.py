@@ -12,14 +12,7 @@ decode) are launched with `launch_pdl=True` and wait first, so each one's launch
 overlap the tail of the kernel before it (a cuBLAS GEMM, or another link). H200, the engine's
 captured decode step (`dev/pdl_chain_probe.py`, docs/kernels/pdl.md): Llama-3.2-1B b64 1.523
 -> 1.461 ms a replay, the same tokens; Llama-3-8B b64 6.083 -> 6.093 ms (its kernels are long
-enough that a launch's latency is a small part of them). Two links break the "wait first"
-rule, each only towards the decode after it: RoPE + the K/V store (`rope_store_kv`,
-`store_kv`) signal right after their own wait, so the decode launches under them, and the
-decode (its `EARLY`, `DecodeConfig.early`) finds its work item before its wait, reading only
-the launch's inputs (cache lengths, query offsets, page tables), which no link writes, and
-asking the L2 for its first K / V rows (a hint). A kernel that signals early must not be
-followed by one that reads what it writes before its wait; `tests/test_pdl_chain.py` checks
-the decode's reads.
+enough that a launch's latency is a small part of them).
 
 Used when `pdl_enabled`: CUDA devices of sm_90 or newer, compiled kernels, unless
 `PAGEDATTN_PDL=0` (read through `pagedattn.env`; docs/env.md). Results are the same bit for bit
@@ -81,8 +74,7 @@ def pdl_chain_kwargs(t: torch.Tensor, flag: str = "PDL") -> dict:
     kernel is launched while its predecessor on the stream still runs (its CTAs wait at the
     `griddepcontrol.wait`, which returns once every earlier grid has completed and its memory is
     visible), so its launch and CTA start overlap the predecessor's tail instead of following
-    it; it reads and writes nothing before the wait (the decode's EARLY aside: the module
-    docstring)."""
+    it; it reads and writes nothing before the wait."""
     return {flag: True, "launch_pdl": True} if pdl_enabled(t) else {}
 
 

@@ -85,11 +85,7 @@ class DecodeConfig(_Fields):
     `dev/profile_gqa_skew.py`), skewed b32 / b64 / b128 / b256 78.2 / 204.7 / 395.7 / 789.7 ->
     74.1 / 169.3 / 313.2 / 612.5 us, one long among 63 / 255 61.4 / 105.0 -> 61.7 / 109.0 (each
     of its ~2,600 programs derives the buckets), the uniform control 248.1 -> 248.6
-    (docs/kernels/mha_decode.md, "Longest items first"). early: where the launch is a PDL link
-    on its own list, what comes before its wait (the kernel's EARLY): 0 nothing, 1 the item,
-    its request and cache length (read from the launch's inputs, under RoPE + the K/V store
-    before it), 2 also an L2 prefetch of the item's first stages of K / V rows
-    (docs/kernels/mha_decode.md, "The item before the wait")."""
+    (docs/kernels/mha_decode.md, "Longest items first")."""
 
     BLOCK_N: int = 32
     num_warps: int = 4
@@ -117,7 +113,6 @@ class DecodeConfig(_Fields):
     merge_stages: int = 4
     max_ctas_per_sm: int = -1
     list_order: int = 1
-    early: int = 1
 
 
 # FP8 per-token / per-tensor decode: the fast loop, keys as the MMA's M, one page id a tile, V

@@ -31,13 +31,11 @@ from ..specialize import STEP_INTS
 from ..triton_constants import LN2, LOG2E
 from .triton_tiles import (
     kv_bases,
-    l2_prefetch_rows,
     pv_tile,
     q_to_f16,
     qk_tile,
     row_request,
     scales_at,
-    token_rows,
     visible_range,
 )
 from .triton_worklist import find_item, merge_items_online, store_merged, work_list
@@ -453,8 +451,6 @@ def _mha_decode_kernel(
     MERGE_STAGES: tl.constexpr = 1,
     LIST_ORDER: tl.constexpr = 0,
     PDL_WAIT: tl.constexpr = False,
-    EARLY: tl.constexpr = 0,
-    PF_N: tl.constexpr = 64,
 ):
     """One (query row, partition, KV head): GROUP query heads x the partition's keys.
 
@@ -471,24 +467,15 @@ def _mha_decode_kernel(
     before the launch, `ops.prepared.semaphores`); the row's last item to count merges every
     item (`triton_worklist.merge_items_online`: one item's MERGE_GP heads a step, loads
     MERGE_STAGES deep), writes the output and LSE, and sets the count back to 0.
-    PDL_WAIT: launched as a link of the PDL chain (`ops.pdl.pdl_chain_kwargs`): nothing is
-    written before the wait. EARLY (with PDL_WAIT, not PLAN): the program's item, request and
-    cache length come before the wait, from the launch's inputs (`cache_lens`, `q_offsets`),
-    which no kernel of the chain writes, so they run under the link before (RoPE + the K/V
-    store, which lets this launch start once it is past its own wait); EARLY 2 also asks the L2
-    for the item's first PF_N keys' K and V rows (`l2_prefetch_rows`: coherent, so the
-    new keys the link before writes are read as written). Else nothing is read before it.
+    PDL_WAIT: launched as a link of the PDL chain (`ops.pdl.pdl_chain_kwargs`): nothing is read
+    or written before the wait.
     """
-    if not EARLY:
-        pdl_wait(PDL_WAIT)
-        pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
+    pdl_wait(PDL_WAIT)
+    pdl_signal(PDL)  # the combine may launch (it waits for this grid before reading)
     pid = tl.program_id(0)
     hkv = pid % H_KV
     rest = pid // H_KV
     if PLAN:
-        tl.static_assert(
-            not EARLY, "a plan may be the planner launch's output: read after the wait"
-        )
         # a grid larger than the plan's items (a device plan's: its capacity) exits its first
         # programs (docs/kernels/mha_decode.md, "the step's plan": the grid's size, not the
         # order, costs a step)
@@ -535,21 +522,6 @@ def _mha_decode_kernel(
 
     offs_g = tl.arange(0, GP)
     offs_n = tl.arange(0, BLOCK_N)
-    k_base, v_base = kv_bases(K_off, V_off, b, K_PAGE, V_PAGE)
-    if EARLY:
-        if EARLY == 2:  # the item's first PF_N keys (the loop's first stages)
-            pf_tok = p_lo + tl.arange(0, PF_N)
-            pf_ok = pf_tok < p_hi
-            l2_prefetch_rows(
-                K + hkv * stride_kh, stride_kr, pf_ok, DK,
-                token_rows(pf_tok, pf_ok, b, K_lut, stride_klut, k_base, k_page_stride, K_PAGE),
-            )  # fmt: skip
-            l2_prefetch_rows(
-                V + hkv * stride_vh, stride_vr, pf_ok, DV,
-                token_rows(pf_tok, pf_ok, b, V_lut, stride_vlut, v_base, v_page_stride, V_PAGE),
-            )  # fmt: skip
-        pdl_wait(PDL_WAIT)
-        pdl_signal(PDL)
     offs_dk = tl.arange(0, DKP)
     offs_dv = tl.arange(0, DVP)
     gmask = offs_g < GROUP
@@ -573,6 +545,7 @@ def _mha_decode_kernel(
     v_head = hkv * stride_vh
     ks_head = hkv * stride_ksh
     vs_head = hkv * stride_vsh
+    k_base, v_base = kv_bases(K_off, V_off, b, K_PAGE, V_PAGE)
 
     m_i = tl.full([GP], float("-inf"), tl.float32)
     l_i = tl.zeros([GP], tl.float32)

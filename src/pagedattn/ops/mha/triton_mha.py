@@ -192,15 +192,6 @@ def _kv_pair_args(ka, va, dk, dv, k_box, v_box, gluon_layout=None) -> tuple[list
     return k_args[:7] + v_args[:7] + k_args[7:] + v_args[7:], kcx, vcx
 
 
-def _early_flags(cfg: DecodeConfig, bn: int) -> dict:
-    """The decode's EARLY / PF_N (`_mha_decode_kernel`; a PDL link on its own list): the item
-    found before the wait (early 1), and its first stages' K / V rows asked of the L2 (2)."""
-    if not cfg.early:
-        return {}
-    pf = {"PF_N": min(256, triton.next_power_of_2((cfg.num_stages - 1) * bn))}
-    return {"EARLY": cfg.early, **(pf if cfg.early == 2 else {})}
-
-
 def mha_triton(
     q: torch.Tensor,
     k: RowOperand,
@@ -503,7 +494,6 @@ def _full_path(
             K_TMA=k_tma, V_TMA=v_tma, DOT_PREC=prec, **mma,
             BLOCK_B=block_b, PDL=split and sem is None and bool(chain),
             NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, **chain,
-            **(_early_flags(cfg, bn) if chain and balanced and buf is None else {}),
             min_shared=occupancy_shared(cfg.max_ctas_per_sm) if cfg.max_ctas_per_sm > 0 else 0,
             **(dict(BALANCED=True, TARGET=how.target, MIN_BLOCKS=how.min_blocks,
                     **({"PLAN": True} if buf is not None else {}),

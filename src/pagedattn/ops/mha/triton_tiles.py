@@ -107,29 +107,6 @@ def token_rows(tok, valid, b, lut, stride_lut, row_base, page_stride, PAGE: tl.c
 
 
 @triton.jit
-def l2_prefetch_rows(base, stride_r, ok, D: tl.constexpr, rows):
-    """Ask the L2 for rows `rows` ([N] int64, where `ok`) of D elements at base + rows *
-    stride_r: one `prefetch.global.L2` a 128-byte line, nothing returned or changed (the L2 is
-    coherent: a line written after the prefetch is read as written). Compiled CUDA only
-    (inline PTX)."""
-    ESZ: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
-    LINES: tl.constexpr = (D * ESZ + 127) // 128
-    LP: tl.constexpr = 1 if LINES <= 1 else (2 if LINES <= 2 else (4 if LINES <= 4 else 8))
-    tl.static_assert(LINES <= 8, "rows of at most 1 KB")
-    line = tl.arange(0, LP)
-    off = (rows * stride_r * ESZ)[:, None] + (line * 128).to(tl.int64)[None, :]
-    live = (ok[:, None] & (line < LINES)[None, :]).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r",
-        [base.to(tl.pointer_type(tl.int8)) + off, live],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def tile_row0(t0, b, lut, stride_lut, row_base, page_stride, PAGE: tl.constexpr):
     """int32 physical row of token t0 (a tile that stays inside one page, for TMA)."""
     if PAGE > 0:

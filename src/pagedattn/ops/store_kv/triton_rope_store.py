@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
-from ..pdl import pdl_chain_kwargs, pdl_signal, pdl_wait
+from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
 from ..specialize import request_block
 from .triton_store import token_position
@@ -36,9 +36,6 @@ def _rope_store_kernel(
     HB: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_wait(PDL)
-    # the next link (the decode) may start: it reads only the step's inputs before its own
-    # wait (`_mha_decode_kernel`'s EARLY)
-    pdl_signal(PDL)
     t = tl.program_id(0)
     t64 = t.to(tl.int64)
     HALF: tl.constexpr = D // 2

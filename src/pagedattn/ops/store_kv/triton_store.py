@@ -30,7 +30,7 @@ import triton.language as tl
 from ...operands import RowOperand
 from .._triton_interpreter import install_interpreter_shim
 from ..mha.triton_tiles import row_request
-from ..pdl import pdl_chain_kwargs, pdl_signal, pdl_wait
+from ..pdl import pdl_chain_kwargs, pdl_wait
 from ..prepared import cached_launch
 from ..specialize import STORE_INTS, request_block
 
@@ -147,7 +147,6 @@ def _store_kv_kernel(
     request, at a negative position, past the table's reach (`reach`) or on a page id outside
     [0, limit) (non-paged: a row outside [0, limit)) is skipped (see reference.py)."""
     pdl_wait(PDL)
-    pdl_signal(PDL)  # (as `_rope_store_kernel`: the decode after reads inputs only)
     t = tl.program_id(0)
     b, pos, ok = token_position(q_offsets, cache_lens, batch, t, BLOCK_B)
 
