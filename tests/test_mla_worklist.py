@@ -115,7 +115,10 @@ def test_one_request_over_every_program(gen, monkeypatch):
     runs = mla_host_runs(ragged_offsets(q_lens), torch.tensor(cache_lens), tpt=1, bn=kw["BN"],
                          ovh=kw["RUN_OVH"], run_p=kw["RUN_P"], run_min=1)  # fmt: skip
     pieces = max(s[4] for r in runs for s in r if s[0] == 0)
-    assert pieces >= launch.grid[0] - 4 and pieces > 100  # every program shares it
+    # every program shares it but those the other units fill (pieces of at least one unit:
+    # the short requests' blocks and prologues, the long one's prologue)
+    others = 2 * (1 + kw["RUN_OVH"]) + kw["RUN_OVH"]
+    assert pieces >= launch.grid[0] - others and pieces > 100
 
 
 def test_runs_give_orphan_tokens_zero(gen):

@@ -227,10 +227,13 @@ def ps_plan(
 
 def _trace_kwargs(tr: torch.Tensor | None) -> dict:
     """A development trace buffer's kernel arguments: TRACE 2 (the seesaws' tile trace) for
-    rows that hold one (`gluon_mla.TILE_TRACE_SLOTS` after the kernel's own slots), else 1."""
+    rows that hold one (`gluon_mla.TILE_TRACE_SLOTS` after the kernel's own slots), 3 for rows
+    of 16 (the keys-as-M kernel's runs prologue, `dev/trace_mla_runs.py`), else 1."""
     if tr is None:
         return {}
-    return dict(TRACE=2 if tr.shape[1] > TILE_TRACE_SLOTS else 1, TR=tr)
+    if tr.shape[1] > TILE_TRACE_SLOTS:
+        return dict(TRACE=2, TR=tr)
+    return dict(TRACE=3 if tr.shape[1] == 16 else 1, TR=tr)  # 3: `_mla_decode_sm90_t`'s runs
 
 
 def _partitions(

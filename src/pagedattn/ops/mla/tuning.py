@@ -162,10 +162,13 @@ class WorkListTuning:
     # cases unchanged (their pieces hold 8-65 blocks); docs/kernels/triton_mla.md, "Small
     # batches"
     wl_run_min_blocks: int = 2
-    # a tile's prologue (q, its first pages, the ring fill) in blocks of the runs' stream: ~5 us
-    # on sm_90 (docs/kernels/triton_mla.md) against ~2.3 us to stream a 64-key BF16 block at a
-    # SM's share of the H200's copy bandwidth (73.7 KB / (4.26 TB/s / 132))
-    wl_overhead: int = 2
+    # a tile's prologue and epilogue (q, its first pages, the ring fill, the store) in blocks
+    # of the runs' stream: H200, per-CTA traces of the keys-as-M kernel on the suite's skewed
+    # h_q 16 steps (`dev/trace_mla_runs.py`) fit 5.5-7.7 us a segment against 1.6-2.1 us a
+    # 64-key BF16 block; 3 (2 before) took skew b128 / b256 193.3 / 363.0 -> 189.7 / 356.8 us
+    # (graph replays), b64 105.7 -> 105.3, the one-wave cases unmoved
+    # (docs/kernels/triton_mla.md, "The runs' prologue")
+    wl_overhead: int = 3
     # the item list's order where one item a program serves (the TMA-fed seesaw, the keys-as-M
     # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 1 by bucket
     # of the items' size, largest first (`ops.list_order.bucket_ends`), so that a grid of more

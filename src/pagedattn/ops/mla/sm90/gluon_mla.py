@@ -280,18 +280,31 @@ if HAS_GLUON:
         return ok, t, pid % NHB, lo, hi, c_b > 1, slot * TPT - t
 
     @gluon.jit
-    def g_requests(
-        QOFF, K_CL, batch, TPT: gl.constexpr, BN: gl.constexpr, B_P2: gl.constexpr,
-        one_l: gl.constexpr,
-    ):  # fmt: skip
-        """`worklist.mla_requests` (same arithmetic): per request [B_P2] (r, o_lo, q_len,
-        tiles, w)."""
+    def g_request_loads(QOFF, K_CL, batch, B_P2: gl.constexpr, one_l: gl.constexpr):
+        """The loads of `g_requests`: per request [B_P2] (offsets[r], offsets[r + 1], cache
+        length), 0 past the batch; issued apart so that their latency can overlap other work
+        (the ring's zeroing in `_mla_decode_sm90_t`: H200, a CTA's start to its runs derived
+        2.7 -> 2.1 us; docs/kernels/triton_mla.md, "The runs' prologue")."""
         r = gl.arange(0, B_P2, layout=one_l)
         rm = r < batch
         o_lo = gl.load(QOFF + r, mask=rm, other=0)
         o_hi = gl.load(QOFF + r + 1, mask=rm, other=0)
+        return o_lo, o_hi, gl.load(K_CL + r, mask=rm, other=0)
+
+    @gluon.jit
+    def g_requests(
+        QOFF, K_CL, batch, TPT: gl.constexpr, BN: gl.constexpr, B_P2: gl.constexpr,
+        one_l: gl.constexpr, raw=None,
+    ):  # fmt: skip
+        """`worklist.mla_requests` (same arithmetic): per request [B_P2] (r, o_lo, q_len,
+        tiles, w). raw: `g_request_loads`' result where already issued."""
+        r = gl.arange(0, B_P2, layout=one_l)
+        rm = r < batch
+        if raw is None:
+            raw = g_request_loads(QOFF, K_CL, batch, B_P2, one_l)
+        o_lo, o_hi, cl = raw
         q_len = gl.maximum(o_hi - o_lo, 0)
-        cl = gl.maximum(gl.load(K_CL + r, mask=rm, other=0), 0)
+        cl = gl.maximum(cl, 0)
         tiles = gl.where(rm, gl.cdiv(q_len, TPT), 0)
         return r, o_lo, q_len, tiles, gl.cdiv(cl + q_len, BN)
 
@@ -299,14 +312,14 @@ if HAS_GLUON:
     def g_list_item(
         QOFF, K_CL, batch, item, TPT: gl.constexpr, BN: gl.constexpr, TARGET: gl.constexpr,
         MIN_BLOCKS: gl.constexpr, B_P2: gl.constexpr, one_l: gl.constexpr,
-        ORDER: gl.constexpr = 0,
+        ORDER: gl.constexpr = 0, raw=None,
     ):  # fmt: skip
         """Item `item` of the balanced list (`worklist.mla_work_list` / `mla_find_item`, same
         arithmetic and ORDER): (the list's items, ok: item is one, t: its tile's leader token,
         [lo, hi): its chunk of the tile's keys before the causal clamp, c_b: the tile's items,
         the longest item's keys, slot: its partial slot, its place in request order, as
-        `mla_find_item`'s)."""
-        r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
+        `mla_find_item`'s). raw: `g_request_loads`' result where already issued."""
+        r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l, raw)
         total = gl.sum(tiles.to(gl.int64) * w, 0)
         cb = gl.maximum(gl.cdiv(total * 9, TARGET * 8), MIN_BLOCKS).to(gl.int32)
         c = gl.maximum(gl.cdiv(w, cb), 1)
@@ -349,11 +362,12 @@ if HAS_GLUON:
     @gluon.jit
     def g_run_stream(
         QOFF, K_CL, batch, TPT: gl.constexpr, BN: gl.constexpr, OVH: gl.constexpr,
-        B_P2: gl.constexpr, one_l: gl.constexpr,
+        B_P2: gl.constexpr, one_l: gl.constexpr, raw=None,
     ):  # fmt: skip
         """`worklist.mla_run_stream` (same arithmetic): per request [B_P2] (r, o_lo, q_len, w,
-        span, incl) of the contiguous runs' stream."""
-        r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l)
+        span, incl) of the contiguous runs' stream. raw: `g_request_loads`' result where
+        already issued."""
+        r, o_lo, q_len, tiles, w = g_requests(QOFF, K_CL, batch, TPT, BN, B_P2, one_l, raw)
         span = tiles.to(gl.int64) * (w + OVH)
         incl = gl.associative_scan(span, 0, _g_add)
         return r, o_lo, q_len, w, span, incl
@@ -384,6 +398,7 @@ if HAS_GLUON:
         QOFF, K_CL, batch, NHB: gl.constexpr, TPT: gl.constexpr, BN: gl.constexpr,
         OVH: gl.constexpr, RUN_P: gl.constexpr, MIN_BLOCKS: gl.constexpr,
         ITEM_WAVES: gl.constexpr, B_P2: gl.constexpr, PDL: gl.constexpr, one_l: gl.constexpr,
+        raw=None,
     ):  # fmt: skip
         """A `RUNS` program's start (grid RUN_P x NHB; the dependent launch signalled first
         where PDL): (p, hb, stream, total, size, n_items, item, use_items). stream: the
@@ -394,16 +409,19 @@ if HAS_GLUON:
         uniform batch whose tiles are a block longer than a run keeps them whole), else the
         runs. (One code path for both in the kernels: a second copy of the tile's code cost
         the runs 3-14%, H200 bench_real; ITEM_WAVES scales the bound, as a constant `&
-        False` broke the sm_90 lowering.)"""
+        False` broke the sm_90 lowering.) raw: `g_request_loads`' result where already issued
+        (else loaded here); the stream and the list share it."""
         g_pdl_signal(PDL)
         pid = gl.program_id(0)
         hb = pid % NHB
         p = pid // NHB
-        stream = g_run_stream(QOFF, K_CL, batch, TPT, BN, OVH, B_P2, one_l)
+        if raw is None:
+            raw = g_request_loads(QOFF, K_CL, batch, B_P2, one_l)
+        stream = g_run_stream(QOFF, K_CL, batch, TPT, BN, OVH, B_P2, one_l, raw)
         total = gl.max(stream[5], 0)
         size = gl.maximum(gl.cdiv(total, RUN_P), MIN_BLOCKS)
         n_items, ok, t_i, lo_i, hi_i, c_i, max_chunk, _slot = g_list_item(
-            QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l
+            QOFF, K_CL, batch, p, TPT, BN, RUN_P, MIN_BLOCKS, B_P2, one_l, 0, raw
         )
         if ITEM_WAVES > 1:  # (one wave: the bound of one item)
             long_items = max_chunk * 8 * gl.cdiv(n_items, RUN_P)
@@ -1272,10 +1290,13 @@ if HAS_GLUON:
         partials at rows slot * TPT + i, a whole tile to the output; the program holding a
         tile's first block writes its META.
 
-        TRACE (development, `dev/gpu_mla_dev.py --trace`): int64 TR [CTAs, 10] gets the
-        globaltimer at the CTA's start, before its loop, when its first tile has landed,
-        after the loop and at its end (slots 0-4), its SM (6), tile count (7) and the SM's cycle
-        counter at the start and end (8, 9)."""
+        TRACE (development, `dev/gpu_mla_dev.py --trace`, `dev/trace_mla_runs.py`): int64 TR
+        [CTAs, 10] gets the globaltimer at the CTA's start, before its (last) tile's loop, when
+        that tile's first block has landed, after its loop and at the CTA's end (slots 0-4),
+        where RUNS once the runs are derived (5), its SM (6), tile count (7) and the SM's cycle
+        counter at the start and end (8, 9); TRACE 3 (TR [CTAs, 16]) also the times after the
+        last tile's key range (10) and ring fill (11), before and after its `_t_tile` (13, 14)
+        and after the ring's zeroing (15)."""
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
         (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
@@ -1292,10 +1313,12 @@ if HAS_GLUON:
         else:
             QT: gl.constexpr = gl.float16
 
-        if TRACE:
-            trp = g_trace_open(TR)
+        if TRACE:  # TRACE 3: the runs' prologue, 16 slots a row
+            trp = g_trace_open(TR, 16 if TRACE == 3 else 10)
         else:
             trp = TR
+        if RUNS:  # the runs' loads first: their latency under the ring's zeroing below
+            raw = g_request_loads(QOFF, K_CL, batch, B_P2, one_l)
         q_lat_buf = gl.allocate_shared_memory(QT, [1, NR, 512], sm_l)
         q_rope_buf = gl.allocate_shared_memory(gl.bfloat16, [1, NR, 64], sm_l)
         p_smem = gl.allocate_shared_memory(QT, [NR, BN], sm_l)
@@ -1316,13 +1339,17 @@ if HAS_GLUON:
                 k_main.index(i).store(gl.zeros([BN, 512], gl.float8e4nv, cv_l))
                 k_sc.index(i).store(gl.zeros([BN], gl.float32, one_l))
             k_rope.index(i).store(gl.zeros([BN, 64], gl.bfloat16, ld_l))
+        if TRACE == 3:
+            gl.store(trp + 15, g_clock())
 
         if RUNS:
             gl.static_assert(ITEM_WAVES <= 1, "one item a program")
             p, hb, stream, total, size, n_items, item, use_items = g_run_choice(
                 QOFF, K_CL, batch, NHB, TPT, BN, RUN_OVH, RUN_P, MIN_BLOCKS, ITEM_WAVES, B_P2,
-                PDL, one_l,
+                PDL, one_l, raw,
             )  # fmt: skip
+            if TRACE:  # the runs' and the list's derivation done
+                gl.store(trp + 5, g_clock())
             rr, ro, rq, rw, rspan, rincl = stream
             ok, t_i, lo_i, hi_i, c_i = item
             _t_runs(
@@ -1385,6 +1412,8 @@ if HAS_GLUON:
             if lo < hi:
                 if first & (hb == 0):  # the tile's first item or piece: the combine's META
                     g_run_meta(META, t, n_tok, slot, n_pieces, TPT)
+                if TRACE == 3:
+                    gl.store(trp + 13, g_clock())
                 _t_tile(
                     q_args, out_args, k_args, t, hb, slot * TPT - t, n_pieces > 1, (lo, hi),
                     q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf, k_main, k_sc, trp, H_Q, D_V,
@@ -1392,6 +1421,8 @@ if HAS_GLUON:
                     NR, PF, TRACE, False, True,
                 )  # fmt: skip
                 gl.thread_barrier()  # q and the ring are the next tile's from here on
+                if TRACE == 3:
+                    gl.store(trp + 14, g_clock())
             pos = nxt
 
     @gluon.jit
@@ -1428,6 +1459,8 @@ if HAS_GLUON:
             K_CL, K_TOPK, b, t, live, leader, i0, q_len, part, NUM_P, K_idx_len,
             SPARSE, HAS_TOPK, TOPK_TOK, CAUSAL, TPT, BN, item,
         )  # fmt: skip
+        if TRACE == 3:
+            gl.store(trp + 10, g_clock())
 
         row_lim, kpos, acc, m_i, l_acc, tau, zero_s = t_state(
             t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
@@ -1438,6 +1471,8 @@ if HAS_GLUON:
             K_idx_stride, K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc,
             K_npages, SPARSE, BN, FMT, NBUF, ld_l, row_l, 4,
         )  # fmt: skip
+        if TRACE == 3:
+            gl.store(trp + 11, g_clock())
 
         lat_scale = t_q_store(q_lat, q_rope, qa, qr, FMT)
 
