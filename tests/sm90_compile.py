@@ -10,6 +10,11 @@
 - pages: the V32 cluster kernel (h_q 128, dense and sparse) at page sizes that are not powers
   of two, which its producer takes as a run-time value (`triton_mla_plan._page_size_constexpr`;
   the grid's page sizes are all powers of two);
+- balanced: the MLA decode a serving engine gets (no partition count: the balanced work list,
+  its contiguous runs and the TMA-fed seesaw's, `test_mla_worklist`'s GPU cases): BF16 and
+  rope-aware FP8 pages of 64, h_q {16, 128}, one or two queries a request, skewed lengths, with
+  and without sinks, under the shipped tuning, the runs forced, the item list forced and the
+  seesaw's runs;
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too; also with an H200's stages and
   split), and the Gluon sm_90 prefills' over paged caches, row offsets and ragged K/V, every
@@ -20,7 +25,7 @@
 
 Run without TRITON_INTERPRET (the interpreter does not compile; `test_sm90_compile` runs
 this file in a subprocess): `python tests/sm90_compile.py
-[dense|sparse|persistent|pages|mha|layers] [--full] [--every]`. Each
+[dense|sparse|persistent|pages|balanced|mha|layers] [--full] [--every]`. Each
 launch is captured as an H100 would make it (`ops.offline.capture`, with
 `triton_mla_plan.sm90_serves` for the device check, and PDL on: `ops.pdl.pdl_as_on_sm90`;
 before 2026-12-02 the CPU captures had PDL off, variants no GPU launches); each
@@ -158,8 +163,38 @@ PAGES_NOT_POW2 = (3, 48, 200)  # the "pages" suite's page sizes
 H200_MLA_CASES = ((1, 1), (16, 64))  # (h_q, page) of the grid's rope-aware cases as on an H200
 
 
+BALANCED_TUNINGS = {  # name -> `MLATuning` knobs of the "balanced" suite
+    "shipped": {}, "runs": {"wl_one_wave": False}, "items": {"wl_runs": False},
+    "st-runs": {"wl_st_runs": True},
+}  # fmt: skip
+
+
+def balanced_launches(fmt, h_q, s_q, tune, sink):
+    """The launches of a balanced decode step (no partition count) of six requests of skewed
+    lengths, pages of 64, as on an H100 (`capture_mla`)."""
+    q_lens = [s_q] * 6
+    kv = mla_operand(fmt, 576, h_q, 64, [3000, 50, 700, 9000, 1, 20000], q_lens)
+    q = torch.randn(6 * s_q, h_q, 576).to(torch.bfloat16)
+    kw = dict(config=mla_tuning.from_env().replace(**BALANCED_TUNINGS[tune]))
+    if sink:
+        kw["attn_sink"] = torch.randn(h_q)
+    return capture_mla(q, kv, q_lens, kw)
+
+
 def mla_cases(mode):
-    """(name, launches thunk) of the MLA grid's cases in `mode` (or the persistent kernel's)."""
+    """(name, launches thunk) of the MLA grid's cases in `mode` (or the persistent kernel's,
+    or the balanced decode's)."""
+    if mode == "balanced":
+        for fmt in ("bf16", "rope_aware"):
+            for h_q in (16, 128):
+                for s_q in (1, 2):
+                    for i, tune in enumerate(BALANCED_TUNINGS):
+                        sink = (i + s_q) % 2 == 0
+                        yield (
+                            f"balanced-{fmt} h_q {h_q} s_q {s_q} {tune} sink {sink}",
+                            partial(balanced_launches, fmt, h_q, s_q, tune, sink),
+                        )
+        return
     if mode == "persistent":
         for batch, s_q, stride in PS_CASES:
             for h_q in (100, 128):
@@ -481,7 +516,7 @@ def main(suites: list[str], full: bool, every: bool) -> None:
     """Compile the suites' distinct specializations: all of them with `every`, else a pairwise
     covering set of each kernel's (`pairwise_cover` of `features`: every value of every
     constexpr, pointer type and option, and every pair of them, that some specialization has;
-    2026-12-02: the four MLA modes together 124 of 726, mha 157 of 543, layers 56 of 68)."""
+    2026-12-02: the five MLA modes together 135 of 740, mha 157 of 543, layers 56 of 68)."""
     seen, by_kernel, cases = {}, {}, 0
     for suite in suites:
         cases_of = {"mha": mha_cases, "layers": layer_cases}.get(suite)
@@ -519,6 +554,6 @@ def main(suites: list[str], full: bool, every: bool) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    names = ("dense", "sparse", "persistent", "pages", "mha", "layers")
+    names = ("dense", "sparse", "persistent", "pages", "balanced", "mha", "layers")
     suites = [m for m in names if m in args]
     main(suites or list(names), "--full" in args, "--every" in args)

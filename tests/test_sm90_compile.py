@@ -23,8 +23,8 @@ from pagedattn.ops.gluon_imports import HAS_GLUON
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-MODES = ["dense", "sparse", "persistent", "pages", "mha", "layers"]
-MLA_MODES = ("dense", "sparse", "persistent", "pages")
+MODES = ["dense", "sparse", "persistent", "pages", "balanced", "mha", "layers"]
+MLA_MODES = ("dense", "sparse", "persistent", "pages", "balanced")
 
 
 def _expected(mode: str) -> tuple[set, int | None]:
@@ -46,6 +46,10 @@ def _expected(mode: str) -> tuple[set, int | None]:
         return {"_mla_decode_sm90_ss"}, 2 * 3 * 2  # (no split-K combine: capture_mla drops it)
     import sm90_compile as S
 
+    if mode == "balanced":  # the balanced list, its runs and the seesaw's: formats x h_q x s_q
+        return {"_mla_decode_sm90_t", "_mla_decode_sm90_st", "_mla_decode_sm90_tw",
+                "_mla_decode_sm90"}, 2 * 2 * 2 * len(S.BALANCED_TUNINGS)  # fmt: skip
+
     # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest: formats x
     # h_q x s_q x page sizes, and the rope-aware cases as on an H200
     served = {"_mla_decode_kernel", "_mla_decode_sm90", "_mla_decode_sm90_t",
@@ -66,7 +70,7 @@ def test_every_gpu_test_specialization_compiles_for_sm90(modes, cover):
     """The modes' distinct specializations: in `make test`, a pairwise covering set of each
     kernel's (`sm90_compile.pairwise_cover`: every value of every constexpr, pointer type and
     launch option, and every pair of them, that a specialization of the kernel has, over the
-    MLA modes together: 124 of the MLA kernels' 726, 157 of mha's 543, 56 of the layers' 68;
+    MLA modes together: 135 of the MLA kernels' 740, 157 of mha's 543, 56 of the layers' 68;
     all of them took 344 of the 2-core suite's 1753 worker-s); each mode's all with the `slow`
     tests (`pytest -m slow`; `dev/gpu_tests_multi.sh` runs them on the GPU host's cores)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
