@@ -18,7 +18,9 @@
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too; also with an H200's stages and
   split), and the Gluon sm_90 prefills' over paged caches, row offsets and ragged K/V, every
-  range mask, sinks and the LSE, with the launch configurations the tests force;
+  range mask, sinks and the LSE, with the launch configurations the tests force; and steps
+  with a work plan (`StepPlan` from host lengths or the device planner's), decode only and
+  mixed (`mha_mixed_triton`), as an engine's eager steps launch them;
 - layers: the decoder layers' ops as the models launch them (`ops.fused`: RMSNorm, RoPE,
   silu * up, the greedy argmax and the draw; `ops.store_kv`: store_kv for each K/V format and
   the fused RoPE + store), Llama-3.2-1B and Llama-3-8B head shapes, Qwen3's head norm.
@@ -58,7 +60,9 @@ from pagedattn.ops import masks, offline
 from pagedattn.ops.mha import triton_combine as MC
 from pagedattn.ops.mha import triton_mha as TM
 from pagedattn.ops.mha import triton_worklist as WL
+from pagedattn.ops.mha import work_plan as WP
 from pagedattn.ops.mha.selection import Device, MHATuning
+from pagedattn.ops.mha.step_plan import StepPlan
 from pagedattn.ops.mla import triton_mla as M
 from pagedattn.ops.mla import tuning as mla_tuning
 from pagedattn.ops.pdl import pdl_as_on_sm90
@@ -275,6 +279,37 @@ PREFILL_CONFIGS = [
 ]  # fmt: skip
 
 
+def planned_launches(host: bool, decodes: int, chunks: int):
+    """The launches of a step with a work plan (`StepPlan`: from host lengths, else the
+    device planner's launch too) as the chip CHIP_H200 names makes them: `decodes` skewed
+    decode rows, then `chunks` prefill chunks of 40 queries (`mha_mixed_triton`) where
+    chunks > 0."""
+    cl = [3000, 17, 900, 64, 20000, 5, 1200, 300][:decodes] + [200] * chunks
+    ql = [1] * decodes + [40] * chunks
+    k, v = paged(16, 8, 128, cl, ql)
+    offs = ragged_offsets(ql, DEVICE)
+    q = torch.randn(int(offs[-1]), 32, 128).to(torch.bfloat16)
+    plan = StepPlan(cl if host else None)
+    made = []
+
+    def call():
+        if chunks:
+            TM.mha_mixed_triton(q, k, v, offs, decodes, plan=plan)
+        else:
+            TM.mha_triton(q, k, v, offs, plan=plan)
+
+    def tm():
+        made.extend(offline.capture(
+            TM, call,
+            **as_on_h100(device_facts=lambda device: Device(True, num_sms(device), CHIP_H200)),
+        ))  # fmt: skip
+
+    made.extend(offline.capture(WP, lambda: made.extend(
+        offline.capture(MC, lambda: made.extend(offline.capture(WL, tm)))
+    )))  # fmt: skip
+    return made
+
+
 def decode_launches(page, h_q, h_kv, d, quant, P, h200=None, decode=None):
     """A decode step of three requests (cache lengths 4096, 5, 700) at P partitions (None:
     the split the device's heuristic picks), as on an H100 or (h200) an H200."""
@@ -317,6 +352,14 @@ def mha_cases():
                         f"mha decode {qn} page {page} d {d} {h_q}/{h_kv} H200",
                         partial(decode_launches, page, h_q, h_kv, d, quant, None, True),
                     )
+    # a step's work plan (host lengths, or the device planner), decode only and mixed, as an
+    # engine's eager steps pass it (`mha(plan=StepPlan(...))`)
+    for host in (True, False):
+        for decodes, chunks in ((8, 0), (6, 2)):
+            yield (
+                f"mha planned {'host' if host else 'device'} {decodes} decodes {chunks} chunks",
+                partial(planned_launches, host, decodes, chunks),
+            )
     # the balanced decode with the combine launch instead of its fused merge (the shipped
     # form is the H200 cases above)
     yield (
@@ -516,7 +559,7 @@ def main(suites: list[str], full: bool, every: bool) -> None:
     """Compile the suites' distinct specializations: all of them with `every`, else a pairwise
     covering set of each kernel's (`pairwise_cover` of `features`: every value of every
     constexpr, pointer type and option, and every pair of them, that some specialization has;
-    2026-12-02: the five MLA modes together 135 of 740, mha 157 of 543, layers 56 of 68)."""
+    2026-12-02: the five MLA modes together 135 of 740, mha 158 of 546, layers 56 of 68)."""
     seen, by_kernel, cases = {}, {}, 0
     for suite in suites:
         cases_of = {"mha": mha_cases, "layers": layer_cases}.get(suite)

@@ -37,9 +37,10 @@ def _expected(mode: str) -> tuple[set, int | None]:
                   "_moe_sum_kernel", "_keep_threshold_kernel", "_thr_stats_kernel",
                   "_thr_decide_kernel", "_thr_pass_kernel", "_unpack_step_rows_kernel"}  # fmt: skip
         return layers, None
-    if mode == "mha":  # decode, its combines, the tl prefill and both Gluon prefills
+    if mode == "mha":  # decode, its combines, the tl prefill, both Gluon prefills, the planner
         return {"_mha_decode_kernel", "_combine_kernel", "_worklist_combine_kernel",
-                "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws"}, None  # fmt: skip
+                "_mha_prefill_kernel", "_mha_prefill_sm90", "_mha_prefill_ws",
+                "_plan_kernel"}, None  # fmt: skip
     if mode == "persistent":  # PS_CASES x h_q {100, 128} x work order {1, 0}
         return {"_mla_decode_sm90_ps"}, 4 * 2 * 2
     if mode == "pages":  # V32 h_q 128, dense / sparse x 3 page sizes x s_q {1, 2}
@@ -70,7 +71,7 @@ def test_every_gpu_test_specialization_compiles_for_sm90(modes, cover):
     """The modes' distinct specializations: in `make test`, a pairwise covering set of each
     kernel's (`sm90_compile.pairwise_cover`: every value of every constexpr, pointer type and
     launch option, and every pair of them, that a specialization of the kernel has, over the
-    MLA modes together: 135 of the MLA kernels' 740, 157 of mha's 543, 56 of the layers' 68;
+    MLA modes together: 135 of the MLA kernels' 740, 158 of mha's 546, 56 of the layers' 68;
     all of them took 344 of the 2-core suite's 1753 worker-s); each mode's all with the `slow`
     tests (`pytest -m slow`; `dev/gpu_tests_multi.sh` runs them on the GPU host's cores)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
