@@ -11,10 +11,11 @@
   of two, which its producer takes as a run-time value (`triton_mla_plan._page_size_constexpr`;
   the grid's page sizes are all powers of two);
 - balanced: the MLA decode a serving engine gets (no partition count: the balanced work list,
-  its contiguous runs and the TMA-fed seesaw's, `test_mla_worklist`'s GPU cases): BF16 and
-  rope-aware FP8 pages of 64, h_q {16, 128}, one or two queries a request, skewed lengths, with
-  and without sinks, under the shipped tuning, the runs forced, the item list forced and the
-  seesaw's runs;
+  its contiguous runs and the TMA-fed seesaw's, `test_mla_worklist`'s GPU cases) and its
+  combine (the runs', the item list's, split-K's where a kernel keeps a partition count):
+  BF16 and rope-aware FP8 pages of 64, h_q {16, 128}, one or two queries a request, skewed
+  lengths, with and without sinks, under the shipped tuning, the runs forced, the item list
+  forced and the seesaw's runs;
 - mha: `test_triton_mha`'s GPU cases: decode over pages {1, 16, 64} for every K/V format and
   head dims {64, 96, 128} (split-K and its combine too; also with an H200's stages and
   split), and the Gluon sm_90 prefills' over paged caches, row offsets and ragged K/V, every
@@ -64,7 +65,9 @@ from pagedattn.ops.mha import work_plan as WP
 from pagedattn.ops.mha.selection import Device, MHATuning
 from pagedattn.ops.mha.step_plan import StepPlan
 from pagedattn.ops.mla import triton_mla as M
+from pagedattn.ops.mla import triton_mla_combine as MLA_C
 from pagedattn.ops.mla import tuning as mla_tuning
+from pagedattn.ops.mla import worklist as MLA_WL
 from pagedattn.ops.pdl import pdl_as_on_sm90
 from pagedattn.testing import make_paged_cache, ragged_offsets
 
@@ -175,14 +178,26 @@ BALANCED_TUNINGS = {  # name -> `MLATuning` knobs of the "balanced" suite
 
 def balanced_launches(fmt, h_q, s_q, tune, sink):
     """The launches of a balanced decode step (no partition count) of six requests of skewed
-    lengths, pages of 64, as on an H100 (`capture_mla`)."""
+    lengths, pages of 64, as on an H100, its combine included (the runs' or the item list's,
+    `worklist`; split-K's where the kernel keeps a partition count; `capture_mla` leaves the
+    combines out)."""
     q_lens = [s_q] * 6
     kv = mla_operand(fmt, 576, h_q, 64, [3000, 50, 700, 9000, 1, 20000], q_lens)
     q = torch.randn(6 * s_q, h_q, 576).to(torch.bfloat16)
     kw = dict(config=mla_tuning.from_env().replace(**BALANCED_TUNINGS[tune]))
     if sink:
         kw["attn_sink"] = torch.randn(h_q)
-    return capture_mla(q, kv, q_lens, kw)
+    offs = ragged_offsets(q_lens, DEVICE)
+    made = []
+
+    def decode():
+        made.extend(offline.capture(
+            M, lambda: M.mla_decode_triton(q, kv, offs, **kw),
+            **as_on_h100(_use_sm90_path=M.sm90_serves, **chip()),
+        ))  # fmt: skip
+
+    made.extend(offline.capture(MLA_C, lambda: made.extend(offline.capture(MLA_WL, decode))))
+    return made
 
 
 def mla_cases(mode):
@@ -559,7 +574,7 @@ def main(suites: list[str], full: bool, every: bool) -> None:
     """Compile the suites' distinct specializations: all of them with `every`, else a pairwise
     covering set of each kernel's (`pairwise_cover` of `features`: every value of every
     constexpr, pointer type and option, and every pair of them, that some specialization has;
-    2026-12-02: the five MLA modes together 135 of 740, mha 158 of 546, layers 56 of 68)."""
+    2026-12-02: the five MLA modes together 149 of 756, mha 158 of 546, layers 56 of 68)."""
     seen, by_kernel, cases = {}, {}, 0
     for suite in suites:
         cases_of = {"mha": mha_cases, "layers": layer_cases}.get(suite)

@@ -47,9 +47,11 @@ def _expected(mode: str) -> tuple[set, int | None]:
         return {"_mla_decode_sm90_ss"}, 2 * 3 * 2  # (no split-K combine: capture_mla drops it)
     import sm90_compile as S
 
-    if mode == "balanced":  # the balanced list, its runs and the seesaw's: formats x h_q x s_q
+    if mode == "balanced":  # the balanced list, its runs and the seesaw's, and their combines
+        # (split-K's where a kernel keeps a partition count): formats x h_q x s_q x tunings
         return {"_mla_decode_sm90_t", "_mla_decode_sm90_st", "_mla_decode_sm90_tw",
-                "_mla_decode_sm90"}, 2 * 2 * 2 * len(S.BALANCED_TUNINGS)  # fmt: skip
+                "_mla_decode_sm90", "_mla_runs_combine_kernel", "_mla_worklist_combine_kernel",
+                "_mla_combine_kernel"}, 2 * 2 * 2 * len(S.BALANCED_TUNINGS)  # fmt: skip
 
     # each Gluon sm_90 kernel serves some grid case, the portable kernel the rest: formats x
     # h_q x s_q x page sizes, and the rope-aware cases as on an H200
@@ -71,7 +73,7 @@ def test_every_gpu_test_specialization_compiles_for_sm90(modes, cover):
     """The modes' distinct specializations: in `make test`, a pairwise covering set of each
     kernel's (`sm90_compile.pairwise_cover`: every value of every constexpr, pointer type and
     launch option, and every pair of them, that a specialization of the kernel has, over the
-    MLA modes together: 135 of the MLA kernels' 740, 158 of mha's 546, 56 of the layers' 68;
+    MLA modes together: 149 of the MLA kernels' 756, 158 of mha's 546, 56 of the layers' 68;
     all of them took 344 of the 2-core suite's 1753 worker-s); each mode's all with the `slow`
     tests (`pytest -m slow`; `dev/gpu_tests_multi.sh` runs them on the GPU host's cores)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
