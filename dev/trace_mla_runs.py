@@ -34,6 +34,7 @@ from common import cold_l2, copy_bandwidth  # noqa: E402
 from pagedattn.cache.dispatch import num_sms  # noqa: E402
 from pagedattn.operands import PagedOperand  # noqa: E402
 from pagedattn.ops.mla import worklist as WL  # noqa: E402
+from pagedattn.ops.mla.sm90.gluon_mla import RUNS_TRACE_SLOTS  # noqa: E402
 from pagedattn.ops.mla.triton_mla import mla_decode_triton  # noqa: E402
 from pagedattn.ops.mla.tuning import MLATuning  # noqa: E402
 from pagedattn.testing import ragged_offsets  # noqa: E402
@@ -96,7 +97,7 @@ def main() -> None:
             fn = lambda c=cfg: mla_decode_triton(q, op, offs, scale=576**-0.5, out=out, config=c)  # noqa: E731
             fn()
             graph_us = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
-            tr = torch.zeros(4096, 16, dtype=torch.int64, device=dev)  # TRACE 3
+            tr = torch.zeros(4096, RUNS_TRACE_SLOTS, dtype=torch.int64, device=dev)  # TRACE 3
             traced = cfg.replace(trace=tr)
             fn(traced)
             for rep in range(a.reps):

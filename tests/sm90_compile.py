@@ -188,16 +188,10 @@ def balanced_launches(fmt, h_q, s_q, tune, sink):
     if sink:
         kw["attn_sink"] = torch.randn(h_q)
     offs = ragged_offsets(q_lens, DEVICE)
-    made = []
-
-    def decode():
-        made.extend(offline.capture(
-            M, lambda: M.mla_decode_triton(q, kv, offs, **kw),
-            **as_on_h100(_use_sm90_path=M.sm90_serves, **chip()),
-        ))  # fmt: skip
-
-    made.extend(offline.capture(MLA_C, lambda: made.extend(offline.capture(MLA_WL, decode))))
-    return made
+    return offline.capture(
+        (M, MLA_WL, MLA_C), lambda: M.mla_decode_triton(q, kv, offs, **kw),
+        **as_on_h100(_use_sm90_path=M.sm90_serves, **chip()),
+    )  # fmt: skip
 
 
 def mla_cases(mode):
@@ -249,27 +243,28 @@ def mla_cases(mode):
         )
 
 
-def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, decode=None, **kw):
-    """The launches of `mha_triton` over operands k, v (the split-K combine's too), with the
-    prefill tuning overrides `over` and the decode ones `decode` (`selection.MHATuning`) and
-    the Gluon sm_90 prefill as on an H100, or as on an H200 (h200 True; None: CHIP_H200)."""
+def mha_launches(k, v, q_lens, h_q, d, over=None, h200=None, decode=None, num_decodes=None,
+                 **kw):  # fmt: skip
+    """The launches of `mha_triton` over operands k, v (the split-K combine's, the work list's
+    combine and a step plan's planner too), with the prefill tuning overrides `over` and the
+    decode ones `decode` (`selection.MHATuning`) and the Gluon sm_90 prefill as on an H100, or
+    as on an H200 (h200 True; None: CHIP_H200); a mixed step's (`mha_mixed_triton`) where
+    `num_decodes` is given."""
     offs = ragged_offsets(q_lens, DEVICE)
     q = torch.randn(int(offs[-1]), h_q, d).to(torch.bfloat16)
     tuning = MHATuning(decode=decode or {}, prefill=over or {})
     hbm3e = CHIP_H200 if h200 is None else h200
-    made = []
 
     def call():
-        made.extend(
-            offline.capture(
-                TM,
-                lambda: TM.mha_triton(q, k, v, offs, config=tuning, **kw),
-                **as_on_h100(device_facts=lambda device: Device(True, num_sms(device), hbm3e)),
-            )  # fmt: skip
-        )
+        if num_decodes is None:
+            TM.mha_triton(q, k, v, offs, config=tuning, **kw)
+        else:
+            TM.mha_mixed_triton(q, k, v, offs, num_decodes, config=tuning, **kw)
 
-    made.extend(offline.capture(MC, lambda: made.extend(offline.capture(WL, call))))
-    return made
+    return offline.capture(
+        (TM, WL, MC, WP), call,
+        **as_on_h100(device_facts=lambda device: Device(True, num_sms(device), hbm3e)),
+    )  # fmt: skip
 
 
 def paged(page, h_kv, d, cache_lens, q_lens, quant=None):
@@ -301,28 +296,10 @@ def planned_launches(host: bool, decodes: int, chunks: int):
     chunks > 0."""
     cl = [3000, 17, 900, 64, 20000, 5, 1200, 300][:decodes] + [200] * chunks
     ql = [1] * decodes + [40] * chunks
-    k, v = paged(16, 8, 128, cl, ql)
-    offs = ragged_offsets(ql, DEVICE)
-    q = torch.randn(int(offs[-1]), 32, 128).to(torch.bfloat16)
-    plan = StepPlan(cl if host else None)
-    made = []
-
-    def call():
-        if chunks:
-            TM.mha_mixed_triton(q, k, v, offs, decodes, plan=plan)
-        else:
-            TM.mha_triton(q, k, v, offs, plan=plan)
-
-    def tm():
-        made.extend(offline.capture(
-            TM, call,
-            **as_on_h100(device_facts=lambda device: Device(True, num_sms(device), CHIP_H200)),
-        ))  # fmt: skip
-
-    made.extend(offline.capture(WP, lambda: made.extend(
-        offline.capture(MC, lambda: made.extend(offline.capture(WL, tm)))
-    )))  # fmt: skip
-    return made
+    return mha_launches(
+        *paged(16, 8, 128, cl, ql), ql, 32, 128, num_decodes=decodes if chunks else None,
+        plan=StepPlan(cl if host else None),
+    )  # fmt: skip
 
 
 def decode_launches(page, h_q, h_kv, d, quant, P, h200=None, decode=None):

@@ -1,11 +1,12 @@
 """Offline compiles for sm_90, on any machine (no GPU, no CUDA driver): the specialization that
 a kernel launch would compile on an H100, built from the launch's own arguments.
 
-- `capture(module, call, **patches)`: run `call` with `module.launch` (`ops.launch.launch`)
-  recording instead of launching, and `module`'s attributes named in `patches` replaced
-  meanwhile -> the `Launch`es it made, in order. CPU tensors will do: nothing is launched.
-  The device checks are the caller's patches; PDL's, which several modules import, is
-  `ops.pdl.pdl_as_on_sm90` (a capture inside it gets the PDL arguments a GPU launch gets).
+- `capture(module, call, **patches)`: run `call` with `module.launch` (`ops.launch.launch`;
+  a tuple of modules: each one's) recording instead of launching, and the module's attributes
+  named in `patches` replaced meanwhile -> the `Launch`es it made, in order. CPU tensors will
+  do: nothing is launched. The device checks are the caller's patches; PDL's, which several
+  modules import, is `ops.pdl.pdl_as_on_sm90` (a capture inside it gets the PDL arguments a
+  GPU launch gets).
 - `specialize(launch)`: (source, options) from Triton's own binder for a CUDA sm_90 target,
   as `JITFunction.run` builds them on the GPU: argument types, 16-byte alignment, ints equal
   to 1 as constants.
@@ -44,22 +45,27 @@ class Launch:
 
 
 def capture(module: Any, call: Callable[[], Any], **patches: Any) -> list[Launch]:
-    """The launches `call()` makes through `module.launch`, none of them run; `patches`
-    replace `module`'s attributes of those names while it runs (all are restored after)."""
+    """The launches `call()` makes through `module.launch`, none of them run, in launch order;
+    `module` may be a tuple of modules (an op and the modules of its other kernels: a combine,
+    a planner), each one's `launch` recorded. `patches` replace the (first) module's
+    attributes of those names while it runs (all are restored after)."""
     made: list[Launch] = []
+    modules = module if isinstance(module, tuple) else (module,)
 
     def record(kernel, grid, *args, cluster=1, smem_args=None, min_shared=0, **kwargs):
         # smem_args' arguments keep their defaults in args: the compiled specialization's
         made.append(Launch(kernel, tuple(grid), args, dict(kwargs), cluster))
 
-    saved = {n: getattr(module, n) for n in ("launch", *patches)}
-    for n, v in {"launch": record, **patches}.items():
-        setattr(module, n, v)
+    swaps = [(m, "launch", record) for m in modules]
+    swaps += [(modules[0], n, v) for n, v in patches.items()]
+    saved = [(m, n, getattr(m, n)) for m, n, _ in swaps]
+    for m, n, v in swaps:
+        setattr(m, n, v)
     try:
         call()
     finally:
-        for n, v in saved.items():
-            setattr(module, n, v)
+        for m, n, v in reversed(saved):
+            setattr(m, n, v)
     return made
 
 

@@ -41,7 +41,12 @@ from ...cache.dispatch import MLA_CTAS_PER_SM, mla_num_partitions, mla_tile, num
 from ...errors import check
 from ..pdl import pdl_enabled
 from . import tuning as _tuning
-from .sm90.gluon_mla import TILE_TRACE_SLOTS, _mla_decode_sm90, _mla_decode_sm90_t
+from .sm90.gluon_mla import (
+    RUNS_TRACE_SLOTS,
+    TILE_TRACE_SLOTS,
+    _mla_decode_sm90,
+    _mla_decode_sm90_t,
+)
 from .sm90.gluon_mla_ps import _mla_decode_sm90_ps
 from .sm90.gluon_mla_ss import _mla_decode_sm90_ss
 from .sm90.gluon_mla_st import _mla_decode_sm90_st, st_descriptors
@@ -228,12 +233,12 @@ def ps_plan(
 def _trace_kwargs(tr: torch.Tensor | None) -> dict:
     """A development trace buffer's kernel arguments: TRACE 2 (the seesaws' tile trace) for
     rows that hold one (`gluon_mla.TILE_TRACE_SLOTS` after the kernel's own slots), 3 for rows
-    of 16 (the keys-as-M kernel's runs prologue, `dev/trace_mla_runs.py`), else 1."""
+    of `RUNS_TRACE_SLOTS` (the keys-as-M kernel's runs prologue, `dev/trace_mla_runs.py`), else 1."""
     if tr is None:
         return {}
     if tr.shape[1] > TILE_TRACE_SLOTS:
         return dict(TRACE=2, TR=tr)
-    return dict(TRACE=3 if tr.shape[1] == 16 else 1, TR=tr)  # 3: `_mla_decode_sm90_t`'s runs
+    return dict(TRACE=3 if tr.shape[1] == RUNS_TRACE_SLOTS else 1, TR=tr)
 
 
 def _partitions(

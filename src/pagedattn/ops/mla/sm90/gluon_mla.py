@@ -51,9 +51,13 @@ from ...triton_constants import LN2, LOG2E
 # slots in its row: 8 slots a producer tile (32 tiles), then 4 a consumer pair (16 pairs a
 # consumer) (`g_tile_slots`, `g_pair_slots`).
 TILE_TRACE_SLOTS = 32 * 8 + 2 * 16 * 4
+# A development trace of the keys-as-M kernel's runs prologue (TRACE 3): a row of 16 slots, the
+# kernel's own 10 and the prologue's steps (`_mla_decode_sm90_t`'s docstring).
+RUNS_TRACE_SLOTS = 16
 
 if HAS_GLUON:
     TILE_TRACE = gl.constexpr(TILE_TRACE_SLOTS)
+    RUNS_TRACE = gl.constexpr(RUNS_TRACE_SLOTS)
 
     @gluon.constexpr_function
     def t_raw_layout(kswz):
@@ -1294,9 +1298,9 @@ if HAS_GLUON:
         [CTAs, 10] gets the globaltimer at the CTA's start, before its (last) tile's loop, when
         that tile's first block has landed, after its loop and at the CTA's end (slots 0-4),
         where RUNS once the runs are derived (5), its SM (6), tile count (7) and the SM's cycle
-        counter at the start and end (8, 9); TRACE 3 (TR [CTAs, 16]) also the times after the
-        last tile's key range (10) and ring fill (11), before and after its `_t_tile` (13, 14)
-        and after the ring's zeroing (15)."""
+        counter at the start and end (8, 9); TRACE 3 (TR [CTAs, RUNS_TRACE_SLOTS]) also the
+        times after the last tile's key range (10) and ring fill (11), before and after its
+        `_t_tile` (13, 14) and after the ring's zeroing (15)."""
         Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
         OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
         (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
@@ -1314,7 +1318,7 @@ if HAS_GLUON:
             QT: gl.constexpr = gl.float16
 
         if TRACE:  # TRACE 3: the runs' prologue, 16 slots a row
-            trp = g_trace_open(TR, 16 if TRACE == 3 else 10)
+            trp = g_trace_open(TR, RUNS_TRACE if TRACE == 3 else 10)
         else:
             trp = TR
         if RUNS:  # the runs' loads first: their latency under the ring's zeroing below
