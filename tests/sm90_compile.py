@@ -44,7 +44,9 @@ import itertools
 import json
 import sys
 import traceback
+from contextlib import nullcontext
 from functools import partial
+from unittest.mock import patch
 
 import torch
 from oracles import PS_CASES  # tests/ (this script's folder) is on sys.path
@@ -172,7 +174,7 @@ H200_MLA_CASES = ((1, 1), (16, 64))  # (h_q, page) of the grid's rope-aware case
 
 BALANCED_TUNINGS = {  # name -> `MLATuning` knobs of the "balanced" suite
     "shipped": {}, "runs": {"wl_one_wave": False}, "items": {"wl_runs": False},
-    "st-runs": {"wl_st_runs": True},
+    "st-runs": {"wl_st_runs": True}, "xseg": {"wl_one_wave": False, "wl_xseg": True},
 }  # fmt: skip
 
 
@@ -188,10 +190,14 @@ def balanced_launches(fmt, h_q, s_q, tune, sink):
     if sink:
         kw["attn_sink"] = torch.randn(h_q)
     offs = ragged_offsets(q_lens, DEVICE)
-    return offline.capture(
-        (M, MLA_WL, MLA_C), lambda: M.mla_decode_triton(q, kv, offs, **kw),
-        **as_on_h100(_use_sm90_path=M.sm90_serves, **chip()),
-    )  # fmt: skip
+    # the item list's combine sizes its grid as for lengths on the device (on the CPU it
+    # reads them: `worklist._lengths_on_host`)
+    on_gpu = patch.object(MLA_WL, "_lengths_on_host", lambda t: False)
+    with on_gpu if DEVICE == "cpu" else nullcontext():
+        return offline.capture(
+            (M, MLA_WL, MLA_C), lambda: M.mla_decode_triton(q, kv, offs, **kw),
+            **as_on_h100(_use_sm90_path=M.sm90_serves, **chip()),
+        )  # fmt: skip
 
 
 def mla_cases(mode):

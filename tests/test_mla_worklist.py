@@ -326,20 +326,27 @@ _FORCED = {"wl_one_wave": False, "wl_st_runs": True}  # the runs, on every kerne
     [("bf16", 16, {}), ("bf16", 16, _FORCED), ("bf16", 128, {}), ("bf16", 128, _FORCED),
      ("bf16", 128, {"wl_st_runs": True}), ("bf16", 64, _FORCED), ("rope_aware", 16, {}),
      ("bf16", 128, {"wl_order": 0}), ("bf16", 16, {"wl_runs": False, "wl_order": 0}),
-     ("bf16", 16, {"wl_runs": False}), ("rope_aware", 16, {"wl_order": 0})],
+     ("bf16", 16, {"wl_runs": False}), ("rope_aware", 16, {"wl_order": 0}),
+     ("bf16", 16, {**_FORCED, "wl_xseg": True}), ("bf16", 8, _FORCED),
+     ("bf16", 8, {**_FORCED, "wl_xseg": True})],
     ids=["bf16-h16", "bf16-h16-forced-runs", "bf16-h128", "bf16-h128-forced-runs",
          "bf16-h128-st-runs", "bf16-h64-forced-runs", "rope_aware-h16",
          "bf16-h128-request-order", "bf16-h16-items-request-order", "bf16-h16-items",
-         "rope_aware-h16-request-order"],
+         "rope_aware-h16-request-order", "bf16-h16-forced-runs-one-ring",
+         "bf16-h8-forced-runs", "bf16-h8-forced-runs-one-ring"],
 )  # fmt: skip
-@pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp", "uniform"])
+@pytest.mark.parametrize("shape", ["one_long", "lognormal", "mtp", "uniform", "edges"])
 def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, knobs, shape):
-    """The sm_90 kernels on the balanced paths (keys-as-M BF16 at 16 heads: items or runs;
-    the TMA-fed seesaw at 64 and 128 on its item list, on its runs with items where they fit
-    two waves (`wl_st_runs`), and both kernels forced onto the contiguous runs; rope-aware
-    FP8 at 16 heads on the list): one 64k request among 0/1-token ones (every SM shares it),
-    lognormal lengths, 2-token queries, and 128 near-uniform requests (the seesaw's items
-    over two waves on its runs); against the oracle."""
+    """The sm_90 kernels on the balanced paths (keys-as-M BF16 at 16 heads: items or runs,
+    a ring a segment or (`wl_xseg`) one ring across a run's segments; at 8 heads, 2-token
+    tiles on the runs; the TMA-fed seesaw at 64 and 128 on its item list, on its runs with
+    items where they fit two waves (`wl_st_runs`), and both kernels forced onto the
+    contiguous runs; rope-aware FP8 at 16 heads on the list): one 64k request among 0/1-token
+    ones (every SM shares it), lognormal lengths, 2-token queries, 128 near-uniform requests
+    (the seesaw's items over two waves on its runs), and the segments' edges (requests of 0,
+    1, 63-65 and 127-128 keys among long ones, 2-token queries in 1-token tiles whose last
+    block the causal limit empties, and queryless requests: pieces of 2 blocks cut tiles into
+    1-block segments and empty ones); against the oracle."""
     set_tuning(monkeypatch, knobs)
     g = torch.Generator().manual_seed(11)
     if shape == "one_long":
@@ -349,8 +356,11 @@ def test_gpu_balanced_sm90_kernels(gen, monkeypatch, fmt, h_q, knobs, shape):
         cache_lens, q_lens = cache_lens.tolist(), [1] * 40
     elif shape == "mtp":
         cache_lens, q_lens = [3000, 5, 400, 0], [2, 2, 2, 2]
-    else:  # 128 whole tiles: the TMA-fed seesaw's items over two waves (unless forced runs)
+    elif shape == "uniform":  # 128 whole tiles: the seesaw's items over two waves
         cache_lens, q_lens = [1000 + i % 3 for i in range(128)], [1] * 128
+    else:  # edges: as many tokens as requests (1-token tiles at 16 heads)
+        cache_lens = [63, 0, 1, 64, 127, 3000, 2, 65, 0, 300, 128, 4000] * 2
+        q_lens = [2, 0, 1, 1, 2, 1, 0, 2, 1, 1, 1, 0] * 2
     cache = build_cache(fmt, 576, 64, cache_lens, q_lens, gen, h_q)
     offs = ragged_offsets(q_lens).tolist()
     q = make_q(offs[-1], h_q, 576, gen)

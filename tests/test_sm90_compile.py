@@ -103,11 +103,12 @@ def test_every_gpu_test_specialization_compiles_for_sm90(modes, cover):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["dense", "sparse", "mha"])
+@pytest.mark.parametrize("mode", ["dense", "sparse", "balanced", "mha"])
 def test_gpu_runs_the_specializations_compiled_offline(mode):
     """On an H100 or H200 the cases launch the kernels that the offline check compiles: for the
     first case of each (kernels, cluster size, cache format or MHA path) in
-    `tests/sm90_compile.py` and every 40th, the device's own dispatch and Triton's own compile
+    `tests/sm90_compile.py` and every 40th (the balanced mode, the decode an engine gets and its
+    combines: every case), the device's own dispatch and Triton's own compile
     give the cache hash that `ops.offline.cache_hash` finds for the same case captured on the
     CPU (the dispatchers' device checks left out, the MHA cases captured as on this chip; the
     cases that force an H200's choices are left out)."""
@@ -133,8 +134,10 @@ def test_gpu_runs_the_specializations_compiled_offline(mode):
             with pdl_as_on_sm90():  # (as the GPU pass below launches them)
                 made = launches()
             # one case a (kernels, cluster, cache format or MHA path) combination, and every 40th
+            # (the balanced mode: every case)
+            words = {"mha": 3, "balanced": None}.get(mode, 1)
             key = (tuple(m.name for m in made), max((m.cluster for m in made), default=1),
-                   tuple(name.split()[: 3 if mode == "mha" else 1]))  # fmt: skip
+                   tuple(name.split()[:words]))  # fmt: skip
             if key not in seen or i % 40 == 0:
                 seen.add(key)
                 picked[i] = (name, [(m.name, offline.cache_hash(m)) for m in made])

@@ -310,6 +310,8 @@ def _balance(plan: LaunchPlan, a: DecodeArgs, config: MLATuning, ctas_per_sm: in
                       ITEM_WAVES=waves if wl.wl_one_wave else 0,
                       MIN_BLOCKS=wl.wl_run_min_blocks, SPLIT=False,
                       PDL=pdl_enabled(a.q))  # fmt: skip
+        if wl.wl_xseg and plan.kernel is _mla_decode_sm90_t and plan.kwargs["NBUF"] == 2:
+            kwargs["RUN_XSEG"] = True
         return plan._replace(grid=(target * nhb,), kwargs=kwargs, partitions=1,
                              balanced=(target, wl.wl_run_min_blocks), runs=True)  # fmt: skip
     kwargs = dict(plan.kwargs, BALANCED=True, TARGET=target, MIN_BLOCKS=wl.wl_min_blocks,

@@ -169,6 +169,14 @@ class WorkListTuning:
     # (graph replays), b64 105.7 -> 105.3, the one-wave cases unmoved
     # (docs/kernels/triton_mla.md, "The runs' prologue")
     wl_overhead: int = 3
+    # opt-in: the keys-as-M BF16 kernel (two ring stages) keeps one ring across a run's
+    # segments (`gluon_mla._t_runs_x`: a segment's first block in flight while the one before
+    # it computes its last). H200, per-CTA traces (`dev/trace_mla_runs.py`): a segment's cost
+    # 5.7-5.8 -> 3.7-4.0 us, but a block's 1.86-1.96 -> 2.03-2.08 us (255 registers with
+    # spills, against 201), so graph replays moved skew b64 103.3 -> 102.4 us, b256 350.6 ->
+    # 352.4, one long 37.9 -> 37.6, the uniform control 144.7 -> 146.3: off
+    # (docs/kernels/triton_mla.md, "One ring across the runs' segments")
+    wl_xseg: bool = False
     # the item list's order where one item a program serves (the TMA-fed seesaw, the keys-as-M
     # kernel at 32 rows, the rope-aware FP8 one, the portable kernel without runs): 1 by bucket
     # of the items' size, largest first (`ops.list_order.bucket_ends`), so that a grid of more

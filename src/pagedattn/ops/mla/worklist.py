@@ -514,6 +514,13 @@ def mla_runs_combine_triton(
                   partial_lse, out, lse, sinks, merge, TPT=tpt, RUN_P=run_p)  # fmt: skip
 
 
+def _lengths_on_host(t: torch.Tensor) -> bool:
+    """Whether a launch's lengths are host memory (the CPU: Triton's interpreter runs every
+    program, so the item list's combine sizes its grid for the long tokens there are); an
+    offline capture for sm_90 (`tests/sm90_compile.py`) replaces it with False, as on CUDA."""
+    return not t.is_cuda
+
+
 def _long_chains(
     merge: MergeShape, h_q: int, d_v: int, present: int | None = None
 ) -> tuple[int, int, int]:
@@ -636,7 +643,7 @@ def mla_worklist_combine_triton(
     if tokens == 0 or batch == 0:
         return
     long_min, present = max(merge.long_min, 2), None
-    if not out.is_cuda and _long_chains(merge, h_q, d_v)[0]:  # host lengths: their long tokens
+    if _lengths_on_host(out) and _long_chains(merge, h_q, d_v)[0]:  # their long tokens
         present = mla_host_long_tokens(q_row_offsets, cache_lens, tpt=tpt, bn=bn, target=target,
                                        min_blocks=min_blocks, long_min=long_min)  # fmt: skip
     long_max, fine, extra = _long_chains(merge, h_q, d_v, present)

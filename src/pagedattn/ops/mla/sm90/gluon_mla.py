@@ -1266,6 +1266,7 @@ if HAS_GLUON:
         BALANCED: gl.constexpr = False, TARGET: gl.constexpr = 1, MIN_BLOCKS: gl.constexpr = 1,
         RUNS: gl.constexpr = False, RUN_P: gl.constexpr = 1, RUN_OVH: gl.constexpr = 0,
         ITEM_WAVES: gl.constexpr = 1, META=None, LIST_ORDER: gl.constexpr = 0,
+        RUN_XSEG: gl.constexpr = False,
     ):  # fmt: skip
         """Few query rows (NR = 16 or 32: heads of a token, or of TPT tokens; padded): keys are
         the M dimension of both products, S^T = K Q^T [BN, NR] and O^T += V^T P^T [512, NR],
@@ -1290,9 +1291,10 @@ if HAS_GLUON:
         RUN_P (grid RUN_P x NHB) takes item p of the list where its items fit one wave
         (ITEM_WAVES 1; 0: never), else piece p of the contiguous runs (`worklist`,
         "Contiguous runs"): the tiles of its run one after the other (`_t_tile` each: q, the
-        ring's fill, the key loop, the store); a tile cut into several items or pieces to
-        partials at rows slot * TPT + i, a whole tile to the output; the program holding a
-        tile's first block writes its META.
+        ring's fill, the key loop, the store; RUN_XSEG, NBUF 2: `_t_runs_x`, one ring across
+        the segments); a tile cut into several items or pieces to partials at rows slot * TPT
+        + i, a whole tile to the output; the program holding a tile's first block writes its
+        META.
 
         TRACE (development, `dev/gpu_mla_dev.py --trace`, `dev/trace_mla_runs.py`): int64 TR
         [CTAs, 10] gets the globaltimer at the CTA's start, before its (last) tile's loop, when
@@ -1360,7 +1362,7 @@ if HAS_GLUON:
                 q_args, out_args, k_args, META, p, hb, rr, ro, rq, rw, rspan, rincl, size, total,
                 use_items, ok, t_i, lo_i, hi_i, c_i, q_lat_buf, q_rope_buf, p_smem, k_rope, vbuf,
                 k_main, k_sc, trp, H_Q, D_V, HPT, TPT, B_P2, CAUSAL, HAS_SINK, SPARSE, HAS_TOPK,
-                TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, RUN_OVH, RUN_P,
+                TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, RUN_OVH, RUN_P, RUN_XSEG,
             )  # fmt: skip
         else:
             if BALANCED:  # one item of the balanced list (`g_work_item`)
@@ -1395,12 +1397,21 @@ if HAS_GLUON:
         B_P2: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr, SPARSE: gl.constexpr,
         HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr, FMT: gl.constexpr, BN: gl.constexpr,
         NBUF: gl.constexpr, NR: gl.constexpr, PF: gl.constexpr, TRACE: gl.constexpr,
-        RUN_OVH: gl.constexpr, RUN_P: gl.constexpr,
+        RUN_OVH: gl.constexpr, RUN_P: gl.constexpr, XSEG: gl.constexpr = False,
     ):  # fmt: skip
         """Program p's tiles one after the other (`_t_tile` each), the META of the tiles it
         starts: where `use_items`, its item of the list (ok: it has one; t_i, [lo_i, hi_i)
         keys, c_i items in its tile; partial slot 2 p), else piece p of the contiguous runs
-        (`g_run_stream`: size units a piece)."""
+        (`g_run_stream`: size units a piece). XSEG: `_t_runs_x` (one ring across the
+        segments) instead."""
+        if XSEG:
+            _t_runs_x(
+                q_args, out_args, k_args, META, p, hb, (rr, ro, rq, rw, rspan, rincl), size,
+                total, use_items, ok, (t_i, lo_i, hi_i, c_i), (q_lat_buf, q_rope_buf, p_smem),
+                (k_rope, vbuf, k_main, k_sc), trp, H_Q, D_V, HPT, TPT, B_P2, CAUSAL, HAS_SINK,
+                SPARSE, HAS_TOPK, TOPK_TOK, FMT, BN, NBUF, NR, PF, TRACE, RUN_OVH, RUN_P,
+            )  # fmt: skip
+            return
         QOFF = q_args[3]
         batch = q_args[4]
         # (items: p < the list's items where ok, one item a program)
@@ -1428,6 +1439,184 @@ if HAS_GLUON:
                 if TRACE == 3:
                     gl.store(trp + 14, g_clock())
             pos = nxt
+
+    @gluon.jit
+    def _x_seg(
+        stream, use_items, item, p, pos, begin, end, size, QOFF, batch, K_CL, K_TOPK, K_idx_len,
+        TPT: gl.constexpr, BN: gl.constexpr, OVH: gl.constexpr, B_P2: gl.constexpr,
+        RUN_P: gl.constexpr, CAUSAL: gl.constexpr, SPARSE: gl.constexpr,
+        HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr,
+    ):  # fmt: skip
+        """`_t_runs_x`'s segment at stream position pos (`g_run_step`), with its request and
+        key range: (ok, t, n_tok, lo, hi, slot, n_pieces, first, nxt, b, i0, q_len,
+        cache_len, n_it). ok: pos < end and the segment holds keys before the causal clamp
+        (a segment clamped to none still stores its empty partial); [lo, hi) its keys after
+        the clamp, n_it their blocks (0 where not ok). Safe past the run's end (masked
+        loads)."""
+        one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        t, n_tok, lo, hi, slot, n_pieces, first, nxt = g_run_step(
+            stream, use_items, item, p, pos, begin, end, size, QOFF, batch, TPT, BN, OVH, B_P2,
+            RUN_P,
+        )  # fmt: skip
+        ok = (pos < end) & (lo < hi)
+        b, live, i0, leader, q_len = g_request(QOFF, batch, t, TPT, B_P2, one_l)
+        live = live & ok  # (past the run's end t is no token: no cache length load)
+        b = gl.where(ok, b, 0)
+        cache_len, lo, hi = g_key_range(
+            K_CL, K_TOPK, b, t, live, leader, i0, q_len, 0, 1, K_idx_len, SPARSE, HAS_TOPK,
+            TOPK_TOK, CAUSAL, TPT, BN, (lo, hi),
+        )  # fmt: skip
+        n_it = gl.where(ok, gl.cdiv(gl.maximum(hi - lo, 0), BN), 0)
+        return ok, t, n_tok, lo, hi, slot, n_pieces, first, nxt, b, i0, q_len, cache_len, n_it
+
+    @gluon.jit
+    def _x_blk(j, n_it, lo, hi, b, t, n_nx, lo_nx, hi_nx, b_nx, t_nx, BN: gl.constexpr):
+        """(start, hi, request, token) of block j of a segment of n_it blocks from lo, past
+        its end the next segment's (n_nx blocks from lo_nx; 0 where there is none), past
+        both an empty range."""
+        here = j < n_it
+        there = (j >= n_it) & (j - n_it < n_nx)
+        start = gl.where(here, lo + j * BN, gl.where(there, lo_nx + (j - n_it) * BN, 0))
+        h = gl.where(here, hi, gl.where(there, hi_nx, 0))
+        return start, h, gl.where(here, b, b_nx), gl.where(here, t, t_nx)
+
+    @gluon.jit
+    def _x_issue(
+        key, start, hi, k_main, k_sc, k_rope, vbuf, stage, K, K_SC, K_stride, K_stride_h,
+        K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE: gl.constexpr,
+        BN: gl.constexpr, FMT: gl.constexpr, ld_l: gl.constexpr,
+    ):  # fmt: skip
+        """`_g_issue_tile` of keys [start, start + BN) where the range holds any, else an
+        empty group (one group either way: the ring's wait counts groups)."""
+        if start < hi:
+            _g_issue_tile(
+                k_main, k_sc, k_rope, vbuf, stage, start, hi, key, K, K_SC, K_stride,
+                K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN,
+                FMT, ld_l, 4,
+            )  # fmt: skip
+        else:
+            cp.commit_group()
+
+    @gluon.jit
+    def _t_runs_x(
+        q_args, out_args, k_args, META, p, hb, stream, size, total, use_items, ok_i, itm, smem,
+        ring, trp, H_Q: gl.constexpr, D_V: gl.constexpr, HPT: gl.constexpr,
+        TPT: gl.constexpr, B_P2: gl.constexpr, CAUSAL: gl.constexpr, HAS_SINK: gl.constexpr,
+        SPARSE: gl.constexpr, HAS_TOPK: gl.constexpr, TOPK_TOK: gl.constexpr,
+        FMT: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, NR: gl.constexpr,
+        PF: gl.constexpr, TRACE: gl.constexpr, RUN_OVH: gl.constexpr, RUN_P: gl.constexpr,
+    ):  # fmt: skip
+        """`_t_runs` with one ring across the run's segments (RUN_XSEG): the last block of a
+        segment is computed while the next segment's first block lands, so a segment does not
+        drain the ring and refill it (each segment's request and key range are derived, their
+        loads issued, while the segment before it runs). Per segment: META where it holds the
+        tile's first block, q, the loop, the store (the output, or partials where the tile
+        was cut), as `_t_tile`. Two ring stages (NBUF 2): the loop's issue step takes block
+        it + 1 of the segment, past its end the next segment's first block; a segment whose
+        first block is not in flight (the run's first, or after a segment of no block) fills
+        the ring itself."""
+        gl.static_assert(NBUF == 2, "the segments' shared ring has two stages")
+        Q, stride_qt, stride_qh, QOFF, batch, n_tokens = q_args
+        OUT, stride_ot, stride_oh, LSE, PO, PL, SINK, qk_scale, NUM_P = out_args
+        (K, K_SC, K_LUT, K_CL, K_IDX, K_TOPK, K_stride, K_stride_h, K_stride_q, K_sc_stride,
+         K_lut_stride, K_ps, K_psr, K_nenc, K_npages, K_idx_stride, K_idx_len) = k_args  # fmt: skip
+        ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        row_l: gl.constexpr = gl.SliceLayout(1, ld_l)
+        q_lat_buf, q_rope_buf, p_smem = smem
+        k_rope, vbuf, k_main, k_sc = ring
+        begin = gl.where(use_items, p.to(gl.int64), p.to(gl.int64) * size)
+        end = gl.where(use_items, (p + ok_i.to(gl.int32)).to(gl.int64),
+                       gl.minimum(begin + size, total))  # fmt: skip
+        ok, t, n_tok, lo, hi, slot, n_pieces, first, nxt, b, i0, q_len, cache_len, n_it = _x_seg(
+            stream, use_items, itm, p, begin, begin, end, size, QOFF, batch, K_CL, K_TOPK,
+            K_idx_len, TPT, BN, RUN_OVH, B_P2, RUN_P, CAUSAL, SPARSE, HAS_TOPK, TOPK_TOK,
+        )  # fmt: skip
+        issued = p * 0  # 1 where the segment's first block is in flight (not yet)
+        gi = p * 0  # blocks this program has computed: the ring's stage of the next one
+        key = g_keys(lo, lo, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride, SPARSE, BN,
+                     row_l)  # (no lane loads: the loop-carried page ids' type)  # fmt: skip
+        while ok:
+            # the next segment's key range (its loads in flight under this one; what the loop
+            # does not need is derived again after it, from cached lines)
+            ok_n, t_n, _n, lo_n, hi_n, _s, _p, _f, _x, b_n, _i, _q, _c, n_it_n = _x_seg(
+                stream, use_items, itm, p, nxt, begin, end, size, QOFF, batch, K_CL, K_TOPK,
+                K_idx_len, TPT, BN, RUN_OVH, B_P2, RUN_P, CAUSAL, SPARSE, HAS_TOPK, TOPK_TOK,
+            )  # fmt: skip
+            n_nx = gl.where(ok_n, n_it_n, 0)
+            if first & (hb == 0):  # the tile's first item or piece: the combine's META
+                g_run_meta(META, t, n_tok, slot, n_pieces, TPT)
+            if TRACE == 3:
+                gl.store(trp + 13, g_clock())
+            qa, qr = t_q_load(Q, stride_qt, stride_qh, t, hb, i0, q_len, H_Q, HPT, TPT, NR,
+                              FMT, ld_l)  # fmt: skip
+            row_lim, kpos, acc, m_i, l_acc, tau, zero_s = t_state(
+                t, hb, i0, q_len, cache_len, H_Q, HPT, TPT, NR, BN
+            )
+            if issued == 0:  # the ring's fill: block 0 (older groups are empty or landed)
+                cp.wait_group(0)
+                key0 = g_keys(lo, hi, b, t, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride,
+                              SPARSE, BN, row_l)  # fmt: skip
+                _x_issue(key0, lo, hi, k_main, k_sc, k_rope, vbuf, gi % 2, K, K_SC, K_stride,
+                         K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
+                         SPARSE, BN, FMT, ld_l)  # fmt: skip
+            if (issued == 0) | (n_it < 2):  # block 1's page ids (else the loop's, carried)
+                s1, h1, b1, t1 = _x_blk(1, n_it, lo, hi, b, t, n_nx, lo_n, hi_n, b_n, t_n, BN)
+                key = g_keys(s1, h1, b1, t1, K_LUT, K_IDX, K_lut_stride, K_ps, K_idx_stride,
+                             SPARSE, BN, row_l)  # fmt: skip
+            lat_scale = t_q_store(q_lat_buf.index(0), q_rope_buf.index(0), qa, qr, FMT)
+            for it in range(n_it):
+                st = (gi + it) % 2
+                if it + 2 < n_it:  # blocks it + 1 and it + 2 in this segment: the plain step
+                    key_next = g_keys(lo + (it + 2) * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride,
+                                      K_ps, K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+                    _g_issue_tile(
+                        k_main, k_sc, k_rope, vbuf, 1 - st, lo + (it + 1) * BN, hi, key, K, K_SC,
+                        K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc,
+                        K_npages, SPARSE, BN, FMT, ld_l, 4,
+                    )  # fmt: skip
+                else:  # the segment's last two blocks: the next segment's first ones ahead
+                    s1, h1, b1, t1 = _x_blk(it + 1, n_it, lo, hi, b, t, n_nx, lo_n, hi_n, b_n,
+                                            t_n, BN)  # fmt: skip
+                    s2, h2, b2, t2 = _x_blk(it + 2, n_it, lo, hi, b, t, n_nx, lo_n, hi_n, b_n,
+                                            t_n, BN)  # fmt: skip
+                    key_next = g_keys(s2, h2, b2, t2, K_LUT, K_IDX, K_lut_stride, K_ps,
+                                      K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
+                    _x_issue(key, s1, h1, k_main, k_sc, k_rope, vbuf, 1 - st, K, K_SC, K_stride,
+                             K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages,
+                             SPARSE, BN, FMT, ld_l)  # fmt: skip
+                key = key_next
+                cp.wait_group(1)  # block it has landed
+                fence_async_shared()
+                gl.thread_barrier()
+                # (an index the compiler cannot fold: `_t_tile`'s loop says why)
+                zero = it // 2147483647
+                acc, m_i, l_acc, tau = t_tile(
+                    k_main.index(st), k_rope.index(st), k_sc.index(st), vbuf.index(st),
+                    q_lat_buf.index(zero), q_rope_buf.index(zero), p_smem, lo + it * BN, kpos,
+                    row_lim, acc, m_i, l_acc, tau, zero_s, lat_scale, qk_scale, FMT,
+                    CAUSAL and not SPARSE, PF,
+                )  # fmt: skip
+                gl.thread_barrier()  # the stage and P may be overwritten from here on
+            gi += n_it
+            issued = ((n_it > 0) & (n_nx > 0)).to(gl.int32)
+            l_i = gl.sum(l_acc, 0)
+            if n_pieces > 1:  # partial rows slot * TPT + i
+                t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, slot * TPT - t, 1, OUT, stride_ot,
+                        stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, True,
+                        FMT)  # fmt: skip
+            else:
+                t_store(acc, m_i, l_i, tau, t, hb, i0, q_len, slot * TPT - t, 1, OUT, stride_ot,
+                        stride_oh, LSE, PO, PL, SINK, H_Q, HPT, TPT, D_V, HAS_SINK, False,
+                        FMT)  # fmt: skip
+            gl.thread_barrier()  # q's buffers are the next segment's from here on
+            if TRACE == 3:
+                gl.store(trp + 14, g_clock())
+            (ok, t, n_tok, lo, hi, slot, n_pieces, first, nxt, b, i0, q_len, cache_len,
+             n_it) = _x_seg(
+                stream, use_items, itm, p, nxt, begin, end, size, QOFF, batch, K_CL, K_TOPK,
+                K_idx_len, TPT, BN, RUN_OVH, B_P2, RUN_P, CAUSAL, SPARSE, HAS_TOPK, TOPK_TOK,
+            )  # fmt: skip
+        cp.wait_group(0)
 
     @gluon.jit
     def _t_tile(
