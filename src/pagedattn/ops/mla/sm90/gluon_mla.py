@@ -1567,12 +1567,11 @@ if HAS_GLUON:
             for it in range(n_it):
                 st = (gi + it) % 2
                 if it + 2 < n_it:  # blocks it + 1 and it + 2 in this segment: the plain step
-                    key_next = g_keys(lo + (it + 2) * BN, hi, b, t, K_LUT, K_IDX, K_lut_stride,
-                                      K_ps, K_idx_stride, SPARSE, BN, row_l)  # fmt: skip
-                    _g_issue_tile(
-                        k_main, k_sc, k_rope, vbuf, 1 - st, lo + (it + 1) * BN, hi, key, K, K_SC,
-                        K_stride, K_stride_h, K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc,
-                        K_npages, SPARSE, BN, FMT, ld_l, 4,
+                    key_next = _g_issue_next(
+                        key, lo + it * BN, hi, b, t, k_main, k_sc, k_rope, vbuf, 1 - st, K, K_SC,
+                        K_LUT, K_IDX, K_lut_stride, K_idx_stride, K_stride, K_stride_h,
+                        K_stride_q, K_sc_stride, K_ps, K_psr, K_nenc, K_npages, SPARSE, BN, FMT,
+                        NBUF, ld_l, row_l, 4,
                     )  # fmt: skip
                 else:  # the segment's last two blocks: the next segment's first ones ahead
                     s1, h1, b1, t1 = _x_blk(it + 1, n_it, lo, hi, b, t, n_nx, lo_n, hi_n, b_n,
